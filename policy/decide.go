@@ -1,6 +1,10 @@
 package policy
 
-import "time"
+import (
+	"fmt"
+	"math"
+	"time"
+)
 
 // WindowKind names a cap window.
 type WindowKind string
@@ -29,10 +33,130 @@ type Window struct {
 // day containing now in the policy's time zone, correct across DST: 23- and 25-hour
 // days) and the period window [PeriodStart, ExpiresAt). Order: daily, period.
 // It fails only if a cap cannot be converted to minor units (Validate prevents that).
-func (p *Policy) Windows(now time.Time) ([]Window, error) { panic("unimplemented") }
+//
+// The daily window is the stretch of time around now during which the local date
+// stays the date of now: normally [local midnight, next local midnight). Where a zone
+// skips midnight it starts at the transition, and where a zone repeats part of a day
+// (clocks turned back across midnight) each stretch is its own window with the same
+// ID, so they share one counter. Start <= now < End always holds.
+func (p *Policy) Windows(now time.Time) ([]Window, error) {
+	cur := p.EffectiveCurrency()
+	start, end, date := dayBounds(now, p.Location())
+	daily := Window{Kind: WindowDaily, ID: "day:" + date, Start: start, End: end}
+	period := Window{Kind: WindowPeriod, ID: "period", Start: p.PeriodStart, End: p.ExpiresAt}
+	var err error
+	if p.DailyCap != nil {
+		daily.HasCap = true
+		if daily.Cap, err = ToMinor(cur, *p.DailyCap); err != nil {
+			return nil, fmt.Errorf("daily cap: %w", err)
+		}
+	}
+	if p.PeriodCap != nil {
+		period.HasCap = true
+		if period.Cap, err = ToMinor(cur, *p.PeriodCap); err != nil {
+			return nil, fmt.Errorf("period cap: %w", err)
+		}
+	}
+	return []Window{daily, period}, nil
+}
 
-// PerRequestCap returns the per-request cap in minor units and whether there is one.
-func (p *Policy) PerRequestCapMinor() (int64, bool) { panic("unimplemented") }
+// maxZoneSteps bounds the walk over zone transitions in dayBounds. No zone changes
+// its offset more than twice a day; the bound only guards against a broken tzdata.
+const maxZoneSteps = 16
+
+// dayBounds returns the stretch [start, end) around now during which the local date
+// in loc equals the local date of now, and that date as YYYY-MM-DD.
+//
+// Within one zone period (constant UTC offset) the local date changes only at local
+// midnight of that offset; across a transition it may change at the transition
+// itself. So the walk computes midnight in the current offset and, when that falls
+// outside the period, steps to the neighbouring period.
+func dayBounds(now time.Time, loc *time.Location) (start, end time.Time, date string) {
+	ln := now.In(loc)
+	y, m, d := ln.Date()
+	date = fmt.Sprintf("%04d-%02d-%02d", y, m, d)
+	sameDay := func(t time.Time) bool {
+		ty, tm, td := t.Date()
+		return ty == y && tm == m && td == d
+	}
+
+	found := false
+	for t, i := ln, 0; i < maxZoneSteps; i++ {
+		_, off := t.Zone()
+		mid := time.Date(y, m, d, 0, 0, 0, 0, time.FixedZone("", off))
+		zs, _ := zoneBounds(t)
+		if zs.IsZero() || mid.After(zs) {
+			start, found = mid, true
+			break
+		}
+		prev := zs.Add(-time.Nanosecond).In(loc)
+		if !sameDay(prev) {
+			start, found = zs, true
+			break
+		}
+		t = prev
+	}
+	if !found || start.After(now) {
+		start = now // unreachable with sane tzdata; keeps Start <= now
+	}
+
+	found = false
+	for t, i := ln, 0; i < maxZoneSteps; i++ {
+		_, off := t.Zone()
+		next := time.Date(y, m, d+1, 0, 0, 0, 0, time.FixedZone("", off))
+		_, ze := zoneBounds(t)
+		if ze.IsZero() || next.Before(ze) {
+			end, found = next, true
+			break
+		}
+		t = ze.In(loc)
+		if !sameDay(t) {
+			end, found = ze, true
+			break
+		}
+	}
+	if !found || !end.After(now) {
+		end = now.Add(time.Nanosecond) // unreachable with sane tzdata; keeps now < End
+	}
+	return start.In(loc), end.In(loc), date
+}
+
+// PerRequestCapMinor returns the per-request cap in minor units and whether there is
+// one. A cap that cannot be converted (Validate prevents that) fails closed: it is
+// reported as a cap of 0, so only requests that move no money pass.
+func (p *Policy) PerRequestCapMinor() (int64, bool) {
+	if p.PerRequestCap == nil {
+		return 0, false
+	}
+	v, err := ToMinor(p.EffectiveCurrency(), *p.PerRequestCap)
+	if err != nil {
+		return 0, true
+	}
+	return v, true
+}
+
+// Remaining returns what is left of window w's cap after the usage c: cap minus
+// committed minus held, never negative. For a window without a cap (w.HasCap false)
+// it returns 0; callers report such a window's cap and remaining as null.
+func Remaining(w Window, c Counter) int64 {
+	if !w.HasCap {
+		return 0
+	}
+	used := satAdd(max(c.Committed, 0), max(c.Held, 0))
+	if used >= w.Cap {
+		return 0
+	}
+	return w.Cap - used
+}
+
+// satAdd adds two non-negative counters, saturating at MaxInt64 instead of wrapping.
+func satAdd(a, b int64) int64 {
+	s := a + b
+	if a > 0 && b > 0 && s < 0 {
+		return math.MaxInt64
+	}
+	return s
+}
 
 // Counter is the usage of one window, in minor units.
 type Counter struct {
@@ -67,6 +191,9 @@ const (
 	ReasonAccountNotAllowed   Reason = "account_not_allowed"
 	ReasonCurrencyNotAllowed  Reason = "currency_not_allowed"
 	ReasonCapExceeded         Reason = "spend_cap_exceeded"
+	// ReasonAmountUnknown refuses a request whose amount is negative: amounts come
+	// from ^[0-9]+$ on the wire, so a negative one means a caller bug; fail closed.
+	ReasonAmountUnknown Reason = "amount_unknown"
 )
 
 // Decision is the outcome of Decide.
@@ -101,4 +228,185 @@ type Decision struct {
 // committed + held + amount > cap. Report mode relaxes only operation, customer,
 // currency and cap refusals (Allowed=true, WouldRefuse=true); expiry, not-yet-valid
 // and account refusals are never relaxed.
-func Decide(p *Policy, usage Usage, req Request, now time.Time) Decision { panic("unimplemented") }
+//
+// A request with Amount 0 passes every cap check; a negative Amount is refused
+// (ReasonAmountUnknown, checked right after account, never relaxed); a cap that
+// cannot be converted to minor units refuses with ReasonCapExceeded, never relaxed.
+// In report mode the first relaxable refusal is the one reported. Messages are sentences for humans, e.g.
+// "daily cap of 99.00 usd would be exceeded: 95.00 committed, 0.00 held, 5.00
+// requested, 4.00 remaining; resets at 2026-09-15T00:00:00Z"; times are written in
+// the policy's time zone. Remaining values are never negative.
+func Decide(p *Policy, usage Usage, req Request, now time.Time) Decision {
+	loc := p.Location()
+	stamp := func(t time.Time) string { return t.In(loc).Format(time.RFC3339) }
+
+	// Never relaxed, not even in report mode.
+	if !p.ExpiresAt.IsZero() && !now.Before(p.ExpiresAt) {
+		return refuse(ReasonExpired, "vault key expired at "+stamp(p.ExpiresAt))
+	}
+	if now.Before(p.PeriodStart) {
+		return refuse(ReasonNotYetValid, "vault key is not valid before "+stamp(p.PeriodStart))
+	}
+	if !p.AllowsAccount(req.Account) {
+		return refuse(ReasonAccountNotAllowed, fmt.Sprintf("connected account %q is not allowed by this key's policy", req.Account))
+	}
+	if req.Amount < 0 {
+		return refuse(ReasonAmountUnknown, fmt.Sprintf("amount %d is negative", req.Amount))
+	}
+	windows, err := p.Windows(now)
+	if err != nil {
+		return refuse(ReasonCapExceeded, "the policy's caps cannot be evaluated: "+err.Error())
+	}
+
+	report := p.EffectiveMode() == ModeReport
+	var first *Decision // first relaxable refusal, in check order
+	note := func(d Decision) bool {
+		if first == nil {
+			first = &d
+		}
+		return !report // stop at the first refusal unless only reporting
+	}
+
+	cur := p.EffectiveCurrency()
+	if !p.AllowsOperation(req.Operation) {
+		if note(refuse(ReasonOperationNotAllowed, fmt.Sprintf("operation %q is not allowed by this key's policy", req.Operation))) {
+			return *first
+		}
+	}
+	if !p.AllowsCustomer(req.Customer) {
+		msg := fmt.Sprintf("customer %q is not allowed by this key's policy", req.Customer)
+		if req.Customer == "" {
+			msg = "this key's policy allows only listed customers and the request names none"
+		}
+		if note(refuse(ReasonCustomerNotAllowed, msg)) {
+			return *first
+		}
+	}
+	if req.Currency != "" && req.Currency != cur {
+		if note(refuse(ReasonCurrencyNotAllowed, fmt.Sprintf("currency %q is not allowed: this key's policy is in %s", req.Currency, cur))) {
+			return *first
+		}
+	}
+
+	if req.Amount > 0 {
+		if capMinor, ok := p.PerRequestCapMinor(); ok && req.Amount > capMinor {
+			d := refuse(ReasonCapExceeded, fmt.Sprintf("per-request cap of %s %s would be exceeded: %s requested",
+				FormatMinor(cur, capMinor), cur, FormatMinor(cur, req.Amount)))
+			d.Cap, d.Limit, d.Requested, d.Remaining = WindowPerRequest, capMinor, req.Amount, capMinor
+			if note(d) {
+				return *first
+			}
+		}
+		for _, w := range windows {
+			if !w.HasCap {
+				continue
+			}
+			c := usage[w.ID]
+			left := Remaining(w, c)
+			if req.Amount <= left {
+				continue
+			}
+			what, when := "resets at", stamp(w.End)
+			if w.Kind == WindowPeriod {
+				what = "the period ends at"
+			}
+			d := refuse(ReasonCapExceeded, fmt.Sprintf("%s cap of %s %s would be exceeded: %s committed, %s held, %s requested, %s remaining; %s %s",
+				w.Kind, FormatMinor(cur, w.Cap), cur, FormatMinor(cur, c.Committed), FormatMinor(cur, c.Held),
+				FormatMinor(cur, req.Amount), FormatMinor(cur, left), what, when))
+			d.Cap, d.Limit, d.Committed, d.Held, d.Requested, d.Remaining, d.ResetAt =
+				w.Kind, w.Cap, c.Committed, c.Held, req.Amount, left, w.End
+			if note(d) {
+				return *first
+			}
+		}
+	}
+
+	out := Decision{Allowed: true, RemainingByWindow: make(map[WindowKind]int64, len(windows))}
+	for _, w := range windows {
+		if w.HasCap {
+			left := Remaining(w, usage[w.ID]) - req.Amount
+			if left < 0 {
+				left = 0
+			}
+			out.RemainingByWindow[w.Kind] = left
+		}
+	}
+	if first != nil { // report mode: let it through, say what enforcing would have done
+		rem := out.RemainingByWindow
+		out = *first
+		out.Allowed, out.WouldRefuse, out.RemainingByWindow = true, true, rem
+		out.Message = "allowed in report mode; would have been refused: " + out.Message
+	}
+	return out
+}
+
+// zoneSearchSpan bounds how far zoneBounds looks for a transition by itself; a day
+// is at most about 27 hours long, so a transition further away does not matter.
+const zoneSearchSpan = 72 * time.Hour
+
+// zoneSearchStep is the stride of that search. Two transitions that cancel out
+// within one stride would be missed; no zone has any.
+const zoneSearchStep = 3 * time.Hour
+
+// zoneBounds is t.ZoneBounds() (t in its location) checked for sanity: the period
+// must contain t and have t's offset at both ends. Go's ZoneBounds is wrong for some
+// instants computed from a zone's rule string (beyond the tzdata's explicit
+// transitions): on 31 December of leap years it returns an end that is not after t.
+// Where the check fails, the bound is found by searching the offsets instead. A
+// zero bound means no transition within zoneSearchSpan (or ever).
+func zoneBounds(t time.Time) (start, end time.Time) {
+	start, end = t.ZoneBounds()
+	_, off := t.Zone()
+	if !end.IsZero() && (!end.After(t) || offsetAt(end.Add(-time.Nanosecond), t.Location()) != off) {
+		end = searchOffsetChange(t, off, zoneSearchStep)
+	}
+	if !start.IsZero() && (start.After(t) || offsetAt(start, t.Location()) != off) {
+		if last := searchOffsetChange(t, off, -zoneSearchStep); !last.IsZero() {
+			start = last.Add(time.Nanosecond)
+		} else {
+			start = time.Time{}
+		}
+	}
+	return start, end
+}
+
+func offsetAt(t time.Time, loc *time.Location) int {
+	_, off := t.In(loc).Zone()
+	return off
+}
+
+// searchOffsetChange looks from t in steps of step (forward when positive) for the
+// nearest instant whose offset differs from off, within zoneSearchSpan. Forward it
+// returns the first instant with a different offset; backward, the last one.
+func searchOffsetChange(t time.Time, off int, step time.Duration) time.Time {
+	loc := t.Location()
+	for moved := time.Duration(0); moved < zoneSearchSpan; moved += step.Abs() {
+		a, b := t.Add(moved*sign(step)), t.Add((moved+step.Abs())*sign(step))
+		if offsetAt(b, loc) == off {
+			continue
+		}
+		// offset(a) == off, offset(b) != off: bisect to the nanosecond.
+		for a.Sub(b).Abs() > time.Nanosecond {
+			mid := a.Add(b.Sub(a) / 2)
+			if offsetAt(mid, loc) == off {
+				a = mid
+			} else {
+				b = mid
+			}
+		}
+		return b
+	}
+	return time.Time{}
+}
+
+func sign(d time.Duration) time.Duration {
+	if d < 0 {
+		return -1
+	}
+	return 1
+}
+
+// refuse builds a refusal.
+func refuse(r Reason, msg string) Decision {
+	return Decision{Reason: r, Message: msg}
+}
