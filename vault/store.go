@@ -2,9 +2,14 @@ package vault
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
+	"sync"
+	"sync/atomic"
 	"time"
+
+	bolt "go.etcd.io/bbolt"
 
 	"github.com/keybrake/keybrake/policy"
 )
@@ -30,40 +35,225 @@ type Options struct {
 	OpenTimeout time.Duration
 }
 
+// Defaults for Options.
+const (
+	DefaultIdempotencyTTL    = 24 * time.Hour
+	DefaultUnknownRetryLimit = 23 * time.Hour
+	DefaultLease             = 2 * time.Minute
+	DefaultOpenTimeout       = 5 * time.Second
+)
+
+// initialMmapSize is mapped up front so that growing the file rarely has to remap
+// (a remap waits for every read transaction).
+const initialMmapSize = 64 << 20
+
 // Open opens (creating if needed) the bbolt database at path, checks or writes the
 // schema version, and recovers: records left in_progress by a previous process
 // become unknown (their holds stay held, counted as held).
-func Open(path string, opts Options) (*Store, error) { panic("unimplemented") }
+//
+// Errors: ErrInvalid (master key not 32 bytes), ErrLocked (another process has the
+// file), ErrSchemaVersion (written by a newer keybrake), ErrSealed (the master key
+// is not the one the database was created with), ErrStorage.
+func Open(path string, opts Options) (*Store, error) {
+	sl, err := newSealer(opts.MasterKey)
+	if err != nil {
+		return nil, fmt.Errorf("open %s: %w", path, err)
+	}
+	s := &Store{
+		seal:         sl,
+		now:          opts.Now,
+		ttl:          opts.IdempotencyTTL,
+		unknownLimit: opts.UnknownRetryLimit,
+		lease:        opts.Lease,
+		log:          opts.Logger,
+		ops:          make(chan *batchOp, maxBatch),
+		loopDone:     make(chan struct{}),
+		reapBatch:    reapBatchSize,
+	}
+	if s.now == nil {
+		s.now = time.Now
+	}
+	if s.ttl <= 0 {
+		s.ttl = DefaultIdempotencyTTL
+	}
+	if s.unknownLimit <= 0 {
+		s.unknownLimit = DefaultUnknownRetryLimit
+	}
+	if s.lease <= 0 {
+		s.lease = DefaultLease
+	}
+	if s.log == nil {
+		s.log = slog.Default()
+	}
+	s.log = s.log.With("component", "vault")
+	timeout := opts.OpenTimeout
+	if timeout <= 0 {
+		timeout = DefaultOpenTimeout
+	}
+	db, err := bolt.Open(path, 0o600, &bolt.Options{
+		Timeout:         timeout,
+		FreelistType:    bolt.FreelistMapType,
+		InitialMmapSize: initialMmapSize,
+		// NoSync, NoGrowSync and NoFreelistSync stay false: every commit is durable.
+	})
+	if err != nil {
+		return nil, fmt.Errorf("open %s: %w", path, translate(err))
+	}
+	s.db = db
+	var recovered int
+	err = db.Update(func(tx *bolt.Tx) error {
+		if err := s.initBuckets(tx); err != nil {
+			return err
+		}
+		n, err := recoverInProgress(tx, s.now())
+		recovered = n
+		return err
+	})
+	if err != nil {
+		_ = db.Close()
+		return nil, fmt.Errorf("open %s: %w", path, translate(err))
+	}
+	if recovered > 0 {
+		s.log.Warn("recovered in-flight requests as outcome unknown", "records", recovered)
+	}
+	go s.commitLoop()
+	return s, nil
+}
 
 // Store is the vault on bbolt. It is safe for concurrent use. Reserve and Settle
 // are group-committed: concurrent callers share fsyncs.
-type Store struct{}
+type Store struct {
+	db           *bolt.DB
+	seal         *sealer
+	now          func() time.Time
+	ttl          time.Duration
+	unknownLimit time.Duration
+	lease        time.Duration
+	log          *slog.Logger
+	keys         keyCache
 
-// Close flushes and closes the database.
-func (s *Store) Close() error { panic("unimplemented") }
+	// Group commit: ops go to commitLoop through ops. closeMu guards closed and the
+	// send on ops, so Close can close ops once no sender is left.
+	closeMu  sync.RWMutex
+	closed   bool
+	ops      chan *batchOp
+	loopDone chan struct{}
+	commits  atomic.Int64 // write transactions committed by commitLoop (tests)
+
+	// splitReserve is a test seam: when set, Reserve decides in one (read)
+	// transaction, calls splitReserve, and writes in another. Only the mutation test
+	// sets it, to prove the concurrency checks catch a check-then-write race.
+	splitReserve func()
+	// reapBatch is the most deletions one reaper transaction makes (reapBatchSize;
+	// tests lower it).
+	reapBatch int
+}
+
+// Close stops the committer (pending Reserve and Settle calls finish first), then
+// closes the database. Calls after Close return ErrClosed.
+func (s *Store) Close() error {
+	s.closeMu.Lock()
+	if s.closed {
+		s.closeMu.Unlock()
+		return nil
+	}
+	s.closed = true
+	close(s.ops)
+	s.closeMu.Unlock()
+	<-s.loopDone
+	if err := s.db.Close(); err != nil {
+		return fmt.Errorf("close: %w", translate(err))
+	}
+	return nil
+}
+
+// update runs fn in one write transaction with the clock read once.
+func (s *Store) update(fn func(tx *bolt.Tx, now time.Time) error) error {
+	return translate(s.db.Update(func(tx *bolt.Tx) error { return fn(tx, s.now()) }))
+}
+
+// view runs fn in one read transaction with the clock read once.
+func (s *Store) view(fn func(tx *bolt.Tx, now time.Time) error) error {
+	return translate(s.db.View(func(tx *bolt.Tx) error { return fn(tx, s.now()) }))
+}
 
 // ---- upstreams ----
 
 // PutUpstream registers or replaces the upstream `name` with a sealed secret.
 // Returns ErrInvalid for an empty name/secret or a vendor other than "stripe".
 func (s *Store) PutUpstream(ctx context.Context, actor, name, vendor, secret string) (Upstream, error) {
-	panic("unimplemented")
+	var up Upstream
+	err := s.update(func(tx *bolt.Tx, now time.Time) error {
+		var err error
+		up, err = s.putUpstreamTx(tx, now, actor, name, vendor, secret)
+		return err
+	})
+	if err != nil {
+		return Upstream{}, fmt.Errorf("put upstream: %w", err)
+	}
+	return up, nil
 }
 
 // GetUpstream returns ErrNotFound when there is no such upstream.
 func (s *Store) GetUpstream(ctx context.Context, name string) (Upstream, error) {
-	panic("unimplemented")
+	var up Upstream
+	err := s.view(func(tx *bolt.Tx, now time.Time) error {
+		rec, err := getUpstream(tx, name)
+		if err == nil {
+			up = rec.public()
+		}
+		return err
+	})
+	if err != nil {
+		return Upstream{}, fmt.Errorf("get upstream: %w", err)
+	}
+	return up, nil
 }
 
 // ListUpstreams lists upstreams by name.
-func (s *Store) ListUpstreams(ctx context.Context) ([]Upstream, error) { panic("unimplemented") }
+func (s *Store) ListUpstreams(ctx context.Context) ([]Upstream, error) {
+	var out []Upstream
+	err := s.view(func(tx *bolt.Tx, now time.Time) error {
+		var err error
+		out, err = listUpstreamsTx(tx)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list upstreams: %w", err)
+	}
+	return out, nil
+}
 
 // DeleteUpstream returns ErrNotFound, or ErrConflict while an active key uses it.
-func (s *Store) DeleteUpstream(ctx context.Context, actor, name string) error { panic("unimplemented") }
+func (s *Store) DeleteUpstream(ctx context.Context, actor, name string) error {
+	err := s.update(func(tx *bolt.Tx, now time.Time) error {
+		return deleteUpstreamTx(tx, now, actor, name)
+	})
+	if err != nil {
+		return fmt.Errorf("delete upstream: %w", err)
+	}
+	return nil
+}
 
 // UpstreamSecret unseals the upstream's secret (ErrNotFound, ErrSealed).
 func (s *Store) UpstreamSecret(ctx context.Context, name string) (string, error) {
-	panic("unimplemented")
+	var secret string
+	err := s.view(func(tx *bolt.Tx, now time.Time) error {
+		rec, err := getUpstream(tx, name)
+		if err != nil {
+			return err
+		}
+		pt, err := s.seal.open(rec.SealedSecret, upstreamAD(name))
+		if err != nil {
+			return err
+		}
+		secret = string(pt)
+		return nil
+	})
+	if err != nil {
+		return "", fmt.Errorf("upstream secret: %w", err)
+	}
+	return secret, nil
 }
 
 // ---- keys ----
@@ -82,16 +272,52 @@ type MintRequest struct {
 // ErrConflict (name taken), ErrNotFound (upstream unknown; wrapped so the message
 // names the upstream).
 func (s *Store) MintKey(ctx context.Context, actor string, req MintRequest) (Key, string, error) {
-	panic("unimplemented")
+	var (
+		key   Key
+		token string
+	)
+	err := s.update(func(tx *bolt.Tx, now time.Time) error {
+		var err error
+		key, token, err = s.mintKeyTx(tx, now, actor, req)
+		return err
+	})
+	if err != nil {
+		return Key{}, "", fmt.Errorf("mint key: %w", err)
+	}
+	return key, token, nil
 }
 
 // Authenticate finds the key for a token: ErrKeyInvalid (unknown or malformed),
 // ErrKeyRevoked. Expiry and not-yet-valid are the policy's business (Decide), so an
 // expired key is returned without error.
-func (s *Store) Authenticate(ctx context.Context, token string) (Key, error) { panic("unimplemented") }
+func (s *Store) Authenticate(ctx context.Context, token string) (Key, error) {
+	var key Key
+	err := s.view(func(tx *bolt.Tx, now time.Time) error {
+		var err error
+		key, err = s.authenticateTx(tx, token)
+		return err
+	})
+	if err != nil {
+		return key, fmt.Errorf("authenticate: %w", err)
+	}
+	return key, nil
+}
 
 // GetKey returns ErrNotFound when there is no such key.
-func (s *Store) GetKey(ctx context.Context, id string) (Key, error) { panic("unimplemented") }
+func (s *Store) GetKey(ctx context.Context, id string) (Key, error) {
+	var key Key
+	err := s.view(func(tx *bolt.Tx, now time.Time) error {
+		rec, err := getKey(tx, id)
+		if err == nil {
+			key = rec.public()
+		}
+		return err
+	})
+	if err != nil {
+		return Key{}, fmt.Errorf("get key: %w", err)
+	}
+	return key, nil
+}
 
 // KeyFilter selects keys for ListKeys. Status may be "active", "revoked" or
 // "expired" (evaluated at the store clock). Labels must all match. Limit defaults
@@ -107,29 +333,82 @@ type KeyFilter struct {
 
 // ListKeys lists keys oldest first (by id). next is "" on the last page.
 func (s *Store) ListKeys(ctx context.Context, f KeyFilter) (keys []Key, next string, err error) {
-	panic("unimplemented")
+	err = s.view(func(tx *bolt.Tx, now time.Time) error {
+		var err error
+		keys, next, err = listKeysTx(tx, now, f)
+		return err
+	})
+	if err != nil {
+		return nil, "", fmt.Errorf("list keys: %w", err)
+	}
+	return keys, next, nil
 }
 
 // UpdateKey replaces the key's policy and labels in one transaction, validating the
 // policy with ValidateNew. Usage is never touched. Errors: ErrNotFound,
 // ErrInvalid, ErrConflict (revoked keys cannot be changed).
 func (s *Store) UpdateKey(ctx context.Context, actor, id string, p policy.Policy, labels map[string]string) (Key, error) {
-	panic("unimplemented")
+	var key Key
+	err := s.update(func(tx *bolt.Tx, now time.Time) error {
+		var err error
+		key, err = updateKeyTx(tx, now, actor, id, p, labels)
+		return err
+	})
+	if err != nil {
+		return Key{}, fmt.Errorf("update key: %w", err)
+	}
+	return key, nil
 }
 
 // RevokeKey revokes at once (idempotent: revoking a revoked key returns it).
-func (s *Store) RevokeKey(ctx context.Context, actor, id string) (Key, error) { panic("unimplemented") }
+func (s *Store) RevokeKey(ctx context.Context, actor, id string) (Key, error) {
+	var key Key
+	err := s.update(func(tx *bolt.Tx, now time.Time) error {
+		var err error
+		key, err = revokeKeyTx(tx, now, actor, id)
+		return err
+	})
+	if err != nil {
+		return Key{}, fmt.Errorf("revoke key: %w", err)
+	}
+	return key, nil
+}
 
 // RotateKey gives the key a new token; the old one stops working at once.
 // ErrConflict for a revoked key.
 func (s *Store) RotateKey(ctx context.Context, actor, id string) (Key, string, error) {
-	panic("unimplemented")
+	var (
+		key   Key
+		token string
+	)
+	err := s.update(func(tx *bolt.Tx, now time.Time) error {
+		var err error
+		key, token, err = rotateKeyTx(tx, now, actor, id)
+		return err
+	})
+	if err != nil {
+		return Key{}, "", fmt.Errorf("rotate key: %w", err)
+	}
+	return key, token, nil
 }
 
 // KeyUsage returns the key, its windows at the store clock and their counters, in one
 // read transaction.
 func (s *Store) KeyUsage(ctx context.Context, id string) (Key, []policy.Window, policy.Usage, error) {
-	panic("unimplemented")
+	var (
+		key     Key
+		windows []policy.Window
+		usage   policy.Usage
+	)
+	err := s.view(func(tx *bolt.Tx, now time.Time) error {
+		var err error
+		key, windows, usage, err = keyUsageTx(tx, now, id)
+		return err
+	})
+	if err != nil {
+		return Key{}, nil, nil, fmt.Errorf("key usage: %w", err)
+	}
+	return key, windows, usage, nil
 }
 
 // ---- metering ----
@@ -188,8 +467,39 @@ type ReserveResult struct {
 // writes the record (in_progress with a lease) and adds Amount to `held` of every
 // window — or writes nothing but a refusal event. One write transaction, group
 // committed. Business outcomes are results, not errors.
+//
+// Errors: ErrNotFound (no such key), ErrKeyRevoked (ReserveResult.Key is still
+// set), ErrInvalid (empty or over-255-byte idempotency key, negative amount, an
+// amount on an unmetered request), ErrSealed (a stored response does not open),
+// ErrClosed, ctx's error when ctx ends before the request is queued. Once queued,
+// Reserve waits for its transaction even if ctx ends, so its result is never lost.
 func (s *Store) Reserve(ctx context.Context, req ReserveRequest) (ReserveResult, error) {
-	panic("unimplemented")
+	if s.splitReserve != nil {
+		return s.reserveSplit(ctx, req)
+	}
+	var pl *reservePlan
+	err := s.submit(ctx, func(tx *bolt.Tx, now time.Time) error {
+		pl = nil // a re-run starts over
+		p, err := s.planReserve(tx, now, &req)
+		if err != nil {
+			return err
+		}
+		if err := applyReserve(tx, p); err != nil {
+			return err
+		}
+		if err := applyReserveEvent(tx, p); err != nil {
+			return err
+		}
+		pl = p
+		return nil
+	})
+	if err != nil {
+		return ReserveResult{}, fmt.Errorf("reserve: %w", err)
+	}
+	if pl.err != nil {
+		return pl.res, pl.err
+	}
+	return pl.res, nil
 }
 
 // SettleOutcome is how a forwarded request ended.
@@ -221,8 +531,22 @@ type SettleRequest struct {
 
 // Settle applies the outcome in one write transaction, group committed, and writes
 // the settle event. ErrNotFound when there is no such record; ErrConflict when the
-// record is not in_progress.
-func (s *Store) Settle(ctx context.Context, req SettleRequest) error { panic("unimplemented") }
+// record is not in_progress; ErrInvalid for an unknown outcome or a negative amount.
+func (s *Store) Settle(ctx context.Context, req SettleRequest) error {
+	var dom error
+	err := s.submit(ctx, func(tx *bolt.Tx, now time.Time) error {
+		var err error
+		dom, err = s.settleTx(tx, now, &req)
+		return err
+	})
+	if err == nil {
+		err = dom
+	}
+	if err != nil {
+		return fmt.Errorf("settle: %w", err)
+	}
+	return nil
+}
 
 // ObjectAmount returns what has been metered (committed, minor units) under keyID for
 // a Stripe object that was created or raised through this key (a PaymentIntent or a
@@ -230,39 +554,126 @@ func (s *Store) Settle(ctx context.Context, req SettleRequest) error { panic("un
 // nothing was metered for it. Every SettleCommit with an ObjectID adds its Amount to
 // the object's total in the same transaction.
 func (s *Store) ObjectAmount(ctx context.Context, keyID, objectID string) (amount int64, ok bool, err error) {
-	panic("unimplemented")
+	err = s.view(func(tx *bolt.Tx, now time.Time) error {
+		var err error
+		amount, ok, err = objectAmountTx(tx, keyID, objectID)
+		return err
+	})
+	if err != nil {
+		return 0, false, fmt.Errorf("object amount: %w", err)
+	}
+	return amount, ok, nil
 }
 
-// ListHolds lists holds in the given state ("" for all), newest first.
+// ListHolds lists holds in the given state ("" for all), newest first (by creation).
+// Limit defaults to 50, max 500; cursor is the previous page's next (ErrInvalid when
+// malformed, as is an unknown state).
 func (s *Store) ListHolds(ctx context.Context, state HoldState, limit int, cursor string) ([]Hold, string, error) {
-	panic("unimplemented")
+	var (
+		holds []Hold
+		next  string
+	)
+	err := s.view(func(tx *bolt.Tx, now time.Time) error {
+		var err error
+		holds, next, err = listHoldsTx(tx, state, limit, cursor)
+		return err
+	})
+	if err != nil {
+		return nil, "", fmt.Errorf("list holds: %w", err)
+	}
+	return holds, next, nil
 }
 
 // ResolveHold settles an unknown hold by an operator's decision (HoldCommitted or
 // HoldReleased) and completes its record. ErrNotFound; ErrConflict unless the hold
-// is unknown (or held with its lease lapsed).
+// is unknown (or held with its lease lapsed); ErrInvalid for another outcome.
+//
+// Keybrake never saw Stripe's answer, so the record stores a synthetic one that a
+// retry with the same idempotency key replays: 409, Stripe-Should-Retry: false,
+// {"error": {"type": "idempotency_error", "code": "idempotency_key_resolved",
+// "message": ..., "keybrake": {"hold_id", "outcome"}}}.
 func (s *Store) ResolveHold(ctx context.Context, actor, holdID string, outcome HoldState) (Hold, error) {
-	panic("unimplemented")
+	var hold Hold
+	err := s.update(func(tx *bolt.Tx, now time.Time) error {
+		var err error
+		hold, err = s.resolveHoldTx(tx, now, actor, holdID, outcome)
+		return err
+	})
+	if err != nil {
+		return Hold{}, fmt.Errorf("resolve hold: %w", err)
+	}
+	return hold, nil
 }
 
 // ---- ledger and audit ----
 
-// ListEvents lists a key's events newest first.
+// ListEvents lists a key's events newest first. Limit defaults to 50, max 500;
+// cursor is the previous page's next.
 func (s *Store) ListEvents(ctx context.Context, keyID string, limit int, cursor string) ([]Event, string, error) {
-	panic("unimplemented")
+	var (
+		events []Event
+		next   string
+	)
+	err := s.view(func(tx *bolt.Tx, now time.Time) error {
+		var err error
+		events, next, err = listEventsTx(tx, keyID, limit, cursor)
+		return err
+	})
+	if err != nil {
+		return nil, "", fmt.Errorf("list events: %w", err)
+	}
+	return events, next, nil
 }
 
-// ListAudit lists audit entries newest first.
+// ListAudit lists audit entries newest first. Limit defaults to 50, max 500;
+// cursor is the previous page's next.
 func (s *Store) ListAudit(ctx context.Context, limit int, cursor string) ([]AuditEntry, string, error) {
-	panic("unimplemented")
+	var (
+		entries []AuditEntry
+		next    string
+	)
+	err := s.view(func(tx *bolt.Tx, now time.Time) error {
+		var err error
+		entries, next, err = listAuditTx(tx, limit, cursor)
+		return err
+	})
+	if err != nil {
+		return nil, "", fmt.Errorf("list audit: %w", err)
+	}
+	return entries, next, nil
 }
 
 // ---- maintenance ----
 
 // Reap deletes completed idempotency records older than IdempotencyTTL and daily
 // counters of days that ended more than 48 hours ago with nothing held, in small
-// transactions. It returns how many entries it removed.
-func (s *Store) Reap(ctx context.Context) (int, error) { panic("unimplemented") }
+// transactions. It returns how many entries it removed. It also deletes the settled
+// holds of the records it removes and metered-object totals unchanged for
+// ObjectRetention; unknown and in_progress records are never removed.
+func (s *Store) Reap(ctx context.Context) (int, error) {
+	n, _, err := s.reap(ctx)
+	if err != nil {
+		return n, err
+	}
+	if n > 0 {
+		s.log.Info("reaped expired entries", "entries", n)
+	}
+	return n, nil
+}
 
 // Backup writes a hot, consistent copy of the database to w.
-func (s *Store) Backup(ctx context.Context, w io.Writer) (int64, error) { panic("unimplemented") }
+func (s *Store) Backup(ctx context.Context, w io.Writer) (int64, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	var n int64
+	err := translate(s.db.View(func(tx *bolt.Tx) error {
+		var err error
+		n, err = tx.WriteTo(w)
+		return err
+	}))
+	if err != nil {
+		return n, fmt.Errorf("backup: %w", err)
+	}
+	return n, nil
+}

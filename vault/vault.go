@@ -2,10 +2,127 @@
 // idempotency records, events, audit entries), the sentinel errors, token minting
 // and secret sealing, and the Store on bbolt that owns every bucket and transaction.
 //
-// Nothing outside this package sees bbolt.
+// Nothing outside this package sees bbolt: its errors are translated at the
+// boundary (ErrClosed, ErrLocked, ErrStorage, ...).
+//
+// # Storage
+//
+// One bbolt file, opened with the hashmap freelist, a 64 MiB initial mmap and a
+// lock timeout; every commit is fsynced (NoSync is never set). The buckets are
+// listed in one registry (buckets.go) and created by Open; the meta bucket holds
+// the schema version (Open refuses a newer one) and a value sealed under the master
+// key, so a wrong master key fails Open with ErrSealed instead of failing later.
+// Each public method is one read or write transaction, or one group-committed
+// operation; `now` is read once per transaction.
+//
+// Group commit: Reserve and Settle are queued to one committer goroutine, which
+// applies everything queued while the previous transaction was being fsynced in a
+// single write transaction, so concurrent callers share its fsyncs. When the
+// previous batch had several operations it waits up to 200µs for the callers it
+// just answered, so that concurrent callers share one batch rather than alternate
+// between two; a lone caller never waits. Business
+// outcomes (Refused, Replay, InFlight, ...) and domain errors found before any
+// write are results of the operation, never errors of the transaction; if the
+// transaction fails anyway, it is rolled back and its operations re-run one by one,
+// each resetting its own result, so one bad operation cannot fail the others.
+//
+// # Secrets and tokens
+//
+// Upstream secrets and stored response bodies are sealed with AES-256-GCM under
+// Options.MasterKey: version byte, random 12-byte nonce, ciphertext. The associated
+// data binds each ciphertext to its place (the upstream's name; the key id and
+// idempotency key of the record), so a sealed value copied elsewhere does not open.
+// Only an upstream secret's last four characters are readable without unsealing.
+//
+// A vault key token is "vk_" + base64url of 32 random bytes; only its hex SHA-256
+// is stored, indexed token hash → key id. Key ids are "key_" + 26 base32hex
+// characters of a 48-bit millisecond timestamp and 80 random bits, made strictly
+// increasing, so id order is creation order and list cursors are ids. Revoking
+// keeps the token's index entry (the token is then answered ErrKeyRevoked);
+// rotating replaces it (the old token is ErrKeyInvalid at once).
+//
+// # Idempotency records and holds
+//
+// A record is keyed by a 16-byte hash of (key id, idempotency key), the one HoldID
+// encodes, and carries its hold: a hold id leads straight to its record, and a
+// claim or a settle rewrites one randomly placed page, not two (random pages are
+// what a commit's fsync pays for). Reserve claims it in the same write
+// transaction that re-reads the key, reads the window counters, runs policy.Decide
+// and adds the amount to held on every window (daily and period):
+//
+//	no record, refused          → nothing but a refusal event (metered requests only)
+//	no record, allowed          → in_progress (lease), hold "held"        Claimed
+//	fingerprint differs         → unchanged                                Mismatch
+//	completed                   → unchanged                                Replay
+//	in_progress, lease live     → unchanged                                InFlight
+//	unknown, or lease lapsed    → in_progress (new lease), same hold       Resume
+//	  ... but older than UnknownRetryLimit → unknown, for an operator       Stale
+//
+// Settle (only of an in_progress record):
+//
+//	commit   → completed, hold "committed": held −= hold, committed += Amount
+//	release  → completed, hold "released":  held −= hold
+//	unknown  → unknown, hold "unknown" (still counted as held); a stored 5xx
+//	           answer is kept but a retry is resumed, never replayed
+//	abandon  → a claim that created the record: record and hold deleted, held −=
+//	           hold (a retry starts afresh); a resumed claim: back to unknown
+//
+// A hold settles on the windows it was placed on, even after midnight. Open turns
+// every in_progress record into unknown (its hold stays counted as held): the
+// process that claimed it is gone. ResolveHold lets an operator settle an unknown
+// hold (or a held one whose lease lapsed) as committed or released; its record is
+// completed with a synthetic answer that a retry replays: 409, type
+// idempotency_error, code idempotency_key_resolved, Stripe-Should-Retry: false,
+// saying what the operator decided (keybrake never saw Stripe's object).
+//
+// # Ledger and audit
+//
+// Every metered Reserve writes an event (allowed, would_refuse or refused) and
+// every Settle of a hold a settle event (decision "settled", reason = outcome);
+// ResolveHold writes "resolved". Each event carries the windows it touched and its
+// HeldDelta and CommittedDelta, so a key's ledger sums to its counters. Every admin
+// write (PutUpstream, DeleteUpstream, MintKey, UpdateKey, RevokeKey, RotateKey,
+// ResolveHold) writes an audit entry in the same transaction, with JSON views of
+// before and after that never contain a secret, a token or a token hash.
+//
+// # Retention (Reap)
+//
+//   - completed records IdempotencyTTL (24 h) after completion, with their settled
+//     holds; in_progress and unknown records are never reaped;
+//   - daily counters with nothing held, 48 h after the latest moment their day can
+//     end in any time zone; period counters stay;
+//   - metered-object totals ObjectRetention (35 days) after their last change.
+//
+// Events and audit entries are the ledger and are kept. Reap works in transactions
+// of at most 1,000 deletions.
+//
+// # The invariant and how CheckInvariant judges it
+//
+// committed + held ≤ cap holds for every window as long as the cap is enforced
+// and never lowered: every hold is placed by Decide against the counters in the
+// same transaction. Three things can legitimately break it, and the counter
+// records them: a commit above its hold (the money moved; the excess is added to
+// the window's allowance), a report-mode hold past the cap (its excess is added
+// too), and a cap lowered after holds were placed (each counter remembers the
+// highest cap in force when a hold was placed on it). So CheckInvariant checks,
+// for every window counter:
+//
+//   - held equals the sum of its live holds (held or unknown), and held and
+//     committed equal the sums of the ledger's deltas;
+//   - committed is at least the sum of its committed holds (settled holds are
+//     reaped with their records);
+//   - committed + held ≤ max(current cap, highest cap at placement) + allowance,
+//     unless a hold was placed on it while the window had no cap;
+//
+// and that records and holds agree (in_progress ↔ held, unknown ↔ unknown,
+// completed ↔ committed or released; no live hold without its record).
+//
+// UpdateKey refuses a change of currency: counters are in the key's minor units.
 package vault
 
 import (
+	"crypto/sha256"
+	"encoding/base64"
 	"errors"
 	"net/http"
 	"time"
@@ -24,6 +141,15 @@ var (
 	ErrKeyExpired = errors.New("vault key expired")
 	ErrSealed     = errors.New("cannot unseal") // wrong master key or tampered data
 	ErrClosed     = errors.New("store closed")
+
+	// ErrLocked: another process holds the database file (Open timed out on its lock).
+	ErrLocked = errors.New("database locked by another process")
+	// ErrSchemaVersion: the database was written by a newer keybrake.
+	ErrSchemaVersion = errors.New("unsupported schema version")
+	// ErrStorage: the storage engine failed (I/O, corruption); the detail is in the message.
+	ErrStorage = errors.New("storage failure")
+	// ErrInvariant: CheckInvariant found counters that disagree with holds, the ledger or a cap.
+	ErrInvariant = errors.New("invariant violated")
 )
 
 // KeyStatus is a vault key's stored status. "expired" is derived (see Key.StatusAt).
@@ -52,7 +178,12 @@ type Key struct {
 }
 
 // StatusAt returns KeyExpired when the key is active but its policy expired at now.
-func (k *Key) StatusAt(now time.Time) KeyStatus { panic("unimplemented") }
+func (k *Key) StatusAt(now time.Time) KeyStatus {
+	if k.Status == KeyActive && !k.Policy.ExpiresAt.IsZero() && !now.Before(k.Policy.ExpiresAt) {
+		return KeyExpired
+	}
+	return k.Status
+}
 
 // Upstream is a registered Stripe account credential. The secret is only ever
 // readable through Store.UpstreamSecret.
@@ -122,6 +253,7 @@ type IdempotencyRecord struct {
 	RequestID      string // Stripe's Request-Id of the stored answer (Original-Request on replay)
 	CreatedAt      time.Time
 	UpdatedAt      time.Time
+	CompletedAt    time.Time // zero unless completed; the idempotency TTL runs from here
 }
 
 // Event is one entry of a key's ledger of metered requests.
@@ -139,6 +271,13 @@ type Event struct {
 	UpstreamStatus  int
 	StripeRequestID string
 	ObjectID        string
+
+	// WindowIDs are the windows the event's deltas apply to (the hold's windows).
+	WindowIDs []string
+	// HeldDelta and CommittedDelta are what the event changed on each of WindowIDs'
+	// counters (minor units). Summed over a key's ledger they equal its counters.
+	HeldDelta      int64
+	CommittedDelta int64
 }
 
 // AuditEntry records one admin change. Before/After are JSON documents without any
@@ -154,8 +293,30 @@ type AuditEntry struct {
 }
 
 // UpstreamKey derives the upstream Idempotency-Key for (keyID, idempotencyKey).
-// It is stable across restarts and at most 255 characters.
-func UpstreamKey(keyID, idempotencyKey string) string { panic("unimplemented") }
+// It is stable across restarts and at most 255 characters: "keybrake_" followed by
+// the base64url SHA-256 of the pair (52 characters in all).
+func UpstreamKey(keyID, idempotencyKey string) string {
+	sum := pairHash("upstream-key", keyID, idempotencyKey)
+	return "keybrake_" + base64.RawURLEncoding.EncodeToString(sum[:])
+}
 
-// HoldID derives the hold id for (keyID, idempotencyKey).
-func HoldID(keyID, idempotencyKey string) string { panic("unimplemented") }
+// HoldID derives the hold id for (keyID, idempotencyKey): "hold_" followed by 26
+// lower-case base32 characters of the pair's SHA-256.
+func HoldID(keyID, idempotencyKey string) string {
+	sum := pairHash("hold", keyID, idempotencyKey)
+	return "hold_" + lowerBase32.EncodeToString(sum[:16])
+}
+
+// pairHash hashes a (keyID, idempotencyKey) pair under a purpose label. The NUL
+// separators keep ("a", "bc") and ("ab", "c") apart; key ids never contain NUL.
+func pairHash(purpose, keyID, idempotencyKey string) [sha256.Size]byte {
+	h := sha256.New()
+	h.Write([]byte(purpose))
+	h.Write([]byte{0})
+	h.Write([]byte(keyID))
+	h.Write([]byte{0})
+	h.Write([]byte(idempotencyKey))
+	var out [sha256.Size]byte
+	h.Sum(out[:0])
+	return out
+}

@@ -1,0 +1,85 @@
+package vault
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"testing"
+)
+
+// benchStore opens a store with durable commits and one key with room for every
+// benchmark iteration.
+func benchStore(b *testing.B) (*Store, string) {
+	b.Helper()
+	s, _ := MustOpen(b, newClock(t0))
+	MustUpstream(b, s, "sk_test_abcdef1234")
+	k, _ := MustMint(b, s, "bench", testPolicy(b, "", "1000000000", ""), nil)
+	return s, k.ID
+}
+
+// runConcurrent runs op b.N times spread over exactly callers goroutines.
+func runConcurrent(b *testing.B, callers int, op func(i int64) error) {
+	b.Helper()
+	var next atomic.Int64
+	errs := make(chan error, callers)
+	b.ResetTimer()
+	for range callers {
+		go func() {
+			for {
+				i := next.Add(1) - 1
+				if i >= int64(b.N) {
+					errs <- nil
+					return
+				}
+				if err := op(i); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	for range callers {
+		if err := <-errs; err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.StopTimer()
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "ops/s")
+}
+
+// BenchmarkReserve measures hold + claim (one durable, group-committed write
+// transaction per batch) at 1, 8 and 64 concurrent callers.
+func BenchmarkReserve(b *testing.B) {
+	for _, callers := range []int{1, 8, 64} {
+		b.Run(fmt.Sprintf("callers=%d", callers), func(b *testing.B) {
+			s, keyID := benchStore(b)
+			ctx := context.Background()
+			runConcurrent(b, callers, func(i int64) error {
+				res, err := s.Reserve(ctx, charge(keyID, fmt.Sprintf("bench-%d", i), 100))
+				if err == nil && res.Outcome != Claimed {
+					err = fmt.Errorf("outcome %d", res.Outcome)
+				}
+				return err
+			})
+		})
+	}
+}
+
+// BenchmarkReserveSettle measures a whole metered request: Reserve then Settle
+// (commit), two durable write transactions, at 1, 8 and 64 concurrent callers.
+func BenchmarkReserveSettle(b *testing.B) {
+	for _, callers := range []int{1, 8, 64} {
+		b.Run(fmt.Sprintf("callers=%d", callers), func(b *testing.B) {
+			s, keyID := benchStore(b)
+			ctx := context.Background()
+			runConcurrent(b, callers, func(i int64) error {
+				key := fmt.Sprintf("bench-%d", i)
+				if _, err := s.Reserve(ctx, charge(keyID, key, 100)); err != nil {
+					return err
+				}
+				return s.Settle(ctx, SettleRequest{KeyID: keyID, IdempotencyKey: key, Outcome: SettleCommit, Amount: 100,
+					Response: &StoredResponse{Status: 200, Body: []byte(`{"id":"ch_123","object":"charge","amount":100}`)}})
+			})
+		})
+	}
+}

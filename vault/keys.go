@@ -1,0 +1,289 @@
+package vault
+
+import (
+	"bytes"
+	"fmt"
+	"maps"
+	"strings"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/keybrake/keybrake/policy"
+)
+
+// checkPolicy normalizes p (defaults only fill what is unset) and validates it as a
+// new or changed policy: ErrInvalid wrapping the *policy.ValidationError.
+func checkPolicy(p *policy.Policy, now time.Time) error {
+	p.Normalize(now)
+	if err := p.ValidateNew(now); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalid, err)
+	}
+	return nil
+}
+
+func checkLabels(labels map[string]string) error {
+	for k, v := range labels {
+		if k == "" || len(k) > maxNameLen || len(v) > 1000 {
+			return fmt.Errorf("%w: %w", ErrInvalid, &policy.ValidationError{Errors: []policy.FieldError{
+				{Field: "labels", Message: "keys must be 1-200 bytes and values at most 1000 bytes"},
+			}})
+		}
+	}
+	return nil
+}
+
+func (s *Store) mintKeyTx(tx *bolt.Tx, now time.Time, actor string, req MintRequest) (Key, string, error) {
+	if !validName(req.Name) {
+		return Key{}, "", fmt.Errorf("%w: %w", ErrInvalid, &policy.ValidationError{Errors: []policy.FieldError{
+			{Field: "name", Message: "must be 1-200 printable bytes"},
+		}})
+	}
+	if err := checkLabels(req.Labels); err != nil {
+		return Key{}, "", err
+	}
+	p := req.Policy
+	if err := checkPolicy(&p, now); err != nil {
+		return Key{}, "", err
+	}
+	upstream := req.Upstream
+	if upstream == "" {
+		upstream = "default"
+	}
+	if _, err := getUpstream(tx, upstream); err != nil {
+		return Key{}, "", err
+	}
+	names := tx.Bucket(bucketNames)
+	if names.Get([]byte(req.Name)) != nil {
+		return Key{}, "", fmt.Errorf("key name %q is taken: %w", req.Name, ErrConflict)
+	}
+	keys := tx.Bucket(bucketKeys)
+	var newest []byte
+	if last, _ := keys.Cursor().Last(); last != nil {
+		newest, _ = decodeKeyID(string(last))
+	}
+	raw, err := newKeyIDRaw(now, newest)
+	if err != nil {
+		return Key{}, "", err
+	}
+	token, err := newToken()
+	if err != nil {
+		return Key{}, "", err
+	}
+	rec := &keyRec{
+		ID: encodeKeyID(raw), Name: req.Name, Upstream: upstream, Labels: maps.Clone(req.Labels), Policy: p,
+		Status: KeyActive, TokenHash: tokenHash(token), TokenPrefix: token[:tokenDisplayLen],
+		CreatedAt: now, UpdatedAt: now,
+	}
+	if err := putKey(tx, rec); err != nil {
+		return Key{}, "", err
+	}
+	if err := names.Put([]byte(rec.Name), []byte(rec.ID)); err != nil {
+		return Key{}, "", fmt.Errorf("index key name: %w", err)
+	}
+	if err := tx.Bucket(bucketTokens).Put([]byte(rec.TokenHash), []byte(rec.ID)); err != nil {
+		return Key{}, "", fmt.Errorf("index key token: %w", err)
+	}
+	if err := putAudit(tx, now, actor, "key.mint", rec.ID, nil, rec.view()); err != nil {
+		return Key{}, "", err
+	}
+	return rec.public(), token, nil
+}
+
+func (s *Store) authenticateTx(tx *bolt.Tx, token string) (Key, error) {
+	if !wellFormedToken(token) {
+		return Key{}, ErrKeyInvalid
+	}
+	id := tx.Bucket(bucketTokens).Get([]byte(tokenHash(token)))
+	if id == nil {
+		return Key{}, ErrKeyInvalid
+	}
+	rec, err := s.keys.get(tx, string(id))
+	if err != nil {
+		return Key{}, err
+	}
+	if rec.Status == KeyRevoked {
+		return rec.public(), fmt.Errorf("key %s: %w", rec.ID, ErrKeyRevoked)
+	}
+	return rec.public(), nil
+}
+
+func listKeysTx(tx *bolt.Tx, now time.Time, f KeyFilter) ([]Key, string, error) {
+	switch f.Status {
+	case "", KeyActive, KeyRevoked, KeyExpired:
+	default:
+		return nil, "", fmt.Errorf("key status %q: %w", f.Status, ErrInvalid)
+	}
+	after, err := decodeCursor(f.Cursor)
+	if err != nil {
+		return nil, "", err
+	}
+	limit := clampLimit(f.Limit)
+	out := []Key{}
+	c := tx.Bucket(bucketKeys).Cursor()
+	var k, v []byte
+	if after == "" {
+		k, v = c.First()
+	} else {
+		k, v = c.Seek([]byte(after))
+		if k != nil && string(k) == after {
+			k, v = c.Next()
+		}
+	}
+	for ; k != nil; k, v = c.Next() {
+		var rec keyRec
+		if err := decodeJSON(k, v, &rec); err != nil {
+			return nil, "", err
+		}
+		key := rec.public()
+		if !keyMatches(&key, now, f) {
+			continue
+		}
+		if len(out) == limit {
+			// There is at least one more match: the page ends at the last one returned.
+			return out, encodeCursor(out[len(out)-1].ID), nil
+		}
+		out = append(out, key)
+	}
+	return out, "", nil
+}
+
+func keyMatches(k *Key, now time.Time, f KeyFilter) bool {
+	if f.Status != "" && k.StatusAt(now) != f.Status {
+		return false
+	}
+	if f.Upstream != "" && k.Upstream != f.Upstream {
+		return false
+	}
+	if f.NamePrefix != "" && !strings.HasPrefix(k.Name, f.NamePrefix) {
+		return false
+	}
+	for lk, lv := range f.Labels {
+		if got, ok := k.Labels[lk]; !ok || got != lv {
+			return false
+		}
+	}
+	return true
+}
+
+func updateKeyTx(tx *bolt.Tx, now time.Time, actor, id string, p policy.Policy, labels map[string]string) (Key, error) {
+	rec, err := getKey(tx, id)
+	if err != nil {
+		return Key{}, err
+	}
+	if rec.Status == KeyRevoked {
+		return Key{}, fmt.Errorf("key %s is revoked: %w", id, ErrConflict)
+	}
+	if err := checkLabels(labels); err != nil {
+		return Key{}, err
+	}
+	if err := checkPolicy(&p, now); err != nil {
+		return Key{}, err
+	}
+	// Counters are kept in minor units of the key's currency; a different currency
+	// would make every stored amount mean something else.
+	if p.Currency != rec.Policy.Currency {
+		return Key{}, fmt.Errorf("%w: %w", ErrInvalid, &policy.ValidationError{Errors: []policy.FieldError{
+			{Field: "currency", Message: fmt.Sprintf("cannot be changed (the key meters %s)", rec.Policy.Currency)},
+		}})
+	}
+	before := rec.view()
+	rec.Policy = p
+	rec.Labels = maps.Clone(labels)
+	rec.UpdatedAt = now
+	if err := putKey(tx, rec); err != nil {
+		return Key{}, err
+	}
+	if err := putAudit(tx, now, actor, "key.update", id, before, rec.view()); err != nil {
+		return Key{}, err
+	}
+	return rec.public(), nil
+}
+
+func revokeKeyTx(tx *bolt.Tx, now time.Time, actor, id string) (Key, error) {
+	rec, err := getKey(tx, id)
+	if err != nil {
+		return Key{}, err
+	}
+	if rec.Status == KeyRevoked {
+		return rec.public(), nil
+	}
+	before := rec.view()
+	rec.Status = KeyRevoked
+	rec.RevokedAt = now
+	rec.UpdatedAt = now
+	if err := putKey(tx, rec); err != nil {
+		return Key{}, err
+	}
+	// The token index entry stays, so the revoked token is answered "revoked", not "invalid".
+	if err := putAudit(tx, now, actor, "key.revoke", id, before, rec.view()); err != nil {
+		return Key{}, err
+	}
+	return rec.public(), nil
+}
+
+func rotateKeyTx(tx *bolt.Tx, now time.Time, actor, id string) (Key, string, error) {
+	rec, err := getKey(tx, id)
+	if err != nil {
+		return Key{}, "", err
+	}
+	if rec.Status == KeyRevoked {
+		return Key{}, "", fmt.Errorf("key %s is revoked: %w", id, ErrConflict)
+	}
+	token, err := newToken()
+	if err != nil {
+		return Key{}, "", err
+	}
+	tokens := tx.Bucket(bucketTokens)
+	if got := tokens.Get([]byte(rec.TokenHash)); got != nil && bytes.Equal(got, []byte(rec.ID)) {
+		if err := tokens.Delete([]byte(rec.TokenHash)); err != nil {
+			return Key{}, "", fmt.Errorf("unindex old token: %w", err)
+		}
+	}
+	before := rec.view()
+	rec.TokenHash = tokenHash(token)
+	rec.TokenPrefix = token[:tokenDisplayLen]
+	rec.UpdatedAt = now
+	if err := putKey(tx, rec); err != nil {
+		return Key{}, "", err
+	}
+	if err := tokens.Put([]byte(rec.TokenHash), []byte(rec.ID)); err != nil {
+		return Key{}, "", fmt.Errorf("index new token: %w", err)
+	}
+	if err := putAudit(tx, now, actor, "key.rotate", id, before, rec.view()); err != nil {
+		return Key{}, "", err
+	}
+	return rec.public(), token, nil
+}
+
+// keyUsageTx reads a key's windows at now and their counters.
+func keyUsageTx(tx *bolt.Tx, now time.Time, id string) (Key, []policy.Window, policy.Usage, error) {
+	rec, err := getKey(tx, id)
+	if err != nil {
+		return Key{}, nil, nil, err
+	}
+	windows, err := rec.Policy.Windows(now)
+	if err != nil {
+		return Key{}, nil, nil, fmt.Errorf("key %s windows: %w", id, err)
+	}
+	usage, err := readUsage(tx, id, windows)
+	if err != nil {
+		return Key{}, nil, nil, err
+	}
+	return rec.public(), windows, usage, nil
+}
+
+// readUsage reads the counters of windows into a policy.Usage.
+func readUsage(tx *bolt.Tx, keyID string, windows []policy.Window) (policy.Usage, error) {
+	usage := make(policy.Usage, len(windows))
+	for _, w := range windows {
+		c, ok, err := getCounter(tx, keyID, w.ID)
+		if err != nil {
+			return nil, err
+		}
+		if ok {
+			usage[w.ID] = policy.Counter{Committed: c.Committed, Held: c.Held}
+		}
+	}
+	return usage, nil
+}

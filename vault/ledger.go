@@ -1,0 +1,123 @@
+package vault
+
+import (
+	"bytes"
+	"fmt"
+
+	bolt "go.etcd.io/bbolt"
+)
+
+// listEventsTx pages through a key's ledger newest first. The cursor is the id of
+// the last event of the previous page.
+func listEventsTx(tx *bolt.Tx, keyID string, limit int, cursor string) ([]Event, string, error) {
+	if keyID == "" {
+		return nil, "", fmt.Errorf("list events: empty key id: %w", ErrInvalid)
+	}
+	prefix := append([]byte(keyID), 0)
+	start := append([]byte(keyID), 1) // sorts after every event of the key
+	if cursor != "" {
+		id, err := decodeCursor(cursor)
+		if err != nil {
+			return nil, "", err
+		}
+		seq, ok := parseSeqID("evt_", id)
+		if !ok {
+			return nil, "", fmt.Errorf("event cursor: %w", ErrInvalid)
+		}
+		start = append(append([]byte(nil), prefix...), u64(seq)...)
+	}
+	limit = clampLimit(limit)
+	out := []Event{}
+	err := pageBackward(tx.Bucket(bucketEvents), prefix, start, func(k, v []byte) (bool, error) {
+		if len(out) == limit {
+			return false, nil
+		}
+		e, err := decodeEvent(k, v)
+		if err != nil {
+			return false, err
+		}
+		out = append(out, e)
+		return true, nil
+	})
+	if err != nil {
+		return nil, "", err
+	}
+	next := ""
+	if len(out) == limit && hasBefore(tx.Bucket(bucketEvents), prefix, out[len(out)-1].ID, "evt_") {
+		next = encodeCursor(out[len(out)-1].ID)
+	}
+	return out, next, nil
+}
+
+// listAuditTx pages through the audit log newest first.
+func listAuditTx(tx *bolt.Tx, limit int, cursor string) ([]AuditEntry, string, error) {
+	start := bytes.Repeat([]byte{0xff}, 9) // after every 8-byte sequence key
+	if cursor != "" {
+		id, err := decodeCursor(cursor)
+		if err != nil {
+			return nil, "", err
+		}
+		seq, ok := parseSeqID("aud_", id)
+		if !ok {
+			return nil, "", fmt.Errorf("audit cursor: %w", ErrInvalid)
+		}
+		start = u64(seq)
+	}
+	limit = clampLimit(limit)
+	out := []AuditEntry{}
+	err := pageBackward(tx.Bucket(bucketAudit), nil, start, func(k, v []byte) (bool, error) {
+		if len(out) == limit {
+			return false, nil
+		}
+		var e AuditEntry
+		if err := decodeJSON(k, v, &e); err != nil {
+			return false, err
+		}
+		out = append(out, e)
+		return true, nil
+	})
+	if err != nil {
+		return nil, "", err
+	}
+	next := ""
+	if len(out) == limit && hasBefore(tx.Bucket(bucketAudit), nil, out[len(out)-1].ID, "aud_") {
+		next = encodeCursor(out[len(out)-1].ID)
+	}
+	return out, next, nil
+}
+
+// pageBackward calls fn for every key with prefix that sorts strictly before start,
+// newest (greatest) first, until fn returns false.
+func pageBackward(b *bolt.Bucket, prefix, start []byte, fn func(k, v []byte) (bool, error)) error {
+	c := b.Cursor()
+	k, v := c.Seek(start)
+	if k == nil {
+		k, v = c.Last()
+	} else {
+		k, v = c.Prev()
+	}
+	for ; k != nil && bytes.HasPrefix(k, prefix); k, v = c.Prev() {
+		if bytes.Compare(k, start) >= 0 {
+			continue
+		}
+		more, err := fn(k, v)
+		if err != nil || !more {
+			return err
+		}
+	}
+	return nil
+}
+
+// hasBefore reports whether any entry with prefix sorts before the sequence id.
+func hasBefore(b *bolt.Bucket, prefix []byte, id, idPrefix string) bool {
+	seq, ok := parseSeqID(idPrefix, id)
+	if !ok {
+		return false
+	}
+	found := false
+	_ = pageBackward(b, prefix, append(append([]byte(nil), prefix...), u64(seq)...), func(k, v []byte) (bool, error) {
+		found = true
+		return false, nil
+	})
+	return found
+}

@@ -1,0 +1,529 @@
+package vault
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/keybrake/keybrake/policy"
+)
+
+// reservePlan is what a Reserve decided (read-only) and what it must write. Keeping
+// decision and writes apart lets the mutation test run them in two transactions;
+// Reserve itself always runs both in one.
+type reservePlan struct {
+	res ReserveResult
+	err error // domain error found before any write
+
+	// Writes, applied by applyReserve.
+	record  *recordRec // record (with its hold) to put: claim, resume, stale
+	newHold bool       // add the record's hold amount to held on every window
+	windows []policy.Window
+	event   *Event
+}
+
+func validateReserve(req *ReserveRequest) error {
+	switch {
+	case req.KeyID == "":
+		return fmt.Errorf("reserve: empty key id: %w", ErrInvalid)
+	case req.IdempotencyKey == "" || len(req.IdempotencyKey) > maxIdemKeyLen:
+		return fmt.Errorf("reserve: idempotency key must be 1-%d bytes: %w", maxIdemKeyLen, ErrInvalid)
+	case req.Request.Amount < 0:
+		return fmt.Errorf("reserve: negative amount: %w", ErrInvalid)
+	case !req.Metered && req.Request.Amount != 0:
+		return fmt.Errorf("reserve: unmetered request with an amount: %w", ErrInvalid)
+	}
+	return nil
+}
+
+// planReserve reads everything Reserve needs in tx and decides. It writes nothing.
+func (s *Store) planReserve(tx *bolt.Tx, now time.Time, req *ReserveRequest) (*reservePlan, error) {
+	pl := &reservePlan{}
+	if err := validateReserve(req); err != nil {
+		pl.err = err
+		return pl, nil
+	}
+	key, err := s.keys.get(tx, req.KeyID)
+	if err != nil {
+		if errors.Is(err, ErrNotFound) {
+			pl.err = err
+			return pl, nil
+		}
+		return nil, err
+	}
+	pl.res.Key = key.public()
+	if key.Status == KeyRevoked {
+		pl.err = fmt.Errorf("reserve under key %s: %w", key.ID, ErrKeyRevoked)
+		return pl, nil
+	}
+	rec, err := getRecord(tx, req.KeyID, req.IdempotencyKey)
+	if err != nil {
+		return nil, err
+	}
+	if rec != nil {
+		return s.planExisting(now, req, pl, rec)
+	}
+
+	// No record: decide against the key's current policy and counters.
+	windows, err := key.Policy.Windows(now)
+	if err != nil {
+		return nil, fmt.Errorf("key %s windows: %w", key.ID, err)
+	}
+	usage := policy.Usage{}
+	if req.Metered {
+		// An unmetered request holds nothing, so only the non-cap rules may refuse it.
+		if usage, err = readUsage(tx, key.ID, windows); err != nil {
+			return nil, err
+		}
+	}
+	dec := policy.Decide(&key.Policy, usage, req.Request, now)
+	pl.res.Decision = dec
+	if !dec.Allowed {
+		pl.res.Outcome = Refused
+		if req.Metered {
+			pl.event = &Event{
+				Time: now, KeyID: key.ID, Operation: req.Request.Operation, Amount: req.Request.Amount,
+				Currency: req.Request.Currency, Decision: "refused", Reason: string(dec.Reason),
+			}
+		}
+		return pl, nil
+	}
+	r := &recordRec{
+		KeyID: key.ID, Idem: req.IdempotencyKey,
+		Fingerprint: req.Fingerprint, UpstreamKey: UpstreamKey(key.ID, req.IdempotencyKey),
+		State: RecordInProgress, LeaseUntil: now.Add(s.lease), CreatedAt: now, UpdatedAt: now, Fresh: true,
+	}
+	pl.record = r
+	pl.res.Outcome = Claimed
+	if req.Metered {
+		ids := make([]string, len(windows))
+		for i, w := range windows {
+			ids[i] = w.ID
+		}
+		h := &holdRec{
+			ID: HoldID(key.ID, req.IdempotencyKey), KeyID: key.ID, IdempotencyKey: req.IdempotencyKey,
+			Operation: req.Request.Operation, Currency: req.Request.Currency, Amount: req.Request.Amount,
+			WindowIDs: ids, State: HoldHeld, CreatedAt: now,
+		}
+		r.Hold = h
+		pl.newHold, pl.windows = true, windows
+		decision := "allowed"
+		if dec.WouldRefuse {
+			decision = "would_refuse"
+		}
+		pl.event = &Event{
+			Time: now, KeyID: key.ID, Operation: h.Operation, Amount: h.Amount, Currency: h.Currency,
+			Decision: decision, Reason: string(dec.Reason), HoldID: h.ID, HoldState: HoldHeld,
+			WindowIDs: ids, HeldDelta: h.Amount,
+		}
+		pub := h.public()
+		pl.res.Hold = &pub
+	}
+	pl.res.Record = IdempotencyRecord{
+		KeyID: key.ID, IdempotencyKey: req.IdempotencyKey, Fingerprint: r.Fingerprint, UpstreamKey: r.UpstreamKey,
+		State: r.State, LeaseUntil: r.LeaseUntil, HoldID: r.holdID(), CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt,
+	}
+	return pl, nil
+}
+
+// planExisting answers a Reserve whose idempotency record exists.
+func (s *Store) planExisting(now time.Time, req *ReserveRequest, pl *reservePlan, rec *recordRec) (*reservePlan, error) {
+	hold := rec.Hold
+	switch {
+	case rec.Fingerprint != req.Fingerprint:
+		pl.res.Outcome = Mismatch
+	case rec.State == RecordCompleted:
+		pl.res.Outcome = Replay
+	case rec.State == RecordInProgress && now.Before(rec.LeaseUntil):
+		pl.res.Outcome = InFlight
+	case now.Sub(rec.CreatedAt) > s.unknownLimit:
+		// Stripe may have pruned the upstream key by now: an operator decides.
+		pl.res.Outcome = Stale
+		if rec.State == RecordInProgress {
+			rec.State, rec.LeaseUntil, rec.Fresh, rec.UpdatedAt = RecordUnknown, time.Time{}, false, now
+			if hold != nil {
+				hold.State = HoldUnknown
+			}
+			pl.record = rec
+		}
+	default:
+		// Unknown, or in_progress under a lapsed lease: forward again with the same
+		// upstream key; the hold it already has stays.
+		pl.res.Outcome = Resume
+		rec.State, rec.LeaseUntil, rec.Fresh, rec.UpdatedAt = RecordInProgress, now.Add(s.lease), false, now
+		if hold != nil {
+			hold.State = HoldHeld
+		}
+		pl.record = rec
+	}
+	pub, err := s.publicRecord(rec)
+	if err != nil {
+		// A stored response that does not open must not be replayed, nor the
+		// record changed.
+		return &reservePlan{res: ReserveResult{Key: pl.res.Key}, err: err}, nil
+	}
+	pl.res.Record = pub
+	if hold != nil {
+		h := hold.public()
+		pl.res.Hold = &h
+	}
+	return pl, nil
+}
+
+// applyReserve writes what planReserve decided.
+func applyReserve(tx *bolt.Tx, pl *reservePlan) error {
+	if pl.err != nil || pl.record == nil {
+		return nil
+	}
+	r := pl.record
+	if err := putRecord(tx, r); err != nil {
+		return err
+	}
+	if pl.newHold {
+		amount := r.Hold.Amount
+		for _, w := range pl.windows {
+			c, _, err := getCounter(tx, r.KeyID, w.ID)
+			if err != nil {
+				return err
+			}
+			if w.HasCap {
+				c.CapPeak = max(c.CapPeak, w.Cap)
+				if pl.res.Decision.WouldRefuse {
+					// Report mode lets this hold pass the cap: excuse what it adds beyond.
+					if over := c.Committed + c.Held + amount - w.Cap; over > 0 {
+						c.Allowance += min(over, amount)
+					}
+				}
+			} else {
+				c.Uncapped = true
+			}
+			c.Held += amount
+			if err := putCounter(tx, r.KeyID, w.ID, c); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// applyReserveEvent writes the plan's event (a refusal writes only that).
+func applyReserveEvent(tx *bolt.Tx, pl *reservePlan) error {
+	if pl.err != nil || pl.event == nil {
+		return nil
+	}
+	return putEvent(tx, pl.event)
+}
+
+// addToWindows moves money on a hold's windows.
+func addToWindows(tx *bolt.Tx, keyID string, windowIDs []string, heldDelta, committedDelta, allowance int64) error {
+	for _, id := range windowIDs {
+		c, _, err := getCounter(tx, keyID, id)
+		if err != nil {
+			return err
+		}
+		c.Held += heldDelta
+		c.Committed += committedDelta
+		c.Allowance += allowance
+		if err := putCounter(tx, keyID, id, c); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// settleTx applies a Settle. Domain errors (returned as dom) are found before any write.
+func (s *Store) settleTx(tx *bolt.Tx, now time.Time, req *SettleRequest) (dom error, err error) {
+	switch req.Outcome {
+	case SettleCommit, SettleRelease, SettleUnknown, SettleAbandon:
+	default:
+		return fmt.Errorf("settle outcome %q: %w", req.Outcome, ErrInvalid), nil
+	}
+	if req.Amount < 0 {
+		return fmt.Errorf("settle: negative amount: %w", ErrInvalid), nil
+	}
+	rec, err := getRecord(tx, req.KeyID, req.IdempotencyKey)
+	if err != nil {
+		return nil, err
+	}
+	if rec == nil {
+		return fmt.Errorf("idempotency record of key %s: %w", req.KeyID, ErrNotFound), nil
+	}
+	if rec.State != RecordInProgress {
+		return fmt.Errorf("idempotency record of key %s is %s: %w", req.KeyID, rec.State, ErrConflict), nil
+	}
+	hold := rec.Hold
+
+	// From here on, only writes.
+	var resp *responseRec
+	if req.Response != nil && req.Outcome != SettleAbandon {
+		if resp, err = s.sealResponse(req.KeyID, req.IdempotencyKey, req.Response); err != nil {
+			return nil, err
+		}
+	}
+	ev := &Event{
+		Time: now, KeyID: req.KeyID, Decision: "settled", Reason: string(req.Outcome),
+		UpstreamStatus: req.UpstreamStatus, StripeRequestID: req.StripeRequestID, ObjectID: req.ObjectID,
+	}
+	if hold != nil {
+		ev.Operation, ev.Currency, ev.HoldID, ev.WindowIDs = hold.Operation, hold.Currency, hold.ID, hold.WindowIDs
+		ev.Amount = hold.Amount
+	}
+	switch req.Outcome {
+	case SettleCommit, SettleRelease:
+		rec.State, rec.LeaseUntil, rec.Fresh, rec.CompletedAt = RecordCompleted, time.Time{}, false, now
+		rec.Response, rec.RequestID = resp, req.StripeRequestID
+		if hold != nil {
+			held := hold.Amount
+			ev.HeldDelta = -held
+			hold.SettledAt = now
+			if req.Outcome == SettleCommit {
+				hold.State, hold.Amount = HoldCommitted, req.Amount
+				ev.CommittedDelta, ev.Amount = req.Amount, req.Amount
+				// A commit above the hold is booked (the money moved) and excused.
+				if err := addToWindows(tx, hold.KeyID, hold.WindowIDs, -held, req.Amount, max(0, req.Amount-held)); err != nil {
+					return nil, err
+				}
+				if req.ObjectID != "" {
+					if err := addObjectAmount(tx, now, req.KeyID, req.ObjectID, req.Amount); err != nil {
+						return nil, err
+					}
+				}
+			} else {
+				hold.State = HoldReleased
+				if err := addToWindows(tx, hold.KeyID, hold.WindowIDs, -held, 0, 0); err != nil {
+					return nil, err
+				}
+			}
+		}
+	case SettleUnknown:
+		rec.State, rec.LeaseUntil, rec.Fresh = RecordUnknown, time.Time{}, false
+		if resp != nil {
+			rec.Response, rec.RequestID = resp, req.StripeRequestID
+		}
+		if hold != nil {
+			hold.State = HoldUnknown
+		}
+	case SettleAbandon:
+		if rec.Fresh {
+			// This claim created the record and its hold: forget both, so a retry
+			// starts afresh.
+			if hold != nil {
+				ev.HeldDelta, ev.HoldState = -hold.Amount, HoldReleased
+				if err := addToWindows(tx, hold.KeyID, hold.WindowIDs, -hold.Amount, 0, 0); err != nil {
+					return nil, err
+				}
+				if err := putEvent(tx, ev); err != nil {
+					return nil, err
+				}
+			}
+			return nil, deleteRecord(tx, rec)
+		}
+		// A resumed claim: the earlier attempt may have moved money.
+		rec.State, rec.LeaseUntil = RecordUnknown, time.Time{}
+		if hold != nil {
+			hold.State = HoldUnknown
+		}
+	}
+	rec.UpdatedAt = now
+	if err := putRecord(tx, rec); err != nil {
+		return nil, err
+	}
+	if hold != nil {
+		ev.HoldState = hold.State
+		if err := putEvent(tx, ev); err != nil {
+			return nil, err
+		}
+	}
+	return nil, nil
+}
+
+func addObjectAmount(tx *bolt.Tx, now time.Time, keyID, objectID string, amount int64) error {
+	b := tx.Bucket(bucketObjects)
+	k := idemKey(keyID, objectID)
+	var o objectRec
+	if _, err := getJSON(b, k, &o); err != nil {
+		return err
+	}
+	o.Amount += amount
+	o.UpdatedAt = now
+	return putJSON(b, k, &o)
+}
+
+func objectAmountTx(tx *bolt.Tx, keyID, objectID string) (int64, bool, error) {
+	var o objectRec
+	ok, err := getJSON(tx.Bucket(bucketObjects), idemKey(keyID, objectID), &o)
+	return o.Amount, ok, err
+}
+
+// resolvedResponse is what a retry of a request resolved by an operator replays:
+// a Stripe-shaped idempotency error that says what the operator decided and tells
+// SDKs not to retry. It carries no Stripe object, because keybrake never saw one.
+func resolvedResponse(holdID string, outcome HoldState) *StoredResponse {
+	verb := "committed (the payment is counted as made)"
+	if outcome == HoldReleased {
+		verb = "released (the payment is counted as not made)"
+	}
+	body, _ := json.Marshal(map[string]any{"error": map[string]any{
+		"type":    "idempotency_error",
+		"code":    "idempotency_key_resolved",
+		"message": "The outcome of the request made with this idempotency key was unknown and an operator resolved it as " + verb + ". Check the object in Stripe before sending a new request.",
+		"keybrake": map[string]any{
+			"hold_id": holdID,
+			"outcome": string(outcome),
+		},
+	}})
+	h := http.Header{}
+	h.Set("Content-Type", "application/json")
+	h.Set("Stripe-Should-Retry", "false")
+	return &StoredResponse{Status: http.StatusConflict, Header: h, Body: body}
+}
+
+func (s *Store) resolveHoldTx(tx *bolt.Tx, now time.Time, actor, holdID string, outcome HoldState) (Hold, error) {
+	if outcome != HoldCommitted && outcome != HoldReleased {
+		return Hold{}, fmt.Errorf("resolve outcome %q (committed or released): %w", outcome, ErrInvalid)
+	}
+	rec, err := getRecordByHold(tx, holdID)
+	if err != nil {
+		return Hold{}, err
+	}
+	hold := rec.Hold
+	lapsed := rec.State == RecordInProgress && !now.Before(rec.LeaseUntil)
+	if hold.State != HoldUnknown && !(hold.State == HoldHeld && lapsed) {
+		return Hold{}, fmt.Errorf("hold %s is %s: %w", holdID, hold.State, ErrConflict)
+	}
+	before := hold.public()
+	ev := &Event{
+		Time: now, KeyID: hold.KeyID, Operation: hold.Operation, Amount: hold.Amount, Currency: hold.Currency,
+		Decision: "resolved", Reason: "operator:" + string(outcome), HoldID: hold.ID, HoldState: outcome,
+		WindowIDs: hold.WindowIDs, HeldDelta: -hold.Amount,
+	}
+	committed := int64(0)
+	if outcome == HoldCommitted {
+		committed = hold.Amount
+		ev.CommittedDelta = hold.Amount
+	}
+	if err := addToWindows(tx, hold.KeyID, hold.WindowIDs, -hold.Amount, committed, 0); err != nil {
+		return Hold{}, err
+	}
+	resp, err := s.sealResponse(hold.KeyID, hold.IdempotencyKey, resolvedResponse(hold.ID, outcome))
+	if err != nil {
+		return Hold{}, err
+	}
+	hold.State, hold.SettledAt = outcome, now
+	rec.State, rec.LeaseUntil, rec.Fresh = RecordCompleted, time.Time{}, false
+	rec.Response, rec.RequestID, rec.CompletedAt, rec.UpdatedAt = resp, "", now, now
+	if err := putRecord(tx, rec); err != nil {
+		return Hold{}, err
+	}
+	if err := putEvent(tx, ev); err != nil {
+		return Hold{}, err
+	}
+	after := hold.public()
+	if err := putAudit(tx, now, actor, "hold.resolve", hold.ID, before, after); err != nil {
+		return Hold{}, err
+	}
+	return after, nil
+}
+
+func listHoldsTx(tx *bolt.Tx, state HoldState, limit int, cursor string) ([]Hold, string, error) {
+	switch state {
+	case "", HoldHeld, HoldCommitted, HoldReleased, HoldUnknown:
+	default:
+		return nil, "", fmt.Errorf("hold state %q: %w", state, ErrInvalid)
+	}
+	before, err := decodeCursor(cursor)
+	if err != nil {
+		return nil, "", err
+	}
+	limit = clampLimit(limit)
+	out := []Hold{}
+	c := tx.Bucket(bucketHoldIndex).Cursor()
+	var k, v []byte
+	if before == "" {
+		k, v = c.Last()
+	} else {
+		k, v = c.Seek([]byte(before))
+		if k == nil {
+			k, v = c.Last()
+		} else {
+			k, v = c.Prev() // Seek lands on the cursor itself or the first key after it.
+		}
+	}
+	var lastKey []byte
+	for ; k != nil; k, v = c.Prev() {
+		if state != "" && string(v) != string(state) {
+			continue
+		}
+		if len(out) == limit {
+			return out, encodeCursor(string(lastKey)), nil
+		}
+		rec, err := getRecordByHold(tx, string(k[8:]))
+		if err != nil {
+			return nil, "", fmt.Errorf("hold index: %w", err)
+		}
+		out = append(out, rec.Hold.public())
+		lastKey = append(lastKey[:0], k...)
+	}
+	return out, "", nil
+}
+
+// recoverInProgress turns every in_progress record into unknown (their holds stay,
+// counted as held): the process that claimed them is gone, so nobody knows whether
+// Stripe got the request.
+func recoverInProgress(tx *bolt.Tx, now time.Time) (int, error) {
+	var todo []*recordRec
+	err := tx.Bucket(bucketIdem).ForEach(func(k, v []byte) error {
+		r, err := decodeRecord(k, v)
+		if err != nil {
+			return err
+		}
+		if r.State == RecordInProgress {
+			todo = append(todo, r)
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, err
+	}
+	for _, r := range todo {
+		r.State, r.LeaseUntil, r.Fresh, r.UpdatedAt = RecordUnknown, time.Time{}, false, now
+		if r.Hold != nil {
+			r.Hold.State = HoldUnknown
+		}
+		if err := putRecord(tx, r); err != nil {
+			return 0, err
+		}
+	}
+	return len(todo), nil
+}
+
+// reserveSplit is the broken Reserve that the mutation test needs: it decides in a
+// read transaction and writes in another, so concurrent callers can all see the same
+// headroom. Only tests set Store.splitReserve; nothing else reaches this path.
+func (s *Store) reserveSplit(ctx context.Context, req ReserveRequest) (ReserveResult, error) {
+	var pl *reservePlan
+	err := s.view(func(tx *bolt.Tx, now time.Time) error {
+		var err error
+		pl, err = s.planReserve(tx, now, &req)
+		return err
+	})
+	if err != nil {
+		return ReserveResult{}, fmt.Errorf("reserve: %w", err)
+	}
+	s.splitReserve()
+	err = s.submit(ctx, func(tx *bolt.Tx, now time.Time) error {
+		if err := applyReserve(tx, pl); err != nil {
+			return err
+		}
+		return applyReserveEvent(tx, pl)
+	})
+	if err != nil {
+		return ReserveResult{}, fmt.Errorf("reserve: %w", err)
+	}
+	return pl.res, pl.err
+}

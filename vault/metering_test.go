@@ -1,0 +1,631 @@
+package vault
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"net/http"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/keybrake/keybrake/policy"
+)
+
+// meteringFixture is a store with one key: daily cap 100.00, period cap 150.00.
+type meteringFixture struct {
+	s     *Store
+	clock *testClock
+	key   Key
+	path  string
+}
+
+func newMeteringFixture(t *testing.T) *meteringFixture {
+	t.Helper()
+	clock := newClock(t0)
+	s, path := MustOpen(t, clock)
+	MustUpstream(t, s, "sk_test_abcdef1234")
+	k, _ := MustMint(t, s, "k", testPolicy(t, "100.00", "150.00", ""), nil)
+	return &meteringFixture{s: s, clock: clock, key: k, path: path}
+}
+
+func TestReserveClaimsAndHolds(t *testing.T) {
+	f := newMeteringFixture(t)
+	res := MustReserve(t, f.s, charge(f.key.ID, "a", 4000))
+	require.Equal(t, Claimed, res.Outcome)
+	assert.True(t, res.Decision.Allowed)
+	assert.False(t, res.Decision.WouldRefuse)
+	assert.Equal(t, f.key.ID, res.Key.ID)
+
+	rec := res.Record
+	assert.Equal(t, RecordInProgress, rec.State)
+	assert.Equal(t, t0.Add(DefaultLease), rec.LeaseUntil)
+	assert.Equal(t, "fp-a", rec.Fingerprint)
+	assert.Equal(t, UpstreamKey(f.key.ID, "a"), rec.UpstreamKey)
+	assert.Equal(t, HoldID(f.key.ID, "a"), rec.HoldID)
+
+	require.NotNil(t, res.Hold)
+	assert.Equal(t, Hold{
+		ID: HoldID(f.key.ID, "a"), KeyID: f.key.ID, IdempotencyKey: "a", Operation: "charges.create",
+		Currency: "usd", Amount: 4000, WindowIDs: []string{"day:2026-09-14", "period"}, State: HoldHeld, CreatedAt: t0,
+	}, *res.Hold)
+
+	daily, period := usageOf(t, f.s, f.key.ID)
+	assert.Equal(t, policy.Counter{Held: 4000}, daily)
+	assert.Equal(t, policy.Counter{Held: 4000}, period)
+
+	events, _, err := f.s.ListEvents(context.Background(), f.key.ID, 0, "")
+	require.NoError(t, err)
+	require.Len(t, events, 1)
+	assert.Equal(t, "allowed", events[0].Decision)
+	assert.Equal(t, int64(4000), events[0].Amount)
+	assert.Equal(t, int64(4000), events[0].HeldDelta)
+	assert.Equal(t, HoldHeld, events[0].HoldState)
+}
+
+func TestReserveOutcomes(t *testing.T) {
+	ctx := context.Background()
+	f := newMeteringFixture(t)
+	id := f.key.ID
+
+	// A claimed request in flight.
+	require.Equal(t, Claimed, MustReserve(t, f.s, charge(id, "a", 1000)).Outcome)
+	res := MustReserve(t, f.s, charge(id, "a", 1000))
+	assert.Equal(t, InFlight, res.Outcome)
+	assert.Equal(t, RecordInProgress, res.Record.State)
+	other := charge(id, "a", 1000)
+	other.Fingerprint = "something else"
+	assert.Equal(t, Mismatch, MustReserve(t, f.s, other).Outcome)
+
+	// Completed: replayed with the stored response; a different request is still a mismatch.
+	hdr := http.Header{"Request-Id": {"req_1"}}
+	MustSettle(t, f.s, SettleRequest{KeyID: id, IdempotencyKey: "a", Outcome: SettleCommit, Amount: 1000,
+		Response: &StoredResponse{Status: 200, Header: hdr, Body: []byte(`{"id":"ch_1"}`)}, UpstreamStatus: 200, StripeRequestID: "req_1", ObjectID: "ch_1"})
+	res = MustReserve(t, f.s, charge(id, "a", 1000))
+	require.Equal(t, Replay, res.Outcome)
+	require.NotNil(t, res.Record.Response)
+	assert.Equal(t, 200, res.Record.Response.Status)
+	assert.Equal(t, `{"id":"ch_1"}`, string(res.Record.Response.Body))
+	assert.Equal(t, "req_1", res.Record.Response.Header.Get("Request-Id"))
+	assert.Equal(t, "req_1", res.Record.RequestID)
+	assert.Equal(t, t0, res.Record.CompletedAt)
+	assert.Equal(t, HoldCommitted, res.Hold.State)
+	assert.Equal(t, Mismatch, MustReserve(t, f.s, other).Outcome, "mismatch even when completed")
+
+	// Refused: nothing but the event is written; a later request with the same key can claim.
+	res = MustReserve(t, f.s, charge(id, "big", 9500))
+	require.Equal(t, Refused, res.Outcome)
+	assert.Equal(t, policy.ReasonCapExceeded, res.Decision.Reason)
+	assert.Equal(t, policy.WindowDaily, res.Decision.Cap)
+	assert.Equal(t, int64(1000), res.Decision.Committed)
+	assert.Nil(t, res.Hold)
+	assert.Equal(t, 0, recordStates(t, f.s)[RecordInProgress])
+	require.Equal(t, Claimed, MustReserve(t, f.s, charge(id, "big", 9000)).Outcome, "exactly to the daily cap")
+	assert.Equal(t, Refused, MustReserve(t, f.s, charge(id, "one-more", 1)).Outcome)
+
+	// A lapsed lease: taken over, same hold.
+	f.clock.Advance(DefaultLease)
+	res = MustReserve(t, f.s, charge(id, "big", 9000))
+	require.Equal(t, Resume, res.Outcome)
+	assert.Equal(t, f.clock.Now().Add(DefaultLease), res.Record.LeaseUntil)
+	assert.Equal(t, HoldHeld, res.Hold.State)
+	daily, _ := usageOf(t, f.s, id)
+	assert.Equal(t, policy.Counter{Committed: 1000, Held: 9000}, daily, "resume places no second hold")
+
+	// Unknown (with Stripe's 5xx stored): a retry resumes, it is not replayed.
+	MustSettle(t, f.s, SettleRequest{KeyID: id, IdempotencyKey: "big", Outcome: SettleUnknown,
+		Response: &StoredResponse{Status: 500, Body: []byte(`{"error":{}}`)}, UpstreamStatus: 500})
+	holds, _, err := f.s.ListHolds(ctx, HoldUnknown, 0, "")
+	require.NoError(t, err)
+	require.Len(t, holds, 1)
+	res = MustReserve(t, f.s, charge(id, "big", 9000))
+	require.Equal(t, Resume, res.Outcome)
+	assert.Equal(t, HoldHeld, res.Hold.State)
+
+	// Unknown and older than UnknownRetryLimit: stale, for an operator.
+	MustSettle(t, f.s, SettleRequest{KeyID: id, IdempotencyKey: "big", Outcome: SettleUnknown})
+	f.clock.Set(t0.Add(DefaultUnknownRetryLimit + time.Minute))
+	res = MustReserve(t, f.s, charge(id, "big", 9000))
+	assert.Equal(t, Stale, res.Outcome)
+	assert.Equal(t, RecordUnknown, res.Record.State)
+
+	// Errors.
+	_, err = f.s.Reserve(ctx, charge("key_nope", "x", 1))
+	assert.ErrorIs(t, err, ErrNotFound)
+	_, err = f.s.Reserve(ctx, charge(id, "", 1))
+	assert.ErrorIs(t, err, ErrInvalid)
+	_, err = f.s.Reserve(ctx, charge(id, string(bytes.Repeat([]byte("x"), 256)), 1))
+	assert.ErrorIs(t, err, ErrInvalid)
+	_, err = f.s.Reserve(ctx, charge(id, "neg", -1))
+	assert.ErrorIs(t, err, ErrInvalid)
+	cancelled, cancel := context.WithCancel(ctx)
+	cancel()
+	_, err = f.s.Reserve(cancelled, charge(id, "c", 1))
+	assert.ErrorIs(t, err, context.Canceled)
+}
+
+func TestReserveLapsedLeaseTooOldIsStale(t *testing.T) {
+	f := newMeteringFixture(t)
+	require.Equal(t, Claimed, MustReserve(t, f.s, charge(f.key.ID, "a", 100)).Outcome)
+	f.clock.Advance(DefaultUnknownRetryLimit + time.Second)
+	res := MustReserve(t, f.s, charge(f.key.ID, "a", 100))
+	assert.Equal(t, Stale, res.Outcome)
+	assert.Equal(t, RecordUnknown, res.Record.State, "the lapsed claim is marked unknown")
+	assert.Equal(t, HoldUnknown, res.Hold.State)
+}
+
+func TestReserveUnmetered(t *testing.T) {
+	ctx := context.Background()
+	f := newMeteringFixture(t)
+	req := ReserveRequest{KeyID: f.key.ID, IdempotencyKey: "cus", Fingerprint: "fp",
+		Request: policy.Request{Operation: "customers.create"}}
+	p := f.key.Policy
+	p.Operations = []string{"customers.create", "charges.create"}
+	_, err := f.s.UpdateKey(ctx, "a", f.key.ID, p, nil)
+	require.NoError(t, err)
+
+	res := MustReserve(t, f.s, req)
+	require.Equal(t, Claimed, res.Outcome)
+	assert.Nil(t, res.Hold)
+	assert.Empty(t, res.Record.HoldID)
+	MustSettle(t, f.s, SettleRequest{KeyID: f.key.ID, IdempotencyKey: "cus", Outcome: SettleCommit,
+		Response: &StoredResponse{Status: 200, Body: []byte(`{"id":"cus_1"}`)}})
+	res = MustReserve(t, f.s, req)
+	require.Equal(t, Replay, res.Outcome)
+	assert.Equal(t, `{"id":"cus_1"}`, string(res.Record.Response.Body))
+
+	events, _, err := f.s.ListEvents(ctx, f.key.ID, 0, "")
+	require.NoError(t, err)
+	assert.Empty(t, events, "unmetered requests are not in the ledger")
+
+	// Refused by the policy's operation list: no record, no event.
+	req.IdempotencyKey, req.Request.Operation = "refund", "refunds.create"
+	res = MustReserve(t, f.s, req)
+	assert.Equal(t, Refused, res.Outcome)
+	assert.Equal(t, policy.ReasonOperationNotAllowed, res.Decision.Reason)
+	_, err = f.s.Reserve(ctx, ReserveRequest{KeyID: f.key.ID, IdempotencyKey: "x", Request: policy.Request{Amount: 5}})
+	assert.ErrorIs(t, err, ErrInvalid, "an amount on an unmetered request is a caller bug")
+}
+
+func TestReserveReportMode(t *testing.T) {
+	ctx := context.Background()
+	f := newMeteringFixture(t)
+	p := f.key.Policy
+	p.Mode = policy.ModeReport
+	_, err := f.s.UpdateKey(ctx, "a", f.key.ID, p, nil)
+	require.NoError(t, err)
+
+	res := MustReserve(t, f.s, charge(f.key.ID, "a", 12000))
+	require.Equal(t, Claimed, res.Outcome)
+	assert.True(t, res.Decision.WouldRefuse)
+	assert.Equal(t, policy.ReasonCapExceeded, res.Decision.Reason)
+	MustSettle(t, f.s, SettleRequest{KeyID: f.key.ID, IdempotencyKey: "a", Outcome: SettleCommit, Amount: 12000})
+	events, _, err := f.s.ListEvents(ctx, f.key.ID, 0, "")
+	require.NoError(t, err)
+	require.Len(t, events, 2)
+	assert.Equal(t, "would_refuse", events[1].Decision)
+	require.NoError(t, f.s.CheckInvariant(ctx), "report-mode overage is excused, not a violation")
+}
+
+func TestSettle(t *testing.T) {
+	type want struct {
+		record  RecordState // "" when the record is gone
+		hold    HoldState   // "" when the hold is gone
+		daily   policy.Counter
+		replays bool
+	}
+	cases := map[string]struct {
+		resumed bool // settle a resumed claim rather than a fresh one
+		req     SettleRequest
+		want    want
+	}{
+		"commit": {req: SettleRequest{Outcome: SettleCommit, Amount: 3000},
+			want: want{RecordCompleted, HoldCommitted, policy.Counter{Committed: 3000}, true}},
+		"commit less (captured part)": {req: SettleRequest{Outcome: SettleCommit, Amount: 1200},
+			want: want{RecordCompleted, HoldCommitted, policy.Counter{Committed: 1200}, true}},
+		"commit more than held, past the cap": {req: SettleRequest{Outcome: SettleCommit, Amount: 11000},
+			want: want{RecordCompleted, HoldCommitted, policy.Counter{Committed: 11000}, true}},
+		"release": {req: SettleRequest{Outcome: SettleRelease, Response: &StoredResponse{Status: 402}},
+			want: want{RecordCompleted, HoldReleased, policy.Counter{}, true}},
+		"unknown": {req: SettleRequest{Outcome: SettleUnknown},
+			want: want{RecordUnknown, HoldUnknown, policy.Counter{Held: 3000}, false}},
+		"abandon fresh claim": {req: SettleRequest{Outcome: SettleAbandon},
+			want: want{"", "", policy.Counter{}, false}},
+		"abandon resumed claim": {resumed: true, req: SettleRequest{Outcome: SettleAbandon},
+			want: want{RecordUnknown, HoldUnknown, policy.Counter{Held: 3000}, false}},
+		"commit resumed claim": {resumed: true, req: SettleRequest{Outcome: SettleCommit, Amount: 3000},
+			want: want{RecordCompleted, HoldCommitted, policy.Counter{Committed: 3000}, true}},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			ctx := context.Background()
+			f := newMeteringFixture(t)
+			id := f.key.ID
+			require.Equal(t, Claimed, MustReserve(t, f.s, charge(id, "a", 3000)).Outcome)
+			if tc.resumed {
+				MustSettle(t, f.s, SettleRequest{KeyID: id, IdempotencyKey: "a", Outcome: SettleUnknown})
+				require.Equal(t, Resume, MustReserve(t, f.s, charge(id, "a", 3000)).Outcome)
+			}
+			req := tc.req
+			req.KeyID, req.IdempotencyKey = id, "a"
+			MustSettle(t, f.s, req)
+
+			daily, period := usageOf(t, f.s, id)
+			assert.Equal(t, tc.want.daily, daily)
+			assert.Equal(t, tc.want.daily, period, "the period window moves with the day")
+			holds := allHolds(t, f.s)
+			if tc.want.hold == "" {
+				assert.Empty(t, holds)
+			} else {
+				assert.Equal(t, tc.want.hold, holds[HoldID(id, "a")].State)
+			}
+			states := recordStates(t, f.s)
+			if tc.want.record == "" {
+				assert.Empty(t, states)
+			} else {
+				assert.Equal(t, map[RecordState]int{tc.want.record: 1}, states)
+			}
+
+			// What a retry gets now.
+			res := MustReserve(t, f.s, charge(id, "a", 3000))
+			switch {
+			case tc.want.replays:
+				assert.Equal(t, Replay, res.Outcome)
+			case tc.want.record == "":
+				assert.Equal(t, Claimed, res.Outcome, "an abandoned fresh claim starts afresh")
+			default:
+				assert.Equal(t, Resume, res.Outcome)
+			}
+			// Settling again is a conflict unless the retry claimed it anew.
+			if res.Outcome == Replay {
+				assert.ErrorIs(t, f.s.Settle(ctx, req), ErrConflict)
+			}
+		})
+	}
+}
+
+func TestSettleErrorsAndObjects(t *testing.T) {
+	ctx := context.Background()
+	f := newMeteringFixture(t)
+	id := f.key.ID
+	assert.ErrorIs(t, f.s.Settle(ctx, SettleRequest{KeyID: id, IdempotencyKey: "none", Outcome: SettleCommit}), ErrNotFound)
+	MustReserve(t, f.s, charge(id, "a", 500))
+	assert.ErrorIs(t, f.s.Settle(ctx, SettleRequest{KeyID: id, IdempotencyKey: "a", Outcome: "maybe"}), ErrInvalid)
+	assert.ErrorIs(t, f.s.Settle(ctx, SettleRequest{KeyID: id, IdempotencyKey: "a", Outcome: SettleCommit, Amount: -5}), ErrInvalid)
+
+	_, ok, err := f.s.ObjectAmount(ctx, id, "pi_1")
+	require.NoError(t, err)
+	assert.False(t, ok)
+	MustSettle(t, f.s, SettleRequest{KeyID: id, IdempotencyKey: "a", Outcome: SettleCommit, Amount: 500, ObjectID: "pi_1"})
+	MustReserve(t, f.s, charge(id, "b", 300))
+	MustSettle(t, f.s, SettleRequest{KeyID: id, IdempotencyKey: "b", Outcome: SettleCommit, Amount: 300, ObjectID: "pi_1"})
+	amount, ok, err := f.s.ObjectAmount(ctx, id, "pi_1")
+	require.NoError(t, err)
+	assert.True(t, ok)
+	assert.Equal(t, int64(800), amount)
+	_, ok, err = f.s.ObjectAmount(ctx, "key_other", "pi_1")
+	require.NoError(t, err)
+	assert.False(t, ok, "object totals are per key")
+
+	events, _, err := f.s.ListEvents(ctx, id, 1, "")
+	require.NoError(t, err)
+	require.Len(t, events, 1)
+	e := events[0]
+	assert.Equal(t, "settled", e.Decision)
+	assert.Equal(t, "commit", e.Reason)
+	assert.Equal(t, "pi_1", e.ObjectID)
+	assert.Equal(t, int64(300), e.Amount)
+	assert.Equal(t, int64(-300), e.HeldDelta)
+	assert.Equal(t, int64(300), e.CommittedDelta)
+	assert.Equal(t, HoldCommitted, e.HoldState)
+}
+
+func TestHoldStaysOnItsDay(t *testing.T) {
+	f := newMeteringFixture(t)
+	f.clock.Set(time.Date(2026, 9, 14, 23, 59, 0, 0, time.UTC))
+	MustReserve(t, f.s, charge(f.key.ID, "late", 700))
+	f.clock.Set(time.Date(2026, 9, 15, 0, 1, 0, 0, time.UTC))
+	MustSettle(t, f.s, SettleRequest{KeyID: f.key.ID, IdempotencyKey: "late", Outcome: SettleCommit, Amount: 700})
+	daily, period := usageOf(t, f.s, f.key.ID)
+	assert.Equal(t, policy.Counter{}, daily, "the new day starts at zero")
+	assert.Equal(t, policy.Counter{Committed: 700}, period)
+	require.NoError(t, f.s.view(func(tx *boltTx, now time.Time) error {
+		c, ok, err := getCounter(tx, f.key.ID, "day:2026-09-14")
+		require.True(t, ok)
+		assert.Equal(t, int64(700), c.Committed, "committed on the day it was held")
+		return err
+	}))
+}
+
+func TestResolveHold(t *testing.T) {
+	ctx := context.Background()
+	f := newMeteringFixture(t)
+	id := f.key.ID
+	for _, k := range []string{"c", "r", "live"} {
+		MustReserve(t, f.s, charge(id, k, 1000))
+	}
+	MustSettle(t, f.s, SettleRequest{KeyID: id, IdempotencyKey: "c", Outcome: SettleUnknown})
+	MustSettle(t, f.s, SettleRequest{KeyID: id, IdempotencyKey: "r", Outcome: SettleUnknown})
+
+	_, err := f.s.ResolveHold(ctx, "op", HoldID(id, "live"), HoldCommitted)
+	assert.ErrorIs(t, err, ErrConflict, "a hold under a live lease is not the operator's")
+	_, err = f.s.ResolveHold(ctx, "op", HoldID(id, "c"), HoldUnknown)
+	assert.ErrorIs(t, err, ErrInvalid)
+	_, err = f.s.ResolveHold(ctx, "op", "hold_nope", HoldCommitted)
+	assert.ErrorIs(t, err, ErrNotFound)
+
+	h, err := f.s.ResolveHold(ctx, "op", HoldID(id, "c"), HoldCommitted)
+	require.NoError(t, err)
+	assert.Equal(t, HoldCommitted, h.State)
+	assert.Equal(t, t0, h.SettledAt)
+	_, err = f.s.ResolveHold(ctx, "op", HoldID(id, "r"), HoldReleased)
+	require.NoError(t, err)
+	_, err = f.s.ResolveHold(ctx, "op", HoldID(id, "c"), HoldReleased)
+	assert.ErrorIs(t, err, ErrConflict, "resolved once")
+
+	f.clock.Advance(DefaultLease)
+	_, err = f.s.ResolveHold(ctx, "op", HoldID(id, "live"), HoldReleased)
+	require.NoError(t, err, "a held hold whose lease lapsed can be resolved")
+
+	daily, _ := usageOf(t, f.s, id)
+	assert.Equal(t, policy.Counter{Committed: 1000}, daily)
+
+	res := MustReserve(t, f.s, charge(id, "c", 1000))
+	require.Equal(t, Replay, res.Outcome)
+	assert.Equal(t, http.StatusConflict, res.Record.Response.Status)
+	assert.Equal(t, "false", res.Record.Response.Header.Get("Stripe-Should-Retry"))
+	var body struct {
+		Error struct {
+			Type, Code string
+			Keybrake   map[string]string
+		}
+	}
+	require.NoError(t, json.Unmarshal(res.Record.Response.Body, &body))
+	assert.Equal(t, "idempotency_error", body.Error.Type)
+	assert.Equal(t, "idempotency_key_resolved", body.Error.Code)
+	assert.Equal(t, "committed", body.Error.Keybrake["outcome"])
+
+	entries, _, err := f.s.ListAudit(ctx, 3, "")
+	require.NoError(t, err)
+	require.Len(t, entries, 3)
+	e := entries[2]
+	assert.Equal(t, "hold.resolve", e.Action)
+	assert.Equal(t, HoldID(id, "c"), e.Target)
+	assert.Equal(t, "op", e.Actor)
+	var before, after Hold
+	require.NoError(t, json.Unmarshal(e.Before, &before))
+	require.NoError(t, json.Unmarshal(e.After, &after))
+	assert.Equal(t, HoldUnknown, before.State)
+	assert.Equal(t, HoldCommitted, after.State)
+}
+
+func TestListHoldsAndEventsPaginate(t *testing.T) {
+	ctx := context.Background()
+	f := newMeteringFixture(t)
+	id := f.key.ID
+	var unknown []string
+	for i := range 23 {
+		f.clock.Advance(time.Second)
+		MustReserve(t, f.s, charge(id, idem(i), 100))
+		if i%2 == 0 {
+			MustSettle(t, f.s, SettleRequest{KeyID: id, IdempotencyKey: idem(i), Outcome: SettleUnknown})
+			unknown = append([]string{HoldID(id, idem(i))}, unknown...) // newest first
+		} else {
+			MustSettle(t, f.s, SettleRequest{KeyID: id, IdempotencyKey: idem(i), Outcome: SettleCommit, Amount: 100})
+		}
+	}
+	var got []string
+	cursor := ""
+	for page := 0; ; page++ {
+		require.Less(t, page, 10)
+		holds, next, err := f.s.ListHolds(ctx, HoldUnknown, 5, cursor)
+		require.NoError(t, err)
+		for _, h := range holds {
+			assert.Equal(t, HoldUnknown, h.State)
+			got = append(got, h.ID)
+		}
+		if next == "" {
+			break
+		}
+		cursor = next
+	}
+	assert.Equal(t, unknown, got)
+	all, _, err := f.s.ListHolds(ctx, "", 500, "")
+	require.NoError(t, err)
+	assert.Len(t, all, 23)
+	_, _, err = f.s.ListHolds(ctx, "bogus", 0, "")
+	assert.ErrorIs(t, err, ErrInvalid)
+
+	// 23 reserves and 23 settles: 46 events, newest first, across pages.
+	var ids []string
+	cursor = ""
+	for page := 0; ; page++ {
+		require.Less(t, page, 10)
+		events, next, err := f.s.ListEvents(ctx, id, 10, cursor)
+		require.NoError(t, err)
+		for _, e := range events {
+			ids = append(ids, e.ID)
+		}
+		if next == "" {
+			break
+		}
+		cursor = next
+	}
+	require.Len(t, ids, 46)
+	for i := 1; i < len(ids); i++ {
+		assert.Greater(t, ids[i-1], ids[i])
+	}
+	events, next, err := f.s.ListEvents(ctx, "key_other", 10, "")
+	require.NoError(t, err)
+	assert.Empty(t, events)
+	assert.Empty(t, next)
+	_, _, err = f.s.ListEvents(ctx, id, 10, encodeCursor("evt_nothex"))
+	assert.ErrorIs(t, err, ErrInvalid)
+}
+
+func TestRecoveryAtOpen(t *testing.T) {
+	ctx := context.Background()
+	f := newMeteringFixture(t)
+	id := f.key.ID
+	MustReserve(t, f.s, charge(id, "inflight", 2500))
+	MustReserve(t, f.s, charge(id, "done", 500))
+	MustSettle(t, f.s, SettleRequest{KeyID: id, IdempotencyKey: "done", Outcome: SettleCommit, Amount: 500})
+	require.NoError(t, f.s.Close())
+
+	s := MustOpenPath(t, f.path, f.clock)
+	assert.Equal(t, map[RecordState]int{RecordUnknown: 1, RecordCompleted: 1}, recordStates(t, s))
+	holds, _, err := s.ListHolds(ctx, HoldUnknown, 0, "")
+	require.NoError(t, err)
+	require.Len(t, holds, 1)
+	assert.Equal(t, HoldID(id, "inflight"), holds[0].ID)
+	daily, _ := usageOf(t, s, id)
+	assert.Equal(t, policy.Counter{Committed: 500, Held: 2500}, daily, "the hold stays counted")
+
+	res := MustReserve(t, s, charge(id, "inflight", 2500))
+	require.Equal(t, Resume, res.Outcome)
+	MustSettle(t, s, SettleRequest{KeyID: id, IdempotencyKey: "inflight", Outcome: SettleAbandon})
+	assert.Equal(t, map[RecordState]int{RecordUnknown: 1, RecordCompleted: 1}, recordStates(t, s), "abandoning a resume keeps it unknown")
+}
+
+func TestReap(t *testing.T) {
+	ctx := context.Background()
+	f := newMeteringFixture(t)
+	id := f.key.ID
+	MustReserve(t, f.s, charge(id, "old", 100))
+	MustSettle(t, f.s, SettleRequest{KeyID: id, IdempotencyKey: "old", Outcome: SettleCommit, Amount: 100, ObjectID: "pi_old"})
+	MustReserve(t, f.s, charge(id, "unknown", 200))
+	MustSettle(t, f.s, SettleRequest{KeyID: id, IdempotencyKey: "unknown", Outcome: SettleUnknown})
+
+	f.clock.Advance(23 * time.Hour)
+	MustReserve(t, f.s, charge(id, "recent", 300)) // day:2026-09-15
+	MustSettle(t, f.s, SettleRequest{KeyID: id, IdempotencyKey: "recent", Outcome: SettleRelease})
+
+	n, err := f.s.Reap(ctx)
+	require.NoError(t, err)
+	assert.Zero(t, n, "nothing is old enough yet")
+
+	f.clock.Advance(2 * time.Hour) // "old" completed 25h ago
+	n, err = f.s.Reap(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, 1, n)
+	assert.Equal(t, map[RecordState]int{RecordUnknown: 1, RecordCompleted: 1}, recordStates(t, f.s))
+	_, ok := allHolds(t, f.s)[HoldID(id, "old")]
+	assert.False(t, ok, "the settled hold goes with its record")
+	require.Equal(t, Claimed, MustReserve(t, f.s, charge(id, "old", 100)).Outcome, "a reaped key claims afresh")
+	MustSettle(t, f.s, SettleRequest{KeyID: id, IdempotencyKey: "old", Outcome: SettleRelease})
+
+	// Days later: day:2026-09-14 still holds the unknown 200, so it stays;
+	// day:2026-09-15 is empty and old: gone. Objects stay 35 days.
+	f.clock.Set(time.Date(2026, 9, 20, 0, 0, 0, 0, time.UTC))
+	_, err = f.s.Reap(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, map[RecordState]int{RecordUnknown: 1}, recordStates(t, f.s), "unknown records are never reaped")
+	require.NoError(t, f.s.view(func(tx *boltTx, now time.Time) error {
+		_, ok14, _ := getCounter(tx, id, "day:2026-09-14")
+		_, ok15, _ := getCounter(tx, id, "day:2026-09-15")
+		_, okP, _ := getCounter(tx, id, "period")
+		assert.True(t, ok14, "a day with something held stays")
+		assert.False(t, ok15)
+		assert.True(t, okP)
+		return nil
+	}))
+	_, ok, err = f.s.ObjectAmount(ctx, id, "pi_old")
+	require.NoError(t, err)
+	assert.True(t, ok)
+
+	f.clock.Set(t0.Add(ObjectRetention + time.Hour))
+	_, err = f.s.Reap(ctx)
+	require.NoError(t, err)
+	_, ok, err = f.s.ObjectAmount(ctx, id, "pi_old")
+	require.NoError(t, err)
+	assert.False(t, ok)
+}
+
+func TestReapInSmallTransactions(t *testing.T) {
+	ctx := context.Background()
+	f := newMeteringFixture(t)
+	id := f.key.ID
+	f.s.reapBatch = 50
+	const n = 2*50 + 10
+	var wg sync.WaitGroup
+	for w := range 64 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := w; i < n; i += 64 {
+				req := charge(id, idem(i), 0)
+				MustReserve(t, f.s, req)
+				MustSettle(t, f.s, SettleRequest{KeyID: id, IdempotencyKey: idem(i), Outcome: SettleRelease})
+			}
+		}()
+	}
+	wg.Wait()
+	f.clock.Advance(DefaultIdempotencyTTL + time.Minute)
+	got, txs, err := f.s.reap(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, n, got)
+	assert.GreaterOrEqual(t, txs, 3+2, "at most 50 deletions per transaction (3 for records, 1 each for counters and objects)")
+	assert.Empty(t, recordStates(t, f.s))
+	assert.Empty(t, allHolds(t, f.s))
+}
+
+func TestBackup(t *testing.T) {
+	ctx := context.Background()
+	f := newMeteringFixture(t)
+	MustReserve(t, f.s, charge(f.key.ID, "a", 100))
+	var buf bytes.Buffer
+	n, err := f.s.Backup(ctx, &buf)
+	require.NoError(t, err)
+	assert.Equal(t, int64(buf.Len()), n)
+
+	path := filepath.Join(t.TempDir(), "copy.db")
+	require.NoError(t, writeFile(path, buf.Bytes()))
+	c := MustOpenPath(t, path, f.clock)
+	k, err := c.GetKey(ctx, f.key.ID)
+	require.NoError(t, err)
+	assert.Equal(t, "k", k.Name)
+	assert.Equal(t, map[RecordState]int{RecordUnknown: 1}, recordStates(t, c), "the copy recovers like any restart")
+}
+
+func TestGroupCommitSharesTransactions(t *testing.T) {
+	f := newMeteringFixture(t)
+	p := testPolicy(t, "", "1000000", "")
+	k, _ := MustMint(t, f.s, "big", p, nil)
+	const workers, each = 64, 4
+	before := f.s.commits.Load()
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range each {
+				res := MustReserve(t, f.s, charge(k.ID, idem(w*each+i), 1))
+				assert.Equal(t, Claimed, res.Outcome)
+			}
+		}()
+	}
+	wg.Wait()
+	commits := f.s.commits.Load() - before
+	t.Logf("%d reserves in %d write transactions", workers*each, commits)
+	assert.Less(t, commits, int64(workers*each), "concurrent reserves share transactions")
+	_, period := usageOf(t, f.s, k.ID)
+	assert.Equal(t, int64(workers*each), period.Held)
+}
+
+func TestLoweredCapIsNotAViolation(t *testing.T) {
+	ctx := context.Background()
+	f := newMeteringFixture(t)
+	MustReserve(t, f.s, charge(f.key.ID, "a", 8000))
+	MustSettle(t, f.s, SettleRequest{KeyID: f.key.ID, IdempotencyKey: "a", Outcome: SettleCommit, Amount: 8000})
+	_, err := f.s.UpdateKey(ctx, "op", f.key.ID, testPolicy(t, "50.00", "150.00", ""), nil)
+	require.NoError(t, err)
+	require.NoError(t, f.s.CheckInvariant(ctx), "usage above a lowered cap was within the cap when it was placed")
+	res := MustReserve(t, f.s, charge(f.key.ID, "b", 1))
+	assert.Equal(t, Refused, res.Outcome, "the lowered cap is enforced from now on")
+	daily, _ := usageOf(t, f.s, f.key.ID)
+	assert.Equal(t, policy.Counter{Committed: 8000}, daily, "usage is never reset by a change")
+}

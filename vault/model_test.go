@@ -1,0 +1,429 @@
+package vault
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"runtime"
+	"sort"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/keybrake/keybrake/policy"
+)
+
+// long reports whether the long variants of the stress tests were asked for.
+func long() bool { return os.Getenv("KEYBRAKE_LONG") == "1" }
+
+// modelIdem is the reference model of one idempotency key. Each worker owns its
+// keys, so what Reserve must answer for them is known exactly.
+type modelIdem struct {
+	keyID   string
+	idem    string
+	state   RecordState // "" when there is no record
+	fresh   bool        // the in_progress claim created the record
+	hold    *modelHold
+	body    string // stored response body when completed
+	settled bool   // a response is stored
+	lapsed  bool   // in_progress from an earlier round: its lease has run out
+}
+
+type modelHold struct {
+	amount    int64
+	windowIDs []string
+	state     HoldState
+}
+
+// modelRun is one model-based run against a store.
+type modelRun struct {
+	s       *Store
+	keys    []Key
+	caps    map[string]int64 // counter key → cap (minor units)
+	workers int
+	ops     int
+
+	mu       sync.Mutex
+	problems []string
+	idems    []*modelIdem
+	claims   int
+	refusals int
+}
+
+func (m *modelRun) problem(format string, args ...any) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if len(m.problems) < 50 {
+		m.problems = append(m.problems, fmt.Sprintf(format, args...))
+	}
+}
+
+// newModelStore opens a store with nKeys keys whose caps the load reaches: they
+// grow with the number of operations per worker, so claims and refusals both stay
+// frequent.
+func newModelStore(t *testing.T, clock *testClock, nKeys, ops int) (*Store, []Key, string) {
+	t.Helper()
+	s, path := MustOpen(t, clock)
+	MustUpstream(t, s, "sk_test_abcdef1234")
+	scale := max(1, ops/15)
+	var keys []Key
+	for i := range nKeys {
+		p := testPolicy(t, fmt.Sprintf("%d.00", (200+50*i)*scale), fmt.Sprintf("%d.00", (300+60*i)*scale), "30.00")
+		k, _ := MustMint(t, s, fmt.Sprintf("model-%d", i), p, nil)
+		keys = append(keys, k)
+	}
+	return s, keys, path
+}
+
+func (m *modelRun) capOf(k Key, windowID string) int64 {
+	c := k.Policy.PeriodCap
+	if windowID != "period" {
+		c = k.Policy.DailyCap
+	}
+	v, err := policy.ToMinor("usd", *c)
+	if err != nil {
+		panic(err)
+	}
+	return v
+}
+
+// worker runs one goroutine's sequence of operations.
+func (m *modelRun) worker(ctx context.Context, w, round int, mine []*modelIdem, rng *rand.Rand) []*modelIdem {
+	settle := func(mi *modelIdem) {
+		out := []SettleOutcome{SettleCommit, SettleCommit, SettleRelease, SettleUnknown, SettleAbandon, ""}[rng.IntN(6)]
+		if out == "" {
+			return // left in flight for a later retry
+		}
+		req := SettleRequest{KeyID: mi.keyID, IdempotencyKey: mi.idem, Outcome: out, UpstreamStatus: 200}
+		switch out {
+		case SettleCommit:
+			if mi.hold != nil {
+				req.Amount = rng.Int64N(mi.hold.amount + 1) // at most what was held
+			}
+			req.Response = &StoredResponse{Status: 200, Body: []byte("ok " + mi.idem)}
+		case SettleRelease:
+			req.UpstreamStatus = 402
+			req.Response = &StoredResponse{Status: 402, Body: []byte("declined " + mi.idem)}
+		case SettleUnknown:
+			req.UpstreamStatus = 500
+		}
+		if err := m.s.Settle(ctx, req); err != nil {
+			m.problem("settle %s %s: %v", mi.idem, out, err)
+			return
+		}
+		switch out {
+		case SettleCommit, SettleRelease:
+			mi.state, mi.body, mi.settled = RecordCompleted, string(req.Response.Body), true
+			if mi.hold != nil {
+				mi.hold.state = HoldReleased
+				if out == SettleCommit {
+					mi.hold.state, mi.hold.amount = HoldCommitted, req.Amount
+				}
+			}
+		case SettleUnknown:
+			mi.state = RecordUnknown
+			if mi.hold != nil {
+				mi.hold.state = HoldUnknown
+			}
+		case SettleAbandon:
+			if mi.fresh {
+				mi.state, mi.hold = "", nil
+			} else {
+				mi.state = RecordUnknown
+				if mi.hold != nil {
+					mi.hold.state = HoldUnknown
+				}
+			}
+		}
+		mi.fresh, mi.lapsed = false, false
+	}
+
+	claim := func(mi *modelIdem, amount int64) {
+		res, err := m.s.Reserve(ctx, charge(mi.keyID, mi.idem, amount))
+		if err != nil {
+			m.problem("reserve %s: %v", mi.idem, err)
+			return
+		}
+		switch res.Outcome {
+		case Refused:
+			m.mu.Lock()
+			m.refusals++
+			m.mu.Unlock()
+			d := res.Decision
+			if d.Reason != policy.ReasonCapExceeded {
+				m.problem("reserve %s refused for %s", mi.idem, d.Reason)
+			} else if d.Cap != policy.WindowPerRequest && d.Committed+d.Held+d.Requested <= d.Limit {
+				m.problem("reserve %s refused with room: %+v", mi.idem, d)
+			}
+		case Claimed:
+			m.mu.Lock()
+			m.claims++
+			m.mu.Unlock()
+			if res.Hold == nil || res.Hold.Amount != amount {
+				m.problem("claimed %s without the right hold: %+v", mi.idem, res.Hold)
+				return
+			}
+			mi.state, mi.fresh = RecordInProgress, true
+			mi.hold = &modelHold{amount: amount, windowIDs: res.Hold.WindowIDs, state: HoldHeld}
+			settle(mi)
+		default:
+			m.problem("new request %s: outcome %d", mi.idem, res.Outcome)
+		}
+	}
+
+	for i := range m.ops {
+		// Mostly new requests; sometimes a retry of one of ours.
+		if len(mine) == 0 || rng.IntN(3) > 0 {
+			k := m.keys[rng.IntN(len(m.keys))]
+			mi := &modelIdem{keyID: k.ID, idem: fmt.Sprintf("w%02d-r%d-%04d", w, round, i)}
+			mine = append(mine, mi)
+			claim(mi, 1+rng.Int64N(3200)) // above the 30.00 per-request cap now and then
+			runtime.Gosched()
+			continue
+		}
+		mi := mine[rng.IntN(len(mine))]
+		amount := int64(0)
+		if mi.hold != nil {
+			amount = mi.hold.amount
+		}
+		if mi.state == "" {
+			claim(mi, 1+rng.Int64N(3200))
+			continue
+		}
+		if rng.IntN(8) == 0 { // same key, different request
+			req := charge(mi.keyID, mi.idem, amount)
+			req.Fingerprint = "other"
+			res, err := m.s.Reserve(ctx, req)
+			if err != nil || res.Outcome != Mismatch {
+				m.problem("mismatch %s: outcome %d err %v", mi.idem, res.Outcome, err)
+			}
+			continue
+		}
+		res, err := m.s.Reserve(ctx, charge(mi.keyID, mi.idem, amount))
+		if err != nil {
+			m.problem("retry %s: %v", mi.idem, err)
+			continue
+		}
+		switch mi.state {
+		case RecordCompleted:
+			if res.Outcome != Replay || res.Record.Response == nil || string(res.Record.Response.Body) != mi.body {
+				m.problem("retry of completed %s: outcome %d", mi.idem, res.Outcome)
+			}
+		case RecordInProgress:
+			if mi.lapsed {
+				if res.Outcome != Resume {
+					m.problem("retry of lapsed %s: outcome %d", mi.idem, res.Outcome)
+					continue
+				}
+				mi.fresh, mi.lapsed = false, false
+				settle(mi)
+			} else if res.Outcome != InFlight {
+				m.problem("retry of in-flight %s: outcome %d", mi.idem, res.Outcome)
+			} else {
+				settle(mi)
+			}
+		case RecordUnknown:
+			if res.Outcome != Resume {
+				m.problem("retry of unknown %s: outcome %d", mi.idem, res.Outcome)
+				continue
+			}
+			if mi.hold != nil {
+				if res.Hold == nil || res.Hold.Amount != mi.hold.amount {
+					m.problem("resume %s with another hold: %+v", mi.idem, res.Hold)
+				}
+				mi.hold.state = HoldHeld
+			}
+			mi.state, mi.fresh = RecordInProgress, false
+			settle(mi)
+		}
+	}
+	return mine
+}
+
+// run runs the workers in two rounds, the second three hours later on the next
+// day, so holds placed on one day settle on the next and leases have lapsed.
+func (m *modelRun) run(clock *testClock, seed uint64) {
+	ctx := context.Background()
+	mine := make([][]*modelIdem, m.workers)
+	for round := range 2 {
+		var wg sync.WaitGroup
+		for w := range m.workers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				mine[w] = m.worker(ctx, w, round, mine[w], rand.New(rand.NewPCG(seed, uint64(w+100*round))))
+			}()
+		}
+		wg.Wait()
+		for _, list := range mine {
+			for _, mi := range list {
+				if mi.state == RecordInProgress {
+					mi.lapsed = true
+				}
+			}
+		}
+		clock.Advance(3 * time.Hour)
+	}
+	for _, list := range mine {
+		m.idems = append(m.idems, list...)
+	}
+}
+
+// check compares the store with the model: every counter equals the model's sums,
+// committed + held ≤ cap everywhere, and the store's own invariant check passes.
+// It returns the cap violations separately: they are what the mutation test expects.
+func (m *modelRun) check(t *testing.T) (capViolations []string) {
+	t.Helper()
+	type sums struct{ held, committed int64 }
+	want := map[string]sums{}
+	keyByID := map[string]Key{}
+	for _, k := range m.keys {
+		keyByID[k.ID] = k
+	}
+	for _, mi := range m.idems {
+		if mi.hold == nil {
+			continue
+		}
+		for _, w := range mi.hold.windowIDs {
+			ck := mi.keyID + "/" + w
+			sm := want[ck]
+			switch mi.hold.state {
+			case HoldHeld, HoldUnknown:
+				sm.held += mi.hold.amount
+			case HoldCommitted:
+				sm.committed += mi.hold.amount
+			}
+			want[ck] = sm
+		}
+	}
+	got := map[string]counter{}
+	require.NoError(t, m.s.view(func(tx *boltTx, now time.Time) error {
+		return tx.Bucket(bucketCounters).ForEach(func(k, v []byte) error {
+			c, err := decodeCounter(v)
+			got[string(k)] = c
+			return err
+		})
+	}))
+	var names []string
+	for ck := range got {
+		names = append(names, ck)
+	}
+	sort.Strings(names)
+	for _, ck := range names {
+		c := got[ck]
+		if w := want[ck]; c.Held != w.held || c.Committed != w.committed {
+			m.problem("counter %s: store committed %d held %d, model committed %d held %d", ck, c.Committed, c.Held, w.committed, w.held)
+		}
+		keyID, windowID, _ := cutSlash(ck)
+		if limit := m.capOf(keyByID[keyID], windowID); c.Committed+c.Held > limit {
+			capViolations = append(capViolations, fmt.Sprintf("%s: committed %d + held %d > cap %d", ck, c.Committed, c.Held, limit))
+		}
+	}
+	for ck, w := range want {
+		if _, ok := got[ck]; !ok && (w.held != 0 || w.committed != 0) {
+			m.problem("model has %s (%+v) but the store has no counter", ck, w)
+		}
+	}
+	if err := m.s.CheckInvariant(context.Background()); err != nil {
+		m.problem("store invariant: %v", err)
+	}
+	return capViolations
+}
+
+func cutSlash(s string) (string, string, bool) {
+	for i := range len(s) {
+		if s[i] == '/' {
+			return s[:i], s[i+1:], true
+		}
+	}
+	return s, "", false
+}
+
+func modelSize() (workers, ops int) {
+	if long() {
+		return 64, 400
+	}
+	return 32, 30
+}
+
+func TestModelConcurrency(t *testing.T) {
+	clock := newClock(time.Date(2026, 9, 14, 22, 0, 0, 0, time.UTC))
+	workers, ops := modelSize()
+	s, keys, _ := newModelStore(t, clock, 4, ops)
+	m := &modelRun{s: s, keys: keys, workers: workers, ops: ops}
+	seed := uint64(time.Now().UnixNano())
+	t.Logf("seed %d", seed)
+	m.run(clock, seed)
+	violations := m.check(t)
+	assert.Empty(t, violations, "committed + held ≤ cap on every window")
+	assert.Empty(t, m.problems)
+	t.Logf("%d claims, %d refusals, %d idempotency keys", m.claims, m.refusals, len(m.idems))
+	assert.Positive(t, m.refusals, "the load reaches the caps, so the caps are tested")
+	assert.Positive(t, m.claims)
+}
+
+// TestMutationSplitReserveIsCaught proves the concurrency check bites: a store that
+// checks the cap in one transaction and places the hold in another must be caught
+// exceeding a cap.
+func TestMutationSplitReserveIsCaught(t *testing.T) {
+	for attempt := range 5 {
+		clock := newClock(time.Date(2026, 9, 14, 22, 0, 0, 0, time.UTC))
+		workers, ops := modelSize()
+		s, keys, _ := newModelStore(t, clock, 4, ops)
+		s.splitReserve = runtime.Gosched
+		m := &modelRun{s: s, keys: keys, workers: workers, ops: ops}
+		m.run(clock, uint64(attempt+1))
+		violations := m.check(t)
+		err := s.CheckInvariant(context.Background())
+		require.NoError(t, s.Close()) // the cleanup's invariant check would fail, as it should
+		if len(violations) > 0 {
+			assert.ErrorIs(t, err, ErrInvariant, "the store's own check sees it too")
+			t.Logf("attempt %d: caught %d cap violations, e.g. %s", attempt, len(violations), violations[0])
+			return
+		}
+	}
+	t.Fatal("a check-then-write race in Reserve went undetected")
+}
+
+// TestSameIdempotencyKeyConcurrently: 50 goroutines send the same request at once;
+// exactly one claims (one hold), the others are in flight or get the replay.
+func TestSameIdempotencyKeyConcurrently(t *testing.T) {
+	ctx := context.Background()
+	f := newMeteringFixture(t)
+	const n = 50
+	start := make(chan struct{})
+	results := make([]ReserveOutcome, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			res, err := f.s.Reserve(ctx, charge(f.key.ID, "same", 2500))
+			if !assert.NoError(t, err) {
+				return
+			}
+			results[i] = res.Outcome
+			if res.Outcome == Claimed {
+				assert.NoError(t, f.s.Settle(ctx, SettleRequest{KeyID: f.key.ID, IdempotencyKey: "same",
+					Outcome: SettleCommit, Amount: 2500, Response: &StoredResponse{Status: 200, Body: []byte("ok")}}))
+			}
+		}()
+	}
+	close(start)
+	wg.Wait()
+	count := map[ReserveOutcome]int{}
+	for _, o := range results {
+		count[o]++
+	}
+	assert.Equal(t, 1, count[Claimed], "exactly one claim: %v", count)
+	assert.Equal(t, n-1, count[InFlight]+count[Replay], "the rest are in flight or replayed: %v", count)
+	assert.Len(t, allHolds(t, f.s), 1)
+	daily, period := usageOf(t, f.s, f.key.ID)
+	assert.Equal(t, policy.Counter{Committed: 2500}, daily, "money moved once")
+	assert.Equal(t, policy.Counter{Committed: 2500}, period)
+}
