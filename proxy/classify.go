@@ -18,59 +18,111 @@ type Pair struct {
 // refuses (ErrMalformed) anything ambiguous: a scalar key given twice, a key used both
 // as a scalar and as a hash/array, "[]" followed by further nesting, bad
 // percent-encoding, empty or unbalanced brackets.
+//
+// The zero value and a nil *Params hold no parameters. ParseForm and ParseJSON (in
+// form.go) build them.
 type Params struct {
-	pairs []Pair // in body order
+	pairs []Pair     // in body order
+	kinds []byte     // value kind of each pair (kindString, kindNumber, …)
+	root  *paramNode // parameter tree, for duplicate detection and lookups
 }
 
-// ParseForm parses an application/x-www-form-urlencoded body ("+" and "%20" for
-// spaces, percent-encoded brackets accepted).
-func ParseForm(body []byte) (*Params, error) { panic("unimplemented") }
-
-// Get returns the value of a scalar key ("amount", "metadata[billing_period]").
-func (p *Params) Get(key string) (string, bool) { panic("unimplemented") }
-
 // Pairs returns the parameters in body order.
-func (p *Params) Pairs() []Pair { return p.pairs }
+func (p *Params) Pairs() []Pair {
+	if p == nil {
+		return nil
+	}
+	return p.pairs
+}
 
-// Canonical returns a deterministic encoding of the parameters (sorted by key, then
-// value, decoded) for fingerprints: two bodies Stripe reads the same have the same
-// canonical form.
-func (p *Params) Canonical() []byte { panic("unimplemented") }
-
-// Lookup says that the amount of a request lives at Stripe: GET Path with the real
-// key and read the integer field Field (and "currency") from the JSON answer.
+// Lookup says that (part of) the money facts of a request live at Stripe: GET Path
+// with the real key and read the integer field Field and the string "currency" from
+// the JSON answer. How the answer is used depends on the Classification that
+// carries it (see Classification).
 type Lookup struct {
 	Path  string // e.g. "/v1/payment_intents/pi_123"
 	Field string // e.g. "amount", "amount_capturable", "amount_remaining"
 }
 
+// Direction says which way a money-moving request moves money, seen from the
+// platform's Stripe balance.
+type Direction string
+
+// Money directions.
+const (
+	DirectionNone Direction = ""    // moves no money (now)
+	DirectionIn   Direction = "in"  // charges, captures, top-ups, reversals back to the platform
+	DirectionOut  Direction = "out" // refunds, transfers, payouts
+)
+
 // Classification is what the catalogue says about one request.
+//
+// For a request with MovesMoney, the money it moves is found like this, in order:
+//
+//  1. AmountKnown, NewTotal false, Lookup nil: Amount minor units of Currency
+//     (Currency is never "" then).
+//  2. AmountKnown, NewTotal false, Lookup set: Amount is exact, the currency is the
+//     looked-up object's "currency" (Currency is "" then). Example: a capture or a
+//     refund with an explicit amount.
+//  3. AmountKnown, NewTotal true (Lookup is always set): Amount is the object's NEW
+//     total (payment_intents.update with amount, increment_authorization,
+//     invoiceitems.update); Lookup.Field is its current total. The money added is
+//     Amount − current, at least 0; when Currency is "" the currency is the
+//     object's. A pipeline that cannot or will not look up may meter Amount in
+//     full: that is never less than the truth.
+//  4. AmountKnown false, Lookup set: the amount is the looked-up Field, in Currency
+//     when it is set (a PaymentIntent update that changes only the currency) or else
+//     in the object's "currency".
+//  5. AmountKnown false, Lookup nil: the amount cannot be known; refuse with
+//     amount_unknown. Amount is 0.
+//
+// A failed lookup (non-2xx, missing or non-integer field, missing or malformed
+// currency) must be refused with amount_unknown as well.
 type Classification struct {
-	// Operation is "resource.verb" ("charges.create", "customers.read"); for an
-	// endpoint not in the catalogue it is "unknown.read" or "unknown.write".
+	// Operation is "resource.verb" ("charges.create", "customers.read",
+	// "checkout.sessions.create"); for an endpoint not in the catalogue it is
+	// "unknown.read" or "unknown.write", and "v2.<resource>.read" for a v2 read.
 	Operation string
 	// Known is false for endpoints not in the catalogue.
 	Known bool
 	// MovesMoney is true when the request can move money in either direction.
 	MovesMoney bool
+	// Direction is DirectionIn or DirectionOut when MovesMoney.
+	Direction Direction
 	// Amount (minor units) and Currency, when the request itself says them.
 	Amount   int64
 	Currency string
-	// AmountKnown is true when Amount is exact from the request alone.
+	// AmountKnown is true when Amount is exact from the request alone (see the
+	// type documentation for how it combines with Lookup and NewTotal).
 	AmountKnown bool
-	// Lookup, when non-nil, says where to read the amount (AmountKnown is false).
+	// NewTotal is true when Amount is the object's new total rather than an
+	// amount that moves by itself; Lookup then names the current total.
+	NewTotal bool
+	// Lookup, when non-nil, says where to read the amount, the current total or the
+	// currency at Stripe (see the type documentation).
 	Lookup *Lookup
-	// Customer is the customer the request touches ("" when none is named).
+	// Customer is the customer the request names: the "customer" parameter, or the
+	// id in a /v1/customers/{id}/… path ("" when none is named). For requests on an
+	// existing object (capture, confirm, refund) the customer lives at Stripe.
 	Customer string
-	// ObjectID is the id in the path, if any ("pi_123").
+	// ObjectID is the first id in the path, if any ("pi_123").
 	ObjectID string
 }
 
 // Classify maps method + canonical path + params to an operation and its amount.
+//
+// path is the raw request path as the client sent it: the pipeline passes
+// r.URL.EscapedPath(), never the decoded r.URL.Path, and no query. params are the
+// parsed body of a POST (nil or empty for GET and DELETE).
+//
 // It returns ErrMalformed for a non-canonical path (".." or "." segments, "//",
-// percent-encoding in the path, upper case where Stripe has lower case, trailing
-// slash) and for money fields that are not ^[0-9]+$ or not within int64, and for
-// currencies that are not three lower-case letters.
+// percent-encoding or any character outside [A-Za-z0-9_.-] in the path, upper case
+// where Stripe has lower case, trailing slash, neither /v1/ nor /v2/), for money
+// fields that are not ^[0-9]+$ without a leading zero, longer than 12 digits or
+// not within int64, for currencies that are not three lower-case letters, for a
+// "_method" parameter (Rack's method override), and for ids in parameters that
+// would be put into a lookup path but are not plain ids. The catalogue.go package
+// comment documents every decision.
 func Classify(method, path string, params *Params) (Classification, error) {
-	panic("unimplemented")
+	return classify(method, path, params)
 }

@@ -1,19 +1,178 @@
 // Package proxy is keybrake's Stripe-facing request pipeline: the strict form parser,
 // the Stripe operation catalogue, idempotency handling, the metering reverse proxy
 // and Stripe-shaped errors.
+//
+// # The pipeline
+//
+// Proxy.ServeHTTP takes every request through these steps, each before the next;
+// every refusal happens before anything is forwarded, and is written by the one
+// function writeStripeError:
+//
+//  1. Authenticate the vault key: "Authorization: Bearer vk_…" or HTTP Basic with
+//     the token as the username (the password is ignored). Unknown → 401
+//     vault_key_invalid, revoked → 401 vault_key_revoked, expired → 401
+//     vault_key_expired, period_start ahead → 403 vault_key_not_yet_valid.
+//  2. Read the request exactly as Stripe would, or refuse 400 request_malformed
+//     (413 request_too_large over MaxBodyBytes, 1 MiB): only GET, POST and DELETE
+//     (another method is an unknown write: 403 operation_not_allowed);
+//     no X-HTTP-Method-Override (or X-HTTP-Method, X-Method-Override) and no
+//     Upgrade; header names must be tokens and values free of control characters;
+//     Stripe-Account, Stripe-Context, Stripe-Version, Content-Type and Authorization
+//     may not be repeated; the request target must be a path (no absolute URI); a POST or
+//     DELETE may carry no query string at all (Stripe merges a query into the
+//     parameters; stripe-go puts DELETE parameters into the query, but no DELETE in
+//     the catalogue takes any); GET and DELETE carry no body; a GET query is parsed
+//     with ParseForm, so a duplicated parameter is refused; Content-Encoding other
+//     than identity is refused; a v1 POST with a body must be
+//     application/x-www-form-urlencoded (charset utf-8 allowed), a v2 POST
+//     application/json. The exact path bytes the client sent are classified and the
+//     same bytes are forwarded: Classify refuses every non-canonical path.
+//  3. Authorise against the policy: policy.Decide with amount 0 checks the
+//     operation, the customer and the Stripe-Account (Stripe-Context must be allowed
+//     too). Endpoints outside the catalogue: reads are allowed when the policy allows
+//     "unknown.read"; writes are always refused (operation_not_allowed), in report
+//     mode too.
+//  4. Idempotency (see below): the key is read, demanded or derived before any
+//     lookup, so a request refused for its key costs Stripe nothing.
+//  5. Work out the amount of a money-moving request (see "What is metered"), then
+//     ONE Store.Reserve: claim + hold in one write transaction, or replay / 409 in
+//     flight / 422 reused / 409 outcome unknown / 402 spend_cap_exceeded / 403 with
+//     the policy's reason.
+//  6. Forward with httputil.ReverseProxy (Rewrite): the client's Authorization,
+//     Stripe-Account, Stripe-Context, Idempotency-Key, Cookie, Forwarded and
+//     X-Forwarded-* are removed before keybrake sets the real secret, the validated
+//     account headers and the derived upstream Idempotency-Key. The body already
+//     read is forwarded byte for byte with a Content-Length. Every upstream request
+//     runs under UpstreamTimeout, detached from the caller's connection so that
+//     Stripe's answer is recorded even when the caller has gone.
+//  7. Settle in ONE Store.Settle from ModifyResponse or ErrorHandler: 2xx commit,
+//     4xx release (but 409 and 429: abandon — the answer is passed on and the
+//     record is left as it was before this attempt), 5xx or no answer: outcome
+//     unknown, the hold stays. If Settle itself fails after Stripe answered, the
+//     caller still gets Stripe's answer and the failure is logged at Error; the
+//     record stays in_progress and becomes unknown at the next start (fail closed).
+//  8. Respond: Stripe's answer byte for byte plus Keybrake-Remaining-Daily and
+//     Keybrake-Remaining-Period (decimal strings in the policy currency; a window
+//     without a cap has no header) on every 2xx; Set-Cookie is dropped, and the
+//     Idempotency-Key Stripe echoes is replaced by the caller's own key (the derived
+//     upstream key never leaves keybrake). One canonical log line per request
+//     ("stripe request": key id, operation, amount, currency, decision, reason,
+//     idempotency outcome, upstream status, status, duration), at Error for 5xx,
+//     Warn for 4xx; never the token, the secret, the idempotency key or a body.
+//
+// # What is metered
+//
+// A request is metered when the catalogue says it can move money (either direction:
+// refunds, transfers and payouts count against the caps like charges). The amount:
+//
+//   - from the request itself when it says it (amount, amount_to_capture,
+//     unit_amount × quantity, …);
+//   - otherwise by a lookup: keybrake GETs the object at Stripe with the real secret
+//     and the same Stripe-Account / Stripe-Context / Stripe-Version, and reads the
+//     integer field the catalogue names and "currency". A lookup that fails (no
+//     2xx, field missing or not a non-negative integer, bad currency) refuses the
+//     request with 403 amount_unknown; keybrake never guesses. A lookup is also
+//     made when only the currency is unknown (a capture or refund with an amount).
+//   - payment_intents.confirm, payment_intents.capture and charges.capture of an
+//     object already metered through the same vault key (Store.ObjectAmount) hold
+//     only what is not metered yet: max(0, amount − metered). On success the commit
+//     is max(0, reported − metered) where Stripe reports the real amount
+//     (amount_captured for charges.capture, amount_received for
+//     payment_intents.capture), else the hold. A partial capture therefore never
+//     gives back what the creation committed: keybrake errs on the side of counting.
+//   - payment_intents.update and increment_authorization with a new total hold
+//     new_total − already metered through this key, or new_total − the current
+//     total looked up at Stripe when the object was not metered through this key
+//     (its earlier amount was never this key's to count).
+//   - Every 2xx commit records the object id from the answer's "id", so a later
+//     confirm or capture of it is not counted twice.
+//
+// keybrake meters only what passes through it: subscription renewals, invoices
+// finalised by auto_advance, Checkout Sessions and Payment Links paid later move
+// money without any request it could see (the catalogue refuses what it cannot
+// price: amount_unknown).
+//
+// # Idempotency
+//
+// On a POST that moves money an Idempotency-Key is required (400
+// idempotency_key_required) in policy mode "require". In mode "derive" keybrake
+// ignores the caller's key and derives one from the operation and the listed
+// fields (a missing field is idempotency_key_required naming it in keybrake.field),
+// so a caller that mints a fresh UUID per retry still hits the same record. On
+// other POSTs the key is honoured when present (a record is kept, no hold); a POST
+// without a key that moves no money is forwarded with no store write at all. GET
+// and DELETE ignore the header. Keys are accepted bare or as an RFC 8941 string
+// ("\"abc\"" is abc), 1–255 printable characters, else 400
+// idempotency_key_invalid. The fingerprint is a SHA-256 over the method, the exact
+// path, Stripe-Account, Stripe-Context and the canonical parameters.
+//
+// Reserve outcomes: Claimed forwards with the derived upstream key
+// (vault.UpstreamKey). Replay writes the stored answer (status, Content-Type,
+// Stripe-Version, body) with a new Request-Id (req_kb_…), Idempotent-Replayed:
+// true, Original-Request (Stripe's request id of the answer) and the remaining
+// headers. InFlight is 409 idempotency_key_in_use with Stripe-Should-Retry: true
+// and Retry-After: 1. Mismatch is 422 idempotency_key_reused. Resume (the outcome
+// of an earlier attempt is unknown) forwards again with the SAME upstream key, so
+// Stripe deduplicates and the existing hold settles. Stale (an unknown outcome
+// older than the vault's retry limit, 23 h: Stripe may have pruned its key) is
+// refused with 409 idempotency_error idempotency_key_outcome_unknown and
+// Stripe-Should-Retry: false: an operator must resolve the hold after checking
+// Stripe (GET /api/v1/holds?state=unknown).
+//
+// # Errors
+//
+//	situation                                   status  type                   code
+//	no, unknown, revoked, expired vault key     401     invalid_request_error  vault_key_invalid / _revoked / _expired
+//	period_start ahead                          403     invalid_request_error  vault_key_not_yet_valid
+//	operation/customer/account/currency refused 403     invalid_request_error  operation_not_allowed / customer_… / account_… / currency_…
+//	amount cannot be known                      403     invalid_request_error  amount_unknown
+//	cap would be exceeded                       402     invalid_request_error  spend_cap_exceeded (+ keybrake.{cap,limit,committed,held,requested,remaining,reset_at})
+//	malformed or ambiguous request              400     invalid_request_error  request_malformed
+//	body over 1 MiB                             413     invalid_request_error  request_too_large
+//	idempotency key missing / invalid           400     idempotency_error      idempotency_key_required / idempotency_key_invalid
+//	same key, different request                 422     idempotency_error      idempotency_key_reused
+//	same key still in flight                    409     idempotency_error      idempotency_key_in_use (Stripe-Should-Retry: true, Retry-After)
+//	same key, outcome unknown for over 23 h     409     idempotency_error      idempotency_key_outcome_unknown
+//	Stripe unreachable / timed out              502/504 api_error              upstream_unavailable (Stripe-Should-Retry: true)
+//	keybrake's own failure (store)              500     api_error              internal_error
+//
+// Every refusal carries Request-Id: req_kb_…, Content-Type: application/json and
+// Stripe-Should-Retry (false unless the table says true). keybrake.reason repeats
+// the code and keybrake.request_id the Request-Id.
 package proxy
 
 import (
+	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
+	"net/http/httputil"
 	"net/url"
+	"sync"
 	"time"
 
 	"github.com/keybrake/keybrake/vault"
 )
 
+// Defaults of Config.
+const (
+	DefaultUpstreamTimeout  = 80 * time.Second
+	DefaultMaxBodyBytes     = 1 << 20
+	DefaultMaxResponseBytes = 16 << 20
+	DefaultSecretCacheTTL   = 5 * time.Second
+)
+
+// RecommendedLease is the vault.Options.Lease to use with an upstream timeout: a
+// claim must outlive the upstream request it covers plus its Settle, or a retry
+// could take it over (Resume) while the first attempt is still waiting for Stripe.
+// Amount lookups run before the claim and do not count.
+func RecommendedLease(upstreamTimeout time.Duration) time.Duration {
+	return upstreamTimeout + settleTimeout
+}
+
 // Config configures the proxy.
 type Config struct {
+	// Store is the vault. Required.
 	Store *vault.Store
 	// Upstream is Stripe's base URL (https://api.stripe.com); never taken from a request.
 	Upstream *url.URL
@@ -22,15 +181,157 @@ type Config struct {
 	// Transport overrides the upstream transport (tests); cloned from
 	// http.DefaultTransport with explicit timeouts when nil.
 	Transport http.RoundTripper
-	Logger    *slog.Logger
-	Now       func() time.Time
+	// Logger receives the canonical line of every request; slog.Default() when nil.
+	Logger *slog.Logger
+	// Now is the clock; time.Now when nil.
+	Now func() time.Time
+	// MaxBodyBytes is the largest request body read (default 1 MiB); larger is 413.
+	MaxBodyBytes int64
+	// MaxResponseBytes is the largest Stripe answer buffered for replay (default
+	// 16 MiB); a larger answer to a recorded request settles as outcome unknown.
+	MaxResponseBytes int64
+	// SecretCacheTTL is how long an unsealed upstream secret is reused (default
+	// 5s); negative disables the cache.
+	SecretCacheTTL time.Duration
 }
 
-// Proxy serves Stripe's API surface (/v1/*, /v2/*) with metering.
-type Proxy struct{}
+// DefaultConfig returns a Config with every default filled in except Store and
+// Upstream (which point at https://api.stripe.com).
+func DefaultConfig() Config {
+	u, _ := url.Parse("https://api.stripe.com")
+	return Config{
+		Upstream:         u,
+		UpstreamTimeout:  DefaultUpstreamTimeout,
+		MaxBodyBytes:     DefaultMaxBodyBytes,
+		MaxResponseBytes: DefaultMaxResponseBytes,
+		SecretCacheTTL:   DefaultSecretCacheTTL,
+	}
+}
 
-// New builds a Proxy.
-func New(cfg Config) (*Proxy, error) { panic("unimplemented") }
+// Validate reports a Config that cannot work: no store, an upstream that is not
+// an absolute http(s) URL without query or fragment, negative limits.
+func (c *Config) Validate() error {
+	var errs []error
+	if c.Store == nil {
+		errs = append(errs, errors.New("store is required"))
+	}
+	if c.Upstream == nil {
+		errs = append(errs, errors.New("upstream URL is required"))
+	} else if (c.Upstream.Scheme != "http" && c.Upstream.Scheme != "https") || c.Upstream.Host == "" ||
+		c.Upstream.RawQuery != "" || c.Upstream.Fragment != "" || c.Upstream.User != nil {
+		errs = append(errs, fmt.Errorf("upstream URL %q must be http(s)://host[:port][/path] without query, fragment or user", c.Upstream.Redacted()))
+	}
+	if c.UpstreamTimeout < 0 || c.MaxBodyBytes < 0 || c.MaxResponseBytes < 0 {
+		errs = append(errs, errors.New("timeouts and limits must not be negative"))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("proxy config: %w", err)
+	}
+	return nil
+}
 
-// ServeHTTP implements http.Handler.
-func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) { panic("unimplemented") }
+// Proxy serves Stripe's API surface (/v1/*, /v2/*) with metering. It is an
+// http.Handler, safe for concurrent use.
+type Proxy struct {
+	store       *vault.Store
+	upstream    *url.URL
+	timeout     time.Duration
+	maxBody     int64
+	maxResponse int64
+	log         *slog.Logger
+	now         func() time.Time
+	rp          *httputil.ReverseProxy
+	lookups     *http.Client
+	secrets     secretCache
+}
+
+var _ http.Handler = (*Proxy)(nil)
+
+// New builds a Proxy. Zero fields of cfg take the defaults of DefaultConfig.
+func New(cfg Config) (*Proxy, error) {
+	def := DefaultConfig()
+	if cfg.Upstream == nil {
+		cfg.Upstream = def.Upstream
+	}
+	if cfg.UpstreamTimeout == 0 {
+		cfg.UpstreamTimeout = def.UpstreamTimeout
+	}
+	if cfg.MaxBodyBytes == 0 {
+		cfg.MaxBodyBytes = def.MaxBodyBytes
+	}
+	if cfg.MaxResponseBytes == 0 {
+		cfg.MaxResponseBytes = def.MaxResponseBytes
+	}
+	if cfg.SecretCacheTTL == 0 {
+		cfg.SecretCacheTTL = def.SecretCacheTTL
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	up := *cfg.Upstream
+	p := &Proxy{
+		store:       cfg.Store,
+		upstream:    &up,
+		timeout:     cfg.UpstreamTimeout,
+		maxBody:     cfg.MaxBodyBytes,
+		maxResponse: cfg.MaxResponseBytes,
+		log:         cfg.Logger.With("component", "proxy"),
+		now:         cfg.Now,
+		secrets:     secretCache{ttl: cfg.SecretCacheTTL, entries: map[string]cachedSecret{}},
+	}
+	transport := cfg.Transport
+	if transport == nil {
+		transport = newTransport(cfg.UpstreamTimeout)
+	}
+	p.rp = &httputil.ReverseProxy{
+		Rewrite:        p.rewrite,
+		Transport:      transport,
+		ModifyResponse: p.modifyResponse,
+		ErrorHandler:   p.errorHandler,
+		BufferPool:     newBufferPool(),
+		ErrorLog:       slog.NewLogLogger(p.log.Handler(), slog.LevelWarn),
+	}
+	p.lookups = &http.Client{
+		Transport: transport,
+		Timeout:   cfg.UpstreamTimeout,
+		CheckRedirect: func(*http.Request, []*http.Request) error {
+			return http.ErrUseLastResponse
+		},
+	}
+	return p, nil
+}
+
+// ServeHTTP implements http.Handler: the whole pipeline of the package
+// documentation for one request.
+func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	c := &call{start: p.now(), requestID: newRequestID(), method: r.Method}
+	defer p.logCall(c)
+	if err := p.prepare(r.Context(), w, r, c); err != nil {
+		p.writeRefusal(w, c, err)
+		return
+	}
+	if c.replay != nil {
+		p.writeReplay(r.Context(), w, c)
+		return
+	}
+	p.forward(w, r, c)
+}
+
+// secretCache keeps unsealed upstream secrets for a short time so that the hot
+// path does not unseal on every request; a rotated secret is picked up within ttl.
+type secretCache struct {
+	ttl     time.Duration
+	mu      sync.Mutex
+	entries map[string]cachedSecret
+}
+
+type cachedSecret struct {
+	secret  string
+	fetched time.Time
+}

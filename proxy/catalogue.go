@@ -1,0 +1,1139 @@
+package proxy
+
+// The Stripe operation catalogue: method + path pattern → operation, direction of
+// money, and how the amount is found. Decisions (the summary of what Classify and
+// ParseForm refuse and why):
+//
+// Paths. Classify reads the raw path (r.URL.EscapedPath()). It must start with /v1/
+// or /v2/, have no empty segment (no "//", no trailing slash), no segment made only
+// of dots, and only the characters [A-Za-z0-9_.-]: no percent-encoding at all (so
+// "%2F", "%2e%2e" and encoded letters never reach Stripe as a different path than
+// the one metered), no ";" (matrix parameters), no "+" or other sub-delimiters. The
+// resource segment and any segment that is a catalogue word in another case
+// ("Capture", "CHARGES") are refused: Stripe's routes are lower case. Ids may hold
+// upper case ("pi_3NxAbC").
+//
+// Operations. Every GET on a known resource is "<resource>.read" (searches and
+// nested lists included: GET /v1/customers/cus_1/sources is "customers.read");
+// namespaced resources keep their namespace ("checkout.sessions.read"). A DELETE
+// with an id on a known resource is "<resource>.delete" (no money now). POSTs are
+// matched against the table below; anything else is "unknown.write" (Known false:
+// the pipeline refuses it) and a GET on an unknown resource is "unknown.read".
+// Methods other than GET, POST and DELETE are "unknown.write". On /v2 (JSON only,
+// see ParseJSON) a GET is "v2.<names>.read" (the non-id segments joined by dots,
+// e.g. "v2.core.events.read", Known false) and every other method "unknown.write":
+// keybrake does not yet know any v2 write that moves no money.
+//
+// Legacy refunds (POST /v1/charges/{id}/refund and /refunds) are "refunds.create",
+// so a policy that allows refunds allows them and meters them alike. Transfer
+// reversals are "transfer_reversals.create", application fee refunds
+// "application_fee_refunds.create".
+//
+// Money fields (amount, unit_amount, quantity, amount_to_capture, …) must match
+// ^[0-9]+$, have no leading zero ("0100" — Stripe would read 100, a careless parser
+// 0100 octal or a string: refused as ambiguous), at most 12 digits (Stripe's
+// documented maximum for any method; an amount that long is an attack or a bug) and
+// so fit int64. "+100", "1e5", "-5", "", "1.0" and arrays or hashes ("amount[]=1")
+// are refused. Sums and products are checked for overflow. A negative invoice item
+// (a credit, which Stripe allows) is refused too: keybrake meters only
+// non-negative amounts. Currencies ("currency" anywhere it is read, and the
+// top-level "currency" of every request) must be three lower-case ASCII letters;
+// Classify does not check that Stripe supports the currency (policy does).
+//
+// Amounts:
+//   - charges.create, payment_intents.create, transfers.create, payouts.create,
+//     topups.create: amount + currency from the request. Without both: amount
+//     unknown (Stripe would refuse the request anyway).
+//   - charges.capture: amount if given (currency from a lookup of the charge), else
+//     the charge's "amount" (the full amount of an uncaptured charge).
+//   - payment_intents.update with amount: the new total (NewTotal, Lookup of the
+//     PaymentIntent's "amount"); with currency but no amount: the whole amount is
+//     re-metered in the new currency (Lookup "amount", Currency the new one);
+//     neither: no money.
+//   - payment_intents.confirm: amount_to_confirm if given (currency by lookup),
+//     else Lookup "amount". payment_intents.capture: amount_to_capture (currency by
+//     lookup), else Lookup "amount_capturable".
+//     payment_intents.increment_authorization: amount is the new total (NewTotal,
+//     Lookup "amount").
+//   - refunds.create: amount if given; the currency is that of the charge /
+//     PaymentIntent looked up (a "currency" parameter is ignored then: a refund
+//     moves money in the charge's currency), or the "currency" parameter for a
+//     refund of a customer balance (no charge, no PaymentIntent). Without amount:
+//     the charge's "amount" (NOT amount − amount_refunded: metering the full
+//     amount can only overcount; the pipeline may refine) or the PaymentIntent's
+//     "amount_received". Both charge and payment_intent, or neither (and no amount
+//     + currency): amount unknown. Legacy charge refunds: amount or the charge's
+//     "amount", always in the charge's currency.
+//   - transfer_reversals.create / application_fee_refunds.create /
+//     payouts.reverse: amount if given, else the transfer's / fee's / payout's
+//     "amount" (again the full amount).
+//   - invoices.pay: Lookup "amount_remaining" (also with paid_out_of_band: it
+//     overcounts rather than guess).
+//   - invoiceitems.create: "amount"; or unit_amount × quantity; or
+//     price_data[unit_amount] × quantity; or unit_amount_decimal /
+//     price_data[unit_amount_decimal] × quantity when the decimal has no fractional
+//     minor units (else amount unknown); quantity defaults to 1, quantity_decimal
+//     counts when it is integral (else amount unknown). ("unit_amount" and "price"
+//     are older API versions' names, still read because Stripe-Version can select
+//     them.) A stored price (pricing[price], or "price") with quantity 1 is looked
+//     up (Lookup of /v1/prices/{id} field "unit_amount", which a tiered or metered
+//     price lacks: then the lookup fails and the request is refused); with another
+//     quantity it is amount unknown, because a Lookup cannot carry a multiplier.
+//     More than one way of pricing in one request, or no currency (the customer's
+//     default would apply): amount unknown. Taxes and discounts applied at invoice
+//     time are not included.
+//   - invoiceitems.update that touches amount, quantity or pricing: the new total
+//     when it can be computed (NewTotal, Lookup "amount"), else amount unknown.
+//   - checkout.sessions.create: mode payment (or no mode): the sum over
+//     line_items[i] of price_data[unit_amount] (or an integral
+//     price_data[unit_amount_decimal]) × quantity (default 1), plus the most
+//     expensive shipping option (shipping_rate_data[fixed_amount][amount]). Amount
+//     unknown (fail closed) when a line item uses a stored price, when quantities are
+//     adjustable, when line items carry tax rates, when automatic tax is enabled,
+//     when optional_items are offered, when a shipping option is a stored rate, when
+//     there are no line items, and for mode=subscription (renewals happen without
+//     any request keybrake sees, so the first period is not the exposure). Currencies
+//     that differ between line items, shipping and the "currency" parameter are
+//     malformed. mode=setup without line items moves no money.
+//   - checkout.sessions.update with line_items: amount unknown; otherwise no money.
+//   - Named writes that move money later or not at all (MovesMoney false, must be
+//     named in a policy): invoices.create/update/finalize/send/void/…,
+//     subscriptions.*, subscription_items.*, subscription_schedules.*,
+//     payment_links.*, setup_intents.*, customers.*, prices.*, products.*,
+//     payment_methods.* (attach, detach), accounts.*, disputes.*, cancels.
+//
+// Parameters are read as ParseForm documents (duplicates, ambiguous keys and bad
+// encodings never get here); Get of a key that holds a hash or an array fails, so
+// "amount[]=1" cannot hide an amount.
+//
+// Customer: the "customer" parameter, else "customer_account" (v2 Accounts as
+// customers), else the id of a /v1/customers/{id}/… path. Both parameters at once
+// are malformed, so a policy's customer list cannot be sidestepped.
+//
+// Ids taken from parameters into a lookup path (charge, payment_intent, price) must
+// be plain ids ([A-Za-z0-9_-], at most 255 bytes), else malformed. A "_method"
+// parameter (Rack::MethodOverride turns a POST into another method) is malformed.
+
+import (
+	"fmt"
+	"math"
+	"slices"
+	"strconv"
+	"strings"
+)
+
+// moneyFunc fills the money part of a Classification from a matched request.
+type moneyFunc func(r *catRequest, c *Classification) error
+
+// catRequest is a request matched against a route.
+type catRequest struct {
+	params *Params
+	ids    []string // path ids in order
+}
+
+// route is one catalogue entry.
+type route struct {
+	method string
+	segs   []string // pattern segments; "{id}" matches an id
+	op     string
+	dir    Direction
+	money  moneyFunc
+}
+
+// namespaces are the v1 path prefixes whose resource is "<ns>.<next segment>".
+var namespaces = map[string]bool{
+	"apps": true, "billing": true, "billing_portal": true, "checkout": true, "climate": true,
+	"entitlements": true, "financial_connections": true, "forwarding": true, "identity": true,
+	"issuing": true, "radar": true, "reporting": true, "sigma": true, "tax": true,
+	"terminal": true, "test_helpers": true, "treasury": true,
+}
+
+// readResources are the resources whose GETs are "<resource>.read" and whose
+// DELETEs with an id are "<resource>.delete".
+var readResources = toSet(
+	"account", "accounts", "application_fees", "apple_pay", "balance", "balance_settings",
+	"balance_transactions", "charges", "confirmation_tokens", "country_specs", "coupons",
+	"credit_notes", "customers", "disputes", "ephemeral_keys", "events", "exchange_rates",
+	"file_links", "files", "invoice_payments", "invoice_rendering_templates", "invoiceitems",
+	"invoices", "mandates", "payment_intents", "payment_links", "payment_method_configurations",
+	"payment_method_domains", "payment_methods", "payouts", "plans", "prices", "products",
+	"promotion_codes", "quotes", "refunds", "reviews", "setup_attempts", "setup_intents",
+	"shipping_rates", "sources", "subscription_items", "subscription_schedules",
+	"subscriptions", "tax_codes", "tax_ids", "tax_rates", "tokens", "topups", "transfers",
+	"webhook_endpoints",
+	"apps.secrets", "billing.alerts", "billing.credit_balance_summary",
+	"billing.credit_balance_transactions", "billing.credit_grants", "billing.meters",
+	"billing_portal.configurations", "billing_portal.sessions", "checkout.sessions",
+	"climate.orders", "climate.products", "climate.suppliers", "entitlements.active_entitlements",
+	"entitlements.features", "financial_connections.accounts", "financial_connections.sessions",
+	"financial_connections.transactions", "forwarding.requests", "identity.verification_reports",
+	"identity.verification_sessions", "issuing.authorizations", "issuing.cardholders",
+	"issuing.cards", "issuing.disputes", "issuing.personalization_designs",
+	"issuing.physical_bundles", "issuing.tokens", "issuing.transactions",
+	"radar.early_fraud_warnings", "radar.value_list_items", "radar.value_lists",
+	"reporting.report_runs", "reporting.report_types", "sigma.scheduled_query_runs",
+	"tax.calculations", "tax.registrations", "tax.settings", "tax.transactions",
+	"terminal.configurations", "terminal.connection_tokens", "terminal.locations",
+	"terminal.readers", "treasury.credit_reversals", "treasury.debit_reversals",
+	"treasury.financial_accounts", "treasury.inbound_transfers", "treasury.outbound_payments",
+	"treasury.outbound_transfers", "treasury.received_credits", "treasury.received_debits",
+	"treasury.transaction_entries", "treasury.transactions",
+)
+
+func toSet(names ...string) map[string]bool {
+	m := make(map[string]bool, len(names))
+	for _, n := range names {
+		m[n] = true
+	}
+	return m
+}
+
+// catalogue is the table of POST endpoints. It is built once and never changed.
+var catalogue = buildCatalogue()
+
+// catalogueWords are the literal path segments of the catalogue and the resource
+// names: a path segment that equals one of them in another case is refused.
+var catalogueWords = buildWords()
+
+func buildCatalogue() []route {
+	r := func(path, op string, dir Direction, money moneyFunc) route {
+		return route{method: "POST", segs: strings.Split(strings.TrimPrefix(path, "/"), "/"), op: op, dir: dir, money: money}
+	}
+	w := func(path, op string) route { return r(path, op, DirectionNone, nil) }
+	return []route{
+		// Charges.
+		r("/v1/charges", "charges.create", DirectionIn, requestAmount("amount")),
+		w("/v1/charges/{id}", "charges.update"),
+		r("/v1/charges/{id}/capture", "charges.capture", DirectionIn, optionalAmount("amount", "/v1/charges/", "amount")),
+		r("/v1/charges/{id}/refund", "refunds.create", DirectionOut, optionalAmount("amount", "/v1/charges/", "amount")),
+		r("/v1/charges/{id}/refunds", "refunds.create", DirectionOut, optionalAmount("amount", "/v1/charges/", "amount")),
+		w("/v1/charges/{id}/refunds/{id}", "refunds.update"),
+		w("/v1/charges/{id}/dispute", "disputes.update"),
+		w("/v1/charges/{id}/dispute/close", "disputes.close"),
+
+		// PaymentIntents.
+		r("/v1/payment_intents", "payment_intents.create", DirectionIn, requestAmount("amount")),
+		r("/v1/payment_intents/{id}", "payment_intents.update", DirectionIn, paymentIntentUpdate),
+		r("/v1/payment_intents/{id}/confirm", "payment_intents.confirm", DirectionIn, optionalAmount("amount_to_confirm", "/v1/payment_intents/", "amount")),
+		r("/v1/payment_intents/{id}/capture", "payment_intents.capture", DirectionIn, optionalAmount("amount_to_capture", "/v1/payment_intents/", "amount_capturable")),
+		r("/v1/payment_intents/{id}/increment_authorization", "payment_intents.increment_authorization", DirectionIn, newTotal("amount", "/v1/payment_intents/", "amount")),
+		w("/v1/payment_intents/{id}/cancel", "payment_intents.cancel"),
+		w("/v1/payment_intents/{id}/apply_customer_balance", "payment_intents.apply_customer_balance"),
+		w("/v1/payment_intents/{id}/verify_microdeposits", "payment_intents.verify_microdeposits"),
+
+		// Refunds.
+		r("/v1/refunds", "refunds.create", DirectionOut, refundCreate),
+		w("/v1/refunds/{id}", "refunds.update"),
+		w("/v1/refunds/{id}/cancel", "refunds.cancel"),
+
+		// Transfers, payouts, top-ups, application fees.
+		r("/v1/transfers", "transfers.create", DirectionOut, requestAmount("amount")),
+		w("/v1/transfers/{id}", "transfers.update"),
+		r("/v1/transfers/{id}/reversals", "transfer_reversals.create", DirectionIn, optionalAmount("amount", "/v1/transfers/", "amount")),
+		w("/v1/transfers/{id}/reversals/{id}", "transfer_reversals.update"),
+		r("/v1/payouts", "payouts.create", DirectionOut, requestAmount("amount")),
+		w("/v1/payouts/{id}", "payouts.update"),
+		w("/v1/payouts/{id}/cancel", "payouts.cancel"),
+		r("/v1/payouts/{id}/reverse", "payouts.reverse", DirectionIn, lookupOnly("/v1/payouts/", "amount")),
+		r("/v1/topups", "topups.create", DirectionIn, requestAmount("amount")),
+		w("/v1/topups/{id}", "topups.update"),
+		w("/v1/topups/{id}/cancel", "topups.cancel"),
+		r("/v1/application_fees/{id}/refunds", "application_fee_refunds.create", DirectionOut, optionalAmount("amount", "/v1/application_fees/", "amount")),
+		w("/v1/application_fees/{id}/refunds/{id}", "application_fee_refunds.update"),
+
+		// Invoicing.
+		r("/v1/invoiceitems", "invoiceitems.create", DirectionIn, invoiceItemCreate),
+		r("/v1/invoiceitems/{id}", "invoiceitems.update", DirectionIn, invoiceItemUpdate),
+		w("/v1/invoices", "invoices.create"),
+		w("/v1/invoices/create_preview", "invoices.create_preview"),
+		w("/v1/invoices/{id}", "invoices.update"),
+		w("/v1/invoices/{id}/finalize", "invoices.finalize"),
+		w("/v1/invoices/{id}/send", "invoices.send"),
+		w("/v1/invoices/{id}/void", "invoices.void"),
+		w("/v1/invoices/{id}/mark_uncollectible", "invoices.mark_uncollectible"),
+		w("/v1/invoices/{id}/add_lines", "invoices.add_lines"),
+		w("/v1/invoices/{id}/update_lines", "invoices.update_lines"),
+		w("/v1/invoices/{id}/remove_lines", "invoices.remove_lines"),
+		w("/v1/invoices/{id}/lines/{id}", "invoices.update_lines"),
+		r("/v1/invoices/{id}/pay", "invoices.pay", DirectionIn, lookupOnly("/v1/invoices/", "amount_remaining")),
+
+		// Checkout and payment links.
+		r("/v1/checkout/sessions", "checkout.sessions.create", DirectionIn, checkoutSessionCreate),
+		r("/v1/checkout/sessions/{id}", "checkout.sessions.update", DirectionIn, checkoutSessionUpdate),
+		w("/v1/checkout/sessions/{id}/expire", "checkout.sessions.expire"),
+		w("/v1/payment_links", "payment_links.create"),
+		w("/v1/payment_links/{id}", "payment_links.update"),
+
+		// Subscriptions (money later: renewals are never seen by keybrake).
+		w("/v1/subscriptions", "subscriptions.create"),
+		w("/v1/subscriptions/{id}", "subscriptions.update"),
+		w("/v1/subscriptions/{id}/resume", "subscriptions.resume"),
+		w("/v1/subscriptions/{id}/migrate", "subscriptions.migrate"),
+		w("/v1/subscription_items", "subscription_items.create"),
+		w("/v1/subscription_items/{id}", "subscription_items.update"),
+		w("/v1/subscription_schedules", "subscription_schedules.create"),
+		w("/v1/subscription_schedules/{id}", "subscription_schedules.update"),
+		w("/v1/subscription_schedules/{id}/cancel", "subscription_schedules.cancel"),
+		w("/v1/subscription_schedules/{id}/release", "subscription_schedules.release"),
+
+		// SetupIntents.
+		w("/v1/setup_intents", "setup_intents.create"),
+		w("/v1/setup_intents/{id}", "setup_intents.update"),
+		w("/v1/setup_intents/{id}/confirm", "setup_intents.confirm"),
+		w("/v1/setup_intents/{id}/cancel", "setup_intents.cancel"),
+		w("/v1/setup_intents/{id}/verify_microdeposits", "setup_intents.verify_microdeposits"),
+
+		// Customers.
+		w("/v1/customers", "customers.create"),
+		w("/v1/customers/{id}", "customers.update"),
+		w("/v1/customers/{id}/balance_transactions", "customers.create_balance_transaction"),
+		w("/v1/customers/{id}/balance_transactions/{id}", "customers.update_balance_transaction"),
+		w("/v1/customers/{id}/sources", "customers.create_source"),
+		w("/v1/customers/{id}/sources/{id}", "customers.update_source"),
+		w("/v1/customers/{id}/sources/{id}/verify", "customers.verify_source"),
+		w("/v1/customers/{id}/tax_ids", "customers.create_tax_id"),
+		w("/v1/customers/{id}/cash_balance", "customers.update_cash_balance"),
+		w("/v1/customers/{id}/funding_instructions", "customers.create_funding_instructions"),
+
+		// Catalog.
+		w("/v1/prices", "prices.create"),
+		w("/v1/prices/{id}", "prices.update"),
+		w("/v1/products", "products.create"),
+		w("/v1/products/{id}", "products.update"),
+		w("/v1/plans", "plans.create"),
+		w("/v1/plans/{id}", "plans.update"),
+		w("/v1/coupons", "coupons.create"),
+		w("/v1/coupons/{id}", "coupons.update"),
+
+		// PaymentMethods.
+		w("/v1/payment_methods", "payment_methods.create"),
+		w("/v1/payment_methods/{id}", "payment_methods.update"),
+		w("/v1/payment_methods/{id}/attach", "payment_methods.attach"),
+		w("/v1/payment_methods/{id}/detach", "payment_methods.detach"),
+
+		// Connect.
+		w("/v1/accounts", "accounts.create"),
+		w("/v1/accounts/{id}", "accounts.update"),
+		w("/v1/accounts/{id}/reject", "accounts.reject"),
+		w("/v1/accounts/{id}/login_links", "accounts.create_login_link"),
+		w("/v1/accounts/{id}/external_accounts", "accounts.create_external_account"),
+		w("/v1/accounts/{id}/external_accounts/{id}", "accounts.update_external_account"),
+		w("/v1/accounts/{id}/persons", "accounts.create_person"),
+		w("/v1/accounts/{id}/persons/{id}", "accounts.update_person"),
+		w("/v1/accounts/{id}/capabilities/{id}", "accounts.update_capability"),
+		w("/v1/account_links", "account_links.create"),
+		w("/v1/account_sessions", "account_sessions.create"),
+
+		// Disputes.
+		w("/v1/disputes/{id}", "disputes.update"),
+		w("/v1/disputes/{id}/close", "disputes.close"),
+	}
+}
+
+func buildWords() map[string]bool {
+	m := map[string]bool{"v1": true, "v2": true}
+	for _, rt := range catalogue {
+		for _, s := range rt.segs {
+			if s != "{id}" {
+				m[s] = true
+			}
+		}
+	}
+	for res := range readResources {
+		for s := range strings.SplitSeq(res, ".") {
+			m[s] = true
+		}
+	}
+	for ns := range namespaces {
+		m[ns] = true
+	}
+	m["search"] = true
+	m["upcoming"] = true
+	return m
+}
+
+// classify is Classify.
+func classify(method, path string, params *Params) (Classification, error) {
+	segs, err := checkPath(path)
+	if err != nil {
+		return Classification{}, err
+	}
+	if err := checkCommonParams(params); err != nil {
+		return Classification{}, err
+	}
+	if segs[0] == "v2" {
+		return classifyV2(method, segs), nil
+	}
+	resource, ids := resourceOf(segs)
+	var rt *route
+	if method == "POST" {
+		rt, ids = match(segs)
+	}
+	c := Classification{}
+	if len(ids) > 0 {
+		c.ObjectID = ids[0]
+	}
+	if resource == "customers" && len(ids) > 0 {
+		c.Customer = ids[0]
+	}
+	if v, ok := params.Get("customer"); ok {
+		c.Customer = v
+	} else if v, ok := params.Get("customer_account"); ok {
+		c.Customer = v
+	}
+	switch method {
+	case "GET":
+		if readResources[resource] {
+			c.Operation, c.Known = resource+".read", true
+		} else {
+			c.Operation = "unknown.read"
+		}
+		return c, nil
+	case "DELETE":
+		if readResources[resource] && len(ids) > 0 {
+			c.Operation, c.Known = resource+".delete", true
+		} else {
+			c.Operation = "unknown.write"
+		}
+		return c, nil
+	case "POST":
+	default:
+		c.Operation = "unknown.write"
+		return c, nil
+	}
+	if rt == nil {
+		c.Operation = "unknown.write"
+		return c, nil
+	}
+	c.Operation, c.Known = rt.op, true
+	if rt.money == nil {
+		return c, nil
+	}
+	c.MovesMoney, c.Direction = true, rt.dir
+	if err := rt.money(&catRequest{params: params, ids: ids}, &c); err != nil {
+		return Classification{}, err
+	}
+	if !c.MovesMoney {
+		c.Direction = DirectionNone
+	}
+	return c, nil
+}
+
+// checkPath validates a raw request path and returns its segments ("v1", …).
+func checkPath(path string) ([]string, error) {
+	if !strings.HasPrefix(path, "/v1/") && !strings.HasPrefix(path, "/v2/") {
+		return nil, formErr("path %q is not under /v1/ or /v2/", clipText(path))
+	}
+	segs := strings.Split(path[1:], "/")
+	for i, s := range segs {
+		if s == "" {
+			return nil, formErr("path %q has an empty segment or a trailing slash", clipText(path))
+		}
+		if strings.Trim(s, ".") == "" {
+			return nil, formErr("path %q has a dot segment", clipText(path))
+		}
+		for j := 0; j < len(s); j++ {
+			if !isPathByte(s[j]) {
+				return nil, formErr("path %q has %q, which is not allowed in a path", clipText(path), s[j])
+			}
+		}
+		lower := strings.ToLower(s)
+		if lower != s && (i == 1 || catalogueWords[lower]) {
+			return nil, formErr("path %q has upper case where Stripe has lower case", clipText(path))
+		}
+	}
+	return segs, nil
+}
+
+func isPathByte(c byte) bool {
+	return 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '_' || c == '-' || c == '.'
+}
+
+// isID reports whether s is a plain Stripe id, safe to put into a lookup path.
+func isID(s string) bool {
+	if s == "" || len(s) > 255 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '_' || c == '-') {
+			return false
+		}
+	}
+	return true
+}
+
+// resourceOf names the resource of a v1 path and returns the ids after it.
+func resourceOf(segs []string) (string, []string) {
+	rest := segs[1:]
+	res := rest[0]
+	rest = rest[1:]
+	if namespaces[res] && len(rest) > 0 {
+		res += "." + rest[0]
+		rest = rest[1:]
+	}
+	var ids []string
+	// Ids sit at every other position after the resource (/res/{id}/sub/{id});
+	// a catalogue word there ("search", "create_preview") is not an id.
+	for i := 0; i < len(rest); i += 2 {
+		if catalogueWords[rest[i]] {
+			break
+		}
+		ids = append(ids, rest[i])
+	}
+	return res, ids
+}
+
+// match finds the POST route for segs, preferring literal segments over ids.
+func match(segs []string) (*route, []string) {
+	var best *route
+	bestScore := -1
+	for i := range catalogue {
+		rt := &catalogue[i]
+		if len(rt.segs) != len(segs) {
+			continue
+		}
+		score := 0
+		ok := true
+		for j, s := range rt.segs {
+			switch {
+			case s == "{id}":
+				ok = isID(segs[j])
+			case s == segs[j]:
+				score++
+			default:
+				ok = false
+			}
+			if !ok {
+				break
+			}
+		}
+		if ok && score > bestScore {
+			best, bestScore = rt, score
+		}
+	}
+	if best == nil {
+		return nil, nil
+	}
+	var ids []string
+	for j, s := range best.segs {
+		if s == "{id}" {
+			ids = append(ids, segs[j])
+		}
+	}
+	return best, ids
+}
+
+// classifyV2 names a v2 request: reads by their resource names, everything else
+// an unknown write.
+func classifyV2(method string, segs []string) Classification {
+	if method != "GET" {
+		return Classification{Operation: "unknown.write"}
+	}
+	names := []string{"v2"}
+	c := Classification{}
+	for _, s := range segs[1:] {
+		if isResourceName(s) {
+			names = append(names, s)
+		} else if c.ObjectID == "" {
+			c.ObjectID = s
+		}
+	}
+	if len(names) == 1 {
+		return Classification{Operation: "unknown.read"}
+	}
+	c.Operation = strings.Join(names, ".") + ".read"
+	return c
+}
+
+func isResourceName(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; !('a' <= c && c <= 'z' || c == '_') {
+			return false
+		}
+	}
+	return true
+}
+
+// checkCommonParams applies the checks that hold for every request.
+func checkCommonParams(p *Params) error {
+	if p.Has("_method") {
+		return formErr("parameter _method (method override) is not allowed")
+	}
+	if _, _, err := currencyParam(p, "currency"); err != nil {
+		return err
+	}
+	for _, k := range []string{"customer", "customer_account"} {
+		if p.IsContainer(k) {
+			return formErr("parameter %s must be a single value", k)
+		}
+	}
+	if p.Has("customer") && p.Has("customer_account") {
+		return formErr("parameters customer and customer_account are both given")
+	}
+	return nil
+}
+
+// minorParam reads an integer money field (amount, quantity, …).
+func minorParam(p *Params, key string) (int64, bool, error) {
+	if p.IsContainer(key) {
+		return 0, false, formErr("parameter %s must be a single integer", key)
+	}
+	v, ok := p.Get(key)
+	if !ok {
+		return 0, false, nil
+	}
+	n, err := parseMinor(v)
+	if err != nil {
+		return 0, false, fmt.Errorf("parameter %s: %w", key, err)
+	}
+	return n, true, nil
+}
+
+// maxMoneyDigits is the longest integer money field accepted.
+const maxMoneyDigits = 12
+
+// parseMinor parses ^[0-9]+$ without a leading zero and at most 12 digits.
+func parseMinor(s string) (int64, error) {
+	if !isDigits(s) {
+		return 0, formErr("%q is not a non-negative integer", clipText(s))
+	}
+	if len(s) > 1 && s[0] == '0' {
+		return 0, formErr("%q has a leading zero", s)
+	}
+	if len(s) > maxMoneyDigits {
+		return 0, formErr("%q has more than %d digits", clipText(s), maxMoneyDigits)
+	}
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil {
+		return 0, formErr("%q: %v", s, err)
+	}
+	return n, nil
+}
+
+// decimalParam reads a *_decimal money field (up to 12 integer digits and 12
+// decimals). integral is false when it has fractional minor units.
+func decimalParam(p *Params, key string) (n int64, integral, present bool, err error) {
+	if p.IsContainer(key) {
+		return 0, false, false, formErr("parameter %s must be a single decimal", key)
+	}
+	v, ok := p.Get(key)
+	if !ok {
+		return 0, false, false, nil
+	}
+	ip, fp, hasDot := strings.Cut(v, ".")
+	if hasDot && (fp == "" || !isDigits(fp) || len(fp) > 12) {
+		return 0, false, false, formErr("parameter %s: %q is not a decimal", key, clipText(v))
+	}
+	n, err = parseMinor(ip)
+	if err != nil {
+		return 0, false, false, fmt.Errorf("parameter %s: %w", key, err)
+	}
+	return n, strings.Trim(fp, "0") == "", true, nil
+}
+
+// currencyParam reads a currency field: three lower-case ASCII letters.
+func currencyParam(p *Params, key string) (string, bool, error) {
+	if p.IsContainer(key) {
+		return "", false, formErr("parameter %s must be a single currency code", key)
+	}
+	v, ok := p.Get(key)
+	if !ok {
+		return "", false, nil
+	}
+	if len(v) != 3 || !isLowerAlpha(v) {
+		return "", false, formErr("parameter %s: %q is not a lower-case three-letter currency code", key, clipText(v))
+	}
+	return v, true, nil
+}
+
+func isLowerAlpha(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] < 'a' || s[i] > 'z' {
+			return false
+		}
+	}
+	return true
+}
+
+// idParam reads an id that will be put into a lookup path.
+func idParam(p *Params, key string) (string, bool, error) {
+	if p.IsContainer(key) {
+		return "", false, formErr("parameter %s must be a single id", key)
+	}
+	v, ok := p.Get(key)
+	if !ok {
+		return "", false, nil
+	}
+	if !isID(v) {
+		return "", false, formErr("parameter %s: %q is not an id", key, clipText(v))
+	}
+	return v, true, nil
+}
+
+// mulMinor multiplies two non-negative amounts, refusing overflow.
+func mulMinor(a, b int64) (int64, error) {
+	if a != 0 && b > math.MaxInt64/a {
+		return 0, formErr("amount %d × %d overflows", a, b)
+	}
+	return a * b, nil
+}
+
+// addMinor adds two non-negative amounts, refusing overflow.
+func addMinor(a, b int64) (int64, error) {
+	if b > math.MaxInt64-a {
+		return 0, formErr("amount %d + %d overflows", a, b)
+	}
+	return a + b, nil
+}
+
+// settle fills c from what the request and the catalogue know (cases 1, 2, 4, 5 of
+// the Classification documentation).
+func settle(c *Classification, amount int64, amountOK bool, currency string, lk *Lookup) {
+	c.Currency = currency
+	switch {
+	case amountOK && currency != "":
+		c.Amount, c.AmountKnown = amount, true
+	case amountOK && lk != nil:
+		c.Amount, c.AmountKnown, c.Lookup = amount, true, lk
+	case lk != nil:
+		c.Lookup = lk
+	}
+}
+
+// unknownAmount marks a money-moving request whose amount cannot be known.
+func unknownAmount(c *Classification) {
+	c.Amount, c.AmountKnown, c.NewTotal, c.Lookup = 0, false, false, nil
+}
+
+// requestAmount: amount and currency from the request (creates).
+func requestAmount(field string) moneyFunc {
+	return func(r *catRequest, c *Classification) error {
+		amt, ok, err := minorParam(r.params, field)
+		if err != nil {
+			return err
+		}
+		cur, _, err := currencyParam(r.params, "currency")
+		if err != nil {
+			return err
+		}
+		settle(c, amt, ok, cur, nil)
+		return nil
+	}
+}
+
+// optionalAmount: field if given, else the object's lookupField; the currency is
+// always the object's (a "currency" parameter, which the legacy charge refund
+// accepts, cannot change the currency money moves in).
+func optionalAmount(field, prefix, lookupField string) moneyFunc {
+	return func(r *catRequest, c *Classification) error {
+		amt, ok, err := minorParam(r.params, field)
+		if err != nil {
+			return err
+		}
+		settle(c, amt, ok, "", &Lookup{Path: prefix + r.ids[0], Field: lookupField})
+		return nil
+	}
+}
+
+// lookupOnly: the amount is the object's field.
+func lookupOnly(prefix, field string) moneyFunc {
+	return func(r *catRequest, c *Classification) error {
+		c.Lookup = &Lookup{Path: prefix + r.ids[0], Field: field}
+		return nil
+	}
+}
+
+// newTotal: field is the object's new total; the lookup gives the current one.
+func newTotal(field, prefix, lookupField string) moneyFunc {
+	return func(r *catRequest, c *Classification) error {
+		amt, ok, err := minorParam(r.params, field)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			unknownAmount(c)
+			return nil
+		}
+		cur, _, err := currencyParam(r.params, "currency")
+		if err != nil {
+			return err
+		}
+		c.Amount, c.AmountKnown, c.NewTotal, c.Currency = amt, true, true, cur
+		c.Lookup = &Lookup{Path: prefix + r.ids[0], Field: lookupField}
+		return nil
+	}
+}
+
+// paymentIntentUpdate: amount raises (or lowers) the total; a currency change
+// re-meters the whole amount; otherwise no money.
+func paymentIntentUpdate(r *catRequest, c *Classification) error {
+	if r.params.Has("amount") {
+		return newTotal("amount", "/v1/payment_intents/", "amount")(r, c)
+	}
+	cur, ok, err := currencyParam(r.params, "currency")
+	if err != nil {
+		return err
+	}
+	if !ok {
+		c.MovesMoney = false
+		return nil
+	}
+	c.Currency = cur
+	c.Lookup = &Lookup{Path: "/v1/payment_intents/" + r.ids[0], Field: "amount"}
+	return nil
+}
+
+// refundCreate: see the catalogue documentation.
+func refundCreate(r *catRequest, c *Classification) error {
+	amt, ok, err := minorParam(r.params, "amount")
+	if err != nil {
+		return err
+	}
+	cur, _, err := currencyParam(r.params, "currency")
+	if err != nil {
+		return err
+	}
+	ch, hasCh, err := idParam(r.params, "charge")
+	if err != nil {
+		return err
+	}
+	pi, hasPI, err := idParam(r.params, "payment_intent")
+	if err != nil {
+		return err
+	}
+	var lk *Lookup
+	switch {
+	case hasCh && hasPI:
+		unknownAmount(c)
+		return nil
+	case hasCh:
+		lk = &Lookup{Path: "/v1/charges/" + ch, Field: "amount"}
+	case hasPI:
+		lk = &Lookup{Path: "/v1/payment_intents/" + pi, Field: "amount_received"}
+	}
+	if lk != nil {
+		// A refund moves money in the charge's currency, whatever the request says.
+		cur = ""
+	}
+	settle(c, amt, ok, cur, lk)
+	return nil
+}
+
+// pricing is the unit price × quantity of an invoice item or line item.
+type pricing struct {
+	amount   int64
+	known    bool   // amount is exact
+	currency string // from price_data[currency], "" when absent
+	price    string // stored price id when priced by reference
+	quantity int64
+	qtyExact bool // quantity is an exact integer (quantity_decimal may not be)
+}
+
+// unitPricing reads one way of pricing under prefix ("" or "line_items[0]"): the
+// unit_amount[_decimal] fields given in fields, × quantity. n counts how many ways
+// were given (more than one is ambiguous).
+func unitPricing(p *Params, prefix string, fields []string) (pr pricing, n int, err error) {
+	key := func(k string) string {
+		if prefix == "" {
+			return k
+		}
+		name, rest, _ := strings.Cut(k, "[")
+		if rest != "" {
+			rest = "[" + rest
+		}
+		return prefix + "[" + name + "]" + rest
+	}
+	pr.quantity = 1
+	q, hasQ, err := minorParam(p, key("quantity"))
+	if err != nil {
+		return pr, 0, err
+	}
+	qd, qdIntegral, hasQD, err := decimalParam(p, key("quantity_decimal"))
+	if err != nil {
+		return pr, 0, err
+	}
+	qtyExact := !(hasQ && hasQD) && (!hasQD || qdIntegral)
+	pr.qtyExact = qtyExact
+	switch {
+	case hasQ:
+		pr.quantity = q
+	case hasQD:
+		pr.quantity = qd
+	}
+	var unit int64
+	for _, f := range fields {
+		if strings.HasSuffix(strings.TrimSuffix(f, "]"), "_decimal") {
+			v, integral, ok, err := decimalParam(p, key(f))
+			if err != nil {
+				return pr, 0, err
+			}
+			if ok {
+				n++
+				unit, pr.known = v, integral
+			}
+			continue
+		}
+		v, ok, err := minorParam(p, key(f))
+		if err != nil {
+			return pr, 0, err
+		}
+		if ok {
+			n++
+			unit, pr.known = v, true
+		}
+	}
+	if cur, ok, err := currencyParam(p, key("price_data[currency]")); err != nil {
+		return pr, 0, err
+	} else if ok {
+		pr.currency = cur
+	}
+	pr.known = pr.known && qtyExact
+	if pr.known {
+		if pr.amount, err = mulMinor(unit, pr.quantity); err != nil {
+			return pr, 0, err
+		}
+	}
+	return pr, n, nil
+}
+
+// itemPrice is what an invoice item request says about its amount.
+type itemPrice struct {
+	amount   int64   // exact when exact
+	exact    bool    // amount is exact from the request (the currency may still be "")
+	currency string  // "currency" or price_data[currency]; "" when absent
+	lookup   *Lookup // a stored price with quantity 1
+	present  bool    // the request names an amount, a quantity or a pricing
+}
+
+// invoiceItemAmount computes an invoice item's amount from its request.
+func invoiceItemAmount(p *Params) (itemPrice, error) {
+	var ip itemPrice
+	cur, _, err := currencyParam(p, "currency")
+	if err != nil {
+		return ip, err
+	}
+	amt, hasAmount, err := minorParam(p, "amount")
+	if err != nil {
+		return ip, err
+	}
+	pr, n, err := unitPricing(p, "", []string{"unit_amount", "unit_amount_decimal", "price_data[unit_amount]", "price_data[unit_amount_decimal]"})
+	if err != nil {
+		return ip, err
+	}
+	price, hasPrice, err := idParam(p, "price")
+	if err != nil {
+		return ip, err
+	}
+	pprice, hasPPrice, err := idParam(p, "pricing[price]")
+	if err != nil {
+		return ip, err
+	}
+	if pr.currency != "" {
+		if cur != "" && cur != pr.currency {
+			return ip, formErr("currency %q and price_data[currency] %q differ", cur, pr.currency)
+		}
+		cur = pr.currency
+	}
+	ip.currency = cur
+	n += boolInt(hasAmount) + boolInt(hasPrice) + boolInt(hasPPrice)
+	ip.present = n > 0 || p.Has("quantity") || p.Has("quantity_decimal") || p.Has("pricing")
+	if hasPPrice {
+		price = pprice
+	}
+	switch {
+	case n != 1:
+		// No pricing, or more than one: Stripe refuses or picks one; keybrake does not guess.
+	case hasAmount:
+		ip.amount, ip.exact = amt, true
+	case hasPrice || hasPPrice:
+		if pr.quantity == 1 && pr.qtyExact {
+			ip.lookup = &Lookup{Path: "/v1/prices/" + price, Field: "unit_amount"}
+		}
+	default:
+		ip.amount, ip.exact = pr.amount, pr.known
+	}
+	return ip, nil
+}
+
+// invoiceItemCreate: see the catalogue documentation.
+func invoiceItemCreate(r *catRequest, c *Classification) error {
+	ip, err := invoiceItemAmount(r.params)
+	if err != nil {
+		return err
+	}
+	c.Currency = ip.currency
+	switch {
+	case ip.exact && ip.currency != "":
+		c.Amount, c.AmountKnown = ip.amount, true
+	case ip.lookup != nil:
+		c.Lookup = ip.lookup
+	default:
+		unknownAmount(c)
+	}
+	return nil
+}
+
+// invoiceItemUpdate: a change of amount, quantity or pricing is a new total; the
+// item keeps its currency unless the request names one.
+func invoiceItemUpdate(r *catRequest, c *Classification) error {
+	ip, err := invoiceItemAmount(r.params)
+	if err != nil {
+		return err
+	}
+	switch {
+	case !ip.present:
+		c.MovesMoney = false
+	case ip.exact:
+		c.Amount, c.AmountKnown, c.NewTotal, c.Currency = ip.amount, true, true, ip.currency
+		c.Lookup = &Lookup{Path: "/v1/invoiceitems/" + r.ids[0], Field: "amount"}
+	default:
+		c.Currency = ip.currency
+		unknownAmount(c)
+	}
+	return nil
+}
+
+// checkoutSessionCreate: see the catalogue documentation.
+func checkoutSessionCreate(r *catRequest, c *Classification) error {
+	p := r.params
+	mode, hasMode := p.Get("mode")
+	if p.IsContainer("mode") {
+		return formErr("parameter mode must be a single value")
+	}
+	cur, _, err := currencyParam(p, "currency")
+	if err != nil {
+		return err
+	}
+	items := p.Keys("line_items")
+	if p.Has("line_items") && items == nil {
+		return formErr("parameter line_items must be indexed (line_items[0][…])")
+	}
+	for _, k := range items {
+		if !isDigits(k) {
+			return formErr("parameter line_items[%s] is not indexed by a number", clipText(k))
+		}
+	}
+	if hasMode && mode == "setup" && !p.Has("line_items") {
+		c.MovesMoney = false
+		return nil
+	}
+	known := (!hasMode || mode == "payment") && len(items) > 0 &&
+		!p.Has("optional_items") && !isTrue(p, "automatic_tax[enabled]")
+	var total int64
+	for _, k := range items {
+		li := "line_items[" + k + "]"
+		pr, n, err := unitPricing(p, li, []string{"price_data[unit_amount]", "price_data[unit_amount_decimal]"})
+		if err != nil {
+			return err
+		}
+		if pr.currency != "" {
+			if cur != "" && cur != pr.currency {
+				return formErr("line item currencies differ (%q, %q)", cur, pr.currency)
+			}
+			cur = pr.currency
+		}
+		if n != 1 || !pr.known || p.Has(li+"[price]") || isTrue(p, li+"[adjustable_quantity][enabled]") ||
+			p.Has(li+"[tax_rates]") || p.Has(li+"[dynamic_tax_rates]") {
+			known = false
+			continue
+		}
+		if total, err = addMinor(total, pr.amount); err != nil {
+			return err
+		}
+	}
+	var shipping int64
+	for _, k := range p.Keys("shipping_options") {
+		so := "shipping_options[" + k + "][shipping_rate_data][fixed_amount]"
+		amt, ok, err := minorParam(p, so+"[amount]")
+		if err != nil {
+			return err
+		}
+		scur, _, err := currencyParam(p, so+"[currency]")
+		if err != nil {
+			return err
+		}
+		if scur != "" {
+			if cur != "" && cur != scur {
+				return formErr("shipping currency %q differs from %q", scur, cur)
+			}
+			cur = scur
+		}
+		if !ok || p.Has("shipping_options["+k+"][shipping_rate]") {
+			known = false
+			continue
+		}
+		shipping = max(shipping, amt)
+	}
+	if p.Has("shipping_options") && p.Keys("shipping_options") == nil {
+		known = false
+	}
+	if total, err = addMinor(total, shipping); err != nil {
+		return err
+	}
+	c.Currency = cur
+	if !known || cur == "" {
+		unknownAmount(c)
+		return nil
+	}
+	c.Amount, c.AmountKnown = total, true
+	return nil
+}
+
+// checkoutSessionUpdate: changing line items changes the amount in ways keybrake
+// does not compute; other updates move no money.
+func checkoutSessionUpdate(r *catRequest, c *Classification) error {
+	if r.params.Has("line_items") || r.params.Has("shipping_options") {
+		unknownAmount(c)
+		return nil
+	}
+	c.MovesMoney = false
+	return nil
+}
+
+func isTrue(p *Params, key string) bool {
+	v, _ := p.Get(key)
+	return v == "true"
+}
+
+// Operations returns the names of the catalogue's POST operations, sorted, each
+// once: what a policy's operation list can name besides "<resource>.read" and
+// "<resource>.delete".
+func Operations() []string {
+	seen := map[string]bool{}
+	var ops []string
+	for _, rt := range catalogue {
+		if !seen[rt.op] {
+			seen[rt.op] = true
+			ops = append(ops, rt.op)
+		}
+	}
+	slices.Sort(ops)
+	return ops
+}
+
+// Route describes one POST entry of the catalogue, for documentation and tests.
+type Route struct {
+	Method    string
+	Path      string // pattern, "{id}" for an id segment
+	Operation string
+	// MovesMoney is true when the entry can move money (a given request may still
+	// classify as moving none, e.g. a PaymentIntent update without amount).
+	MovesMoney bool
+	Direction  Direction
+}
+
+// Routes returns the catalogue's POST entries in table order.
+func Routes() []Route {
+	out := make([]Route, 0, len(catalogue))
+	for _, rt := range catalogue {
+		out = append(out, Route{
+			Method:     rt.method,
+			Path:       "/" + strings.Join(rt.segs, "/"),
+			Operation:  rt.op,
+			MovesMoney: rt.money != nil,
+			Direction:  rt.dir,
+		})
+	}
+	return out
+}

@@ -1,0 +1,262 @@
+package proxy
+
+import (
+	"crypto/rand"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/keybrake/keybrake/policy"
+)
+
+// Stripe error types used in refusals (the "type" member of a Stripe error body).
+const (
+	TypeInvalidRequest = "invalid_request_error"
+	TypeIdempotency    = "idempotency_error"
+	TypeAPI            = "api_error"
+)
+
+// Error codes of keybrake's own refusals (the "code" member of a Stripe error body).
+// The table in the package documentation says which status each one carries.
+const (
+	CodeVaultKeyInvalid     = "vault_key_invalid"
+	CodeVaultKeyRevoked     = "vault_key_revoked"
+	CodeVaultKeyExpired     = "vault_key_expired"
+	CodeVaultKeyNotYetValid = "vault_key_not_yet_valid"
+	CodeOperationNotAllowed = "operation_not_allowed"
+	CodeCustomerNotAllowed  = "customer_not_allowed"
+	CodeAccountNotAllowed   = "account_not_allowed"
+	CodeCurrencyNotAllowed  = "currency_not_allowed"
+	CodeAmountUnknown       = "amount_unknown"
+	CodeSpendCapExceeded    = "spend_cap_exceeded"
+	CodeRequestMalformed    = "request_malformed"
+	CodeRequestTooLarge     = "request_too_large"
+	CodeIdemKeyRequired     = "idempotency_key_required"
+	CodeIdemKeyInvalid      = "idempotency_key_invalid"
+	CodeIdemKeyReused       = "idempotency_key_reused"
+	CodeIdemKeyInUse        = "idempotency_key_in_use"
+	CodeIdemOutcomeUnknown  = "idempotency_key_outcome_unknown"
+	CodeUpstreamUnavailable = "upstream_unavailable"
+	CodeInternalError       = "internal_error"
+)
+
+// Headers the proxy reads or writes.
+const (
+	headerRequestID          = "Request-Id"
+	headerShouldRetry        = "Stripe-Should-Retry"
+	headerRetryAfter         = "Retry-After"
+	headerIdempotencyKey     = "Idempotency-Key"
+	headerIdempotentReplayed = "Idempotent-Replayed"
+	headerOriginalRequest    = "Original-Request"
+	headerStripeAccount      = "Stripe-Account"
+	headerStripeContext      = "Stripe-Context"
+	headerStripeVersion      = "Stripe-Version"
+	headerRemainingDaily     = "Keybrake-Remaining-Daily"
+	headerRemainingPeriod    = "Keybrake-Remaining-Period"
+)
+
+// refusal is a Stripe-shaped answer keybrake gives instead of forwarding (or when
+// Stripe cannot be reached). Every step of the pipeline returns one as an error;
+// writeStripeError is the one place that turns it into a response.
+type refusal struct {
+	Status     int
+	Type       string
+	Code       string
+	Message    string
+	Param      string
+	Retry      bool // Stripe-Should-Retry: true (else false)
+	RetryAfter int  // seconds; 0 writes no Retry-After
+	Detail     keybrakeDetail
+	cause      error // logged, never shown
+}
+
+// Error implements error.
+func (r *refusal) Error() string {
+	if r.cause != nil {
+		return fmt.Sprintf("%s: %s: %v", r.Code, r.Message, r.cause)
+	}
+	return r.Code + ": " + r.Message
+}
+
+// Unwrap returns the underlying cause, if any.
+func (r *refusal) Unwrap() error { return r.cause }
+
+// keybrakeDetail is the "keybrake" member of a refusal body. Money is a decimal
+// string in the major unit of Currency.
+type keybrakeDetail struct {
+	Reason    string     `json:"reason"`
+	Cap       string     `json:"cap,omitempty"`
+	Currency  string     `json:"currency,omitempty"`
+	Limit     string     `json:"limit,omitempty"`
+	Committed string     `json:"committed,omitempty"`
+	Held      string     `json:"held,omitempty"`
+	Requested string     `json:"requested,omitempty"`
+	Remaining string     `json:"remaining,omitempty"`
+	ResetAt   *time.Time `json:"reset_at,omitempty"`
+	Field     string     `json:"field,omitempty"`
+	Operation string     `json:"operation,omitempty"`
+	RequestID string     `json:"request_id"`
+}
+
+type errorBody struct {
+	Error errorObject `json:"error"`
+}
+
+type errorObject struct {
+	Type     string         `json:"type"`
+	Code     string         `json:"code"`
+	Message  string         `json:"message"`
+	Param    string         `json:"param,omitempty"`
+	Keybrake keybrakeDetail `json:"keybrake"`
+}
+
+// refuse builds a refusal with the status and type the error table gives code.
+func refuse(code, format string, args ...any) *refusal {
+	r := &refusal{Code: code, Message: fmt.Sprintf(format, args...)}
+	r.Status, r.Type, r.Retry = statusFor(code)
+	return r
+}
+
+// statusFor is the error table of the package documentation.
+func statusFor(code string) (status int, typ string, retry bool) {
+	switch code {
+	case CodeVaultKeyInvalid, CodeVaultKeyRevoked, CodeVaultKeyExpired:
+		return http.StatusUnauthorized, TypeInvalidRequest, false
+	case CodeVaultKeyNotYetValid, CodeOperationNotAllowed, CodeCustomerNotAllowed,
+		CodeAccountNotAllowed, CodeCurrencyNotAllowed, CodeAmountUnknown:
+		return http.StatusForbidden, TypeInvalidRequest, false
+	case CodeSpendCapExceeded:
+		return http.StatusPaymentRequired, TypeInvalidRequest, false
+	case CodeRequestMalformed:
+		return http.StatusBadRequest, TypeInvalidRequest, false
+	case CodeRequestTooLarge:
+		return http.StatusRequestEntityTooLarge, TypeInvalidRequest, false
+	case CodeIdemKeyRequired, CodeIdemKeyInvalid:
+		return http.StatusBadRequest, TypeIdempotency, false
+	case CodeIdemKeyReused:
+		return http.StatusUnprocessableEntity, TypeIdempotency, false
+	case CodeIdemKeyInUse:
+		return http.StatusConflict, TypeIdempotency, true
+	case CodeIdemOutcomeUnknown:
+		return http.StatusConflict, TypeIdempotency, false
+	case CodeUpstreamUnavailable:
+		return http.StatusBadGateway, TypeAPI, true
+	default:
+		return http.StatusInternalServerError, TypeAPI, false
+	}
+}
+
+// malformed is the 400 request_malformed refusal; cause is kept for the log.
+func malformed(cause error, format string, args ...any) *refusal {
+	r := refuse(CodeRequestMalformed, format, args...)
+	r.cause = cause
+	return r
+}
+
+// reasonRefusal turns a policy refusal reason into its refusal. A cap refusal
+// carries the window's figures as decimal strings of currency.
+func reasonRefusal(d policy.Decision, currency string) *refusal {
+	code := string(d.Reason)
+	if code == "" {
+		code = CodeOperationNotAllowed
+	}
+	msg := d.Message
+	if msg == "" {
+		msg = "The vault key's policy does not allow this request."
+	}
+	r := refuse(code, "%s", msg)
+	r.Detail.Reason = code
+	if d.Reason == policy.ReasonCapExceeded {
+		reset := d.ResetAt.UTC()
+		r.Detail.Cap = string(d.Cap)
+		r.Detail.Currency = currency
+		r.Detail.Limit = formatMinor(currency, d.Limit)
+		r.Detail.Committed = formatMinor(currency, d.Committed)
+		r.Detail.Held = formatMinor(currency, d.Held)
+		r.Detail.Requested = formatMinor(currency, d.Requested)
+		r.Detail.Remaining = formatMinor(currency, d.Remaining)
+		if !reset.IsZero() {
+			r.Detail.ResetAt = &reset
+		}
+		if d.Message == "" {
+			r.Message = fmt.Sprintf("This request would exceed the vault key's %s spend cap of %s %s (remaining %s %s, requested %s %s).",
+				d.Cap, r.Detail.Limit, currency, r.Detail.Remaining, currency, r.Detail.Requested, currency)
+		}
+	}
+	return r
+}
+
+// formatMinor renders minor units of currency as a decimal string; for a request
+// without currency (never metered) it renders the bare integer.
+func formatMinor(currency string, minor int64) string {
+	if currency == "" {
+		return strconv.FormatInt(minor, 10)
+	}
+	return policy.FormatMinor(currency, minor)
+}
+
+// internalError is the generic 500: its text never reaches the caller.
+func internalError(cause error) *refusal {
+	r := refuse(CodeInternalError, "An internal error occurred in keybrake.")
+	r.cause = cause
+	return r
+}
+
+// asRefusal maps any error of the pipeline to the refusal that answers it.
+func asRefusal(err error) *refusal {
+	var r *refusal
+	if errors.As(err, &r) {
+		return r
+	}
+	return internalError(err)
+}
+
+// writeStripeError is the one place where the proxy writes a refusal: a Stripe
+// error body, Content-Type application/json, a keybrake Request-Id and
+// Stripe-Should-Retry. It returns the refusal it wrote (for the log line).
+func writeStripeError(w http.ResponseWriter, requestID string, err error) *refusal {
+	r := asRefusal(err)
+	if r.Detail.Reason == "" {
+		r.Detail.Reason = r.Code
+	}
+	r.Detail.RequestID = requestID
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set(headerRequestID, requestID)
+	h.Set(headerShouldRetry, strconv.FormatBool(r.Retry))
+	if r.RetryAfter > 0 {
+		h.Set(headerRetryAfter, strconv.Itoa(r.RetryAfter))
+	}
+	h.Del("Content-Length")
+	body, mErr := json.Marshal(errorBody{Error: errorObject{
+		Type:     r.Type,
+		Code:     r.Code,
+		Message:  r.Message,
+		Param:    r.Param,
+		Keybrake: r.Detail,
+	}})
+	if mErr != nil {
+		// Marshalling plain strings cannot fail; keep a valid body regardless.
+		body = []byte(`{"error":{"type":"api_error","code":"internal_error","message":"internal error"}}`)
+	}
+	h.Set("Content-Length", strconv.Itoa(len(body)+1))
+	w.WriteHeader(r.Status)
+	_, _ = w.Write(append(body, '\n'))
+	return r
+}
+
+// newRequestID returns a keybrake request id, "req_kb_" and 20 base62 characters.
+func newRequestID() string {
+	const alphabet = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+	var b [20]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never returns an error
+	out := make([]byte, 0, 7+len(b))
+	out = append(out, "req_kb_"...)
+	for _, c := range b {
+		out = append(out, alphabet[int(c)%len(alphabet)])
+	}
+	return string(out)
+}

@@ -1,0 +1,724 @@
+package proxy
+
+import (
+	"context"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"mime"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/keybrake/keybrake/policy"
+	"github.com/keybrake/keybrake/vault"
+)
+
+// Log attribute keys of the canonical line.
+const (
+	logRequestID       = "request_id"
+	logStripeRequestID = "stripe_request_id"
+	logKeyID           = "key_id"
+	logMethod          = "method"
+	logPath            = "path"
+	logOperation       = "operation"
+	logAmount          = "amount"
+	logCurrency        = "currency"
+	logDecision        = "decision"
+	logReason          = "reason"
+	logIdempotency     = "idempotency"
+	logUpstreamStatus  = "upstream_status"
+	logStatus          = "status"
+	logDuration        = "duration"
+	logError           = "error"
+)
+
+// Decisions of the canonical log line.
+const (
+	decisionAllowed     = "allowed"
+	decisionWouldRefuse = "would_refuse"
+	decisionRefused     = "refused"
+	decisionReplayed    = "replayed"
+	decisionResumed     = "resumed"
+)
+
+// call is the state of one request through the pipeline. It travels from
+// ServeHTTP to Rewrite, ModifyResponse and ErrorHandler in the request context;
+// ReverseProxy runs those in the ServeHTTP goroutine, so no lock is needed.
+type call struct {
+	start     time.Time
+	requestID string
+	method    string
+
+	// read from the request
+	path          string // exact escaped path the client sent
+	rawQuery      string // GET only
+	body          []byte
+	contentType   string
+	stripeVersion string
+	account       string // validated Stripe-Account
+	stripeContext string // validated Stripe-Context
+	params        *Params
+	cls           Classification
+
+	key    vault.Key
+	secret string
+
+	// metering
+	metered   bool
+	amount    int64 // the hold (minor units)
+	currency  string
+	base      int64  // already metered for the object through this key
+	reportKey string // field of a 2xx answer that reports the amount that moved
+
+	// idempotency
+	idemKey     string // effective key (caller's or derived); "" when nothing is recorded
+	record      bool   // a record is claimed: Settle after forwarding
+	upstreamKey string
+	idemOutcome string
+	replay      *vault.IdempotencyRecord
+	settled     bool
+
+	// outcome, for the log line
+	decision        string
+	reason          string
+	status          int
+	upstreamStatus  int
+	stripeRequestID string
+	err             error
+}
+
+type callKey struct{}
+
+func withCall(ctx context.Context, c *call) context.Context {
+	return context.WithValue(ctx, callKey{}, c)
+}
+
+func callFrom(ctx context.Context) *call {
+	c, _ := ctx.Value(callKey{}).(*call)
+	return c
+}
+
+// prepare runs every step up to the forwarding decision: it returns a refusal, or
+// leaves c ready to forward (or with c.replay set).
+func (p *Proxy) prepare(ctx context.Context, w http.ResponseWriter, r *http.Request, c *call) error {
+	if err := p.authenticate(ctx, r, c); err != nil {
+		return err
+	}
+	if err := p.readRequest(w, r, c); err != nil {
+		return err
+	}
+	if err := p.authorise(c); err != nil {
+		return err
+	}
+	secret, err := p.upstreamSecret(ctx, c.key.Upstream)
+	if err != nil {
+		return internalError(fmt.Errorf("upstream secret %q: %w", c.key.Upstream, err))
+	}
+	c.secret = secret
+	c.metered = c.cls.MovesMoney
+	// The idempotency key is checked before any amount lookup, so that a request
+	// refused for its key costs Stripe nothing.
+	if err := p.idempotency(r, c); err != nil {
+		return err
+	}
+	if c.metered {
+		if err := p.resolveAmount(ctx, c); err != nil {
+			return err
+		}
+	}
+	if c.idemKey == "" {
+		if c.decision == "" {
+			c.decision = decisionAllowed
+		}
+		return nil
+	}
+	return p.reserve(ctx, c)
+}
+
+// ---- 1. authentication ----
+
+func (p *Proxy) authenticate(ctx context.Context, r *http.Request, c *call) error {
+	token, err := vaultToken(r.Header)
+	if err != nil {
+		return err
+	}
+	key, err := p.store.Authenticate(ctx, token)
+	switch {
+	case errors.Is(err, vault.ErrKeyRevoked):
+		return refuse(CodeVaultKeyRevoked, "This vault key has been revoked.")
+	case errors.Is(err, vault.ErrKeyInvalid), errors.Is(err, vault.ErrNotFound):
+		return refuse(CodeVaultKeyInvalid, "Invalid vault key provided.")
+	case err != nil:
+		return internalError(fmt.Errorf("authenticate: %w", err))
+	}
+	c.key = key
+	now := p.now()
+	if key.StatusAt(now) == vault.KeyExpired {
+		return refuse(CodeVaultKeyExpired, "This vault key expired at %s.", key.Policy.ExpiresAt.UTC().Format(time.RFC3339))
+	}
+	if now.Before(key.Policy.PeriodStart) {
+		return refuse(CodeVaultKeyNotYetValid, "This vault key is valid from %s.", key.Policy.PeriodStart.UTC().Format(time.RFC3339))
+	}
+	return nil
+}
+
+// vaultToken reads the vault key from "Authorization: Bearer <token>" or from the
+// username of HTTP Basic (the password is ignored).
+func vaultToken(h http.Header) (string, error) {
+	vals := h.Values("Authorization")
+	if len(vals) == 0 || vals[0] == "" {
+		return "", refuse(CodeVaultKeyInvalid, "You did not provide a vault key. Use it as the API key of your Stripe client (Authorization: Bearer vk_…).")
+	}
+	if len(vals) > 1 {
+		return "", refuse(CodeVaultKeyInvalid, "More than one Authorization header.")
+	}
+	scheme, cred, _ := strings.Cut(strings.TrimSpace(vals[0]), " ")
+	cred = strings.TrimSpace(cred)
+	switch strings.ToLower(scheme) {
+	case "bearer":
+		if cred != "" {
+			return cred, nil
+		}
+	case "basic":
+		raw, err := base64.StdEncoding.DecodeString(cred)
+		if err == nil {
+			user, _, _ := strings.Cut(string(raw), ":")
+			if user != "" {
+				return user, nil
+			}
+		}
+	}
+	return "", refuse(CodeVaultKeyInvalid, "Invalid Authorization header: use Bearer with the vault key, or Basic with the vault key as the username.")
+}
+
+// ---- 2. reading the request ----
+
+func (p *Proxy) readRequest(w http.ResponseWriter, r *http.Request, c *call) error {
+	switch r.Method {
+	case http.MethodGet, http.MethodPost, http.MethodDelete:
+	default:
+		// Not a Stripe API method: an unknown write, refused whatever the policy says.
+		return refuse(CodeOperationNotAllowed, "Method %s is not part of the Stripe API.", clip(r.Method))
+	}
+	if err := checkHeaders(r.Header); err != nil {
+		return err
+	}
+	// Method overrides change the method a framework sees; Stripe's own handling
+	// of them is unknown, so they are refused.
+	for _, h := range [...]string{"X-Http-Method-Override", "X-Http-Method", "X-Method-Override"} {
+		if _, ok := r.Header[h]; ok {
+			return malformed(nil, "The %s header is not allowed.", h)
+		}
+	}
+	if _, ok := r.Header["Upgrade"]; ok {
+		return malformed(nil, "Protocol upgrades are not allowed.")
+	}
+	target := r.RequestURI
+	if target == "" {
+		target = r.URL.RequestURI()
+	}
+	if !strings.HasPrefix(target, "/") || strings.ContainsAny(target, "#") {
+		return malformed(nil, "The request target must be a path.")
+	}
+	path, query, hasQuery := strings.Cut(target, "?")
+	c.path = path
+	if hasQuery && r.Method != http.MethodGet {
+		return malformed(nil, "A %s request may not carry query parameters: send them in the body.", r.Method)
+	}
+	if err := checkContentEncoding(r.Header); err != nil {
+		return err
+	}
+	if v := r.Header.Values(headerStripeVersion); len(v) > 1 {
+		return malformed(nil, "More than one Stripe-Version header.")
+	} else if len(v) == 1 {
+		c.stripeVersion = v[0]
+	}
+	var err error
+	if c.account, err = singleHeader(r.Header, headerStripeAccount); err != nil {
+		return err
+	}
+	if c.stripeContext, err = singleHeader(r.Header, headerStripeContext); err != nil {
+		return err
+	}
+
+	if r.ContentLength > p.maxBody {
+		return refuse(CodeRequestTooLarge, "The request body is larger than %d bytes.", p.maxBody)
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, p.maxBody))
+	if err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			return refuse(CodeRequestTooLarge, "The request body is larger than %d bytes.", p.maxBody)
+		}
+		return malformed(err, "The request body could not be read.")
+	}
+	c.body = body
+
+	var params *Params
+	switch r.Method {
+	case http.MethodGet, http.MethodDelete:
+		if len(body) > 0 {
+			return malformed(nil, "A %s request may not carry a body.", r.Method)
+		}
+		if hasQuery {
+			c.rawQuery = query
+			q, err := ParseForm([]byte(query))
+			if err != nil {
+				return malformed(err, "The query string cannot be read unambiguously: %s.", errText(err))
+			}
+			c.params = q
+		}
+	case http.MethodPost:
+		ct, err := singleHeader(r.Header, "Content-Type")
+		if err != nil {
+			return err
+		}
+		c.contentType = ct
+		v2 := strings.HasPrefix(path, "/v2/")
+		if len(body) > 0 || ct != "" {
+			if err := checkContentType(ct, v2); err != nil {
+				return err
+			}
+		} else if !v2 {
+			// An empty POST (curl -X POST) goes on with the form type Stripe expects.
+			c.contentType = "application/x-www-form-urlencoded"
+		}
+		if v2 {
+			params, err = ParseJSON(body)
+		} else {
+			params, err = ParseForm(body)
+		}
+		if err != nil {
+			return malformed(err, "The request body cannot be read unambiguously: %s.", errText(err))
+		}
+		c.params = params
+	}
+	cls, err := Classify(r.Method, path, params)
+	if err != nil {
+		return malformed(err, "The request cannot be read unambiguously: %s.", errText(err))
+	}
+	c.cls = cls
+	return nil
+}
+
+// checkHeaders refuses header names that are not HTTP tokens and values with
+// control characters. net/http's server already refuses them; this keeps the
+// handler safe when it is mounted behind something more lenient, because the
+// upstream transport would fail on them only after the hold was placed.
+func checkHeaders(h http.Header) error {
+	for name, vals := range h {
+		if name == "" {
+			return malformed(nil, "An empty header name is not allowed.")
+		}
+		for i := 0; i < len(name); i++ {
+			if !isTokenChar(name[i]) {
+				return malformed(nil, "Header name %q is not allowed.", clip(name))
+			}
+		}
+		for _, v := range vals {
+			for i := 0; i < len(v); i++ {
+				if c := v[i]; (c < 0x20 && c != '\t') || c == 0x7f {
+					return malformed(nil, "The value of header %q holds a control character.", clip(name))
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// isTokenChar reports whether c may appear in an RFC 9110 token.
+func isTokenChar(c byte) bool {
+	switch {
+	case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9':
+		return true
+	}
+	return strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0
+}
+
+func checkContentEncoding(h http.Header) error {
+	for _, v := range h.Values("Content-Encoding") {
+		for part := range strings.SplitSeq(v, ",") {
+			if e := strings.TrimSpace(part); e != "" && !strings.EqualFold(e, "identity") {
+				return malformed(nil, "Content-Encoding %q is not allowed: send the body uncompressed.", clip(e))
+			}
+		}
+	}
+	return nil
+}
+
+func checkContentType(ct string, v2 bool) error {
+	want := "application/x-www-form-urlencoded"
+	if v2 {
+		want = "application/json"
+	}
+	mt, params, err := mime.ParseMediaType(ct)
+	if err != nil || mt != want {
+		return malformed(err, "Content-Type must be %s.", want)
+	}
+	for k, v := range params {
+		if k != "charset" || !strings.EqualFold(v, "utf-8") {
+			return malformed(nil, "Content-Type parameter %q is not allowed.", clip(k))
+		}
+	}
+	return nil
+}
+
+func singleHeader(h http.Header, name string) (string, error) {
+	vals := h.Values(name)
+	switch len(vals) {
+	case 0:
+		return "", nil
+	case 1:
+		return strings.TrimSpace(vals[0]), nil
+	default:
+		return "", malformed(nil, "More than one %s header.", name)
+	}
+}
+
+// ---- 3. authorisation ----
+
+// authorise checks the operation, customer and accounts with amount 0; caps are
+// checked by Store.Reserve inside its write transaction.
+func (p *Proxy) authorise(c *call) error {
+	pol := &c.key.Policy
+	if !c.cls.Known && c.method != http.MethodGet {
+		return reasonRefusal(policy.Decision{Reason: policy.ReasonOperationNotAllowed,
+			Message: "This endpoint is not in keybrake's catalogue: only reads of unknown endpoints can pass."}, "")
+	}
+	if c.cls.MovesMoney && c.method != http.MethodPost {
+		return malformed(nil, "A %s request that moves money cannot be metered.", c.method)
+	}
+	d := policy.Decide(pol, nil, c.policyRequest(0, ""), p.now())
+	if !d.Allowed {
+		return reasonRefusal(d, "")
+	}
+	if d.WouldRefuse {
+		c.decision, c.reason = decisionWouldRefuse, string(d.Reason)
+	}
+	if c.stripeContext != "" && !pol.AllowsAccount(c.stripeContext) {
+		return reasonRefusal(policy.Decision{Reason: policy.ReasonAccountNotAllowed,
+			Message: "The Stripe-Context account is not allowed for this vault key."}, "")
+	}
+	return nil
+}
+
+// policyRequest is the policy.Request of this call for amount in currency.
+func (c *call) policyRequest(amount int64, currency string) policy.Request {
+	customer := c.cls.Customer
+	if customer == "" && c.method == http.MethodGet && c.params != nil {
+		// A list filtered by customer (GET /v1/charges?customer=cus_…) touches it.
+		customer, _ = c.params.Get("customer")
+	}
+	return policy.Request{
+		Operation: c.cls.Operation,
+		Amount:    amount,
+		Currency:  currency,
+		Customer:  customer,
+		Account:   c.account,
+	}
+}
+
+// ---- 4. amounts ----
+
+// meteredAgainstObject says whether op acts on an object whose amount may already
+// be metered through the key (by its creation or an earlier raise), and which
+// field of Stripe's 2xx answer reports the amount that really moved.
+func meteredAgainstObject(op string) (reportField string, ok bool) {
+	switch op {
+	case "payment_intents.confirm":
+		return "", true
+	case "payment_intents.capture":
+		return "amount_received", true
+	case "charges.capture":
+		return "amount_captured", true
+	}
+	return "", false
+}
+
+func (p *Proxy) resolveAmount(ctx context.Context, c *call) error {
+	cls := c.cls
+	amount, currency := cls.Amount, cls.Currency
+	var looked *lookupResult
+	lookup := func() error {
+		if looked != nil {
+			return nil
+		}
+		if cls.Lookup == nil {
+			return refuse(CodeAmountUnknown, "The amount of this %s request cannot be known before it reaches Stripe.", cls.Operation)
+		}
+		res, err := p.lookup(ctx, c, *cls.Lookup)
+		if err != nil {
+			rf := refuse(CodeAmountUnknown, "The amount of this %s request could not be read from Stripe.", cls.Operation)
+			rf.cause = err
+			return rf
+		}
+		looked = &res
+		return nil
+	}
+	reportKey, againstObject := meteredAgainstObject(cls.Operation)
+	var base int64
+	var baseKnown bool
+	if (againstObject || cls.NewTotal) && cls.ObjectID != "" {
+		m, ok, err := p.store.ObjectAmount(ctx, c.key.ID, cls.ObjectID)
+		if err != nil {
+			return internalError(fmt.Errorf("object amount %s: %w", cls.ObjectID, err))
+		}
+		base, baseKnown = m, ok
+	}
+	switch {
+	case cls.AmountKnown && cls.NewTotal:
+		if !baseKnown || currency == "" {
+			if err := lookup(); err != nil {
+				return err
+			}
+			if !baseKnown {
+				base = looked.amount
+			}
+		}
+	case cls.AmountKnown:
+		if currency == "" {
+			if err := lookup(); err != nil {
+				return err
+			}
+		}
+	default:
+		if err := lookup(); err != nil {
+			return err
+		}
+		amount = looked.amount
+	}
+	if currency == "" {
+		if looked == nil || looked.currency == "" {
+			return refuse(CodeAmountUnknown, "The currency of this %s request cannot be known.", cls.Operation)
+		}
+		currency = looked.currency
+	}
+	if againstObject || cls.NewTotal {
+		c.base = base
+		amount = max(0, amount-base)
+	}
+	c.amount, c.currency, c.reportKey = amount, currency, reportKey
+	return nil
+}
+
+// ---- 5. idempotency and reserve ----
+
+func (p *Proxy) idempotency(r *http.Request, c *call) error {
+	if c.method != http.MethodPost {
+		return nil
+	}
+	callerKey, present, perr := ParseIdempotencyKey(r.Header)
+	pol := &c.key.Policy
+	if c.metered && pol.Idempotency.Mode == policy.IdempotencyDerive {
+		k, err := DeriveIdempotencyKey(c.cls.Operation, pol.Idempotency.Fields, c.params.Get)
+		if err != nil {
+			var missing *MissingFieldError
+			if !errors.As(err, &missing) {
+				return internalError(fmt.Errorf("derive idempotency key: %w", err))
+			}
+			rf := refuse(CodeIdemKeyRequired, "This vault key derives idempotency keys from the request: the parameter %q is required.", missing.Field)
+			rf.Param, rf.Detail.Field = missing.Field, missing.Field
+			return rf
+		}
+		c.idemKey, c.idemOutcome = k, "derived"
+	} else if present || c.metered {
+		if perr != nil {
+			rf := refuse(CodeIdemKeyInvalid, "The Idempotency-Key must be 1 to %d printable characters, bare or as a quoted string.", MaxIdempotencyKeyLen)
+			rf.cause = perr
+			return rf
+		}
+		if !present {
+			return refuse(CodeIdemKeyRequired, "An Idempotency-Key header is required on requests that move money.")
+		}
+		c.idemKey = callerKey
+	}
+	return nil
+}
+
+func (p *Proxy) reserve(ctx context.Context, c *call) error {
+	fp := Fingerprint(c.method, c.path, c.account, c.stripeContext, c.params.Canonical())
+	req := vault.ReserveRequest{
+		KeyID:          c.key.ID,
+		IdempotencyKey: c.idemKey,
+		Fingerprint:    fp,
+		Request:        c.policyRequest(c.amount, c.currency),
+		Metered:        c.metered,
+	}
+	if !c.metered {
+		req.Request.Amount, req.Request.Currency = 0, ""
+	}
+	res, err := p.store.Reserve(ctx, req)
+	switch {
+	case errors.Is(err, vault.ErrKeyRevoked):
+		return refuse(CodeVaultKeyRevoked, "This vault key has been revoked.")
+	case err != nil:
+		return internalError(fmt.Errorf("reserve: %w", err))
+	}
+	switch res.Outcome {
+	case vault.Claimed:
+		c.idemOutcome = "claimed"
+		c.record, c.upstreamKey = true, res.Record.UpstreamKey
+		c.decision = decisionAllowed
+		if res.Decision.WouldRefuse {
+			c.decision, c.reason = decisionWouldRefuse, string(res.Decision.Reason)
+		}
+		if res.Hold != nil {
+			c.amount = res.Hold.Amount
+		}
+		return nil
+	case vault.Resume:
+		c.idemOutcome = "resume"
+		c.record, c.upstreamKey = true, res.Record.UpstreamKey
+		c.decision = decisionResumed
+		if res.Hold != nil {
+			c.amount = res.Hold.Amount
+		}
+		return nil
+	case vault.Replay:
+		c.idemOutcome = "replay"
+		if res.Record.Response == nil {
+			return internalError(fmt.Errorf("replay of %s: no stored response", res.Record.IdempotencyKey))
+		}
+		rec := res.Record
+		c.replay = &rec
+		c.decision = decisionReplayed
+		return nil
+	case vault.InFlight:
+		c.idemOutcome = "in_flight"
+		rf := refuse(CodeIdemKeyInUse, "There is currently another in-progress request using this idempotency key. Retry later.")
+		rf.RetryAfter = 1
+		return rf
+	case vault.Mismatch:
+		c.idemOutcome = "mismatch"
+		return refuse(CodeIdemKeyReused, "This idempotency key was already used with a different request.")
+	case vault.Stale:
+		c.idemOutcome = "stale"
+		return refuse(CodeIdemOutcomeUnknown,
+			"The outcome of the first request with this idempotency key is unknown and too old to retry safely; an operator must resolve it.")
+	case vault.Refused:
+		c.idemOutcome = "refused"
+		cur := c.currency
+		if cur == "" {
+			cur = c.key.Policy.Currency
+		}
+		return reasonRefusal(res.Decision, cur)
+	default:
+		return internalError(fmt.Errorf("reserve: unexpected outcome %d", res.Outcome))
+	}
+}
+
+// ---- answers written by keybrake ----
+
+func (p *Proxy) writeRefusal(w http.ResponseWriter, c *call, err error) {
+	rf := writeStripeError(w, c.requestID, err)
+	c.status, c.reason = rf.Status, rf.Code
+	if c.decision != decisionReplayed {
+		c.decision = decisionRefused
+	}
+	if rf.Status >= 500 {
+		c.err = err
+	} else if rf.cause != nil {
+		c.err = rf.cause
+	}
+}
+
+// writeReplay answers with the stored response of a completed record.
+func (p *Proxy) writeReplay(ctx context.Context, w http.ResponseWriter, c *call) {
+	resp := c.replay.Response
+	h := w.Header()
+	for k, vs := range resp.Header {
+		h[k] = append([]string(nil), vs...)
+	}
+	h.Set(headerRequestID, c.requestID)
+	h.Set(headerIdempotentReplayed, "true")
+	if c.replay.RequestID != "" {
+		h.Set(headerOriginalRequest, c.replay.RequestID)
+	}
+	if c.idemKey != "" {
+		h.Set(headerIdempotencyKey, c.idemKey)
+	}
+	if resp.Status >= 200 && resp.Status < 300 {
+		p.setRemaining(ctx, h, c)
+	}
+	h.Set("Content-Length", strconv.Itoa(len(resp.Body)))
+	c.status, c.stripeRequestID = resp.Status, c.replay.RequestID
+	w.WriteHeader(resp.Status)
+	_, _ = w.Write(resp.Body)
+}
+
+// setRemaining sets Keybrake-Remaining-Daily / -Period from the key's current
+// usage: what is left of each capped window after every commit and hold.
+func (p *Proxy) setRemaining(ctx context.Context, h http.Header, c *call) {
+	key, windows, usage, err := p.store.KeyUsage(ctx, c.key.ID)
+	if err != nil {
+		p.log.LogAttrs(ctx, slog.LevelWarn, "remaining budget unavailable",
+			slog.String(logRequestID, c.requestID), slog.String(logKeyID, c.key.ID), slog.Any(logError, err))
+		return
+	}
+	for _, win := range windows {
+		if !win.HasCap {
+			continue
+		}
+		cnt := usage[win.ID]
+		rem := max(0, win.Cap-cnt.Committed-cnt.Held)
+		v := policy.FormatMinor(key.Policy.Currency, rem)
+		switch win.Kind {
+		case policy.WindowDaily:
+			h.Set(headerRemainingDaily, v)
+		case policy.WindowPeriod:
+			h.Set(headerRemainingPeriod, v)
+		}
+	}
+}
+
+// logCall writes the canonical line: 5xx at Error, 4xx at Warn, else Info. It
+// never logs the token, the secret, the idempotency key or a body.
+func (p *Proxy) logCall(c *call) {
+	level := slog.LevelInfo
+	switch {
+	case c.status >= 500 || c.status == 0:
+		level = slog.LevelError
+	case c.status >= 400:
+		level = slog.LevelWarn
+	}
+	attrs := []slog.Attr{
+		slog.String(logRequestID, c.requestID),
+		slog.String(logMethod, c.method),
+		slog.String(logPath, clip(c.path)),
+		slog.String(logKeyID, c.key.ID),
+		slog.String(logOperation, c.cls.Operation),
+		slog.Int64(logAmount, c.amount),
+		slog.String(logCurrency, c.currency),
+		slog.String(logDecision, c.decision),
+		slog.String(logReason, c.reason),
+		slog.String(logIdempotency, c.idemOutcome),
+		slog.Int(logUpstreamStatus, c.upstreamStatus),
+		slog.Int(logStatus, c.status),
+		slog.Duration(logDuration, p.now().Sub(c.start)),
+	}
+	if c.stripeRequestID != "" {
+		attrs = append(attrs, slog.String(logStripeRequestID, c.stripeRequestID))
+	}
+	if c.err != nil {
+		attrs = append(attrs, slog.String(logError, c.err.Error()))
+	}
+	p.log.LogAttrs(context.Background(), level, "stripe request", attrs...)
+}
+
+// errText is the text of a parse error without the ErrMalformed suffix.
+func errText(err error) string {
+	return strings.TrimSuffix(err.Error(), ": "+ErrMalformed.Error())
+}
+
+// clip shortens caller-supplied text for messages and logs.
+func clip(s string) string {
+	const n = 200
+	if len(s) > n {
+		return s[:n] + "…"
+	}
+	return s
+}

@@ -1,0 +1,997 @@
+// Package proxytest holds test doubles for keybrake's Stripe proxy: a stateful fake
+// Stripe with failure injection (FakeStripe) and a stripe-mock runner. They are
+// exported so that tests of other packages (api, cmd/keybrake) can use them.
+package proxytest
+
+import (
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// FailMode is a way the fake Stripe misbehaves for a request that it executes.
+type FailMode int
+
+// Failure modes. The "AfterCreate" modes run the request first — the object
+// exists and the result is saved under the request's idempotency key, as Stripe
+// does — and only then misbehave.
+const (
+	// FailAfterCreate500 answers 500 api_error instead of the result; like Stripe, it
+	// saves that 500 under the idempotency key and replays it.
+	FailAfterCreate500 FailMode = iota + 1
+	// FailAfterCreateReset closes the connection (TCP reset) without any answer. The
+	// real result is saved under the idempotency key.
+	FailAfterCreateReset
+	// FailAfterCreateDelay holds the answer for the fail delay (SetFailDelay, default
+	// 30 s) or until the client goes away. The idempotency key stays in flight (409)
+	// until then; afterwards the saved result replays.
+	FailAfterCreateDelay
+	// FailBefore429 answers 429 rate_limit without executing; nothing is saved.
+	FailBefore429
+	// FailBefore500 answers 500 without executing anything (no object is created);
+	// nothing is saved under the idempotency key.
+	FailBefore500
+)
+
+// String names the mode.
+func (m FailMode) String() string {
+	switch m {
+	case FailAfterCreate500:
+		return "after_create_500"
+	case FailAfterCreateReset:
+		return "after_create_reset"
+	case FailAfterCreateDelay:
+		return "after_create_delay"
+	case FailBefore429:
+		return "before_429"
+	case FailBefore500:
+		return "before_500"
+	default:
+		return "fail_" + strconv.Itoa(int(m))
+	}
+}
+
+// Request is what the fake Stripe saw of one request.
+type Request struct {
+	Method         string
+	Path           string // the escaped path exactly as received
+	RawQuery       string
+	Header         http.Header
+	Body           []byte
+	Params         url.Values // form body (POST) or query (GET/DELETE)
+	IdempotencyKey string
+	Authorized     bool
+	Replayed       bool   // answered from the idempotency store
+	Failure        string // the failure injected, if any
+}
+
+// Charge is a charge the fake created.
+type Charge struct {
+	ID             string
+	Amount         int64
+	AmountCaptured int64
+	AmountRefunded int64
+	Currency       string
+	Customer       string
+	Captured       bool
+	PaymentIntent  string
+	IdempotencyKey string
+}
+
+// PaymentIntent is a PaymentIntent the fake created.
+type PaymentIntent struct {
+	ID               string
+	Amount           int64
+	AmountCapturable int64
+	AmountReceived   int64
+	Currency         string
+	Customer         string
+	Status           string
+	CaptureMethod    string
+	LatestCharge     string
+	IdempotencyKey   string
+}
+
+// Refund is a refund the fake created.
+type Refund struct {
+	ID       string
+	Amount   int64
+	Currency string
+	Charge   string
+}
+
+type failRule struct {
+	mode  FailMode
+	left  int // < 0: unlimited
+	match func(Request) bool
+}
+
+type idemEntry struct {
+	fingerprint string
+	done        bool
+	status      int
+	body        []byte
+	requestID   string
+}
+
+// FakeStripe is a stateful fake of the Stripe API on an httptest.Server bound to
+// 127.0.0.1. It keeps charges, PaymentIntents, refunds and customers; checks the
+// Bearer (or Basic) secret; honours Idempotency-Key like Stripe (same key and
+// parameters: replay of the first answer, 500s included, with Idempotent-Replayed
+// and Original-Request; different parameters: 400 idempotency_error; while the
+// first is executing: 409 idempotency_key_in_use); counts every request; and
+// injects failures (FailNext, FailWhen). It is safe for concurrent use.
+type FakeStripe struct {
+	// URL is the base URL ("http://127.0.0.1:port").
+	URL string
+	// Secret is the API key it accepts.
+	Secret string
+
+	srv *httptest.Server
+
+	mu        sync.Mutex
+	idle      *sync.Cond
+	executing int
+	seq       int
+	requests  []Request
+	rules     []*failRule
+	hook      func(Request)
+	failDelay time.Duration
+	idem      map[string]*idemEntry
+	charges   []*Charge
+	pis       []*PaymentIntent
+	refunds   []*Refund
+	customers map[string]map[string]any
+	moved     map[string]int64
+}
+
+// NewFakeStripe starts a fake Stripe that accepts secret and stops it in tb.Cleanup.
+func NewFakeStripe(tb testing.TB, secret string) *FakeStripe {
+	tb.Helper()
+	f := &FakeStripe{
+		Secret:    secret,
+		failDelay: 30 * time.Second,
+		idem:      map[string]*idemEntry{},
+		customers: map[string]map[string]any{},
+		moved:     map[string]int64{},
+	}
+	f.idle = sync.NewCond(&f.mu)
+	f.srv = httptest.NewUnstartedServer(http.HandlerFunc(f.serve))
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatalf("fake stripe: listen: %v", err)
+	}
+	f.srv.Listener = ln
+	f.srv.Start()
+	f.URL = f.srv.URL
+	tb.Cleanup(f.Close)
+	return f
+}
+
+// Close stops the server (idempotent).
+func (f *FakeStripe) Close() {
+	f.srv.CloseClientConnections()
+	f.srv.Close()
+}
+
+// FailNext makes the next n executed requests (POSTs that run, not replays) fail
+// with mode.
+func (f *FakeStripe) FailNext(mode FailMode, n int) {
+	f.FailWhen(mode, n, nil)
+}
+
+// FailWhen makes the next n executed requests for which match returns true fail
+// with mode (n < 0: every one). A nil match matches every POST.
+func (f *FakeStripe) FailWhen(mode FailMode, n int, match func(Request) bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.rules = append(f.rules, &failRule{mode: mode, left: n, match: match})
+}
+
+// ClearFailures removes every pending failure rule.
+func (f *FakeStripe) ClearFailures() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.rules = nil
+}
+
+// SetHook makes the fake call fn with every request it receives, before it
+// answers, outside its lock (nil removes the hook). Tests use it to act at a
+// precise point, e.g. while keybrake waits for the answer.
+func (f *FakeStripe) SetHook(fn func(Request)) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.hook = fn
+}
+
+// SetFailDelay sets how long FailAfterCreateDelay holds its answer.
+func (f *FakeStripe) SetFailDelay(d time.Duration) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.failDelay = d
+}
+
+// WaitIdle blocks until no request is executing at the fake (e.g. a delayed answer
+// whose client went away has finished and saved its result). It fails tb after a
+// generous guard of 30 s so a bug cannot hang the test run.
+func (f *FakeStripe) WaitIdle(tb testing.TB) {
+	tb.Helper()
+	done := make(chan struct{})
+	go func() {
+		f.mu.Lock()
+		for f.executing > 0 {
+			f.idle.Wait()
+		}
+		f.mu.Unlock()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		tb.Fatalf("fake stripe: requests still executing after 30s")
+	}
+}
+
+// Count returns how many requests reached the fake (authorised or not, replays included).
+func (f *FakeStripe) Count() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.requests)
+}
+
+// CountWhere returns how many requests that reached the fake match.
+func (f *FakeStripe) CountWhere(match func(Request) bool) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	n := 0
+	for _, r := range f.requests {
+		if match(r) {
+			n++
+		}
+	}
+	return n
+}
+
+// Requests returns a copy of every request that reached the fake, in arrival order.
+func (f *FakeStripe) Requests() []Request {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.requests)
+}
+
+// RequestsFrom returns a copy of the requests from index i on (Requests()[i:]),
+// so a long-running caller can read only what is new.
+func (f *FakeStripe) RequestsFrom(i int) []Request {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if i >= len(f.requests) {
+		return nil
+	}
+	return slices.Clone(f.requests[max(0, i):])
+}
+
+// Charges returns copies of the charges created, in creation order.
+func (f *FakeStripe) Charges() []Charge {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	out := make([]Charge, len(f.charges))
+	for i, c := range f.charges {
+		out[i] = *c
+	}
+	return out
+}
+
+// PaymentIntents returns copies of the PaymentIntents created, in creation order.
+func (f *FakeStripe) PaymentIntents() []PaymentIntent {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	out := make([]PaymentIntent, len(f.pis))
+	for i, p := range f.pis {
+		out[i] = *p
+	}
+	return out
+}
+
+// Refunds returns copies of the refunds created, in creation order.
+func (f *FakeStripe) Refunds() []Refund {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	out := make([]Refund, len(f.refunds))
+	for i, r := range f.refunds {
+		out[i] = *r
+	}
+	return out
+}
+
+// TotalCharged returns the sum of the amounts of every charge created in currency
+// (directly or by confirming a PaymentIntent), captured or not.
+func (f *FakeStripe) TotalCharged(currency string) int64 {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var t int64
+	for _, c := range f.charges {
+		if c.Currency == currency {
+			t += c.Amount
+		}
+	}
+	return t
+}
+
+// TotalMoved returns, in currency, what keybrake must have metered for the objects
+// the fake created: charges created directly, PaymentIntents at creation (plus every
+// raise of their amount), and refunds. Confirming or capturing an existing
+// PaymentIntent adds nothing. A cap invariant check compares this with the cap.
+func (f *FakeStripe) TotalMoved(currency string) int64 {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.moved[currency]
+}
+
+// AddPaymentIntent creates a PaymentIntent directly (as if made with the real key
+// outside keybrake) and returns its id.
+func (f *FakeStripe) AddPaymentIntent(amount int64, currency, customer string) string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.seq++
+	pi := &PaymentIntent{ID: fmt.Sprintf("pi_fake%06d", f.seq), Amount: amount, Currency: currency,
+		Customer: customer, Status: "requires_confirmation", CaptureMethod: "automatic"}
+	f.pis = append(f.pis, pi)
+	return pi.ID
+}
+
+// AddCharge creates a captured charge directly (outside keybrake) and returns its id.
+func (f *FakeStripe) AddCharge(amount int64, currency, customer string, captured bool) string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	c := f.newChargeLocked(amount, currency, customer, captured, "", "")
+	return c.ID
+}
+
+// ---- server ----
+
+type answer struct {
+	status int
+	body   []byte
+}
+
+func (f *FakeStripe) serve(w http.ResponseWriter, r *http.Request) {
+	body, err := io.ReadAll(r.Body)
+	if err != nil {
+		http.Error(w, "read body", http.StatusBadRequest)
+		return
+	}
+	path := r.URL.EscapedPath()
+	if i := strings.IndexByte(r.RequestURI, '?'); i >= 0 {
+		path = r.RequestURI[:i]
+	} else if strings.HasPrefix(r.RequestURI, "/") {
+		path = r.RequestURI
+	}
+	req := Request{
+		Method:         r.Method,
+		Path:           path,
+		RawQuery:       r.URL.RawQuery,
+		Header:         r.Header.Clone(),
+		Body:           body,
+		IdempotencyKey: r.Header.Get("Idempotency-Key"),
+	}
+	if r.Method == http.MethodPost {
+		req.Params, _ = url.ParseQuery(string(body))
+	} else {
+		req.Params, _ = url.ParseQuery(r.URL.RawQuery)
+	}
+	req.Authorized = f.authorized(r)
+
+	f.mu.Lock()
+	f.seq++
+	reqID := fmt.Sprintf("req_fake%08d", f.seq)
+	idx := len(f.requests)
+	f.requests = append(f.requests, req)
+	hook := f.hook
+	f.mu.Unlock()
+	if hook != nil {
+		hook(req)
+	}
+
+	w.Header().Set("Request-Id", reqID)
+	w.Header().Set("Stripe-Version", stripeVersion(r))
+	if req.IdempotencyKey != "" {
+		w.Header().Set("Idempotency-Key", req.IdempotencyKey)
+	}
+	if !req.Authorized {
+		writeAnswer(w, answer{http.StatusUnauthorized, errJSON("invalid_request_error", "", "Invalid API Key provided.")})
+		return
+	}
+	if r.Method != http.MethodPost {
+		f.mu.Lock()
+		a := f.route(r.Method, path, req.Params, "")
+		f.mu.Unlock()
+		writeAnswer(w, a)
+		return
+	}
+
+	fp := fingerprint(r.Method, path, r.Header.Get("Stripe-Account"), req.Params)
+	idemKey := req.IdempotencyKey
+	f.mu.Lock()
+	if idemKey != "" {
+		if e, ok := f.idem[idemKey]; ok {
+			switch {
+			case e.fingerprint != fp:
+				f.mu.Unlock()
+				writeAnswer(w, answer{http.StatusBadRequest, errJSON("idempotency_error", "",
+					"Keys for idempotent requests can only be used with the same parameters they were first used with.")})
+				return
+			case !e.done:
+				f.mu.Unlock()
+				writeAnswer(w, answer{http.StatusConflict, errJSON("idempotency_error", "idempotency_key_in_use",
+					"There is currently another in-progress request using this Idempotent Key.")})
+				return
+			default:
+				f.requests[idx].Replayed = true
+				a, orig := answer{e.status, e.body}, e.requestID
+				f.mu.Unlock()
+				w.Header().Set("Idempotent-Replayed", "true")
+				w.Header().Set("Original-Request", orig)
+				writeAnswer(w, a)
+				return
+			}
+		}
+	}
+	rule := f.takeRuleLocked(req)
+	if rule != 0 {
+		f.requests[idx].Failure = rule.String()
+	}
+	switch rule {
+	case FailBefore429:
+		f.mu.Unlock()
+		writeAnswer(w, answer{http.StatusTooManyRequests, errJSON("invalid_request_error", "rate_limit", "Too many requests.")})
+		return
+	case FailBefore500:
+		f.mu.Unlock()
+		writeAnswer(w, answer{http.StatusInternalServerError, errJSON("api_error", "", "An unknown error occurred.")})
+		return
+	}
+	var entry *idemEntry
+	if idemKey != "" {
+		entry = &idemEntry{fingerprint: fp, requestID: reqID}
+		f.idem[idemKey] = entry
+	}
+	f.executing++
+	a := f.route(r.Method, path, req.Params, idemKey)
+	if a.status == http.StatusBadRequest && entry != nil {
+		// Stripe saves no result for a request that failed validation.
+		delete(f.idem, idemKey)
+		entry = nil
+	}
+	if rule == FailAfterCreate500 {
+		a = answer{http.StatusInternalServerError, errJSON("api_error", "", "An unknown error occurred while processing the request.")}
+	}
+	if entry != nil {
+		entry.status, entry.body = a.status, a.body
+		if rule != FailAfterCreateDelay {
+			entry.done = true
+		}
+	}
+	delay := f.failDelay
+	if rule != FailAfterCreateDelay {
+		f.finishLocked(nil)
+	}
+	f.mu.Unlock()
+
+	switch rule {
+	case FailAfterCreateReset:
+		resetConn(w)
+		return
+	case FailAfterCreateDelay:
+		t := time.NewTimer(delay)
+		select {
+		case <-t.C:
+		case <-r.Context().Done():
+			t.Stop()
+		}
+		f.mu.Lock()
+		f.finishLocked(entry)
+		f.mu.Unlock()
+		if r.Context().Err() != nil {
+			return
+		}
+	}
+	writeAnswer(w, a)
+}
+
+func (f *FakeStripe) finishLocked(entry *idemEntry) {
+	if entry != nil {
+		entry.done = true
+	}
+	f.executing--
+	if f.executing == 0 {
+		f.idle.Broadcast()
+	}
+}
+
+func (f *FakeStripe) takeRuleLocked(req Request) FailMode {
+	for i, r := range f.rules {
+		if r.left == 0 || (r.match != nil && !r.match(req)) {
+			continue
+		}
+		if r.left > 0 {
+			r.left--
+		}
+		if r.left == 0 {
+			f.rules = slices.Delete(f.rules, i, i+1)
+		}
+		return r.mode
+	}
+	return 0
+}
+
+func (f *FakeStripe) authorized(r *http.Request) bool {
+	h := r.Header.Get("Authorization")
+	if tok, ok := strings.CutPrefix(h, "Bearer "); ok {
+		return tok == f.Secret
+	}
+	if user, _, ok := r.BasicAuth(); ok {
+		return user == f.Secret
+	}
+	return false
+}
+
+// resetConn hijacks the connection and closes it with a TCP reset, so the client
+// gets no answer at all.
+func resetConn(w http.ResponseWriter) {
+	hj, ok := w.(http.Hijacker)
+	if !ok {
+		panic(http.ErrAbortHandler)
+	}
+	conn, _, err := hj.Hijack()
+	if err != nil {
+		panic(http.ErrAbortHandler)
+	}
+	if tc, ok := conn.(*net.TCPConn); ok {
+		_ = tc.SetLinger(0)
+	}
+	_ = conn.Close()
+}
+
+func writeAnswer(w http.ResponseWriter, a answer) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(len(a.body)))
+	w.WriteHeader(a.status)
+	_, _ = w.Write(a.body)
+}
+
+func stripeVersion(r *http.Request) string {
+	if v := r.Header.Get("Stripe-Version"); v != "" {
+		return v
+	}
+	return "2026-08-26.dahlia"
+}
+
+func fingerprint(method, path, account string, params url.Values) string {
+	h := sha256.New()
+	fmt.Fprintf(h, "%s\n%s\n%s\n%s", method, path, account, params.Encode())
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+func errJSON(typ, code, msg string) []byte {
+	e := map[string]any{"type": typ, "message": msg}
+	if code != "" {
+		e["code"] = code
+	}
+	b, _ := json.Marshal(map[string]any{"error": e})
+	return b
+}
+
+func paramErr(param, msg string) answer {
+	b, _ := json.Marshal(map[string]any{"error": map[string]any{
+		"type": "invalid_request_error", "code": "parameter_invalid", "param": param, "message": msg}})
+	return answer{http.StatusBadRequest, b}
+}
+
+func okJSON(v any) answer {
+	b, _ := json.Marshal(v)
+	return answer{http.StatusOK, b}
+}
+
+func notFound(msg string) answer {
+	return answer{http.StatusNotFound, errJSON("invalid_request_error", "resource_missing", msg)}
+}
+
+var (
+	reCurrency = regexp.MustCompile(`^[a-z]{3}$`)
+	reSegment  = regexp.MustCompile(`^[A-Za-z0-9_]+$`)
+)
+
+func amountParam(p url.Values, name string, required bool) (int64, bool, *answer) {
+	v, ok := p[name]
+	if !ok || len(v) == 0 {
+		if required {
+			a := paramErr(name, "Missing required param: "+name+".")
+			return 0, false, &a
+		}
+		return 0, false, nil
+	}
+	n, err := strconv.ParseInt(v[len(v)-1], 10, 64)
+	if err != nil || n < 0 {
+		a := paramErr(name, "Invalid integer: "+v[len(v)-1])
+		return 0, false, &a
+	}
+	return n, true, nil
+}
+
+func currencyParam(p url.Values) (string, *answer) {
+	c := p.Get("currency")
+	if !reCurrency.MatchString(c) {
+		a := paramErr("currency", "Invalid currency: "+c)
+		return "", &a
+	}
+	return c, nil
+}
+
+func declined(p url.Values) bool {
+	return p.Get("source") == "tok_chargeDeclined" || p.Get("payment_method") == "pm_card_chargeDeclined"
+}
+
+func declinedAnswer() answer {
+	b, _ := json.Marshal(map[string]any{"error": map[string]any{
+		"type": "card_error", "code": "card_declined", "decline_code": "generic_decline",
+		"message": "Your card was declined."}})
+	return answer{http.StatusPaymentRequired, b}
+}
+
+// route executes one request against the fake's state. f.mu is held.
+func (f *FakeStripe) route(method, path string, p url.Values, idemKey string) answer {
+	seg := strings.Split(strings.TrimPrefix(path, "/"), "/")
+	if len(seg) < 2 || seg[0] != "v1" {
+		return notFound("Unrecognized request URL (" + method + ": " + path + ").")
+	}
+	for _, s := range seg[1:] {
+		if !reSegment.MatchString(s) {
+			return notFound("Unrecognized request URL (" + method + ": " + path + ").")
+		}
+	}
+	res, rest := seg[1], seg[2:]
+	switch {
+	case res == "charges" && len(rest) == 0 && method == http.MethodPost:
+		return f.createCharge(p, idemKey)
+	case res == "charges" && len(rest) == 0 && method == http.MethodGet:
+		return f.list("charges", f.chargeJSONs())
+	case res == "charges" && len(rest) == 1 && method == http.MethodGet:
+		if c := f.charge(rest[0]); c != nil {
+			return okJSON(chargeJSON(c))
+		}
+		return notFound("No such charge: '" + rest[0] + "'")
+	case res == "charges" && len(rest) == 2 && rest[1] == "capture" && method == http.MethodPost:
+		return f.captureCharge(rest[0], p)
+	case res == "payment_intents" && len(rest) == 0 && method == http.MethodPost:
+		return f.createPI(p, idemKey)
+	case res == "payment_intents" && len(rest) == 1 && method == http.MethodGet:
+		if pi := f.pi(rest[0]); pi != nil {
+			return okJSON(piJSON(pi))
+		}
+		return notFound("No such payment_intent: '" + rest[0] + "'")
+	case res == "payment_intents" && len(rest) == 1 && method == http.MethodPost:
+		return f.updatePI(rest[0], p)
+	case res == "payment_intents" && len(rest) == 2 && method == http.MethodPost:
+		switch rest[1] {
+		case "confirm":
+			return f.confirmPI(rest[0], p)
+		case "capture":
+			return f.capturePI(rest[0], p)
+		case "increment_authorization":
+			return f.incrementPI(rest[0], p)
+		}
+	case res == "refunds" && len(rest) == 0 && method == http.MethodPost:
+		return f.createRefund(p)
+	case res == "customers" && len(rest) == 0 && method == http.MethodPost:
+		f.seq++
+		c := map[string]any{"id": fmt.Sprintf("cus_fake%06d", f.seq), "object": "customer",
+			"email": p.Get("email"), "name": p.Get("name")}
+		f.customers[c["id"].(string)] = c
+		return okJSON(c)
+	case res == "customers" && len(rest) == 0 && method == http.MethodGet:
+		var data []any
+		for _, c := range f.customers {
+			data = append(data, c)
+		}
+		return f.list("customers", data)
+	case res == "customers" && len(rest) == 1 && method == http.MethodGet:
+		if c, ok := f.customers[rest[0]]; ok {
+			return okJSON(c)
+		}
+		return okJSON(map[string]any{"id": rest[0], "object": "customer"})
+	case res == "customers" && len(rest) == 1 && method == http.MethodDelete:
+		delete(f.customers, rest[0])
+		return okJSON(map[string]any{"id": rest[0], "object": "customer", "deleted": true})
+	case res == "balance" && len(rest) == 0 && method == http.MethodGet:
+		return okJSON(map[string]any{"object": "balance", "available": []any{}, "pending": []any{}})
+	}
+	return notFound("Unrecognized request URL (" + method + ": " + path + ").")
+}
+
+func (f *FakeStripe) list(name string, data []any) answer {
+	if data == nil {
+		data = []any{}
+	}
+	return okJSON(map[string]any{"object": "list", "data": data, "has_more": false, "url": "/v1/" + name})
+}
+
+func (f *FakeStripe) chargeJSONs() []any {
+	out := make([]any, 0, len(f.charges))
+	for _, c := range f.charges {
+		out = append(out, chargeJSON(c))
+	}
+	return out
+}
+
+func (f *FakeStripe) charge(id string) *Charge {
+	for _, c := range f.charges {
+		if c.ID == id {
+			return c
+		}
+	}
+	return nil
+}
+
+func (f *FakeStripe) pi(id string) *PaymentIntent {
+	for _, p := range f.pis {
+		if p.ID == id {
+			return p
+		}
+	}
+	return nil
+}
+
+func (f *FakeStripe) newChargeLocked(amount int64, currency, customer string, captured bool, pi, idemKey string) *Charge {
+	f.seq++
+	c := &Charge{ID: fmt.Sprintf("ch_fake%06d", f.seq), Amount: amount, Currency: currency, Customer: customer,
+		Captured: captured, PaymentIntent: pi, IdempotencyKey: idemKey}
+	if captured {
+		c.AmountCaptured = amount
+	}
+	f.charges = append(f.charges, c)
+	return c
+}
+
+func (f *FakeStripe) createCharge(p url.Values, idemKey string) answer {
+	amount, _, bad := amountParam(p, "amount", true)
+	if bad != nil {
+		return *bad
+	}
+	cur, bad := currencyParam(p)
+	if bad != nil {
+		return *bad
+	}
+	if declined(p) {
+		return declinedAnswer()
+	}
+	captured := p.Get("capture") != "false"
+	c := f.newChargeLocked(amount, cur, p.Get("customer"), captured, "", idemKey)
+	f.moved[cur] += amount
+	return okJSON(chargeJSON(c))
+}
+
+func (f *FakeStripe) captureCharge(id string, p url.Values) answer {
+	c := f.charge(id)
+	if c == nil {
+		return notFound("No such charge: '" + id + "'")
+	}
+	if c.Captured {
+		return paramErr("charge", "Charge "+id+" has already been captured.")
+	}
+	amount, ok, bad := amountParam(p, "amount", false)
+	if bad != nil {
+		return *bad
+	}
+	if !ok {
+		amount = c.Amount
+	}
+	if amount > c.Amount {
+		return paramErr("amount", "Amount must be no more than the authorized amount.")
+	}
+	c.Captured, c.AmountCaptured = true, amount
+	return okJSON(chargeJSON(c))
+}
+
+func (f *FakeStripe) createPI(p url.Values, idemKey string) answer {
+	amount, _, bad := amountParam(p, "amount", true)
+	if bad != nil {
+		return *bad
+	}
+	cur, bad := currencyParam(p)
+	if bad != nil {
+		return *bad
+	}
+	f.seq++
+	pi := &PaymentIntent{ID: fmt.Sprintf("pi_fake%06d", f.seq), Amount: amount, Currency: cur,
+		Customer: p.Get("customer"), Status: "requires_payment_method", CaptureMethod: "automatic", IdempotencyKey: idemKey}
+	if p.Get("capture_method") == "manual" {
+		pi.CaptureMethod = "manual"
+	}
+	if p.Get("payment_method") != "" {
+		pi.Status = "requires_confirmation"
+	}
+	f.pis = append(f.pis, pi)
+	f.moved[cur] += amount
+	if p.Get("confirm") == "true" {
+		if a := f.confirmLocked(pi, p); a.status != http.StatusOK {
+			return a
+		}
+	}
+	return okJSON(piJSON(pi))
+}
+
+func (f *FakeStripe) updatePI(id string, p url.Values) answer {
+	pi := f.pi(id)
+	if pi == nil {
+		return notFound("No such payment_intent: '" + id + "'")
+	}
+	if amount, ok, bad := amountParam(p, "amount", false); bad != nil {
+		return *bad
+	} else if ok {
+		if pi.Status == "succeeded" || pi.Status == "requires_capture" {
+			return paramErr("amount", "This PaymentIntent's amount could not be updated in its current state.")
+		}
+		if amount > pi.Amount {
+			f.moved[pi.Currency] += amount - pi.Amount
+		}
+		pi.Amount = amount
+	}
+	if c := p.Get("customer"); c != "" {
+		pi.Customer = c
+	}
+	return okJSON(piJSON(pi))
+}
+
+func (f *FakeStripe) confirmPI(id string, p url.Values) answer {
+	pi := f.pi(id)
+	if pi == nil {
+		return notFound("No such payment_intent: '" + id + "'")
+	}
+	if pi.Status == "succeeded" || pi.Status == "requires_capture" || pi.Status == "canceled" {
+		return paramErr("payment_intent", "This PaymentIntent's status is "+pi.Status+" and cannot be confirmed.")
+	}
+	if a := f.confirmLocked(pi, p); a.status != http.StatusOK {
+		return a
+	}
+	return okJSON(piJSON(pi))
+}
+
+func (f *FakeStripe) confirmLocked(pi *PaymentIntent, p url.Values) answer {
+	if declined(p) {
+		return declinedAnswer()
+	}
+	manual := pi.CaptureMethod == "manual"
+	c := f.newChargeLocked(pi.Amount, pi.Currency, pi.Customer, !manual, pi.ID, "")
+	pi.LatestCharge = c.ID
+	if manual {
+		pi.Status, pi.AmountCapturable = "requires_capture", pi.Amount
+	} else {
+		pi.Status, pi.AmountReceived = "succeeded", pi.Amount
+	}
+	return answer{status: http.StatusOK}
+}
+
+func (f *FakeStripe) capturePI(id string, p url.Values) answer {
+	pi := f.pi(id)
+	if pi == nil {
+		return notFound("No such payment_intent: '" + id + "'")
+	}
+	if pi.Status != "requires_capture" {
+		return paramErr("payment_intent", "This PaymentIntent could not be captured because it has a status of "+pi.Status+".")
+	}
+	amount, ok, bad := amountParam(p, "amount_to_capture", false)
+	if bad != nil {
+		return *bad
+	}
+	if !ok {
+		amount = pi.AmountCapturable
+	}
+	if amount > pi.AmountCapturable {
+		return paramErr("amount_to_capture", "Amount to capture exceeds the capturable amount.")
+	}
+	pi.Status, pi.AmountReceived, pi.AmountCapturable = "succeeded", amount, 0
+	if c := f.charge(pi.LatestCharge); c != nil {
+		c.Captured, c.AmountCaptured = true, amount
+	}
+	return okJSON(piJSON(pi))
+}
+
+func (f *FakeStripe) incrementPI(id string, p url.Values) answer {
+	pi := f.pi(id)
+	if pi == nil {
+		return notFound("No such payment_intent: '" + id + "'")
+	}
+	if pi.Status != "requires_capture" {
+		return paramErr("payment_intent", "Only a PaymentIntent in requires_capture can be incremented.")
+	}
+	amount, _, bad := amountParam(p, "amount", true)
+	if bad != nil {
+		return *bad
+	}
+	if amount < pi.Amount {
+		return paramErr("amount", "The new amount must be greater than the current amount.")
+	}
+	f.moved[pi.Currency] += amount - pi.Amount
+	pi.Amount, pi.AmountCapturable = amount, amount
+	if c := f.charge(pi.LatestCharge); c != nil {
+		c.Amount = amount
+	}
+	return okJSON(piJSON(pi))
+}
+
+func (f *FakeStripe) createRefund(p url.Values) answer {
+	var c *Charge
+	if id := p.Get("charge"); id != "" {
+		c = f.charge(id)
+	} else if id := p.Get("payment_intent"); id != "" {
+		if pi := f.pi(id); pi != nil {
+			c = f.charge(pi.LatestCharge)
+		}
+	}
+	if c == nil {
+		return paramErr("charge", "No such charge or payment_intent to refund.")
+	}
+	amount, ok, bad := amountParam(p, "amount", false)
+	if bad != nil {
+		return *bad
+	}
+	if !ok {
+		amount = c.AmountCaptured - c.AmountRefunded
+	}
+	if amount > c.AmountCaptured-c.AmountRefunded {
+		return paramErr("amount", "Refund amount is greater than the unrefunded amount.")
+	}
+	c.AmountRefunded += amount
+	f.seq++
+	r := &Refund{ID: fmt.Sprintf("re_fake%06d", f.seq), Amount: amount, Currency: c.Currency, Charge: c.ID}
+	f.refunds = append(f.refunds, r)
+	f.moved[c.Currency] += amount
+	return okJSON(map[string]any{"id": r.ID, "object": "refund", "amount": r.Amount, "currency": r.Currency,
+		"charge": r.Charge, "status": "succeeded"})
+}
+
+func chargeJSON(c *Charge) map[string]any {
+	m := map[string]any{"id": c.ID, "object": "charge", "amount": c.Amount, "amount_captured": c.AmountCaptured,
+		"amount_refunded": c.AmountRefunded, "currency": c.Currency, "captured": c.Captured, "paid": true,
+		"status": "succeeded", "livemode": false, "metadata": map[string]any{}}
+	m["customer"] = nullable(c.Customer)
+	m["payment_intent"] = nullable(c.PaymentIntent)
+	return m
+}
+
+func piJSON(p *PaymentIntent) map[string]any {
+	m := map[string]any{"id": p.ID, "object": "payment_intent", "amount": p.Amount,
+		"amount_capturable": p.AmountCapturable, "amount_received": p.AmountReceived, "currency": p.Currency,
+		"status": p.Status, "capture_method": p.CaptureMethod, "livemode": false, "metadata": map[string]any{},
+		"client_secret": p.ID + "_secret_fake"}
+	m["customer"] = nullable(p.Customer)
+	m["latest_charge"] = nullable(p.LatestCharge)
+	return m
+}
+
+func nullable(s string) any {
+	if s == "" {
+		return nil
+	}
+	return s
+}
+
+// BasicAuth returns an Authorization header value with token as the Basic
+// username and an empty password (what curl -u token: sends).
+func BasicAuth(token string) string {
+	return "Basic " + base64.StdEncoding.EncodeToString([]byte(token+":"))
+}

@@ -1,0 +1,233 @@
+package proxytest_test
+
+import (
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/keybrake/keybrake/proxy/proxytest"
+)
+
+const secret = "sk_test_fake"
+
+type reply struct {
+	Status int
+	Header http.Header
+	Body   map[string]any
+}
+
+func MustPost(tb testing.TB, f *proxytest.FakeStripe, path, idemKey, auth string, form url.Values) reply {
+	tb.Helper()
+	req, err := http.NewRequest(http.MethodPost, f.URL+path, strings.NewReader(form.Encode()))
+	require.NoError(tb, err)
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	req.Header.Set("Authorization", auth)
+	if idemKey != "" {
+		req.Header.Set("Idempotency-Key", idemKey)
+	}
+	return MustDo(tb, req)
+}
+
+func MustDo(tb testing.TB, req *http.Request) reply {
+	tb.Helper()
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(tb, err)
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(tb, err)
+	var m map[string]any
+	require.NoError(tb, json.Unmarshal(b, &m), "body %s", b)
+	return reply{resp.StatusCode, resp.Header, m}
+}
+
+func charge(amount string) url.Values {
+	return url.Values{"amount": {amount}, "currency": {"usd"}, "source": {"tok_visa"}}
+}
+
+func errCode(r reply) string {
+	e, _ := r.Body["error"].(map[string]any)
+	s, _ := e["code"].(string)
+	return s
+}
+
+func errType(r reply) string {
+	e, _ := r.Body["error"].(map[string]any)
+	s, _ := e["type"].(string)
+	return s
+}
+
+func TestFakeStripeIdempotency(t *testing.T) {
+	f := proxytest.NewFakeStripe(t, secret)
+	auth := "Bearer " + secret
+
+	first := MustPost(t, f, "/v1/charges", "k1", auth, charge("500"))
+	require.Equal(t, http.StatusOK, first.Status)
+	assert.Equal(t, "k1", first.Header.Get("Idempotency-Key"))
+	assert.Empty(t, first.Header.Get("Idempotent-Replayed"))
+
+	again := MustPost(t, f, "/v1/charges", "k1", auth, charge("500"))
+	assert.Equal(t, http.StatusOK, again.Status)
+	assert.Equal(t, first.Body["id"], again.Body["id"])
+	assert.Equal(t, "true", again.Header.Get("Idempotent-Replayed"))
+	assert.Equal(t, first.Header.Get("Request-Id"), again.Header.Get("Original-Request"))
+
+	changed := MustPost(t, f, "/v1/charges", "k1", auth, charge("501"))
+	assert.Equal(t, http.StatusBadRequest, changed.Status)
+	assert.Equal(t, "idempotency_error", errType(changed))
+
+	other := MustPost(t, f, "/v1/charges", "k2", auth, charge("700"))
+	require.Equal(t, http.StatusOK, other.Status)
+
+	assert.Len(t, f.Charges(), 2)
+	assert.Equal(t, int64(1200), f.TotalCharged("usd"))
+	assert.Equal(t, int64(1200), f.TotalMoved("usd"))
+	assert.Equal(t, 4, f.Count())
+}
+
+func TestFakeStripeAuth(t *testing.T) {
+	f := proxytest.NewFakeStripe(t, secret)
+	cases := map[string]struct {
+		auth string
+		want int
+	}{
+		"bearer":       {"Bearer " + secret, http.StatusOK},
+		"basic":        {proxytest.BasicAuth(secret), http.StatusOK},
+		"wrong secret": {"Bearer sk_test_other", http.StatusUnauthorized},
+		"none":         {"", http.StatusUnauthorized},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			r := MustPost(t, f, "/v1/charges", "", tc.auth, charge("100"))
+			assert.Equal(t, tc.want, r.Status)
+		})
+	}
+	assert.Len(t, f.Charges(), 2)
+}
+
+func TestFakeStripeFailures(t *testing.T) {
+	t.Run("500 after create is saved and replayed", func(t *testing.T) {
+		f := proxytest.NewFakeStripe(t, secret)
+		f.FailNext(proxytest.FailAfterCreate500, 1)
+		r := MustPost(t, f, "/v1/charges", "k", "Bearer "+secret, charge("100"))
+		assert.Equal(t, http.StatusInternalServerError, r.Status)
+		assert.Equal(t, "api_error", errType(r))
+		require.Len(t, f.Charges(), 1)
+
+		again := MustPost(t, f, "/v1/charges", "k", "Bearer "+secret, charge("100"))
+		assert.Equal(t, http.StatusInternalServerError, again.Status)
+		assert.Equal(t, "true", again.Header.Get("Idempotent-Replayed"))
+		assert.Len(t, f.Charges(), 1)
+	})
+
+	t.Run("reset after create saves the result", func(t *testing.T) {
+		f := proxytest.NewFakeStripe(t, secret)
+		f.FailNext(proxytest.FailAfterCreateReset, 1)
+		req, err := http.NewRequest(http.MethodPost, f.URL+"/v1/charges", strings.NewReader(charge("100").Encode()))
+		require.NoError(t, err)
+		req.Header.Set("Authorization", "Bearer "+secret)
+		// A fresh connection and no Idempotency-Key header, so net/http cannot
+		// replay the request by itself: the reset must surface.
+		req.Close = true
+		_, err = (&http.Client{Transport: &http.Transport{DisableKeepAlives: true}}).Do(req)
+		require.Error(t, err)
+		require.Len(t, f.Charges(), 1)
+
+		ok := MustPost(t, f, "/v1/charges", "k", "Bearer "+secret, charge("100"))
+		assert.Equal(t, http.StatusOK, ok.Status)
+		assert.Len(t, f.Charges(), 2)
+	})
+
+	t.Run("delay keeps the key in flight then replays", func(t *testing.T) {
+		f := proxytest.NewFakeStripe(t, secret)
+		f.SetFailDelay(time.Hour)
+		f.FailNext(proxytest.FailAfterCreateDelay, 1)
+		req, err := http.NewRequest(http.MethodPost, f.URL+"/v1/charges", strings.NewReader(charge("100").Encode()))
+		require.NoError(t, err)
+		req.Header.Set("Authorization", "Bearer "+secret)
+		req.Header.Set("Idempotency-Key", "slow")
+		client := &http.Client{Timeout: 200 * time.Millisecond}
+		var wg sync.WaitGroup
+		wg.Go(func() {
+			_, err := client.Do(req)
+			assert.Error(t, err)
+		})
+		// While the first request is held, the same key is in flight.
+		for len(f.Charges()) == 0 {
+			time.Sleep(5 * time.Millisecond)
+		}
+		inUse := MustPost(t, f, "/v1/charges", "slow", "Bearer "+secret, charge("100"))
+		assert.Equal(t, http.StatusConflict, inUse.Status)
+		assert.Equal(t, "idempotency_key_in_use", errCode(inUse))
+		wg.Wait()
+		f.WaitIdle(t)
+
+		replay := MustPost(t, f, "/v1/charges", "slow", "Bearer "+secret, charge("100"))
+		assert.Equal(t, http.StatusOK, replay.Status)
+		assert.Equal(t, "true", replay.Header.Get("Idempotent-Replayed"))
+		assert.Len(t, f.Charges(), 1)
+	})
+
+	t.Run("429 before executing saves nothing", func(t *testing.T) {
+		f := proxytest.NewFakeStripe(t, secret)
+		f.FailNext(proxytest.FailBefore429, 1)
+		r := MustPost(t, f, "/v1/charges", "k", "Bearer "+secret, charge("100"))
+		assert.Equal(t, http.StatusTooManyRequests, r.Status)
+		assert.Empty(t, f.Charges())
+		ok := MustPost(t, f, "/v1/charges", "k", "Bearer "+secret, charge("100"))
+		assert.Equal(t, http.StatusOK, ok.Status)
+		assert.Empty(t, ok.Header.Get("Idempotent-Replayed"))
+		assert.Len(t, f.Charges(), 1)
+	})
+
+	t.Run("predicate selects the request", func(t *testing.T) {
+		f := proxytest.NewFakeStripe(t, secret)
+		f.FailWhen(proxytest.FailAfterCreate500, -1, func(r proxytest.Request) bool {
+			return r.Params.Get("amount") == "666"
+		})
+		assert.Equal(t, http.StatusOK, MustPost(t, f, "/v1/charges", "", "Bearer "+secret, charge("100")).Status)
+		assert.Equal(t, http.StatusInternalServerError, MustPost(t, f, "/v1/charges", "", "Bearer "+secret, charge("666")).Status)
+		assert.Equal(t, http.StatusInternalServerError, MustPost(t, f, "/v1/charges", "", "Bearer "+secret, charge("666")).Status)
+		assert.Len(t, f.Charges(), 3)
+	})
+}
+
+func TestFakeStripePaymentIntentLifecycle(t *testing.T) {
+	f := proxytest.NewFakeStripe(t, secret)
+	auth := "Bearer " + secret
+	pi := MustPost(t, f, "/v1/payment_intents", "", auth, url.Values{
+		"amount": {"1000"}, "currency": {"usd"}, "capture_method": {"manual"}, "payment_method": {"pm_card_visa"}})
+	require.Equal(t, http.StatusOK, pi.Status)
+	id := pi.Body["id"].(string)
+
+	up := MustPost(t, f, "/v1/payment_intents/"+id, "", auth, url.Values{"amount": {"1500"}})
+	require.Equal(t, http.StatusOK, up.Status)
+	conf := MustPost(t, f, "/v1/payment_intents/"+id+"/confirm", "", auth, url.Values{})
+	require.Equal(t, http.StatusOK, conf.Status)
+	assert.Equal(t, "requires_capture", conf.Body["status"])
+	assert.EqualValues(t, 1500, conf.Body["amount_capturable"])
+
+	cap := MustPost(t, f, "/v1/payment_intents/"+id+"/capture", "", auth, url.Values{"amount_to_capture": {"1200"}})
+	require.Equal(t, http.StatusOK, cap.Status)
+	assert.EqualValues(t, 1200, cap.Body["amount_received"])
+
+	get, err := http.NewRequest(http.MethodGet, f.URL+"/v1/payment_intents/"+id, nil)
+	require.NoError(t, err)
+	get.Header.Set("Authorization", auth)
+	got := MustDo(t, get)
+	assert.Equal(t, "succeeded", got.Body["status"])
+
+	ref := MustPost(t, f, "/v1/refunds", "", auth, url.Values{"payment_intent": {id}, "amount": {"200"}})
+	require.Equal(t, http.StatusOK, ref.Status)
+
+	assert.Equal(t, int64(1500), f.TotalCharged("usd"))
+	assert.Equal(t, int64(1500+200), f.TotalMoved("usd"), "PI creation, raise and refund")
+	assert.Len(t, f.Refunds(), 1)
+}

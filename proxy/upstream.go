@@ -1,0 +1,390 @@
+package proxy
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/keybrake/keybrake/policy"
+	"github.com/keybrake/keybrake/vault"
+)
+
+// settleTimeout bounds the Settle that follows an upstream answer. It does not
+// share the upstream deadline: an answer that arrives just in time must still be
+// recorded.
+const settleTimeout = 30 * time.Second
+
+// newTransport clones http.DefaultTransport with explicit timeouts and a large idle
+// pool: every request goes to the same Stripe host.
+func newTransport(upstreamTimeout time.Duration) *http.Transport {
+	t := http.DefaultTransport.(*http.Transport).Clone()
+	t.DialContext = (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext
+	t.TLSHandshakeTimeout = 10 * time.Second
+	t.ResponseHeaderTimeout = upstreamTimeout
+	t.ExpectContinueTimeout = time.Second
+	t.IdleConnTimeout = 90 * time.Second
+	t.MaxIdleConns = 512
+	t.MaxIdleConnsPerHost = 256
+	return t
+}
+
+// bufferPool is the ReverseProxy's pool of copy buffers.
+type bufferPool struct{ pool sync.Pool }
+
+func newBufferPool() *bufferPool {
+	return &bufferPool{pool: sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}}
+}
+
+// Get implements httputil.BufferPool.
+func (b *bufferPool) Get() []byte { return *(b.pool.Get().(*[]byte)) }
+
+// Put implements httputil.BufferPool.
+func (b *bufferPool) Put(buf []byte) { b.pool.Put(&buf) }
+
+var _ httputil.BufferPool = (*bufferPool)(nil)
+
+// forward sends the prepared request to Stripe and lets ModifyResponse /
+// ErrorHandler settle it.
+func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, c *call) {
+	// Detached from the caller: if the caller goes away, Stripe's answer is still
+	// read and recorded, so a retry replays it instead of finding "unknown".
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), p.timeout)
+	defer cancel()
+	out := r.WithContext(withCall(ctx, c))
+	out.Body = http.NoBody
+	out.ContentLength = int64(len(c.body))
+	p.rp.ServeHTTP(w, out)
+	if c.record && !c.settled {
+		// Neither ModifyResponse nor ErrorHandler settled (cannot happen with
+		// ReverseProxy today); leave nothing claimed in flight by mistake.
+		p.settle(ctx, c, vault.SettleRequest{Outcome: vault.SettleUnknown}, "unsettled after forwarding")
+	}
+}
+
+// rewrite builds the upstream request. The ReverseProxy has already removed
+// hop-by-hop headers, Forwarded and X-Forwarded-*.
+func (p *Proxy) rewrite(pr *httputil.ProxyRequest) {
+	c := callFrom(pr.In.Context())
+	out := pr.Out
+	u := *p.upstream
+	base := strings.TrimSuffix(p.upstream.EscapedPath(), "/")
+	raw := base + c.path
+	decoded, err := url.PathUnescape(raw)
+	if err != nil {
+		decoded = raw // Classify refuses percent-encoding; never reached
+	}
+	u.Path, u.RawPath = decoded, ""
+	if u.EscapedPath() != raw {
+		u.RawPath = raw
+	}
+	u.RawQuery, u.ForceQuery, u.Fragment, u.RawFragment = c.rawQuery, false, "", ""
+	out.URL = &u
+	out.Host = ""
+
+	h := out.Header
+	for name := range h {
+		if strings.HasPrefix(name, "X-Forwarded-") || strings.HasPrefix(name, "Keybrake-") {
+			delete(h, name)
+		}
+	}
+	for _, name := range []string{"Authorization", "Proxy-Authorization", headerStripeAccount, headerStripeContext,
+		headerIdempotencyKey, "Cookie", "Forwarded", "X-Real-Ip", "Accept-Encoding", "Content-Encoding",
+		"Content-Length", "Transfer-Encoding", "Expect", "Content-Type", headerStripeVersion} {
+		h.Del(name)
+	}
+	h.Set("Authorization", "Bearer "+c.secret)
+	if c.account != "" {
+		h.Set(headerStripeAccount, c.account)
+	}
+	if c.stripeContext != "" {
+		h.Set(headerStripeContext, c.stripeContext)
+	}
+	if c.stripeVersion != "" {
+		h.Set(headerStripeVersion, c.stripeVersion)
+	}
+	if c.record && c.method == http.MethodPost {
+		h.Set(headerIdempotencyKey, c.upstreamKey)
+	}
+	if c.contentType != "" {
+		h.Set("Content-Type", c.contentType)
+	}
+	body := c.body
+	out.TransferEncoding = nil
+	out.ContentLength = int64(len(body))
+	if len(body) == 0 {
+		out.Body, out.GetBody = nil, nil
+	} else {
+		out.Body = io.NopCloser(bytes.NewReader(body))
+		out.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
+	}
+}
+
+// modifyResponse settles a recorded request with Stripe's answer and adds the
+// remaining-budget headers. An error here sends the request to errorHandler,
+// which settles it as outcome unknown.
+func (p *Proxy) modifyResponse(resp *http.Response) error {
+	c := callFrom(resp.Request.Context())
+	c.upstreamStatus = resp.StatusCode
+	c.status = resp.StatusCode
+	c.stripeRequestID = resp.Header.Get(headerRequestID)
+	resp.Header.Del("Set-Cookie")
+	if resp.Header.Get(headerIdempotencyKey) != "" {
+		// Stripe echoes the key it saw: show the caller its own key, never the
+		// derived upstream one.
+		if c.idemKey != "" {
+			resp.Header.Set(headerIdempotencyKey, c.idemKey)
+		} else {
+			resp.Header.Del(headerIdempotencyKey)
+		}
+	}
+	ctx := resp.Request.Context()
+	if !c.record {
+		if resp.StatusCode >= 200 && resp.StatusCode < 300 {
+			p.setRemaining(ctx, resp.Header, c)
+		}
+		return nil
+	}
+	body, err := io.ReadAll(io.LimitReader(resp.Body, p.maxResponse+1))
+	_ = resp.Body.Close()
+	if err != nil {
+		return fmt.Errorf("read upstream answer: %w", err)
+	}
+	if int64(len(body)) > p.maxResponse {
+		return fmt.Errorf("upstream answer larger than %d bytes", p.maxResponse)
+	}
+	resp.Body = io.NopCloser(bytes.NewReader(body))
+	resp.ContentLength = int64(len(body))
+	resp.TransferEncoding = nil
+	resp.Header.Set("Content-Length", strconv.Itoa(len(body)))
+
+	stored := &vault.StoredResponse{Status: resp.StatusCode, Header: http.Header{}, Body: body}
+	// The headers kept for replay: never Set-Cookie, never the upstream Idempotency-Key.
+	for _, name := range [...]string{"Content-Type", headerRequestID, headerStripeVersion} {
+		if v := resp.Header.Values(name); len(v) > 0 {
+			stored.Header[name] = append([]string(nil), v...)
+		}
+	}
+	sr := vault.SettleRequest{Response: stored}
+	if orig := resp.Header.Get(headerOriginalRequest); orig != "" {
+		// Stripe replayed an earlier execution (a resumed request): that is the
+		// request the money moved in.
+		sr.StripeRequestID = orig
+	}
+	code := resp.StatusCode
+	switch {
+	case code >= 200 && code < 300:
+		sr.Outcome = vault.SettleCommit
+		sr.Amount, sr.ObjectID = c.commitAmount(body)
+	case code == http.StatusConflict || code == http.StatusTooManyRequests:
+		sr.Outcome, sr.Response = vault.SettleAbandon, nil
+	case code >= 400 && code < 500:
+		sr.Outcome = vault.SettleRelease
+	default:
+		sr.Outcome = vault.SettleUnknown
+	}
+	p.settle(ctx, c, sr, "")
+	if code >= 200 && code < 300 {
+		p.setRemaining(ctx, resp.Header, c)
+	}
+	return nil
+}
+
+// commitAmount reads the answer of a 2xx: the amount to commit and the object id.
+func (c *call) commitAmount(body []byte) (int64, string) {
+	amount := c.amount
+	var obj map[string]json.RawMessage
+	if err := json.Unmarshal(body, &obj); err != nil {
+		return amount, ""
+	}
+	var id string
+	if raw, ok := obj["id"]; ok {
+		_ = json.Unmarshal(raw, &id)
+	}
+	if c.reportKey != "" {
+		if raw, ok := obj[c.reportKey]; ok {
+			if n, err := strconv.ParseInt(string(raw), 10, 64); err == nil && n >= 0 {
+				amount = max(0, n-c.base)
+			}
+		}
+	}
+	if !c.metered {
+		amount = 0
+	}
+	return amount, id
+}
+
+// errorHandler answers when Stripe gave no usable answer: timeout → 504, anything
+// else → 502, both upstream_unavailable with Stripe-Should-Retry: true. The
+// record's outcome is unknown: the money may have moved, the hold stays.
+func (p *Proxy) errorHandler(w http.ResponseWriter, r *http.Request, err error) {
+	c := callFrom(r.Context())
+	if c == nil {
+		// Only reachable if the ReverseProxy is misused; fail closed.
+		writeStripeError(w, newRequestID(), internalError(err))
+		return
+	}
+	status := http.StatusBadGateway
+	var ne net.Error
+	if errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout()) {
+		status = http.StatusGatewayTimeout
+	}
+	if c.record && !c.settled {
+		p.settle(r.Context(), c, vault.SettleRequest{Outcome: vault.SettleUnknown}, "")
+	}
+	rf := refuse(CodeUpstreamUnavailable, "Stripe did not answer in time or could not be reached; the outcome is unknown. Retry with the same idempotency key.")
+	rf.Status = status
+	if status == http.StatusBadGateway {
+		rf.Message = "The connection to Stripe failed before an answer arrived; the outcome is unknown. Retry with the same idempotency key."
+	}
+	rf.cause = err
+	w.Header().Del(headerRemainingDaily)
+	w.Header().Del(headerRemainingPeriod)
+	writeStripeError(w, c.requestID, rf)
+	c.status, c.reason, c.err = status, CodeUpstreamUnavailable, err
+}
+
+// settle is the one Settle of a forwarded request. A failure is logged at Error
+// and otherwise ignored: the caller still gets Stripe's answer, and the record
+// stays in_progress until it is recovered as unknown (fail closed).
+func (p *Proxy) settle(ctx context.Context, c *call, sr vault.SettleRequest, note string) {
+	c.settled = true
+	sr.KeyID, sr.IdempotencyKey = c.key.ID, c.idemKey
+	sr.UpstreamStatus = c.upstreamStatus
+	if sr.StripeRequestID == "" {
+		sr.StripeRequestID = c.stripeRequestID
+	}
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
+	defer cancel()
+	if err := p.store.Settle(sctx, sr); err != nil {
+		p.log.LogAttrs(sctx, slog.LevelError, "settle failed; the record stays in progress until recovered as unknown",
+			slog.String(logRequestID, c.requestID), slog.String(logKeyID, c.key.ID),
+			slog.String(logOperation, c.cls.Operation), slog.String("outcome", string(sr.Outcome)),
+			slog.Int(logUpstreamStatus, c.upstreamStatus), slog.String("note", note), slog.Any(logError, err))
+	}
+}
+
+// ---- lookups ----
+
+type lookupResult struct {
+	amount   int64
+	currency string
+}
+
+// lookup GETs the object at Stripe with the real secret and the call's account
+// headers and reads the integer field l.Field and "currency".
+func (p *Proxy) lookup(ctx context.Context, c *call, l Lookup) (lookupResult, error) {
+	if !strings.HasPrefix(l.Path, "/v1/") || strings.ContainsAny(l.Path, "?#%") || strings.Contains(l.Path, "..") {
+		return lookupResult{}, fmt.Errorf("lookup path %q refused", l.Path)
+	}
+	u := *p.upstream
+	u.Path = strings.TrimSuffix(p.upstream.Path, "/") + l.Path
+	u.RawPath, u.RawQuery, u.Fragment = "", "", ""
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.String(), nil)
+	if err != nil {
+		return lookupResult{}, fmt.Errorf("lookup request: %w", err)
+	}
+	req.Header.Set("Authorization", "Bearer "+c.secret)
+	if c.account != "" {
+		req.Header.Set(headerStripeAccount, c.account)
+	}
+	if c.stripeContext != "" {
+		req.Header.Set(headerStripeContext, c.stripeContext)
+	}
+	if c.stripeVersion != "" {
+		req.Header.Set(headerStripeVersion, c.stripeVersion)
+	}
+	resp, err := p.lookups.Do(req)
+	if err != nil {
+		return lookupResult{}, fmt.Errorf("lookup %s: %w", l.Path, err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, p.maxResponse))
+	if err != nil {
+		return lookupResult{}, fmt.Errorf("lookup %s: read: %w", l.Path, err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		return lookupResult{}, fmt.Errorf("lookup %s: status %d", l.Path, resp.StatusCode)
+	}
+	return parseLookup(body, l.Field)
+}
+
+// parseLookup reads the non-negative integer at field (dots for nesting) and the
+// top-level "currency" of a Stripe object.
+func parseLookup(body []byte, field string) (lookupResult, error) {
+	var obj map[string]json.RawMessage
+	if err := json.Unmarshal(body, &obj); err != nil {
+		return lookupResult{}, fmt.Errorf("lookup answer: %w", err)
+	}
+	var res lookupResult
+	if raw, ok := obj["currency"]; ok {
+		if err := json.Unmarshal(raw, &res.currency); err != nil {
+			return lookupResult{}, fmt.Errorf("lookup currency: %w", err)
+		}
+		if _, ok := policy.Exponent(res.currency); !ok {
+			return lookupResult{}, fmt.Errorf("lookup currency %q not supported", clip(res.currency))
+		}
+	}
+	parts := strings.Split(field, ".")
+	cur := obj
+	for i, part := range parts {
+		raw, ok := cur[part]
+		if !ok {
+			return lookupResult{}, fmt.Errorf("lookup field %q missing", field)
+		}
+		if i == len(parts)-1 {
+			s := string(raw)
+			if s == "" || strings.TrimLeft(s, "0123456789") != "" {
+				return lookupResult{}, fmt.Errorf("lookup field %q is not a non-negative integer", field)
+			}
+			n, err := strconv.ParseInt(s, 10, 64)
+			if err != nil {
+				return lookupResult{}, fmt.Errorf("lookup field %q: %w", field, err)
+			}
+			res.amount = n
+			break
+		}
+		cur = nil
+		if err := json.Unmarshal(raw, &cur); err != nil || cur == nil {
+			return lookupResult{}, fmt.Errorf("lookup field %q: not an object at %q", field, part)
+		}
+	}
+	return res, nil
+}
+
+// upstreamSecret returns the upstream's real secret, cached for a few seconds.
+func (p *Proxy) upstreamSecret(ctx context.Context, name string) (string, error) {
+	sc := &p.secrets
+	now := p.now()
+	if sc.ttl > 0 {
+		sc.mu.Lock()
+		e, ok := sc.entries[name]
+		sc.mu.Unlock()
+		if ok && now.Sub(e.fetched) < sc.ttl && !now.Before(e.fetched) {
+			return e.secret, nil
+		}
+	}
+	secret, err := p.store.UpstreamSecret(ctx, name)
+	if err != nil {
+		return "", err
+	}
+	if sc.ttl > 0 {
+		sc.mu.Lock()
+		sc.entries[name] = cachedSecret{secret: secret, fetched: now}
+		sc.mu.Unlock()
+	}
+	return secret, nil
+}
