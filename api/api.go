@@ -22,21 +22,23 @@ type AdminConfig struct {
 	Now func() time.Time
 }
 
-// NewAdmin returns the admin listener's handler: /api/v1/*, /healthz.
-func NewAdmin(cfg AdminConfig) http.Handler { panic("unimplemented") }
+// NewAdmin is in admin.go.
 
 // ProxyConfig configures the proxy listener's handler.
 type ProxyConfig struct {
+	// Store serves the agent endpoints (/keybrake/v1/*); without one they are not
+	// mounted.
 	Store  *vault.Store
 	Logger *slog.Logger
 	// Stripe serves /v1/* and /v2/* (the metering proxy).
 	Stripe http.Handler
 	Now    func() time.Time
+	// AgentMaxBodyBytes is the agent endpoints' request body limit
+	// (DefaultMaxBodyBytes when zero).
+	AgentMaxBodyBytes int64
 }
 
-// NewProxyListener returns the proxy listener's handler: /v1/*, /v2/* (Stripe),
-// /keybrake/v1/* (agent endpoints), /healthz.
-func NewProxyListener(cfg ProxyConfig) http.Handler { panic("unimplemented") }
+// NewProxyListener is in proxylistener.go.
 
 // Roles a JWT may carry.
 const (
@@ -44,8 +46,4 @@ const (
 	RoleViewer = "viewer"
 )
 
-// IssueToken signs an admin-API JWT (HS256, iss keybrake, aud keybrake-admin) for sub
-// with role, valid from now for ttl.
-func IssueToken(secret []byte, sub, role string, ttl time.Duration, now time.Time) (string, error) {
-	panic("unimplemented")
-}
+// IssueToken is in token.go.

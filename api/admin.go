@@ -1,0 +1,280 @@
+package api
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/golang-jwt/jwt/v5"
+	"github.com/labstack/echo/v4"
+
+	"github.com/keybrake/keybrake/vault"
+)
+
+// Log attribute keys of the admin API.
+const (
+	attrError    = "error"
+	attrMethod   = "method"
+	attrRoute    = "route"
+	attrPath     = "path"
+	attrStatus   = "status"
+	attrDuration = "duration_ms"
+	attrActor    = "actor"
+	attrRole     = "role"
+	attrAuth     = "auth_failure"
+)
+
+// Keys of values handlers and middleware leave in the echo context for the access log.
+const (
+	ctxKeyPrincipal     = "keybrake.principal"
+	ctxKeyInternalError = "keybrake.internal_error"
+	ctxKeyAuthFailure   = "keybrake.auth_failure"
+)
+
+// admin serves the admin REST API.
+type admin struct {
+	store     *vault.Store
+	log       *slog.Logger
+	secret    []byte
+	publicURL string
+	now       func() time.Time
+	parser    *jwt.Parser
+	maxBody   int64
+
+	// patchMu serializes PATCH /keys/{id}: a merge patch is applied to the key as
+	// read, so two concurrent patches must not both start from the same read.
+	patchMu sync.Mutex
+}
+
+// adminRoute is one route of the admin API. The OpenAPI document describes exactly
+// these (a test holds the two together).
+type adminRoute struct {
+	method  string
+	path    string // echo syntax: /api/v1/keys/:id
+	handler func(*admin, echo.Context) error
+	public  bool // no token needed
+	admin   bool // the admin role even for a read
+}
+
+// adminRoutes is the admin API.
+var adminRoutes = []adminRoute{
+	{method: http.MethodGet, path: "/healthz", handler: (*admin).healthz, public: true},
+	{method: http.MethodGet, path: "/api/v1/openapi.json", handler: (*admin).openAPI, public: true},
+
+	{method: http.MethodPost, path: "/api/v1/upstreams", handler: (*admin).putUpstream},
+	{method: http.MethodGet, path: "/api/v1/upstreams", handler: (*admin).listUpstreams},
+	{method: http.MethodDelete, path: "/api/v1/upstreams/:name", handler: (*admin).deleteUpstream},
+
+	{method: http.MethodPost, path: "/api/v1/keys", handler: (*admin).mintKey},
+	{method: http.MethodGet, path: "/api/v1/keys", handler: (*admin).listKeys},
+	{method: http.MethodGet, path: "/api/v1/keys/:id", handler: (*admin).getKey},
+	{method: http.MethodPatch, path: "/api/v1/keys/:id", handler: (*admin).patchKey},
+	{method: http.MethodPost, path: "/api/v1/keys/:id/revoke", handler: (*admin).revokeKey},
+	{method: http.MethodPost, path: "/api/v1/keys/:id/rotate", handler: (*admin).rotateKey},
+	{method: http.MethodGet, path: "/api/v1/keys/:id/usage", handler: (*admin).keyUsage},
+	{method: http.MethodGet, path: "/api/v1/keys/:id/events", handler: (*admin).keyEvents},
+
+	{method: http.MethodGet, path: "/api/v1/holds", handler: (*admin).listHolds},
+	{method: http.MethodPost, path: "/api/v1/holds/:id/resolve", handler: (*admin).resolveHold},
+
+	{method: http.MethodGet, path: "/api/v1/audit", handler: (*admin).listAudit},
+	{method: http.MethodGet, path: "/api/v1/backup", handler: (*admin).backup, admin: true},
+}
+
+// NewAdmin returns the admin listener's handler: /api/v1/*, /healthz. The handler is
+// an *echo.Echo. Every /api/v1 route but /api/v1/openapi.json needs an admin token
+// (Authorization: Bearer <JWT>, see IssueToken); every error is
+// application/problem+json (RFC 9457).
+func NewAdmin(cfg AdminConfig) http.Handler {
+	logger := cfg.Logger
+	if logger == nil {
+		logger = slog.Default()
+	}
+	now := cfg.Now
+	if now == nil {
+		now = time.Now
+	}
+	a := &admin{
+		store:     cfg.Store,
+		log:       logger.With("component", "admin"),
+		secret:    append([]byte(nil), cfg.JWTSecret...),
+		publicURL: strings.TrimRight(cfg.PublicURL, "/"),
+		now:       now,
+		parser:    newTokenParser(now),
+		maxBody:   DefaultMaxBodyBytes,
+	}
+	if len(a.secret) == 0 {
+		a.log.Error("no JWT secret configured: every admin API request will be refused")
+	}
+
+	e := echo.New()
+	e.HideBanner = true
+	e.HidePort = true
+	// echo's own logger writes to stdout; everything worth saying goes through slog.
+	e.Logger.SetOutput(io.Discard)
+	e.HTTPErrorHandler = a.errorHandler
+	e.Use(a.accessLog, recoverPanic, securityHeaders)
+
+	for _, r := range adminRoutes {
+		h := r.handler
+		handler := func(c echo.Context) error { return h(a, c) }
+		var mw []echo.MiddlewareFunc
+		if !r.public {
+			mw = append(mw, a.authenticate)
+		}
+		if r.admin {
+			mw = append(mw, requireAdmin)
+		}
+		e.Add(r.method, r.path, handler, mw...)
+	}
+	return e
+}
+
+// accessLog writes one log line per request, after the error handler has answered:
+// 2xx/3xx at Info, 4xx at Warn, 5xx at Error with the internal cause. It never logs
+// headers or bodies (tokens, secrets).
+func (a *admin) accessLog(next echo.HandlerFunc) echo.HandlerFunc {
+	return func(c echo.Context) error {
+		start := time.Now()
+		if err := next(c); err != nil {
+			c.Error(err)
+		}
+		status := c.Response().Status
+		attrs := []slog.Attr{
+			slog.String(attrMethod, c.Request().Method),
+			slog.String(attrRoute, c.Path()),
+			slog.String(attrPath, c.Request().URL.Path),
+			slog.Int(attrStatus, status),
+			slog.Float64(attrDuration, float64(time.Since(start).Microseconds())/1000),
+		}
+		if p, ok := c.Get(ctxKeyPrincipal).(Principal); ok {
+			attrs = append(attrs, slog.String(attrActor, p.Subject), slog.String(attrRole, p.Role))
+		}
+		if reason, ok := c.Get(ctxKeyAuthFailure).(string); ok {
+			attrs = append(attrs, slog.String(attrAuth, reason))
+		}
+		level := slog.LevelInfo
+		switch {
+		case status >= http.StatusInternalServerError:
+			level = slog.LevelError
+			if err, ok := c.Get(ctxKeyInternalError).(error); ok {
+				attrs = append(attrs, slog.String(attrError, err.Error()))
+			}
+		case status >= http.StatusBadRequest:
+			level = slog.LevelWarn
+		}
+		a.log.LogAttrs(c.Request().Context(), level, "admin request", attrs...)
+		return nil
+	}
+}
+
+// recoverPanic turns a handler panic into a 500 (logged once by accessLog). An
+// http.ErrAbortHandler panic is re-raised: it aborts a response on purpose.
+func recoverPanic(next echo.HandlerFunc) echo.HandlerFunc {
+	return func(c echo.Context) (err error) {
+		defer func() {
+			if r := recover(); r != nil {
+				if r == http.ErrAbortHandler { //nolint:errorlint // sentinel panic value
+					panic(r)
+				}
+				err = fmt.Errorf("panic in handler: %v", r)
+			}
+		}()
+		return next(c)
+	}
+}
+
+// securityHeaders marks every answer uncacheable (mint and rotate carry tokens) and
+// not to be sniffed.
+func securityHeaders(next echo.HandlerFunc) echo.HandlerFunc {
+	return func(c echo.Context) error {
+		h := c.Response().Header()
+		h.Set("Cache-Control", "no-store")
+		h.Set("X-Content-Type-Options", "nosniff")
+		return next(c)
+	}
+}
+
+// actor returns the sub of the request's token, written into the audit log.
+func actor(c echo.Context) string {
+	p, _ := PrincipalFromContext(c.Request().Context())
+	return p.Subject
+}
+
+// pathParam returns the unescaped path parameter name (echo routes on the escaped
+// path and leaves parameters escaped).
+func pathParam(c echo.Context, name string) (string, error) {
+	v, err := url.PathUnescape(c.Param(name))
+	if err != nil {
+		return "", newProblem(http.StatusBadRequest, fmt.Sprintf("path parameter %s is not validly escaped", name))
+	}
+	return v, nil
+}
+
+// query checks the request's query parameters against allowed (a misspelt filter
+// must not silently widen a listing) and returns them.
+func query(c echo.Context, allowed ...string) (url.Values, error) {
+	q, err := url.ParseQuery(c.Request().URL.RawQuery)
+	if err != nil {
+		return nil, newProblem(http.StatusBadRequest, "the query string is not validly encoded")
+	}
+	var unknown []string
+	for name := range q {
+		ok := false
+		for _, a := range allowed {
+			if name == a {
+				ok = true
+				break
+			}
+		}
+		if !ok {
+			unknown = append(unknown, name)
+		}
+	}
+	if len(unknown) > 0 {
+		p := validationProblem("unknown query parameter")
+		for _, name := range sortedStrings(unknown) {
+			p.Errors = append(p.Errors, fieldError(name, "unknown query parameter; allowed: "+strings.Join(allowed, ", ")))
+		}
+		return nil, p
+	}
+	for name, vs := range q {
+		if len(vs) > 1 && name != "label" {
+			return nil, validationProblem("the request is not valid", fieldError(name, "may be given only once"))
+		}
+	}
+	return q, nil
+}
+
+// cursorError reports a listing's ErrInvalid as a bad cursor (the only argument a
+// listing passes that the API has not checked itself).
+func cursorError(err error) error {
+	if errors.Is(err, vault.ErrInvalid) {
+		return validationProblem("the request is not valid",
+			fieldError("cursor", "is not a next_cursor of this listing"))
+	}
+	return err
+}
+
+// MaxPageSize is the largest page a list endpoint returns.
+const MaxPageSize = 500
+
+// pageParams reads limit (1–500; the store's default of 50 when absent) and cursor.
+func pageParams(q url.Values) (limit int, cursor string, err error) {
+	if s := q.Get("limit"); s != "" {
+		n, perr := strconv.Atoi(s)
+		if perr != nil || n < 1 || n > MaxPageSize {
+			return 0, "", validationProblem("the request is not valid",
+				fieldError("limit", fmt.Sprintf("must be an integer from 1 to %d", MaxPageSize)))
+		}
+		limit = n
+	}
+	return limit, q.Get("cursor"), nil
+}

@@ -1,0 +1,166 @@
+package api
+
+import (
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+
+	"github.com/labstack/echo/v4"
+
+	"github.com/keybrake/keybrake/policy"
+	"github.com/keybrake/keybrake/vault"
+)
+
+// healthz handles GET /healthz (no token): the process is up and serving.
+func (a *admin) healthz(c echo.Context) error {
+	return c.JSON(http.StatusOK, map[string]string{"status": "ok"})
+}
+
+// openAPI handles GET /api/v1/openapi.json (no token): the OpenAPI 3 document of
+// this API.
+func (a *admin) openAPI(c echo.Context) error {
+	return c.Blob(http.StatusOK, echo.MIMEApplicationJSON, OpenAPIDocument())
+}
+
+// holdListView is the answer of GET /api/v1/holds.
+type holdListView struct {
+	Holds []holdView `json:"holds"`
+	page
+}
+
+// listHolds handles GET /api/v1/holds?state=unknown: newest first.
+func (a *admin) listHolds(c echo.Context) error {
+	q, err := query(c, "state", "limit", "cursor")
+	if err != nil {
+		return err
+	}
+	state := vault.HoldState(q.Get("state"))
+	switch state {
+	case "", vault.HoldHeld, vault.HoldCommitted, vault.HoldReleased, vault.HoldUnknown:
+	default:
+		return validationProblem("the request is not valid",
+			fieldError("state", `must be "held", "committed", "released" or "unknown"`))
+	}
+	limit, cursor, err := pageParams(q)
+	if err != nil {
+		return err
+	}
+	holds, next, err := a.store.ListHolds(c.Request().Context(), state, limit, cursor)
+	if err != nil {
+		return cursorError(fmt.Errorf("list holds: %w", err))
+	}
+	out := holdListView{Holds: make([]holdView, 0, len(holds)), page: page{NextCursor: next}}
+	for _, h := range holds {
+		out.Holds = append(out.Holds, newHoldView(h))
+	}
+	return c.JSON(http.StatusOK, out)
+}
+
+// resolveHoldRequest is the body of POST /api/v1/holds/{id}/resolve.
+type resolveHoldRequest struct {
+	Outcome string `json:"outcome"`
+}
+
+// resolveHold handles POST /api/v1/holds/{id}/resolve: an operator, having checked
+// Stripe, says whether the money of an unknown hold moved (committed) or not
+// (released).
+func (a *admin) resolveHold(c echo.Context) error {
+	id, err := pathParam(c, "id")
+	if err != nil {
+		return err
+	}
+	body, err := readJSONBody(c, a.maxBody)
+	if err != nil {
+		return err
+	}
+	var req resolveHoldRequest
+	if err := decodeStrict(body, &req, ""); err != nil {
+		return err
+	}
+	outcome := vault.HoldState(req.Outcome)
+	if outcome != vault.HoldCommitted && outcome != vault.HoldReleased {
+		return validationProblem("the hold cannot be resolved",
+			policy.FieldError{Field: "outcome", Message: `must be "committed" or "released"`})
+	}
+	h, err := a.store.ResolveHold(c.Request().Context(), actor(c), id, outcome)
+	if err != nil {
+		return fmt.Errorf("resolve hold %s: %w", id, err)
+	}
+	return c.JSON(http.StatusOK, newHoldView(h))
+}
+
+// auditListView is the answer of GET /api/v1/audit.
+type auditListView struct {
+	Entries []auditView `json:"entries"`
+	page
+}
+
+// listAudit handles GET /api/v1/audit: newest first.
+func (a *admin) listAudit(c echo.Context) error {
+	q, err := query(c, "limit", "cursor")
+	if err != nil {
+		return err
+	}
+	limit, cursor, err := pageParams(q)
+	if err != nil {
+		return err
+	}
+	entries, next, err := a.store.ListAudit(c.Request().Context(), limit, cursor)
+	if err != nil {
+		return cursorError(fmt.Errorf("list audit: %w", err))
+	}
+	out := auditListView{Entries: make([]auditView, 0, len(entries)), page: page{NextCursor: next}}
+	for _, e := range entries {
+		out.Entries = append(out.Entries, newAuditView(e))
+	}
+	return c.JSON(http.StatusOK, out)
+}
+
+// backup handles GET /api/v1/backup (admin role only): a hot, consistent copy of the
+// database, streamed. A failure before the first byte is a problem+json 500; a
+// failure midway aborts the connection, so a truncated copy never looks complete.
+func (a *admin) backup(c echo.Context) error {
+	if _, err := query(c); err != nil {
+		return err
+	}
+	name := fmt.Sprintf("keybrake-%s.db", a.now().UTC().Format("20060102T150405Z"))
+	w := &lazyHeaderWriter{c: c, filename: name}
+	n, err := a.store.Backup(c.Request().Context(), w)
+	switch {
+	case err != nil && !w.started:
+		return fmt.Errorf("backup: %w", err)
+	case err != nil:
+		a.log.Error("backup aborted midway", slog.Int64("bytes", n), slog.String(attrError, err.Error()))
+		panic(http.ErrAbortHandler)
+	case !w.started:
+		w.start()
+	}
+	return nil
+}
+
+// lazyHeaderWriter sends the backup's headers with its first byte, so an error before
+// that can still be answered with a problem.
+type lazyHeaderWriter struct {
+	c        echo.Context
+	filename string
+	started  bool
+}
+
+func (w *lazyHeaderWriter) start() {
+	h := w.c.Response().Header()
+	h.Set(echo.HeaderContentType, echo.MIMEOctetStream)
+	h.Set(echo.HeaderContentDisposition, fmt.Sprintf("attachment; filename=%q", w.filename))
+	w.c.Response().WriteHeader(http.StatusOK)
+	w.started = true
+}
+
+// Write implements io.Writer.
+func (w *lazyHeaderWriter) Write(p []byte) (int, error) {
+	if !w.started {
+		w.start()
+	}
+	return w.c.Response().Write(p)
+}
+
+var _ io.Writer = (*lazyHeaderWriter)(nil)

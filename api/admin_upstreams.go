@@ -1,0 +1,106 @@
+package api
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+
+	"github.com/labstack/echo/v4"
+
+	"github.com/keybrake/keybrake/policy"
+	"github.com/keybrake/keybrake/vault"
+)
+
+// putUpstreamRequest is the body of POST /api/v1/upstreams.
+type putUpstreamRequest struct {
+	Name   string `json:"name"`
+	Vendor string `json:"vendor"`
+	Secret string `json:"secret"`
+}
+
+// upstreamListView is the answer of GET /api/v1/upstreams.
+type upstreamListView struct {
+	Upstreams []upstreamView `json:"upstreams"`
+}
+
+// putUpstream handles POST /api/v1/upstreams: register (201) or replace (200) the
+// upstream's secret. The secret is sealed by the store and never returned.
+func (a *admin) putUpstream(c echo.Context) error {
+	body, err := readJSONBody(c, a.maxBody)
+	if err != nil {
+		return err
+	}
+	var req putUpstreamRequest
+	if err := decodeStrict(body, &req, ""); err != nil {
+		return err
+	}
+	if req.Vendor == "" {
+		req.Vendor = policy.VendorStripe
+	}
+	var errs []policy.FieldError
+	errs = append(errs, checkName("name", req.Name)...)
+	if req.Vendor != policy.VendorStripe {
+		errs = append(errs, fieldError("vendor", `must be "stripe"`))
+	}
+	switch {
+	case req.Secret == "":
+		errs = append(errs, fieldError("secret", "required"))
+	case !strings.HasPrefix(req.Secret, "sk_") && !strings.HasPrefix(req.Secret, "rk_"):
+		// A publishable key (pk_) or a vault key (vk_) here is a mistake that would
+		// only show up as failing upstream requests later.
+		errs = append(errs, fieldError("secret", "must be a Stripe secret key (sk_…) or restricted key (rk_…)"))
+	case strings.ContainsFunc(req.Secret, func(r rune) bool { return r <= ' ' || r > '~' }):
+		errs = append(errs, fieldError("secret", "must not contain spaces or control characters"))
+	}
+	if len(errs) > 0 {
+		return validationProblem("the upstream cannot be registered", errs...)
+	}
+	ctx := c.Request().Context()
+	status := http.StatusCreated
+	switch _, err := a.store.GetUpstream(ctx, req.Name); {
+	case err == nil:
+		status = http.StatusOK
+	case !errors.Is(err, vault.ErrNotFound):
+		return fmt.Errorf("put upstream %q: %w", req.Name, err)
+	}
+	u, err := a.store.PutUpstream(ctx, actor(c), req.Name, req.Vendor, req.Secret)
+	if err != nil {
+		return fmt.Errorf("put upstream %q: %w", req.Name, err)
+	}
+	return c.JSON(status, newUpstreamView(u))
+}
+
+// listUpstreams handles GET /api/v1/upstreams.
+func (a *admin) listUpstreams(c echo.Context) error {
+	if _, err := query(c); err != nil {
+		return err
+	}
+	ups, err := a.store.ListUpstreams(c.Request().Context())
+	if err != nil {
+		return fmt.Errorf("list upstreams: %w", err)
+	}
+	out := upstreamListView{Upstreams: make([]upstreamView, 0, len(ups))}
+	for _, u := range ups {
+		out.Upstreams = append(out.Upstreams, newUpstreamView(u))
+	}
+	return c.JSON(http.StatusOK, out)
+}
+
+// deleteUpstream handles DELETE /api/v1/upstreams/{name}: 409 while an active key
+// uses it.
+func (a *admin) deleteUpstream(c echo.Context) error {
+	name, err := pathParam(c, "name")
+	if err != nil {
+		return err
+	}
+	err = a.store.DeleteUpstream(c.Request().Context(), actor(c), name)
+	switch {
+	case errors.Is(err, vault.ErrConflict):
+		return newProblem(http.StatusConflict,
+			fmt.Sprintf("upstream %q is used by active keys; revoke them or let them expire first", name))
+	case err != nil:
+		return fmt.Errorf("delete upstream %q: %w", name, err)
+	}
+	return c.NoContent(http.StatusNoContent)
+}

@@ -1,0 +1,267 @@
+package api
+
+import (
+	"encoding/json"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/keybrake/keybrake/policy"
+	"github.com/keybrake/keybrake/vault"
+)
+
+// The admin API answers with these view structs, never with vault types: the wire
+// format is the API's contract, and storage fields (token hashes, sealed bytes) have
+// no way into a response.
+
+// upstreamView is a registered upstream. The secret is never shown, only its last 4.
+type upstreamView struct {
+	Name        string    `json:"name"`
+	Vendor      string    `json:"vendor"`
+	SecretLast4 string    `json:"secret_last4"`
+	CreatedAt   time.Time `json:"created_at"`
+	UpdatedAt   time.Time `json:"updated_at"`
+}
+
+func newUpstreamView(u vault.Upstream) upstreamView {
+	return upstreamView{
+		Name:        u.Name,
+		Vendor:      u.Vendor,
+		SecretLast4: u.SecretLast4,
+		CreatedAt:   u.CreatedAt.UTC(),
+		UpdatedAt:   u.UpdatedAt.UTC(),
+	}
+}
+
+// keyView is a vault key without its token.
+type keyView struct {
+	ID          string            `json:"id"`
+	Name        string            `json:"name"`
+	Upstream    string            `json:"upstream"`
+	Labels      map[string]string `json:"labels"`
+	Policy      policy.Policy     `json:"policy"`
+	Status      string            `json:"status"`
+	TokenPrefix string            `json:"token_prefix"`
+	CreatedAt   time.Time         `json:"created_at"`
+	UpdatedAt   time.Time         `json:"updated_at"`
+	RevokedAt   *time.Time        `json:"revoked_at,omitempty"`
+	Usage       *usageView        `json:"usage,omitempty"`
+}
+
+func newKeyView(k vault.Key, now time.Time) keyView {
+	labels := k.Labels
+	if labels == nil {
+		labels = map[string]string{}
+	}
+	v := keyView{
+		ID:          k.ID,
+		Name:        k.Name,
+		Upstream:    k.Upstream,
+		Labels:      labels,
+		Policy:      k.Policy,
+		Status:      string(k.StatusAt(now)),
+		TokenPrefix: k.TokenPrefix,
+		CreatedAt:   k.CreatedAt.UTC(),
+		UpdatedAt:   k.UpdatedAt.UTC(),
+	}
+	if !k.RevokedAt.IsZero() {
+		t := k.RevokedAt.UTC()
+		v.RevokedAt = &t
+	}
+	return v
+}
+
+// keyWithTokenView is a key as minted or rotated: the only answers that carry the
+// token, shown once.
+type keyWithTokenView struct {
+	keyView
+	Token   string `json:"token"`
+	BaseURL string `json:"base_url"`
+}
+
+// windowView is one cap window's usage; money as decimal strings in the key's
+// currency, cap and remaining null when the window has no cap.
+type windowView struct {
+	Start     time.Time `json:"start"`
+	End       time.Time `json:"end"`
+	Cap       *string   `json:"cap"`
+	Committed string    `json:"committed"`
+	Held      string    `json:"held"`
+	Remaining *string   `json:"remaining"`
+	ResetAt   time.Time `json:"reset_at"`
+}
+
+// perRequestView is the per-request cap (null when none).
+type perRequestView struct {
+	Cap *string `json:"cap"`
+}
+
+// usageView is a key's usage per window.
+type usageView struct {
+	Currency   string         `json:"currency"`
+	Daily      *windowView    `json:"daily"`
+	Period     *windowView    `json:"period"`
+	PerRequest perRequestView `json:"per_request"`
+}
+
+func newUsageView(k vault.Key, windows []policy.Window, usage policy.Usage) *usageView {
+	cur := k.Policy.Currency
+	v := &usageView{Currency: cur}
+	for _, w := range windows {
+		cnt := usage[w.ID]
+		wv := &windowView{
+			Start:     w.Start.UTC(),
+			End:       w.End.UTC(),
+			Committed: policy.FormatMinor(cur, cnt.Committed),
+			Held:      policy.FormatMinor(cur, cnt.Held),
+			ResetAt:   w.End.UTC(),
+		}
+		if w.HasCap {
+			c := policy.FormatMinor(cur, w.Cap)
+			r := policy.FormatMinor(cur, max(0, w.Cap-cnt.Committed-cnt.Held))
+			wv.Cap, wv.Remaining = &c, &r
+		}
+		switch w.Kind {
+		case policy.WindowDaily:
+			v.Daily = wv
+		case policy.WindowPeriod:
+			v.Period = wv
+		}
+	}
+	if c, ok := k.Policy.PerRequestCapMinor(); ok {
+		s := policy.FormatMinor(cur, c)
+		v.PerRequest.Cap = &s
+	}
+	return v
+}
+
+// holdView is a hold on a key's windows.
+type holdView struct {
+	ID                     string     `json:"id"`
+	KeyID                  string     `json:"key_id"`
+	IdempotencyKey         string     `json:"idempotency_key"`
+	UpstreamIdempotencyKey string     `json:"upstream_idempotency_key"`
+	Operation              string     `json:"operation"`
+	Currency               string     `json:"currency"`
+	Amount                 string     `json:"amount"`
+	Windows                []string   `json:"windows"`
+	State                  string     `json:"state"`
+	CreatedAt              time.Time  `json:"created_at"`
+	SettledAt              *time.Time `json:"settled_at,omitempty"`
+}
+
+func newHoldView(h vault.Hold) holdView {
+	windows := h.WindowIDs
+	if windows == nil {
+		windows = []string{}
+	}
+	v := holdView{
+		ID:                     h.ID,
+		KeyID:                  h.KeyID,
+		IdempotencyKey:         h.IdempotencyKey,
+		UpstreamIdempotencyKey: vault.UpstreamKey(h.KeyID, h.IdempotencyKey),
+		Operation:              h.Operation,
+		Currency:               h.Currency,
+		Amount:                 formatAmount(h.Currency, h.Amount),
+		Windows:                windows,
+		State:                  string(h.State),
+		CreatedAt:              h.CreatedAt.UTC(),
+	}
+	if !h.SettledAt.IsZero() {
+		t := h.SettledAt.UTC()
+		v.SettledAt = &t
+	}
+	return v
+}
+
+// eventView is one entry of a key's ledger.
+type eventView struct {
+	ID              string    `json:"id"`
+	Time            time.Time `json:"time"`
+	KeyID           string    `json:"key_id"`
+	Operation       string    `json:"operation"`
+	Amount          string    `json:"amount"`
+	Currency        string    `json:"currency,omitempty"`
+	Decision        string    `json:"decision"`
+	Reason          string    `json:"reason,omitempty"`
+	HoldID          string    `json:"hold_id,omitempty"`
+	HoldState       string    `json:"hold_state,omitempty"`
+	UpstreamStatus  int       `json:"upstream_status,omitempty"`
+	StripeRequestID string    `json:"stripe_request_id,omitempty"`
+	ObjectID        string    `json:"object_id,omitempty"`
+}
+
+func newEventView(e vault.Event) eventView {
+	return eventView{
+		ID:              e.ID,
+		Time:            e.Time.UTC(),
+		KeyID:           e.KeyID,
+		Operation:       e.Operation,
+		Amount:          formatAmount(e.Currency, e.Amount),
+		Currency:        e.Currency,
+		Decision:        e.Decision,
+		Reason:          e.Reason,
+		HoldID:          e.HoldID,
+		HoldState:       string(e.HoldState),
+		UpstreamStatus:  e.UpstreamStatus,
+		StripeRequestID: e.StripeRequestID,
+		ObjectID:        e.ObjectID,
+	}
+}
+
+// auditView is one admin change with its before and after documents.
+type auditView struct {
+	ID     string          `json:"id"`
+	Time   time.Time       `json:"time"`
+	Actor  string          `json:"actor"`
+	Action string          `json:"action"`
+	Target string          `json:"target"`
+	Before json.RawMessage `json:"before"`
+	After  json.RawMessage `json:"after"`
+}
+
+func newAuditView(e vault.AuditEntry) auditView {
+	return auditView{
+		ID:     e.ID,
+		Time:   e.Time.UTC(),
+		Actor:  e.Actor,
+		Action: e.Action,
+		Target: e.Target,
+		Before: rawOrNull(e.Before),
+		After:  rawOrNull(e.After),
+	}
+}
+
+// rawOrNull returns b as raw JSON, or null when b is empty or not JSON.
+func rawOrNull(b []byte) json.RawMessage {
+	if len(b) == 0 || !json.Valid(b) {
+		return json.RawMessage("null")
+	}
+	return json.RawMessage(b)
+}
+
+// formatAmount renders minor units in the currency's major unit; an amount without a
+// (known) currency is rendered as the plain integer.
+func formatAmount(currency string, minor int64) string {
+	if _, ok := policy.Exponent(currency); !ok {
+		return strconv.FormatInt(minor, 10)
+	}
+	return policy.FormatMinor(currency, minor)
+}
+
+// fieldError is a shorthand for a policy.FieldError.
+func fieldError(field, message string) policy.FieldError {
+	return policy.FieldError{Field: field, Message: message}
+}
+
+// sortedStrings returns s sorted (for stable error lists).
+func sortedStrings(s []string) []string {
+	out := slices.Clone(s)
+	slices.Sort(out)
+	return out
+}
+
+// page is a list answer's cursor: next_cursor is absent on the last page.
+type page struct {
+	NextCursor string `json:"next_cursor,omitempty"`
+}

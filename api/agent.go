@@ -1,0 +1,530 @@
+package api
+
+import (
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/labstack/echo/v4"
+
+	"github.com/keybrake/keybrake/policy"
+	"github.com/keybrake/keybrake/vault"
+)
+
+// The agent endpoints live on the proxy listener under /keybrake/v1 and are
+// authenticated with the vault key itself, exactly like the proxy: "Authorization:
+// Bearer vk_…" or HTTP Basic with the token as the user name. Every error is
+// application/problem+json (RFC 9457); the claims API gives the IETF
+// Idempotency-Key draft's meanings to 400 (no key), 409 (in progress, or not the
+// owner) and 422 (the key was claimed with another fingerprint).
+
+// AgentPathPrefix is the path prefix of the agent endpoints.
+const AgentPathPrefix = "/keybrake/"
+
+// Claim leases: lease_seconds defaults to DefaultClaimLease and may be at most
+// MaxClaimLease.
+const (
+	DefaultClaimLease = 60 * time.Second
+	MaxClaimLease     = time.Hour
+)
+
+// Problem types of the claims API, besides the general ones of problem.go.
+const (
+	// ProblemClaimInProgress: the key is claimed by someone else under a live lease
+	// (409, with Retry-After).
+	ProblemClaimInProgress = "urn:keybrake:problem:claim-in-progress"
+	// ProblemClaimFingerprintMismatch: the key was claimed with another fingerprint
+	// (422).
+	ProblemClaimFingerprintMismatch = "urn:keybrake:problem:claim-fingerprint-mismatch"
+	// ProblemClaimNotOwner: a complete or release with a fencing token that is not
+	// the current owner's, or of a claim that is already completed (409).
+	ProblemClaimNotOwner = "urn:keybrake:problem:claim-not-owner"
+)
+
+// Claim statuses of the claims API's answers.
+const (
+	claimStatusClaimed    = "claimed"
+	claimStatusInProgress = "in_progress"
+	claimStatusCompleted  = "completed"
+	claimStatusReleased   = "released"
+)
+
+// ctxKeyVaultKey is the echo context key of the authenticated vault.Key.
+const ctxKeyVaultKey = "keybrake.vault_key"
+
+// attrKeyID is the log attribute of the calling vault key's id.
+const attrKeyID = "key_id"
+
+// agent serves the agent endpoints.
+type agent struct {
+	store   *vault.Store
+	log     *slog.Logger
+	now     func() time.Time
+	maxBody int64
+}
+
+// agentRoute is one agent endpoint. The OpenAPI document's operations tagged
+// "agent" describe exactly these (a test holds the two together).
+type agentRoute struct {
+	method  string
+	path    string
+	handler func(*agent, echo.Context) error
+}
+
+// agentRoutes are the agent endpoints.
+var agentRoutes = []agentRoute{
+	{method: http.MethodGet, path: "/keybrake/v1/me", handler: (*agent).me},
+	{method: http.MethodPost, path: "/keybrake/v1/claims", handler: (*agent).claim},
+	{method: http.MethodGet, path: "/keybrake/v1/claims/:key", handler: (*agent).getClaim},
+	{method: http.MethodPost, path: "/keybrake/v1/claims/:key/complete", handler: (*agent).completeClaim},
+	{method: http.MethodPost, path: "/keybrake/v1/claims/:key/release", handler: (*agent).releaseClaim},
+}
+
+// newAgent returns the agent endpoints of cfg.
+func newAgent(cfg ProxyConfig, logger *slog.Logger) *agent {
+	now := cfg.Now
+	if now == nil {
+		now = time.Now
+	}
+	maxBody := cfg.AgentMaxBodyBytes
+	if maxBody <= 0 {
+		maxBody = DefaultMaxBodyBytes
+	}
+	return &agent{store: cfg.Store, log: logger.With("component", "agent"), now: now, maxBody: maxBody}
+}
+
+// register adds the agent routes to e.
+func (a *agent) register(e *echo.Echo) {
+	for _, r := range agentRoutes {
+		h := r.handler
+		e.Add(r.method, r.path, func(c echo.Context) error { return h(a, c) },
+			a.accessLog, recoverPanic, securityHeaders, a.authenticate)
+	}
+}
+
+// isAgentPath reports whether r is addressed to the agent endpoints, whose errors
+// are problem+json rather than Stripe-shaped.
+func isAgentPath(r *http.Request) bool { return strings.HasPrefix(r.URL.Path, AgentPathPrefix) }
+
+// accessLog writes one line per agent request after the error handler answered:
+// 2xx at Info, 4xx at Warn, 5xx at Error with the internal cause. It logs the
+// route, never the path (claim keys), a header or a body.
+func (a *agent) accessLog(next echo.HandlerFunc) echo.HandlerFunc {
+	return func(c echo.Context) error {
+		start := time.Now()
+		if err := next(c); err != nil {
+			c.Error(err)
+		}
+		status := c.Response().Status
+		attrs := []slog.Attr{
+			slog.String(attrMethod, c.Request().Method),
+			slog.String(attrRoute, c.Path()),
+			slog.Int(attrStatus, status),
+			slog.Float64(attrDuration, float64(time.Since(start).Microseconds())/1000),
+		}
+		if k, ok := c.Get(ctxKeyVaultKey).(vault.Key); ok {
+			attrs = append(attrs, slog.String(attrKeyID, k.ID))
+		}
+		if reason, ok := c.Get(ctxKeyAuthFailure).(string); ok {
+			attrs = append(attrs, slog.String(attrAuth, reason))
+		}
+		level := slog.LevelInfo
+		switch {
+		case status >= http.StatusInternalServerError:
+			level = slog.LevelError
+			if err, ok := c.Get(ctxKeyInternalError).(error); ok {
+				attrs = append(attrs, slog.String(attrError, err.Error()))
+			}
+		case status >= http.StatusBadRequest:
+			level = slog.LevelWarn
+		}
+		a.log.LogAttrs(c.Request().Context(), level, "agent request", attrs...)
+		return nil
+	}
+}
+
+// errorHandler writes every error of an agent endpoint (and the router's 404 and
+// 405 under AgentPathPrefix) as problem+json. A vault key that went bad between
+// authentication and the store's transaction is a 401 like any other.
+func (a *agent) errorHandler(err error, c echo.Context) {
+	var p *Problem
+	internal := false
+	switch {
+	case errors.Is(err, vault.ErrKeyRevoked):
+		p = unauthorized("this vault key has been revoked")
+	case errors.Is(err, vault.ErrKeyExpired):
+		p = unauthorized("this vault key has expired")
+	case errors.Is(err, vault.ErrKeyInvalid):
+		p = unauthorized("invalid vault key")
+	default:
+		p, internal = problemFor(err)
+	}
+	if internal {
+		// accessLog, the outermost middleware of every agent route, writes the
+		// request's one log line with this cause; the client gets nothing of it.
+		c.Set(ctxKeyInternalError, err)
+	}
+	if c.Response().Committed {
+		return
+	}
+	if p.Status == http.StatusUnauthorized {
+		c.Response().Header().Set("WWW-Authenticate", `Bearer realm="keybrake"`)
+	}
+	if werr := writeProblem(c, p); werr != nil {
+		a.log.Warn("write problem response", slog.String(attrError, werr.Error()))
+	}
+}
+
+// authenticate admits a request only with an active vault key: none, unknown,
+// revoked or expired is 401. The key is left in the echo context.
+func (a *agent) authenticate(next echo.HandlerFunc) echo.HandlerFunc {
+	return func(c echo.Context) error {
+		fail := func(detail string) error {
+			c.Set(ctxKeyAuthFailure, detail)
+			return unauthorized(detail)
+		}
+		token, detail := vaultToken(c.Request().Header)
+		if detail != "" {
+			return fail(detail)
+		}
+		key, err := a.store.Authenticate(c.Request().Context(), token)
+		switch {
+		case errors.Is(err, vault.ErrKeyRevoked):
+			return fail("this vault key has been revoked")
+		case errors.Is(err, vault.ErrKeyInvalid), errors.Is(err, vault.ErrNotFound):
+			return fail("invalid vault key")
+		case err != nil:
+			return fmt.Errorf("authenticate vault key: %w", err)
+		}
+		if key.StatusAt(a.now()) == vault.KeyExpired {
+			return fail("this vault key expired at " + key.Policy.ExpiresAt.UTC().Format(time.RFC3339))
+		}
+		c.Set(ctxKeyVaultKey, key)
+		return next(c)
+	}
+}
+
+// vaultToken reads the vault key from "Authorization: Bearer <token>" or from the
+// user name of HTTP Basic (the password is ignored), as the proxy does. detail says
+// what is wrong when there is no usable token; it never repeats the header.
+func vaultToken(h http.Header) (token, detail string) {
+	vals := h.Values(echo.HeaderAuthorization)
+	switch {
+	case len(vals) == 0 || strings.TrimSpace(vals[0]) == "":
+		return "", "missing Authorization header; send the vault key as Authorization: Bearer vk_..."
+	case len(vals) > 1:
+		return "", "more than one Authorization header"
+	}
+	scheme, cred, _ := strings.Cut(strings.TrimSpace(vals[0]), " ")
+	cred = strings.TrimSpace(cred)
+	switch strings.ToLower(scheme) {
+	case "bearer":
+		if cred != "" {
+			return cred, ""
+		}
+	case "basic":
+		if raw, err := base64.StdEncoding.DecodeString(cred); err == nil {
+			if user, _, _ := strings.Cut(string(raw), ":"); user != "" {
+				return user, ""
+			}
+		}
+	}
+	return "", "invalid Authorization header: use Bearer with the vault key, or Basic with the vault key as the user name"
+}
+
+// vaultKeyOf returns the authenticated key of the request.
+func vaultKeyOf(c echo.Context) vault.Key {
+	k, _ := c.Get(ctxKeyVaultKey).(vault.Key)
+	return k
+}
+
+// ---- GET /keybrake/v1/me ----
+
+// meView is the calling key as it may see itself: never its token, token hash or
+// anything about the upstream secret.
+type meView struct {
+	ID       string            `json:"id"`
+	Name     string            `json:"name"`
+	Labels   map[string]string `json:"labels"`
+	Status   string            `json:"status"`
+	Policy   policy.Policy     `json:"policy"`
+	Currency string            `json:"currency"`
+	Windows  meWindows         `json:"windows"`
+}
+
+// meWindows is the admin API's usage view per window, without its currency (which
+// meView carries).
+type meWindows struct {
+	Daily      *windowView    `json:"daily"`
+	Period     *windowView    `json:"period"`
+	PerRequest perRequestView `json:"per_request"`
+}
+
+// me handles GET /keybrake/v1/me: the key's policy and, per window, cap,
+// committed, held, remaining and reset_at, read in one transaction.
+func (a *agent) me(c echo.Context) error {
+	id := vaultKeyOf(c).ID
+	key, windows, usage, err := a.store.KeyUsage(c.Request().Context(), id)
+	if err != nil {
+		return fmt.Errorf("usage of %s: %w", id, err)
+	}
+	u := newUsageView(key, windows, usage)
+	labels := key.Labels
+	if labels == nil {
+		labels = map[string]string{}
+	}
+	return c.JSON(http.StatusOK, meView{
+		ID:       key.ID,
+		Name:     key.Name,
+		Labels:   labels,
+		Status:   string(key.StatusAt(a.now())),
+		Policy:   key.Policy,
+		Currency: u.Currency,
+		Windows:  meWindows{Daily: u.Daily, Period: u.Period, PerRequest: u.PerRequest},
+	})
+}
+
+// ---- the claims API ----
+
+// claimView is a claim as the claims API shows it. The fencing token is shown only
+// to the caller that just became the owner.
+type claimView struct {
+	Status         string          `json:"status"`
+	Key            string          `json:"key"`
+	Fingerprint    *string         `json:"fingerprint,omitempty"`
+	LeaseExpiresAt *time.Time      `json:"lease_expires_at,omitempty"`
+	FencingToken   *uint64         `json:"fencing_token,omitempty"`
+	Result         json.RawMessage `json:"result,omitempty"`
+	CreatedAt      *time.Time      `json:"created_at,omitempty"`
+	CompletedAt    *time.Time      `json:"completed_at,omitempty"`
+}
+
+// newClaimView shows a stored claim (without its fencing token).
+func newClaimView(cl vault.Claim) claimView {
+	fp, created := cl.Fingerprint, cl.CreatedAt.UTC()
+	v := claimView{Status: claimStatusInProgress, Key: cl.Key, Fingerprint: &fp, CreatedAt: &created}
+	if cl.State == vault.ClaimCompleted {
+		done := cl.CompletedAt.UTC()
+		v.Status, v.Result, v.CompletedAt = claimStatusCompleted, json.RawMessage(cl.Result), &done
+	} else {
+		until := cl.LeaseExpiresAt.UTC()
+		v.LeaseExpiresAt = &until
+	}
+	return v
+}
+
+// claimRequest is the body of POST /keybrake/v1/claims.
+type claimRequest struct {
+	Key          *string `json:"key"`
+	Fingerprint  *string `json:"fingerprint"`
+	LeaseSeconds *int64  `json:"lease_seconds"`
+}
+
+// claim handles POST /keybrake/v1/claims.
+func (a *agent) claim(c echo.Context) error {
+	body, err := readJSONBody(c, a.maxBody)
+	if err != nil {
+		return err
+	}
+	var req claimRequest
+	if err := decodeStrict(body, &req, ""); err != nil {
+		return err
+	}
+	if req.Key == nil || *req.Key == "" {
+		return newProblem(http.StatusBadRequest, "key is required: the claim key names the unit of work")
+	}
+	if !vault.ValidClaimKey(*req.Key) {
+		return newProblem(http.StatusBadRequest, claimKeyRule)
+	}
+	var errs []policy.FieldError
+	switch {
+	case req.Fingerprint == nil || *req.Fingerprint == "":
+		errs = append(errs, fieldError("fingerprint", "is required: a digest of the work's inputs, so a different job under the same key is refused"))
+	case len(*req.Fingerprint) > vault.MaxClaimFingerprintLen:
+		errs = append(errs, fieldError("fingerprint", fmt.Sprintf("must be at most %d bytes", vault.MaxClaimFingerprintLen)))
+	}
+	lease := DefaultClaimLease
+	if req.LeaseSeconds != nil {
+		maxSec := int64(MaxClaimLease / time.Second)
+		if *req.LeaseSeconds < 1 || *req.LeaseSeconds > maxSec {
+			errs = append(errs, fieldError("lease_seconds", fmt.Sprintf("must be an integer from 1 to %d", maxSec)))
+		} else {
+			lease = time.Duration(*req.LeaseSeconds) * time.Second
+		}
+	}
+	if len(errs) > 0 {
+		return validationProblem("the request is not valid", errs...)
+	}
+
+	keyID := vaultKeyOf(c).ID
+	res, err := a.store.Claim(c.Request().Context(), keyID, *req.Key, *req.Fingerprint, lease)
+	if err != nil {
+		return fmt.Errorf("claim under %s: %w", keyID, err)
+	}
+	switch res.Outcome {
+	case vault.ClaimOutcomeClaimed:
+		v := newClaimView(res.Claim)
+		token := res.Claim.FencingToken
+		v.Status, v.FencingToken = claimStatusClaimed, &token
+		c.Response().Header().Set(echo.HeaderLocation, claimPath(*req.Key))
+		return c.JSON(http.StatusCreated, v)
+	case vault.ClaimOutcomeCompleted:
+		return c.JSON(http.StatusOK, newClaimView(res.Claim))
+	case vault.ClaimOutcomeInProgress:
+		until := res.Claim.LeaseExpiresAt
+		c.Response().Header().Set("Retry-After", strconv.FormatInt(retryAfter(until, a.now()), 10))
+		p := newProblem(http.StatusConflict, "this key is claimed by another caller whose lease expires at "+
+			until.UTC().Format(time.RFC3339)+"; retry after it, or read the claim to see its outcome")
+		p.Type = ProblemClaimInProgress
+		return p
+	case vault.ClaimOutcomeFingerprintMismatch:
+		p := newProblem(http.StatusUnprocessableEntity,
+			"this key was claimed with a different fingerprint: the same key may only name the same work")
+		p.Type = ProblemClaimFingerprintMismatch
+		return p
+	default:
+		return fmt.Errorf("claim under %s: unexpected outcome %d", keyID, res.Outcome)
+	}
+}
+
+// claimKeyRule says what a claim key must be.
+var claimKeyRule = fmt.Sprintf("key must be 1-%d characters without control characters", vault.MaxClaimKeyLen)
+
+// retryAfter is the Retry-After of a live lease: whole seconds until it lapses, at
+// least 1.
+func retryAfter(until, now time.Time) int64 {
+	secs := math.Ceil(until.Sub(now).Seconds())
+	return max(1, int64(secs))
+}
+
+// claimPath is the URL path of the claim key, escaped.
+func claimPath(key string) string { return "/keybrake/v1/claims/" + url.PathEscape(key) }
+
+// claimKeyParam returns the claim key of the path. echo routes on the escaped path
+// when the request's escaping differs from Go's default (a key with %2F) and on the
+// decoded one otherwise, and leaves the parameter as it routed on it.
+func claimKeyParam(c echo.Context) (string, error) {
+	key := c.Param("key")
+	if c.Request().URL.RawPath != "" {
+		var err error
+		if key, err = url.PathUnescape(key); err != nil {
+			return "", newProblem(http.StatusBadRequest, "the claim key in the path is not validly escaped")
+		}
+	}
+	if !vault.ValidClaimKey(key) {
+		return "", newProblem(http.StatusBadRequest, claimKeyRule)
+	}
+	return key, nil
+}
+
+// getClaim handles GET /keybrake/v1/claims/{key}.
+func (a *agent) getClaim(c echo.Context) error {
+	key, err := claimKeyParam(c)
+	if err != nil {
+		return err
+	}
+	keyID := vaultKeyOf(c).ID
+	cl, err := a.store.GetClaim(c.Request().Context(), keyID, key)
+	if errors.Is(err, vault.ErrNotFound) {
+		return newProblem(http.StatusNotFound, "this vault key has no claim with this key")
+	}
+	if err != nil {
+		return fmt.Errorf("get claim under %s: %w", keyID, err)
+	}
+	return c.JSON(http.StatusOK, newClaimView(cl))
+}
+
+// completeRequest is the body of POST /keybrake/v1/claims/{key}/complete.
+type completeRequest struct {
+	Result       json.RawMessage `json:"result"`
+	FencingToken *uint64         `json:"fencing_token"`
+}
+
+// releaseRequest is the body of POST /keybrake/v1/claims/{key}/release.
+type releaseRequest struct {
+	FencingToken *uint64 `json:"fencing_token"`
+}
+
+// fencingRequired is the field error of a missing fencing token.
+var fencingRequired = fieldError("fencing_token", "is required: the token the claim answered with")
+
+// ownerError maps the store's answer to a complete or release.
+func ownerError(err error, keyID, action string) error {
+	switch {
+	case errors.Is(err, vault.ErrNotFound):
+		return newProblem(http.StatusNotFound, "this vault key has no claim with this key")
+	case errors.Is(err, vault.ErrConflict):
+		p := newProblem(http.StatusConflict, "this fencing token does not own the claim: it changed owner, or the claim is already completed")
+		p.Type = ProblemClaimNotOwner
+		return p
+	}
+	return fmt.Errorf("%s claim under %s: %w", action, keyID, err)
+}
+
+// completeClaim handles POST /keybrake/v1/claims/{key}/complete.
+func (a *agent) completeClaim(c echo.Context) error {
+	key, err := claimKeyParam(c)
+	if err != nil {
+		return err
+	}
+	body, err := readJSONBody(c, a.maxBody)
+	if err != nil {
+		return err
+	}
+	var req completeRequest
+	if err := decodeStrict(body, &req, ""); err != nil {
+		return err
+	}
+	var errs []policy.FieldError
+	if req.Result == nil {
+		errs = append(errs, fieldError("result", "is required: any JSON value (null too) that a re-run gets back"))
+	}
+	if req.FencingToken == nil {
+		errs = append(errs, fencingRequired)
+	}
+	if len(errs) > 0 {
+		return validationProblem("the request is not valid", errs...)
+	}
+	ctx := c.Request().Context()
+	keyID := vaultKeyOf(c).ID
+	if err := a.store.CompleteClaim(ctx, keyID, key, *req.FencingToken, req.Result); err != nil {
+		return ownerError(err, keyID, "complete")
+	}
+	cl, err := a.store.GetClaim(ctx, keyID, key)
+	if err != nil {
+		return fmt.Errorf("read completed claim under %s: %w", keyID, err)
+	}
+	return c.JSON(http.StatusOK, newClaimView(cl))
+}
+
+// releaseClaim handles POST /keybrake/v1/claims/{key}/release.
+func (a *agent) releaseClaim(c echo.Context) error {
+	key, err := claimKeyParam(c)
+	if err != nil {
+		return err
+	}
+	body, err := readJSONBody(c, a.maxBody)
+	if err != nil {
+		return err
+	}
+	var req releaseRequest
+	if err := decodeStrict(body, &req, ""); err != nil {
+		return err
+	}
+	if req.FencingToken == nil {
+		return validationProblem("the request is not valid", fencingRequired)
+	}
+	keyID := vaultKeyOf(c).ID
+	if err := a.store.ReleaseClaim(c.Request().Context(), keyID, key, *req.FencingToken); err != nil {
+		return ownerError(err, keyID, "release")
+	}
+	return c.JSON(http.StatusOK, claimView{Status: claimStatusReleased, Key: key})
+}

@@ -1,0 +1,123 @@
+package api
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"testing"
+
+	"github.com/labstack/echo/v4"
+	"github.com/stretchr/testify/assert"
+
+	"github.com/keybrake/keybrake/policy"
+	"github.com/keybrake/keybrake/vault"
+)
+
+func TestProblemForMapsEveryDomainError(t *testing.T) {
+	verr := &policy.ValidationError{Errors: []policy.FieldError{
+		{Field: "daily_cap", Message: "must be positive"},
+		{Field: "expires_at", Message: "must be in the future"},
+	}}
+	cases := map[string]struct {
+		err      error
+		status   int
+		typ      string
+		internal bool
+		fields   int
+	}{
+		"not found":           {err: fmt.Errorf("get key k: %w", vault.ErrNotFound), status: 404, typ: ProblemNotFound},
+		"conflict":            {err: fmt.Errorf("mint: %w", vault.ErrConflict), status: 409, typ: ProblemConflict},
+		"invalid":             {err: fmt.Errorf("cursor: %w", vault.ErrInvalid), status: 422, typ: ProblemValidation},
+		"validation error":    {err: fmt.Errorf("update: %w", verr), status: 422, typ: ProblemValidation, fields: 2},
+		"validation+invalid":  {err: fmt.Errorf("update: %w: %w", vault.ErrInvalid, verr), status: 422, typ: ProblemValidation, fields: 2},
+		"revoked":             {err: vault.ErrKeyRevoked, status: 409, typ: ProblemConflict},
+		"expired":             {err: vault.ErrKeyExpired, status: 409, typ: ProblemConflict},
+		"closed":              {err: vault.ErrClosed, status: 503, typ: ProblemUnavailable},
+		"sealed is internal":  {err: fmt.Errorf("unseal: %w", vault.ErrSealed), status: 500, typ: ProblemInternal, internal: true},
+		"plain error":         {err: errors.New("disk on fire"), status: 500, typ: ProblemInternal, internal: true},
+		"echo not found":      {err: echo.ErrNotFound, status: 404, typ: ProblemNotFound},
+		"echo 405":            {err: echo.ErrMethodNotAllowed, status: 405, typ: ProblemMethodNotAllowed},
+		"echo 500":            {err: echo.NewHTTPError(500, "boom"), status: 500, typ: ProblemInternal, internal: true},
+		"max bytes":           {err: fmt.Errorf("read: %w", &http.MaxBytesError{Limit: 10}), status: 413, typ: ProblemTooLarge},
+		"problem passes":      {err: fmt.Errorf("x: %w", newProblem(http.StatusForbidden, "no")), status: 403, typ: ProblemForbidden},
+		"client gone":         {err: fmt.Errorf("list: %w", context.Canceled), status: 503, typ: ProblemUnavailable},
+		"unknown status code": {err: newProblem(http.StatusTeapot, ""), status: 418, typ: "about:blank"},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			p, internal := problemFor(tc.err)
+			assert.Equal(t, tc.status, p.Status)
+			assert.Equal(t, tc.typ, p.Type)
+			assert.Equal(t, tc.internal, internal)
+			assert.Len(t, p.Errors, tc.fields)
+			assert.NotEmpty(t, p.Title)
+			if internal {
+				assert.Equal(t, "internal server error", p.Detail, "no cause reaches the client")
+			}
+		})
+	}
+}
+
+func TestDuplicateMember(t *testing.T) {
+	cases := map[string]struct {
+		body  string
+		field string // "" for none
+	}{
+		"none":                   {body: `{"a":1,"b":{"a":2},"c":[{"a":1},{"a":2}]}`},
+		"top level":              {body: `{"a":1,"b":2,"a":3}`, field: "a"},
+		"nested":                 {body: `{"policy":{"daily_cap":"1","daily_cap":null}}`, field: "policy.daily_cap"},
+		"in an array":            {body: `{"x":[{"k":1},{"k":1,"k":2}]}`, field: "x[1].k"},
+		"after nested objects":   {body: `{"a":{"b":{"c":1}},"d":[1,[2,3]],"a":0}`, field: "a"},
+		"same name, other level": {body: `{"a":{"a":{"a":1}}}`},
+		"case differs":           {body: `{"Name":"x","name":"y"}`},
+		"scalar document":        {body: `"x"`},
+		"empty object":           {body: `{}`},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			field, dup := duplicateMember([]byte(tc.body))
+			assert.Equal(t, tc.field != "", dup)
+			assert.Equal(t, tc.field, field)
+		})
+	}
+}
+
+func TestPrefixFields(t *testing.T) {
+	got := prefixFields("policy", []policy.FieldError{
+		{Field: "", Message: "a"}, {Field: "daily_cap", Message: "b"}, {Field: "[0]", Message: "c"},
+	})
+	assert.Equal(t, []string{"policy", "policy.daily_cap", "policy[0]"},
+		[]string{got[0].Field, got[1].Field, got[2].Field})
+}
+
+func TestDecodeStrictWantsExactNames(t *testing.T) {
+	cases := map[string]struct {
+		body   string
+		fields []string
+	}{
+		"exact":              {body: `{"name":"a","secret":"sk_x"}`},
+		"other case":         {body: `{"Name":"a"}`, fields: []string{"Name"}},
+		"both cases":         {body: `{"Name":"a","name":"b"}`, fields: []string{"Name"}},
+		"unknown and a typo": {body: `{"nmae":"a","secert":"b"}`, fields: []string{"nmae", "secert"}},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			var req putUpstreamRequest
+			err := decodeStrict([]byte(tc.body), &req, "")
+			if tc.fields == nil {
+				assert.NoError(t, err)
+				return
+			}
+			var p *Problem
+			if assert.ErrorAs(t, err, &p) {
+				assert.Equal(t, http.StatusUnprocessableEntity, p.Status)
+				var got []string
+				for _, fe := range p.Errors {
+					got = append(got, fe.Field)
+				}
+				assert.Equal(t, tc.fields, got)
+			}
+		})
+	}
+}
