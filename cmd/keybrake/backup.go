@@ -1,0 +1,232 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/keybrake/keybrake/api"
+	"github.com/keybrake/keybrake/vault"
+)
+
+// BackupConfig is the configuration of `keybrake backup`.
+type BackupConfig struct {
+	// Out is the file the copy is written to (atomically: temporary file, fsync, rename).
+	Out string
+	// DataDir holds keybrake.db for the offline copy (and the generated secrets).
+	DataDir string
+	// AdminURL, when set, takes the copy from a running server's GET /api/v1/backup.
+	AdminURL string
+	// Token authenticates against AdminURL (--token, else KEYBRAKE_ADMIN_TOKEN, else
+	// minted from the local JWT secret).
+	Token string
+	// OpenTimeout is how long the offline copy waits for the database's file lock.
+	OpenTimeout time.Duration
+	// Timeout bounds the whole online copy.
+	Timeout time.Duration
+}
+
+// DefaultBackupConfig returns backup's defaults.
+func DefaultBackupConfig() BackupConfig {
+	return BackupConfig{
+		DataDir:     DefaultConfig().DataDir,
+		OpenTimeout: 2 * time.Second,
+		Timeout:     10 * time.Minute,
+	}
+}
+
+// Validate returns every problem with the configuration at once.
+func (c BackupConfig) Validate() error {
+	var errs []error
+	if c.Out == "" {
+		errs = append(errs, errors.New("out: required"))
+	}
+	if c.AdminURL != "" {
+		if err := validateBaseURL(c.AdminURL); err != nil {
+			errs = append(errs, fmt.Errorf("admin-url: %w", err))
+		}
+	}
+	if c.OpenTimeout <= 0 {
+		errs = append(errs, fmt.Errorf("open-timeout: must be positive, got %s", c.OpenTimeout))
+	}
+	if c.Timeout <= 0 {
+		errs = append(errs, fmt.Errorf("timeout: must be positive, got %s", c.Timeout))
+	}
+	return errors.Join(errs...)
+}
+
+// backupTokenTTL is the lifetime of a token backup mints for itself.
+const backupTokenTTL = 5 * time.Minute
+
+// parseBackup reads backup's flags; --data-dir, --admin-url and --token fall back to
+// KEYBRAKE_DATA_DIR, KEYBRAKE_ADMIN_URL and KEYBRAKE_ADMIN_TOKEN.
+func (m *Main) parseBackup(args []string) error {
+	fs := m.flagSet(cmdBackup, "keybrake backup --out FILE [--data-dir DIR] [--admin-url URL [--token JWT]]\n\nWithout --admin-url the database is copied from the data directory while the\nserver is stopped (the server holds the file lock). With --admin-url the copy is\nstreamed from a running server's GET /api/v1/backup.")
+	c := &m.Backup
+	fs.StringVar(&c.Out, "out", c.Out, "file to write the copy to (required)")
+	fs.StringVar(&c.DataDir, "data-dir", c.DataDir, "data directory holding keybrake.db")
+	fs.StringVar(&c.AdminURL, "admin-url", c.AdminURL, "copy from a running server at this admin URL (e.g. http://127.0.0.1:8081)")
+	fs.StringVar(&c.Token, "token", c.Token, "admin JWT for --admin-url (default: "+envAdminToken+", else minted from the local JWT secret)")
+	fs.DurationVar(&c.OpenTimeout, "open-timeout", c.OpenTimeout, "how long to wait for the database lock (offline copy)")
+	fs.DurationVar(&c.Timeout, "timeout", c.Timeout, "time limit of the online copy")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("backup: unexpected arguments %q", fs.Args())
+	}
+	envs := map[string]string{"data-dir": envName("data-dir"), "admin-url": envName("admin-url"), "token": envAdminToken}
+	if err := applyEnv(fs, m.Getenv, envs); err != nil {
+		return fmt.Errorf("backup: %w", err)
+	}
+	if err := c.Validate(); err != nil {
+		return fmt.Errorf("backup: %w", err)
+	}
+	return nil
+}
+
+// runBackup writes the copy and reports its size on Stdout.
+func (m *Main) runBackup(ctx context.Context) error {
+	c := m.Backup
+	// Renaming a copy over the live database would silently drop every later write.
+	if same, err := samePath(filepath.Join(c.DataDir, databaseFile), c.Out); err != nil {
+		return fmt.Errorf("backup: %w", err)
+	} else if same {
+		return errors.New("backup: --out is the database itself")
+	}
+	var (
+		n   int64
+		err error
+	)
+	if c.AdminURL != "" {
+		n, err = m.backupOnline(ctx)
+	} else {
+		n, err = m.backupOffline(ctx)
+	}
+	if err != nil {
+		return fmt.Errorf("backup: %w", err)
+	}
+	_, err = fmt.Fprintf(m.Stdout, "wrote %d bytes to %s\n", n, c.Out)
+	return err
+}
+
+// backupOffline opens the database (which fails while a server holds its lock)
+// and writes a consistent copy.
+func (m *Main) backupOffline(ctx context.Context) (int64, error) {
+	c := m.Backup
+	dbPath := filepath.Join(c.DataDir, databaseFile)
+	if _, err := os.Stat(dbPath); err != nil {
+		return 0, fmt.Errorf("database: %w", err)
+	}
+	masterKey, _, err := loadSecret(masterKeySpec, m.Getenv, c.DataDir, nil)
+	if err != nil {
+		return 0, fmt.Errorf("master key: %w", err)
+	}
+	store, err := vault.Open(dbPath, vault.Options{
+		MasterKey:   masterKey,
+		OpenTimeout: c.OpenTimeout,
+		Logger:      newStderrLogger(m),
+	})
+	if err != nil {
+		return 0, fmt.Errorf("open %s (is keybrake serve running on it? then use --admin-url): %w", dbPath, err)
+	}
+	n, err := writeFileAtomic(c.Out, func(w io.Writer) (int64, error) { return store.Backup(ctx, w) })
+	if cerr := store.Close(); cerr != nil {
+		err = errors.Join(err, fmt.Errorf("close store: %w", cerr))
+	}
+	return n, err
+}
+
+// backupOnline streams GET /api/v1/backup from a running server.
+func (m *Main) backupOnline(ctx context.Context) (int64, error) {
+	c := m.Backup
+	token := c.Token
+	if token == "" {
+		secret, err := m.localJWTSecret(m.Getenv(envJWTSecret), c.DataDir)
+		if err != nil {
+			return 0, fmt.Errorf("no --token or %s, and %w", envAdminToken, err)
+		}
+		token, err = api.IssueToken(secret, "keybrake-backup", api.RoleAdmin, backupTokenTTL, time.Now())
+		if err != nil {
+			return 0, fmt.Errorf("issue token: %w", err)
+		}
+	}
+	ctx, cancel := context.WithTimeout(ctx, c.Timeout)
+	defer cancel()
+	u := strings.TrimRight(c.AdminURL, "/") + "/api/v1/backup"
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	if err != nil {
+		return 0, fmt.Errorf("build request: %w", err)
+	}
+	req.Header.Set("Authorization", "Bearer "+token)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, fmt.Errorf("get %s: %w", u, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		detail, _ := io.ReadAll(io.LimitReader(resp.Body, 4<<10))
+		return 0, fmt.Errorf("get %s: %s: %s", u, resp.Status, strings.TrimSpace(string(detail)))
+	}
+	return writeFileAtomic(c.Out, func(w io.Writer) (int64, error) { return io.Copy(w, resp.Body) })
+}
+
+// writeFileAtomic writes path through fill: a temporary file beside it (mode 0600),
+// fsync, rename over path, fsync of the directory. On error path is untouched.
+func writeFileAtomic(path string, fill func(io.Writer) (int64, error)) (int64, error) {
+	dir := filepath.Dir(path)
+	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
+	if err != nil {
+		return 0, fmt.Errorf("create temporary file: %w", err)
+	}
+	tmpName := tmp.Name()
+	done := false
+	defer func() {
+		if !done {
+			tmp.Close()
+			os.Remove(tmpName)
+		}
+	}()
+	n, err := fill(tmp)
+	if err != nil {
+		return 0, fmt.Errorf("write %s: %w", path, err)
+	}
+	if err := tmp.Sync(); err != nil {
+		return 0, fmt.Errorf("sync %s: %w", tmpName, err)
+	}
+	if err := tmp.Close(); err != nil {
+		return 0, fmt.Errorf("close %s: %w", tmpName, err)
+	}
+	if err := os.Rename(tmpName, path); err != nil {
+		return 0, fmt.Errorf("rename into place: %w", err)
+	}
+	done = true
+	if err := syncDir(dir); err != nil {
+		return n, err
+	}
+	return n, nil
+}
+
+// samePath reports whether a and b name the same file (b need not exist).
+func samePath(a, b string) (bool, error) {
+	aa, err := filepath.Abs(a)
+	if err != nil {
+		return false, fmt.Errorf("resolve %s: %w", a, err)
+	}
+	bb, err := filepath.Abs(b)
+	if err != nil {
+		return false, fmt.Errorf("resolve %s: %w", b, err)
+	}
+	if aa == bb {
+		return true, nil
+	}
+	ai, errA := os.Stat(aa)
+	bi, errB := os.Stat(bb)
+	return errA == nil && errB == nil && os.SameFile(ai, bi), nil
+}

@@ -1,0 +1,248 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/url"
+	"strings"
+	"time"
+)
+
+// Config is the configuration of `keybrake serve`. Flags and KEYBRAKE_* environment
+// variables fill it (a flag wins over its variable); the fields without a flag are
+// for tests and embedders and keep their DefaultConfig values otherwise.
+type Config struct {
+	// DataDir holds keybrake.db and, in development, the generated secrets.
+	DataDir string
+	// Listen is the proxy listener's address (Stripe API surface + agent endpoints).
+	Listen string
+	// AdminListen is the admin API and UI listener's address.
+	AdminListen string
+	// StripeURL is the upstream base URL; never taken from a request.
+	StripeURL string
+	// PublicURL is the proxy base URL handed out with each minted key; derived from
+	// the bound proxy address when empty.
+	PublicURL string
+	// UpstreamTimeout bounds one upstream request.
+	UpstreamTimeout time.Duration
+	// IdempotencyTTL is how long completed idempotency records replay.
+	IdempotencyTTL time.Duration
+	// LogLevel is debug, info, warn or error.
+	LogLevel string
+	// LogFormat is json or text.
+	LogFormat string
+
+	// ShutdownTimeout bounds how long Close lets in-flight requests finish before it
+	// closes their connections.
+	ShutdownTimeout time.Duration
+	// ReapInterval is how often expired idempotency records and counters are removed.
+	ReapInterval time.Duration
+	// LeaseMargin is added to UpstreamTimeout for the lease of an in-flight claim, so
+	// a claim outlives the request that holds it.
+	LeaseMargin time.Duration
+	// OpenTimeout is how long opening the database waits for its file lock.
+	OpenTimeout time.Duration
+	// ReadHeaderTimeout bounds reading a request's headers on both listeners.
+	ReadHeaderTimeout time.Duration
+	// ReadTimeout bounds reading a whole request (headers and body) on both listeners.
+	ReadTimeout time.Duration
+	// AdminWriteTimeout bounds writing an admin response (a streamed backup included).
+	AdminWriteTimeout time.Duration
+	// IdleTimeout bounds how long a keep-alive connection waits for its next request.
+	IdleTimeout time.Duration
+	// BootstrapTokenTTL is the lifetime of the admin token printed on first start.
+	BootstrapTokenTTL time.Duration
+}
+
+// DefaultConfig returns the defaults documented in DESIGN.md and the README.
+func DefaultConfig() Config {
+	return Config{
+		DataDir:           "./keybrake-data",
+		Listen:            ":8080",
+		AdminListen:       "127.0.0.1:8081",
+		StripeURL:         "https://api.stripe.com",
+		UpstreamTimeout:   80 * time.Second,
+		IdempotencyTTL:    24 * time.Hour,
+		LogLevel:          "info",
+		LogFormat:         "json",
+		ShutdownTimeout:   90 * time.Second,
+		ReapInterval:      5 * time.Minute,
+		LeaseMargin:       30 * time.Second,
+		OpenTimeout:       5 * time.Second,
+		ReadHeaderTimeout: 10 * time.Second,
+		ReadTimeout:       60 * time.Second,
+		AdminWriteTimeout: 5 * time.Minute,
+		IdleTimeout:       120 * time.Second,
+		BootstrapTokenTTL: time.Hour,
+	}
+}
+
+// ProxyWriteTimeout is the proxy listener's write timeout. A proxied request may
+// make two upstream calls (an amount lookup, then the forward), each bounded by
+// UpstreamTimeout; the margin covers the store's group commit and writing the
+// answer back, so the server never cuts a response Stripe already gave.
+func (c Config) ProxyWriteTimeout() time.Duration {
+	return 2*c.UpstreamTimeout + c.LeaseMargin
+}
+
+// Lease is the lease of an in-flight idempotency claim: longer than one upstream
+// request, so a live request is never taken over by a retry.
+func (c Config) Lease() time.Duration {
+	return c.UpstreamTimeout + c.LeaseMargin
+}
+
+// Validate returns every problem with the configuration at once.
+func (c Config) Validate() error {
+	var errs []error
+	if strings.TrimSpace(c.DataDir) == "" {
+		errs = append(errs, errors.New("data-dir: must not be empty"))
+	}
+	for _, a := range []struct{ name, addr string }{{"listen", c.Listen}, {"admin-listen", c.AdminListen}} {
+		if _, port, err := net.SplitHostPort(a.addr); err != nil || port == "" {
+			errs = append(errs, fmt.Errorf("%s: %q is not host:port", a.name, a.addr))
+		}
+	}
+	if err := validateBaseURL(c.StripeURL); err != nil {
+		errs = append(errs, fmt.Errorf("stripe-url: %w", err))
+	}
+	if c.PublicURL != "" {
+		if err := validateBaseURL(c.PublicURL); err != nil {
+			errs = append(errs, fmt.Errorf("public-url: %w", err))
+		}
+	}
+	if _, err := parseLevel(c.LogLevel); err != nil {
+		errs = append(errs, fmt.Errorf("log-level: %w", err))
+	}
+	if c.LogFormat != "json" && c.LogFormat != "text" {
+		errs = append(errs, fmt.Errorf("log-format: %q is not json or text", c.LogFormat))
+	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{
+		{"upstream-timeout", c.UpstreamTimeout},
+		{"idempotency-ttl", c.IdempotencyTTL},
+		{"shutdown-timeout", c.ShutdownTimeout},
+		{"reap-interval", c.ReapInterval},
+		{"lease margin", c.LeaseMargin},
+		{"open timeout", c.OpenTimeout},
+		{"read header timeout", c.ReadHeaderTimeout},
+		{"read timeout", c.ReadTimeout},
+		{"admin write timeout", c.AdminWriteTimeout},
+		{"idle timeout", c.IdleTimeout},
+		{"bootstrap token ttl", c.BootstrapTokenTTL},
+	} {
+		if d.v <= 0 {
+			errs = append(errs, fmt.Errorf("%s: must be positive, got %s", d.name, d.v))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// validateBaseURL accepts an absolute http(s) URL with a host and nothing after
+// the path.
+func validateBaseURL(s string) error {
+	u, err := url.Parse(s)
+	if err != nil {
+		return fmt.Errorf("parse %q: %w", s, err)
+	}
+	if u.Scheme != "http" && u.Scheme != "https" {
+		return fmt.Errorf("%q: scheme must be http or https", s)
+	}
+	if u.Host == "" {
+		return fmt.Errorf("%q: no host", s)
+	}
+	if u.User != nil || u.RawQuery != "" || u.Fragment != "" {
+		return fmt.Errorf("%q: must not carry user info, query or fragment", s)
+	}
+	return nil
+}
+
+// parseLevel maps a log level name to its slog level.
+func parseLevel(s string) (slog.Level, error) {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(s)); err != nil {
+		return 0, fmt.Errorf("%q is not debug, info, warn or error", s)
+	}
+	return l, nil
+}
+
+// bindFlags registers serve's flags on fs, writing into c.
+func (c *Config) bindFlags(fs *flag.FlagSet) {
+	fs.StringVar(&c.DataDir, "data-dir", c.DataDir, "directory holding keybrake.db (and the generated development secrets)")
+	fs.StringVar(&c.Listen, "listen", c.Listen, "proxy listener address (Stripe API surface)")
+	fs.StringVar(&c.AdminListen, "admin-listen", c.AdminListen, "admin API listener address")
+	fs.StringVar(&c.StripeURL, "stripe-url", c.StripeURL, "upstream Stripe API base URL")
+	fs.StringVar(&c.PublicURL, "public-url", c.PublicURL, "proxy base URL handed out with minted keys (default: derived from --listen)")
+	fs.DurationVar(&c.UpstreamTimeout, "upstream-timeout", c.UpstreamTimeout, "timeout of one upstream request")
+	fs.DurationVar(&c.IdempotencyTTL, "idempotency-ttl", c.IdempotencyTTL, "how long completed idempotency records replay")
+	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "log level: debug, info, warn, error")
+	fs.StringVar(&c.LogFormat, "log-format", c.LogFormat, "log format: json or text")
+	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", c.ShutdownTimeout, "how long in-flight requests may finish on shutdown")
+	fs.DurationVar(&c.ReapInterval, "reap-interval", c.ReapInterval, "how often expired idempotency records are removed")
+}
+
+// envName is the environment variable that backs a flag: KEYBRAKE_ + the flag's
+// name in upper case with dashes as underscores.
+func envName(flagName string) string {
+	return "KEYBRAKE_" + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
+}
+
+// applyEnv sets every flag of fs named in flagNames (all flags when flagNames is
+// nil) that was not given on the command line from its environment variable
+// (envName, or the name mapped in flagNames). Empty variables count as unset.
+func applyEnv(fs *flag.FlagSet, getenv func(string) string, flagNames map[string]string) error {
+	given := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	var errs []error
+	fs.VisitAll(func(f *flag.Flag) {
+		if given[f.Name] {
+			return
+		}
+		name := envName(f.Name)
+		if flagNames != nil {
+			mapped, ok := flagNames[f.Name]
+			if !ok {
+				return
+			}
+			name = mapped
+		}
+		v := getenv(name)
+		if v == "" {
+			return
+		}
+		if err := fs.Set(f.Name, v); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", name, err))
+		}
+	})
+	return errors.Join(errs...)
+}
+
+// derivePublicURL turns a bound listener address into the base URL callers use:
+// an unspecified host (":8080", "0.0.0.0:8080", "[::]:8080") becomes localhost.
+func derivePublicURL(addr string) string {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return "http://" + addr
+	}
+	if ip := net.ParseIP(host); host == "" || (ip != nil && ip.IsUnspecified()) {
+		host = "localhost"
+	}
+	return "http://" + net.JoinHostPort(host, port)
+}
+
+// dialableURL turns a bound listener address into a URL this machine can dial:
+// an unspecified host becomes 127.0.0.1.
+func dialableURL(addr net.Addr) string {
+	host, port, err := net.SplitHostPort(addr.String())
+	if err != nil {
+		return "http://" + addr.String()
+	}
+	if ip := net.ParseIP(host); host == "" || (ip != nil && ip.IsUnspecified()) {
+		host = "127.0.0.1"
+	}
+	return "http://" + net.JoinHostPort(host, port)
+}

@@ -1,0 +1,404 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/keybrake/keybrake/policy"
+	"github.com/keybrake/keybrake/proxy/proxytest"
+	"github.com/keybrake/keybrake/vault"
+)
+
+// MustBuildBinary builds cmd/keybrake into a temporary directory (with -race when
+// the tests run with it, so the build reuses the test build's cache) and returns
+// its path.
+func MustBuildBinary(tb testing.TB) string {
+	tb.Helper()
+	goBin, err := exec.LookPath("go")
+	if err != nil {
+		goBin = filepath.Join(runtime.GOROOT(), "bin", "go")
+	}
+	bin := filepath.Join(tb.TempDir(), "keybrake")
+	args := []string{"build", "-buildvcs=false", "-o", bin}
+	if raceEnabled {
+		args = append(args, "-race")
+	}
+	args = append(args, ".")
+	cmd := exec.Command(goBin, args...)
+	out, err := cmd.CombinedOutput()
+	require.NoError(tb, err, "go build: %s", out)
+	return bin
+}
+
+// child is one `keybrake serve` process.
+type child struct {
+	cmd      *exec.Cmd
+	ready    chan string // the proxy's address, once logged
+	exited   chan struct{}
+	exitErr  error
+	logMu    sync.Mutex
+	log      strings.Builder
+	raceSeen atomic.Bool
+}
+
+// startChild starts the binary and collects its stderr.
+func startChild(tb testing.TB, bin string, args, environ []string) *child {
+	tb.Helper()
+	c := &child{ready: make(chan string, 1), exited: make(chan struct{})}
+	c.cmd = exec.Command(bin, args...)
+	c.cmd.Env = environ
+	c.cmd.Stdout = io.Discard
+	stderr, err := c.cmd.StderrPipe()
+	require.NoError(tb, err)
+	require.NoError(tb, c.cmd.Start())
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		sc.Buffer(make([]byte, 64<<10), 1<<20)
+		for sc.Scan() {
+			line := sc.Text()
+			c.logMu.Lock()
+			if c.log.Len() < 1<<20 {
+				c.log.WriteString(line + "\n")
+			}
+			c.logMu.Unlock()
+			if strings.Contains(line, "WARNING: DATA RACE") {
+				c.raceSeen.Store(true)
+			}
+			var rec struct {
+				Msg   string `json:"msg"`
+				Proxy string `json:"proxy"`
+			}
+			if json.Unmarshal([]byte(line), &rec) == nil && rec.Msg == "keybrake serving" && rec.Proxy != "" {
+				select {
+				case c.ready <- rec.Proxy:
+				default:
+				}
+			}
+		}
+		c.exitErr = c.cmd.Wait()
+		close(c.exited)
+	}()
+	return c
+}
+
+// logs returns what the child wrote to stderr.
+func (c *child) logs() string {
+	c.logMu.Lock()
+	defer c.logMu.Unlock()
+	return c.log.String()
+}
+
+// signalAndWait sends sig to the child by its PID and waits for it to exit.
+func (c *child) signalAndWait(tb testing.TB, sig syscall.Signal, within time.Duration) error {
+	tb.Helper()
+	select {
+	case <-c.exited:
+		return c.exitErr
+	default:
+	}
+	require.NoError(tb, c.cmd.Process.Signal(sig))
+	select {
+	case <-c.exited:
+		return c.exitErr
+	case <-time.After(within):
+		_ = c.cmd.Process.Kill()
+		<-c.exited
+		require.FailNow(tb, "child did not exit", "after %s on %s; logs:\n%s", within, sig, c.logs())
+		return nil
+	}
+}
+
+// loadStats counts what the load generator saw.
+type loadStats struct {
+	mu         sync.Mutex
+	succeeded  map[string]string // caller idempotency key -> charge id answered
+	refused    int               // 402
+	retries    int               // transport errors, 409 and 5xx, retried
+	unexpected []string
+}
+
+func TestKill9UnderLoad(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and kills the real binary")
+	}
+	kills := 3
+	if os.Getenv("KEYBRAKE_LONG") != "" {
+		kills = 20
+	}
+	seed := uint64(time.Now().UnixNano())
+	if s := os.Getenv("KEYBRAKE_SEED"); s != "" {
+		var err error
+		seed, err = strconv.ParseUint(s, 10, 64)
+		require.NoError(t, err)
+	}
+	t.Logf("kills=%d seed=%d (KEYBRAKE_SEED reproduces the schedule)", kills, seed)
+	rng := rand.New(rand.NewPCG(seed, 1))
+
+	bin := MustBuildBinary(t)
+	fake := proxytest.NewFakeStripe(t, "sk_test_kill9")
+	dataDir := t.TempDir()
+	dbPath := filepath.Join(dataDir, databaseFile)
+	masterText, err := newMasterKeyText()
+	require.NoError(t, err)
+	masterKey, err := decodeMasterKey(masterText)
+	require.NoError(t, err)
+
+	// The cap is reached part way through the run, so kills land both while money
+	// moves and while requests are refused.
+	capDollars := int64(kills) * 70
+	capCents := capDollars * 100
+	var keyID, vaultKey string
+	func() {
+		s, err := vault.Open(dbPath, vault.Options{MasterKey: masterKey})
+		require.NoError(t, err)
+		defer s.Close()
+		_, err = s.PutUpstream(context.Background(), "test", upstreamDefault, "stripe", fake.Secret)
+		require.NoError(t, err)
+		k, token := MustMintKey(t, s, "kill9", capDollars)
+		keyID, vaultKey = k.ID, token
+	}()
+
+	environ := []string{}
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "KEYBRAKE_") && !strings.HasPrefix(kv, "STRIPE_") {
+			environ = append(environ, kv)
+		}
+	}
+	environ = append(environ,
+		envMasterKey+"="+masterText,
+		envJWTSecret+"=kill9-jwt-secret-kill9-jwt-secret-kill9",
+		envStripeKey+"="+fake.Secret,
+	)
+	args := []string{"serve", "--data-dir", dataDir, "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0",
+		"--stripe-url", fake.URL, "--log-format", "json", "--log-level", "info",
+		"--upstream-timeout", "10s", "--shutdown-timeout", "20s"}
+
+	var current atomic.Pointer[child]
+	var proxyURL atomic.Pointer[string]
+	t.Cleanup(func() {
+		if c := current.Load(); c != nil {
+			_ = c.cmd.Process.Kill()
+			<-c.exited
+		}
+	})
+	start := func(waitReady bool) *child {
+		c := startChild(t, bin, args, environ)
+		current.Store(c)
+		if !waitReady {
+			return c
+		}
+		select {
+		case addr := <-c.ready:
+			u := "http://" + addr
+			proxyURL.Store(&u)
+		case <-c.exited:
+			require.FailNow(t, "keybrake exited during start", "%v; logs:\n%s", c.exitErr, c.logs())
+		case <-time.After(60 * time.Second):
+			require.FailNow(t, "keybrake did not start", "logs:\n%s", c.logs())
+		}
+		return c
+	}
+
+	// Load: callers charge with their own idempotency keys and retry each key until
+	// they get a definitive answer, across kills and restarts.
+	stats := &loadStats{succeeded: map[string]string{}}
+	loadCtx, stopLoad := context.WithCancel(context.Background())
+	defer stopLoad()
+	const callers = 6
+	var capHit [callers]atomic.Bool
+	var wg sync.WaitGroup
+	client := &http.Client{Timeout: 15 * time.Second}
+	for g := range callers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := rand.New(rand.NewPCG(seed, uint64(g)+100))
+			for n := 0; loadCtx.Err() == nil; n++ {
+				callerKey := fmt.Sprintf("kill9-c%d-n%d", g, n)
+				amount := 100 * (1 + r.Int64N(5))
+				if chargeUntilDefinitive(loadCtx, client, &proxyURL, vaultKey, callerKey, amount, stats) == http.StatusPaymentRequired {
+					capHit[g].Store(true)
+				}
+				sleep(loadCtx, time.Duration(10+r.IntN(30))*time.Millisecond)
+			}
+		}()
+	}
+
+	for i := range kills {
+		var c *child
+		if rng.IntN(4) == 0 {
+			// Sometimes during start-up: recovery, opening, binding.
+			c = start(false)
+			time.Sleep(time.Duration(rng.IntN(40)) * time.Millisecond)
+		} else {
+			c = start(true)
+			time.Sleep(time.Duration(100+rng.IntN(600)) * time.Millisecond)
+		}
+		_ = c.signalAndWait(t, syscall.SIGKILL, 30*time.Second)
+		require.False(t, c.raceSeen.Load(), "data race in the child:\n%s", c.logs())
+		t.Logf("kill %d/%d: charges at the fake so far %d (%s of %s)", i+1, kills,
+			len(fake.Charges()), fmtCents(fake.TotalMoved("usd")), fmtCents(capCents))
+	}
+
+	// Last start: run until every caller has been refused for the cap (or a guard).
+	last := start(true)
+	deadline := time.Now().Add(60 * time.Second)
+	for time.Now().Before(deadline) {
+		all := true
+		for g := range callers {
+			all = all && capHit[g].Load()
+		}
+		if all {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	stopLoad()
+	wg.Wait()
+	err = last.signalAndWait(t, syscall.SIGTERM, 60*time.Second)
+	require.NoError(t, err, "graceful exit on SIGTERM; logs:\n%s", last.logs())
+	require.False(t, last.raceSeen.Load(), "data race in the child:\n%s", last.logs())
+	fake.WaitIdle(t)
+
+	stats.mu.Lock()
+	defer stats.mu.Unlock()
+	t.Logf("load: %d charges succeeded, %d refused for the cap, %d retries; fake: %d charges, %d replays, %s moved of %s",
+		len(stats.succeeded), stats.refused, stats.retries, len(fake.Charges()),
+		fake.CountWhere(func(r proxytest.Request) bool { return r.Replayed }),
+		fmtCents(fake.TotalMoved("usd")), fmtCents(capCents))
+	assert.Empty(t, stats.unexpected, "every answer is a charge, a cap refusal or retryable")
+	require.NotEmpty(t, stats.succeeded, "money moved during the run")
+	for g := range callers {
+		assert.True(t, capHit[g].Load(), "caller %d reached the cap", g)
+	}
+
+	// Money at the fake never passed the cap, and each caller key moved money at
+	// most once: one upstream key per caller key, one charge per upstream key.
+	moved := fake.TotalMoved("usd")
+	assert.LessOrEqual(t, moved, capCents, "Stripe moved no more than the cap")
+	upstreamOf := map[string]map[string]bool{} // caller key -> upstream keys
+	callerOf := map[string]string{}            // upstream key -> caller key
+	for _, r := range fake.Requests() {
+		ck := r.Params.Get("metadata[caller_key]")
+		if r.Method != http.MethodPost || ck == "" {
+			continue
+		}
+		if upstreamOf[ck] == nil {
+			upstreamOf[ck] = map[string]bool{}
+		}
+		upstreamOf[ck][r.IdempotencyKey] = true
+		callerOf[r.IdempotencyKey] = ck
+	}
+	for ck, ups := range upstreamOf {
+		assert.Len(t, ups, 1, "caller key %s reached Stripe under one upstream key", ck)
+	}
+	chargesOf := map[string][]string{} // caller key -> charge ids
+	for _, ch := range fake.Charges() {
+		require.NotEmpty(t, ch.IdempotencyKey, "every charge was created with an upstream key")
+		ck := callerOf[ch.IdempotencyKey]
+		require.NotEmpty(t, ck, "charge %s belongs to a caller key", ch.ID)
+		chargesOf[ck] = append(chargesOf[ck], ch.ID)
+	}
+	for ck, ids := range chargesOf {
+		assert.Len(t, ids, 1, "caller key %s moved money once", ck)
+	}
+	for ck, id := range stats.succeeded {
+		assert.Equal(t, []string{id}, chargesOf[ck], "caller key %s was answered with the one charge made for it", ck)
+	}
+
+	// The store meters everything that moved and never passed the cap.
+	s := MustOpenStore(t, dbPath, masterKey)
+	_, windows, usage, err := s.KeyUsage(context.Background(), keyID)
+	require.NoError(t, err)
+	var period *policy.Window
+	for i, w := range windows {
+		cnt := usage[w.ID]
+		assert.LessOrEqual(t, cnt.Committed+cnt.Held, w.Cap, "committed + held <= cap on %s", w.ID)
+		if w.Kind == policy.WindowPeriod {
+			period = &windows[i]
+		}
+	}
+	require.NotNil(t, period)
+	pc := usage[period.ID]
+	assert.LessOrEqual(t, moved, pc.Committed+pc.Held, "everything Stripe moved is metered (committed or held)")
+	t.Logf("store: period committed %s, held %s", fmtCents(pc.Committed), fmtCents(pc.Held))
+}
+
+// chargeUntilDefinitive POSTs one charge under callerKey until it gets an answer
+// that is not worth retrying, and returns its status (0 when the load stopped).
+func chargeUntilDefinitive(ctx context.Context, client *http.Client, proxyURL *atomic.Pointer[string],
+	vaultKey, callerKey string, amount int64, stats *loadStats) int {
+	form := url.Values{
+		"amount":               {strconv.FormatInt(amount, 10)},
+		"currency":             {"usd"},
+		"source":               {"tok_visa"},
+		"metadata[caller_key]": {callerKey},
+	}
+	for ctx.Err() == nil {
+		base := proxyURL.Load()
+		if base == nil {
+			sleep(ctx, 20*time.Millisecond)
+			continue
+		}
+		status, body, err := postForm(ctx, client, *base+"/v1/charges", vaultKey, callerKey, form)
+		switch {
+		case err != nil || status == http.StatusConflict || status >= 500:
+			stats.mu.Lock()
+			stats.retries++
+			stats.mu.Unlock()
+			sleep(ctx, 20*time.Millisecond)
+			continue
+		case status == http.StatusOK:
+			var ch struct {
+				ID string `json:"id"`
+			}
+			_ = json.Unmarshal(body, &ch)
+			stats.mu.Lock()
+			stats.succeeded[callerKey] = ch.ID
+			stats.mu.Unlock()
+		case status == http.StatusPaymentRequired:
+			stats.mu.Lock()
+			stats.refused++
+			stats.mu.Unlock()
+		default:
+			stats.mu.Lock()
+			stats.unexpected = append(stats.unexpected, fmt.Sprintf("%s: %d %s", callerKey, status, body))
+			stats.mu.Unlock()
+		}
+		return status
+	}
+	return 0
+}
+
+// sleep waits for d or until ctx ends.
+func sleep(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}
+
+// fmtCents formats minor units as dollars for messages.
+func fmtCents(c int64) string { return fmt.Sprintf("$%d.%02d", c/100, c%100) }

@@ -1,0 +1,210 @@
+package main
+
+import (
+	"crypto/rand"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+)
+
+// Secret names: environment variables, and the files in the data directory that
+// hold the generated development defaults.
+const (
+	envMasterKey   = "KEYBRAKE_MASTER_KEY"
+	envJWTSecret   = "KEYBRAKE_JWT_SECRET"
+	envStripeKey   = "STRIPE_SECRET_KEY"
+	envAdminToken  = "KEYBRAKE_ADMIN_TOKEN"
+	masterKeyFile  = "master.key"
+	jwtSecretFile  = "jwt.secret"
+	databaseFile   = "keybrake.db"
+	masterKeyBytes = 32
+	// minJWTSecret is the shortest HS256 secret accepted: 256 bits.
+	minJWTSecret = 32
+)
+
+// errNoSecret says a secret is neither in the environment nor in the data directory.
+var errNoSecret = errors.New("no secret")
+
+// secretSource says where a secret came from, for the log.
+type secretSource string
+
+const (
+	sourceEnv       secretSource = "environment"
+	sourceFile      secretSource = "data directory"
+	sourceGenerated secretSource = "generated"
+)
+
+// decodeMasterKey decodes a base64 (standard or URL alphabet, padded or not)
+// 32-byte master key.
+func decodeMasterKey(s string) ([]byte, error) {
+	s = strings.TrimSpace(s)
+	for _, enc := range []*base64.Encoding{base64.StdEncoding, base64.RawStdEncoding, base64.URLEncoding, base64.RawURLEncoding} {
+		b, err := enc.DecodeString(s)
+		if err != nil {
+			continue
+		}
+		if len(b) != masterKeyBytes {
+			return nil, fmt.Errorf("master key is %d bytes, want %d", len(b), masterKeyBytes)
+		}
+		return b, nil
+	}
+	return nil, errors.New("master key is not base64")
+}
+
+// checkJWTSecret refuses secrets too short for HS256.
+func checkJWTSecret(b []byte) ([]byte, error) {
+	if len(b) < minJWTSecret {
+		return nil, fmt.Errorf("jwt secret is %d bytes, want at least %d", len(b), minJWTSecret)
+	}
+	return b, nil
+}
+
+// newMasterKeyText returns a fresh master key in its file/environment form.
+func newMasterKeyText() (string, error) {
+	b := make([]byte, masterKeyBytes)
+	if _, err := rand.Read(b); err != nil {
+		return "", fmt.Errorf("generate master key: %w", err)
+	}
+	return base64.StdEncoding.EncodeToString(b), nil
+}
+
+// newJWTSecretText returns a fresh JWT secret: 32 random bytes as base64url text;
+// the text itself is the secret.
+func newJWTSecretText() (string, error) {
+	b := make([]byte, 32)
+	if _, err := rand.Read(b); err != nil {
+		return "", fmt.Errorf("generate jwt secret: %w", err)
+	}
+	return base64.RawURLEncoding.EncodeToString(b), nil
+}
+
+// secretSpec describes one secret that serve needs.
+type secretSpec struct {
+	env      string
+	file     string
+	generate func() (string, error)
+	decode   func(string) ([]byte, error)
+}
+
+var (
+	masterKeySpec = secretSpec{env: envMasterKey, file: masterKeyFile, generate: newMasterKeyText, decode: decodeMasterKey}
+	jwtSecretSpec = secretSpec{
+		env: envJWTSecret, file: jwtSecretFile, generate: newJWTSecretText,
+		decode: func(s string) ([]byte, error) { return checkJWTSecret([]byte(strings.TrimSpace(s))) },
+	}
+)
+
+// loadSecret returns the secret from the environment, else from its file in dir.
+// It returns errNoSecret when neither has it.
+func loadSecret(spec secretSpec, getenv func(string) string, dir string, logger *slog.Logger) ([]byte, secretSource, error) {
+	if v := getenv(spec.env); v != "" {
+		b, err := spec.decode(v)
+		if err != nil {
+			return nil, "", fmt.Errorf("%s: %w", spec.env, err)
+		}
+		return b, sourceEnv, nil
+	}
+	path := filepath.Join(dir, spec.file)
+	data, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, "", fmt.Errorf("%s unset and %s missing: %w", spec.env, path, errNoSecret)
+	}
+	if err != nil {
+		return nil, "", fmt.Errorf("read %s: %w", path, err)
+	}
+	b, err := spec.decode(string(data))
+	if err != nil {
+		return nil, "", fmt.Errorf("%s: %w", path, err)
+	}
+	if fi, err := os.Stat(path); err == nil && fi.Mode().Perm()&0o077 != 0 && logger != nil {
+		logger.Warn("secret file is readable by other users; chmod 600 it", "path", path, "mode", fi.Mode().Perm().String())
+	}
+	return b, sourceFile, nil
+}
+
+// loadOrGenerateSecret is loadSecret that, when neither the environment nor the
+// file has the secret, generates one into the file (mode 0600) and warns that this
+// is a development default.
+func loadOrGenerateSecret(spec secretSpec, getenv func(string) string, dir string, logger *slog.Logger) ([]byte, secretSource, error) {
+	b, src, err := loadSecret(spec, getenv, dir, logger)
+	if !errors.Is(err, errNoSecret) {
+		return b, src, err
+	}
+	text, err := spec.generate()
+	if err != nil {
+		return nil, "", err
+	}
+	path := filepath.Join(dir, spec.file)
+	created, err := writeFileExclusive(path, []byte(text+"\n"))
+	if err != nil {
+		return nil, "", fmt.Errorf("write %s: %w", path, err)
+	}
+	if !created {
+		// Another process generated it first: use theirs.
+		return loadSecret(spec, func(string) string { return "" }, dir, logger)
+	}
+	b, err = spec.decode(text)
+	if err != nil {
+		return nil, "", fmt.Errorf("decode generated %s: %w", spec.file, err)
+	}
+	logger.Warn("generated a development secret; set the environment variable in production",
+		"variable", spec.env, "path", path)
+	return b, sourceGenerated, nil
+}
+
+// writeFileExclusive writes data to path with mode 0600 unless path exists
+// (created false). The file appears complete or not at all: the data is written
+// and synced under a temporary name, then hard-linked into place (which fails
+// when path exists), and the directory is synced.
+func writeFileExclusive(path string, data []byte) (created bool, err error) {
+	dir := filepath.Dir(path)
+	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
+	if err != nil {
+		return false, fmt.Errorf("create temporary file: %w", err)
+	}
+	tmpName := tmp.Name()
+	defer os.Remove(tmpName)
+	if err := tmp.Chmod(0o600); err != nil {
+		tmp.Close()
+		return false, fmt.Errorf("chmod temporary file: %w", err)
+	}
+	if _, err := tmp.Write(data); err != nil {
+		tmp.Close()
+		return false, fmt.Errorf("write temporary file: %w", err)
+	}
+	if err := tmp.Sync(); err != nil {
+		tmp.Close()
+		return false, fmt.Errorf("sync temporary file: %w", err)
+	}
+	if err := tmp.Close(); err != nil {
+		return false, fmt.Errorf("close temporary file: %w", err)
+	}
+	if err := os.Link(tmpName, path); err != nil {
+		if errors.Is(err, fs.ErrExist) {
+			return false, nil
+		}
+		return false, fmt.Errorf("link into place: %w", err)
+	}
+	if err := syncDir(dir); err != nil {
+		return false, err
+	}
+	return true, nil
+}
+
+// syncDir fsyncs a directory so a rename or link in it is durable.
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return fmt.Errorf("open directory %s: %w", dir, err)
+	}
+	defer d.Close()
+	if err := d.Sync(); err != nil {
+		return fmt.Errorf("sync directory %s: %w", dir, err)
+	}
+	return nil
+}

@@ -1,0 +1,386 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/keybrake/keybrake/api"
+	"github.com/keybrake/keybrake/proxy"
+	"github.com/keybrake/keybrake/vault"
+)
+
+// Actor names the program itself in the audit log.
+const actorSystem = "system"
+
+// upstreamDefault is the upstream STRIPE_SECRET_KEY registers.
+const upstreamDefault = "default"
+
+// forcedCloseGrace bounds how long Close waits, after it closed the connections of
+// requests that outlived ShutdownTimeout, for their handlers to return before it
+// closes the store under them.
+const forcedCloseGrace = 5 * time.Second
+
+// runServe opens the store, builds the handlers, binds both listeners and starts
+// serving. On error, Close releases whatever was set up.
+func (m *Main) runServe(ctx context.Context) error {
+	cfg := m.Config
+	logger, err := newLogger(m.Stderr, cfg.LogLevel, cfg.LogFormat)
+	if err != nil {
+		return err
+	}
+	m.logger = logger
+	log := logger.With("component", "main")
+
+	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
+		return fmt.Errorf("create data directory: %w", err)
+	}
+	masterKey, masterSrc, err := loadOrGenerateSecret(masterKeySpec, m.Getenv, cfg.DataDir, log)
+	if err != nil {
+		return fmt.Errorf("master key: %w", err)
+	}
+	jwtSecret, jwtSrc, err := loadOrGenerateSecret(jwtSecretSpec, m.Getenv, cfg.DataDir, log)
+	if err != nil {
+		return fmt.Errorf("jwt secret: %w", err)
+	}
+	log.Info("secrets loaded", "master_key", masterSrc, "jwt_secret", jwtSrc)
+
+	upstreamURL, err := url.Parse(cfg.StripeURL)
+	if err != nil {
+		return fmt.Errorf("stripe url: %w", err)
+	}
+	if upstreamURL.Scheme == "http" && !isLoopbackHost(upstreamURL.Hostname()) {
+		log.Warn("the upstream is plain HTTP on a non-loopback host: the Stripe secret travels unencrypted", "stripe_url", cfg.StripeURL)
+	}
+
+	dbPath := filepath.Join(cfg.DataDir, databaseFile)
+	store, err := vault.Open(dbPath, vault.Options{
+		MasterKey:      masterKey,
+		IdempotencyTTL: cfg.IdempotencyTTL,
+		Lease:          cfg.Lease(),
+		Logger:         logger, // each package adds its own "component"
+		OpenTimeout:    cfg.OpenTimeout,
+	})
+	if err != nil {
+		return fmt.Errorf("open store %s: %w", dbPath, err)
+	}
+	m.store = store
+
+	if secret := m.Getenv(envStripeKey); secret != "" {
+		if err := m.registerDefaultUpstream(ctx, secret); err != nil {
+			return err
+		}
+	}
+
+	stripe, err := proxy.New(proxy.Config{
+		Store:           store,
+		Upstream:        upstreamURL,
+		UpstreamTimeout: cfg.UpstreamTimeout,
+		Logger:          logger,
+	})
+	if err != nil {
+		return fmt.Errorf("build proxy: %w", err)
+	}
+
+	var lc net.ListenConfig
+	m.proxyLn, err = lc.Listen(ctx, "tcp", cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("listen %s: %w", cfg.Listen, err)
+	}
+	m.adminLn, err = lc.Listen(ctx, "tcp", cfg.AdminListen)
+	if err != nil {
+		return fmt.Errorf("admin listen %s: %w", cfg.AdminListen, err)
+	}
+	m.publicURL = cfg.PublicURL
+	if m.publicURL == "" {
+		m.publicURL = derivePublicURL(m.proxyLn.Addr().String())
+	}
+
+	proxyHandler := api.NewProxyListener(api.ProxyConfig{
+		Store:  store,
+		Logger: logger,
+		Stripe: stripe,
+	})
+	adminHandler := api.NewAdmin(api.AdminConfig{
+		Store:     store,
+		Logger:    logger,
+		JWTSecret: jwtSecret,
+		PublicURL: m.publicURL,
+	})
+
+	httpLog := slog.NewLogLogger(logger.With("component", "http").Handler(), slog.LevelWarn)
+	// Requests do not inherit ctx: cancelling it starts a graceful shutdown in which
+	// in-flight requests finish, so their contexts must outlive it.
+	m.proxySrv = &http.Server{
+		Handler:           m.inflight.track(proxyHandler),
+		ReadHeaderTimeout: cfg.ReadHeaderTimeout,
+		ReadTimeout:       cfg.ReadTimeout,
+		WriteTimeout:      cfg.ProxyWriteTimeout(),
+		IdleTimeout:       cfg.IdleTimeout,
+		MaxHeaderBytes:    1 << 20,
+		ErrorLog:          httpLog,
+	}
+	m.adminSrv = &http.Server{
+		Handler:           m.inflight.track(adminHandler),
+		ReadHeaderTimeout: cfg.ReadHeaderTimeout,
+		ReadTimeout:       cfg.ReadTimeout,
+		WriteTimeout:      cfg.AdminWriteTimeout,
+		IdleTimeout:       cfg.IdleTimeout,
+		MaxHeaderBytes:    1 << 20,
+		ErrorLog:          httpLog,
+	}
+
+	m.serveErr = make(chan error, 2)
+	for _, s := range []struct {
+		name string
+		srv  *http.Server
+		ln   net.Listener
+	}{{"proxy", m.proxySrv, m.proxyLn}, {"admin", m.adminSrv, m.adminLn}} {
+		m.wg.Add(1)
+		go func() {
+			defer m.wg.Done()
+			if err := s.srv.Serve(s.ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				m.serveErr <- fmt.Errorf("%s server: %w", s.name, err)
+			}
+		}()
+	}
+
+	reapCtx, stopReap := context.WithCancel(context.WithoutCancel(ctx))
+	m.stopReap = stopReap
+	m.wg.Add(1)
+	go func() {
+		defer m.wg.Done()
+		m.reap(reapCtx, logger.With("component", "reaper"))
+	}()
+
+	log.Info("keybrake serving",
+		"version", Version(),
+		"proxy", m.proxyLn.Addr().String(),
+		"admin", m.adminLn.Addr().String(),
+		"public_url", m.publicURL,
+		"stripe_url", cfg.StripeURL,
+		"data_dir", cfg.DataDir,
+	)
+	m.bootstrapBanner(ctx, log, jwtSecret)
+	return nil
+}
+
+// registerDefaultUpstream registers STRIPE_SECRET_KEY as the upstream "default",
+// unless it already holds that very secret (so a restart writes no audit entry).
+func (m *Main) registerDefaultUpstream(ctx context.Context, secret string) error {
+	current, err := m.store.UpstreamSecret(ctx, upstreamDefault)
+	switch {
+	case err == nil && current == secret:
+		return nil
+	case err != nil && !errors.Is(err, vault.ErrNotFound):
+		// Unreadable (e.g. sealed under another master key): replace it.
+		m.logger.Warn("replacing unreadable upstream", "component", "main", "upstream", upstreamDefault, "err", err)
+	}
+	up, err := m.store.PutUpstream(ctx, actorSystem, upstreamDefault, "stripe", secret)
+	if err != nil {
+		return fmt.Errorf("register upstream %s from %s: %w", upstreamDefault, envStripeKey, err)
+	}
+	m.logger.Info("upstream registered from environment", "component", "main",
+		"upstream", up.Name, "secret_last4", up.SecretLast4)
+	return nil
+}
+
+// bootstrapBanner prints a short-lived admin token and the URLs to Stderr while the
+// store holds no vault key yet, so a new user can log in at once. It goes to
+// Stderr directly, not through the logger, so it does not land in log pipelines
+// as a structured record.
+func (m *Main) bootstrapBanner(ctx context.Context, log *slog.Logger, jwtSecret []byte) {
+	keys, _, err := m.store.ListKeys(ctx, vault.KeyFilter{Limit: 1})
+	if err != nil {
+		log.Warn("cannot tell whether this is a first start", "err", err)
+		return
+	}
+	if len(keys) > 0 {
+		return
+	}
+	ttl := m.Config.BootstrapTokenTTL
+	token, err := api.IssueToken(jwtSecret, "bootstrap", api.RoleAdmin, ttl, time.Now())
+	if err != nil {
+		log.Warn("cannot issue the first-start admin token", "err", err)
+		return
+	}
+	fmt.Fprintf(m.Stderr, `
+keybrake: no vault keys yet. An admin token, valid for %s:
+
+    %s
+
+  Admin API:             %s/api/v1
+  Proxy for Stripe SDKs: %s
+
+Mint more tokens with: keybrake token --role admin --data-dir %s
+
+`, ttl, token, m.AdminURL(), m.publicURL, m.Config.DataDir)
+}
+
+// reap removes expired idempotency records and counters now and then every
+// ReapInterval, until ctx ends.
+func (m *Main) reap(ctx context.Context, log *slog.Logger) {
+	t := time.NewTicker(m.Config.ReapInterval)
+	defer t.Stop()
+	for {
+		n, err := m.store.Reap(ctx)
+		switch {
+		case err != nil && ctx.Err() == nil:
+			log.Error("reap failed", "err", err)
+		case n > 0:
+			log.Info("reaped expired entries", "removed", n)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// close is Close's body.
+func (m *Main) close() error {
+	var errs []error
+	log := slog.New(slog.DiscardHandler)
+	if m.logger != nil {
+		log = m.logger.With("component", "main")
+	}
+	if m.proxySrv != nil || m.adminSrv != nil {
+		log.Info("shutting down", "timeout", m.Config.ShutdownTimeout.String())
+	}
+
+	// Stop accepting and let in-flight requests finish, both servers at once.
+	shutdownCtx, cancel := context.WithTimeout(context.Background(), m.Config.ShutdownTimeout)
+	var swg sync.WaitGroup
+	var mu sync.Mutex
+	for _, s := range []struct {
+		name string
+		srv  *http.Server
+	}{{"proxy", m.proxySrv}, {"admin", m.adminSrv}} {
+		if s.srv == nil {
+			continue
+		}
+		swg.Add(1)
+		go func() {
+			defer swg.Done()
+			err := s.srv.Shutdown(shutdownCtx)
+			if err == nil {
+				return
+			}
+			log.Warn("requests outlived the shutdown timeout; closing their connections", "server", s.name)
+			if cerr := s.srv.Close(); cerr != nil {
+				err = errors.Join(err, cerr)
+			}
+			mu.Lock()
+			errs = append(errs, fmt.Errorf("shut down %s server: %w", s.name, err))
+			mu.Unlock()
+		}()
+	}
+	swg.Wait()
+	cancel()
+	// Listeners bound but never served (Run failed half way) are closed here.
+	for _, ln := range []net.Listener{m.proxyLn, m.adminLn} {
+		if ln != nil {
+			_ = ln.Close()
+		}
+	}
+	// Handlers whose connections were closed may still be settling with the store.
+	if !m.inflight.wait(forcedCloseGrace) {
+		errs = append(errs, errors.New("handlers still running after shutdown"))
+	}
+
+	if m.stopReap != nil {
+		m.stopReap()
+	}
+	m.wg.Wait()
+
+	if m.store != nil {
+		if err := m.store.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("close store: %w", err))
+		} else {
+			log.Info("store closed")
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// ProxyURL is the bound proxy listener's URL, dialable from this machine ("" before
+// Run).
+func (m *Main) ProxyURL() string {
+	if m.proxyLn == nil {
+		return ""
+	}
+	return dialableURL(m.proxyLn.Addr())
+}
+
+// AdminURL is the bound admin listener's URL, dialable from this machine ("" before
+// Run).
+func (m *Main) AdminURL() string {
+	if m.adminLn == nil {
+		return ""
+	}
+	return dialableURL(m.adminLn.Addr())
+}
+
+// PublicURL is the proxy base URL handed out with minted keys (--public-url, or
+// derived from the bound proxy address).
+func (m *Main) PublicURL() string { return m.publicURL }
+
+// Store is the open store while serving (nil otherwise); for tests and embedders.
+func (m *Main) Store() *vault.Store { return m.store }
+
+// isLoopbackHost reports whether host is localhost or a loopback IP.
+func isLoopbackHost(host string) bool {
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// inflight counts handlers that are running, so Close can wait for the ones whose
+// connections it had to close before it closes the store under them.
+type inflight struct {
+	mu sync.Mutex
+	n  int
+}
+
+// track wraps h so that its running calls are counted.
+func (f *inflight) track(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		f.mu.Lock()
+		f.n++
+		f.mu.Unlock()
+		defer func() {
+			f.mu.Lock()
+			f.n--
+			f.mu.Unlock()
+		}()
+		h.ServeHTTP(w, r)
+	})
+}
+
+// wait polls until no handler runs (true) or d has passed (false).
+func (f *inflight) wait(d time.Duration) bool {
+	deadline := time.Now().Add(d)
+	for {
+		f.mu.Lock()
+		n := f.n
+		f.mu.Unlock()
+		if n == 0 {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
