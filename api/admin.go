@@ -120,7 +120,7 @@ func NewAdmin(cfg AdminConfig) http.Handler {
 	// echo's own logger writes to stdout; everything worth saying goes through slog.
 	e.Logger.SetOutput(io.Discard)
 	e.HTTPErrorHandler = a.errorHandler
-	e.Use(a.accessLog, recoverPanic, securityHeaders)
+	e.Use(accessLog(a.log, "admin request", adminLogAttrs), recoverPanic, securityHeaders)
 
 	for _, r := range adminRoutes {
 		h := r.handler
@@ -137,42 +137,51 @@ func NewAdmin(cfg AdminConfig) http.Handler {
 	return e
 }
 
-// accessLog writes one log line per request, after the error handler has answered:
-// 2xx/3xx at Info, 4xx at Warn, 5xx at Error with the internal cause. It never logs
-// headers or bodies (tokens, secrets).
-func (a *admin) accessLog(next echo.HandlerFunc) echo.HandlerFunc {
-	return func(c echo.Context) error {
-		start := time.Now()
-		if err := next(c); err != nil {
-			c.Error(err)
-		}
-		status := c.Response().Status
-		attrs := []slog.Attr{
-			slog.String(attrMethod, c.Request().Method),
-			slog.String(attrRoute, c.Path()),
-			slog.String(attrPath, c.Request().URL.Path),
-			slog.Int(attrStatus, status),
-			slog.Float64(attrDuration, float64(time.Since(start).Microseconds())/1000),
-		}
-		if p, ok := c.Get(ctxKeyPrincipal).(Principal); ok {
-			attrs = append(attrs, slog.String(attrActor, p.Subject), slog.String(attrRole, p.Role))
-		}
-		if reason, ok := c.Get(ctxKeyAuthFailure).(string); ok {
-			attrs = append(attrs, slog.String(attrAuth, reason))
-		}
-		level := slog.LevelInfo
-		switch {
-		case status >= http.StatusInternalServerError:
-			level = slog.LevelError
-			if err, ok := c.Get(ctxKeyInternalError).(error); ok {
-				attrs = append(attrs, slog.String(attrError, err.Error()))
+// accessLog returns the middleware that writes one log line per request, after the
+// error handler has answered: 2xx/3xx at Info, 4xx at Warn, 5xx at Error with the
+// internal cause. It never logs headers or bodies (tokens, secrets); extra adds the
+// attributes of one surface.
+func accessLog(log *slog.Logger, msg string, extra func(echo.Context) []slog.Attr) echo.MiddlewareFunc {
+	return func(next echo.HandlerFunc) echo.HandlerFunc {
+		return func(c echo.Context) error {
+			start := time.Now()
+			if err := next(c); err != nil {
+				c.Error(err)
 			}
-		case status >= http.StatusBadRequest:
-			level = slog.LevelWarn
+			status := c.Response().Status
+			attrs := []slog.Attr{
+				slog.String(attrMethod, c.Request().Method),
+				slog.String(attrRoute, c.Path()),
+				slog.Int(attrStatus, status),
+				slog.Float64(attrDuration, float64(time.Since(start).Microseconds())/1000),
+			}
+			attrs = append(attrs, extra(c)...)
+			if reason, ok := c.Get(ctxKeyAuthFailure).(string); ok {
+				attrs = append(attrs, slog.String(attrAuth, reason))
+			}
+			level := slog.LevelInfo
+			switch {
+			case status >= http.StatusInternalServerError:
+				level = slog.LevelError
+				if err, ok := c.Get(ctxKeyInternalError).(error); ok {
+					attrs = append(attrs, slog.String(attrError, err.Error()))
+				}
+			case status >= http.StatusBadRequest:
+				level = slog.LevelWarn
+			}
+			log.LogAttrs(c.Request().Context(), level, msg, attrs...)
+			return nil
 		}
-		a.log.LogAttrs(c.Request().Context(), level, "admin request", attrs...)
-		return nil
 	}
+}
+
+// adminLogAttrs adds the path and the JWT's subject and role to an admin log line.
+func adminLogAttrs(c echo.Context) []slog.Attr {
+	attrs := []slog.Attr{slog.String(attrPath, c.Request().URL.Path)}
+	if p, ok := c.Get(ctxKeyPrincipal).(Principal); ok {
+		attrs = append(attrs, slog.String(attrActor, p.Subject), slog.String(attrRole, p.Role))
+	}
+	return attrs
 }
 
 // recoverPanic turns a handler panic into a 500 (logged once by accessLog). An

@@ -1,7 +1,6 @@
 package api
 
 import (
-	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -16,6 +15,7 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"github.com/keybrake/keybrake/policy"
+	"github.com/keybrake/keybrake/proxy"
 	"github.com/keybrake/keybrake/vault"
 )
 
@@ -106,7 +106,7 @@ func (a *agent) register(e *echo.Echo) {
 	for _, r := range agentRoutes {
 		h := r.handler
 		e.Add(r.method, r.path, func(c echo.Context) error { return h(a, c) },
-			a.accessLog, recoverPanic, securityHeaders, a.authenticate)
+			accessLog(a.log, "agent request", agentLogAttrs), recoverPanic, securityHeaders, a.authenticate)
 	}
 }
 
@@ -114,41 +114,13 @@ func (a *agent) register(e *echo.Echo) {
 // are problem+json rather than Stripe-shaped.
 func isAgentPath(r *http.Request) bool { return strings.HasPrefix(r.URL.Path, AgentPathPrefix) }
 
-// accessLog writes one line per agent request after the error handler answered:
-// 2xx at Info, 4xx at Warn, 5xx at Error with the internal cause. It logs the
-// route, never the path (claim keys), a header or a body.
-func (a *agent) accessLog(next echo.HandlerFunc) echo.HandlerFunc {
-	return func(c echo.Context) error {
-		start := time.Now()
-		if err := next(c); err != nil {
-			c.Error(err)
-		}
-		status := c.Response().Status
-		attrs := []slog.Attr{
-			slog.String(attrMethod, c.Request().Method),
-			slog.String(attrRoute, c.Path()),
-			slog.Int(attrStatus, status),
-			slog.Float64(attrDuration, float64(time.Since(start).Microseconds())/1000),
-		}
-		if k, ok := c.Get(ctxKeyVaultKey).(vault.Key); ok {
-			attrs = append(attrs, slog.String(attrKeyID, k.ID))
-		}
-		if reason, ok := c.Get(ctxKeyAuthFailure).(string); ok {
-			attrs = append(attrs, slog.String(attrAuth, reason))
-		}
-		level := slog.LevelInfo
-		switch {
-		case status >= http.StatusInternalServerError:
-			level = slog.LevelError
-			if err, ok := c.Get(ctxKeyInternalError).(error); ok {
-				attrs = append(attrs, slog.String(attrError, err.Error()))
-			}
-		case status >= http.StatusBadRequest:
-			level = slog.LevelWarn
-		}
-		a.log.LogAttrs(c.Request().Context(), level, "agent request", attrs...)
-		return nil
+// agentLogAttrs adds the key id to an agent log line; the path is never logged
+// (it holds claim keys).
+func agentLogAttrs(c echo.Context) []slog.Attr {
+	if k, ok := c.Get(ctxKeyVaultKey).(vault.Key); ok {
+		return []slog.Attr{slog.String(attrKeyID, k.ID)}
 	}
+	return nil
 }
 
 // errorHandler writes every error of an agent endpoint (and the router's 404 and
@@ -191,9 +163,9 @@ func (a *agent) authenticate(next echo.HandlerFunc) echo.HandlerFunc {
 			c.Set(ctxKeyAuthFailure, detail)
 			return unauthorized(detail)
 		}
-		token, detail := vaultToken(c.Request().Header)
-		if detail != "" {
-			return fail(detail)
+		token, err := proxy.VaultToken(c.Request().Header)
+		if err != nil {
+			return fail(err.Error())
 		}
 		key, err := a.store.Authenticate(c.Request().Context(), token)
 		switch {
@@ -210,34 +182,6 @@ func (a *agent) authenticate(next echo.HandlerFunc) echo.HandlerFunc {
 		c.Set(ctxKeyVaultKey, key)
 		return next(c)
 	}
-}
-
-// vaultToken reads the vault key from "Authorization: Bearer <token>" or from the
-// user name of HTTP Basic (the password is ignored), as the proxy does. detail says
-// what is wrong when there is no usable token; it never repeats the header.
-func vaultToken(h http.Header) (token, detail string) {
-	vals := h.Values(echo.HeaderAuthorization)
-	switch {
-	case len(vals) == 0 || strings.TrimSpace(vals[0]) == "":
-		return "", "missing Authorization header; send the vault key as Authorization: Bearer vk_..."
-	case len(vals) > 1:
-		return "", "more than one Authorization header"
-	}
-	scheme, cred, _ := strings.Cut(strings.TrimSpace(vals[0]), " ")
-	cred = strings.TrimSpace(cred)
-	switch strings.ToLower(scheme) {
-	case "bearer":
-		if cred != "" {
-			return cred, ""
-		}
-	case "basic":
-		if raw, err := base64.StdEncoding.DecodeString(cred); err == nil {
-			if user, _, _ := strings.Cut(string(raw), ":"); user != "" {
-				return user, ""
-			}
-		}
-	}
-	return "", "invalid Authorization header: use Bearer with the vault key, or Basic with the vault key as the user name"
 }
 
 // vaultKeyOf returns the authenticated key of the request.

@@ -166,15 +166,26 @@ func (p *Proxy) authenticate(ctx context.Context, r *http.Request, c *call) erro
 	return nil
 }
 
-// vaultToken reads the vault key from "Authorization: Bearer <token>" or from the
-// username of HTTP Basic (the password is ignored).
+// vaultToken reads the vault key as VaultToken does, refusing with
+// vault_key_invalid when there is none.
 func vaultToken(h http.Header) (string, error) {
-	vals := h.Values("Authorization")
-	if len(vals) == 0 || vals[0] == "" {
-		return "", refuse(CodeVaultKeyInvalid, "You did not provide a vault key. Use it as the API key of your Stripe client (Authorization: Bearer vk_…).")
+	token, err := VaultToken(h)
+	if err != nil {
+		return "", refuse(CodeVaultKeyInvalid, "Invalid vault key: %s. Use it as the API key of your Stripe client.", err)
 	}
-	if len(vals) > 1 {
-		return "", refuse(CodeVaultKeyInvalid, "More than one Authorization header.")
+	return token, nil
+}
+
+// VaultToken reads the vault key from "Authorization: Bearer <token>" or from the
+// user name of HTTP Basic (the password is ignored), as Stripe SDKs and curl -u
+// send it. The error says what is wrong; it never repeats the header.
+func VaultToken(h http.Header) (string, error) {
+	vals := h.Values("Authorization")
+	switch {
+	case len(vals) == 0 || strings.TrimSpace(vals[0]) == "":
+		return "", errors.New("missing Authorization header; send the vault key as Authorization: Bearer vk_...")
+	case len(vals) > 1:
+		return "", errors.New("more than one Authorization header")
 	}
 	scheme, cred, _ := strings.Cut(strings.TrimSpace(vals[0]), " ")
 	cred = strings.TrimSpace(cred)
@@ -184,15 +195,13 @@ func vaultToken(h http.Header) (string, error) {
 			return cred, nil
 		}
 	case "basic":
-		raw, err := base64.StdEncoding.DecodeString(cred)
-		if err == nil {
-			user, _, _ := strings.Cut(string(raw), ":")
-			if user != "" {
+		if raw, err := base64.StdEncoding.DecodeString(cred); err == nil {
+			if user, _, _ := strings.Cut(string(raw), ":"); user != "" {
 				return user, nil
 			}
 		}
 	}
-	return "", refuse(CodeVaultKeyInvalid, "Invalid Authorization header: use Bearer with the vault key, or Basic with the vault key as the username.")
+	return "", errors.New("invalid Authorization header: use Bearer with the vault key, or Basic with the vault key as the user name")
 }
 
 // ---- 2. reading the request ----

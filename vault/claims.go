@@ -311,20 +311,11 @@ func (s *Store) CompleteClaim(ctx context.Context, keyID, key string, fencing ui
 }
 
 func (s *Store) completeClaimTx(tx *bolt.Tx, now time.Time, keyID, key string, fencing uint64, result, sealed []byte) (dom, err error) {
-	if err := s.activeKeyTx(tx, now, keyID); err != nil {
-		return err, nil
+	k, rec, dom, err := s.ownedClaimTx(tx, now, keyID, key, fencing)
+	if dom != nil || err != nil {
+		return dom, err
 	}
-	k := idemKey(keyID, key)
-	rec, err := getClaimRec(tx, k)
-	if err != nil {
-		return nil, err
-	}
-	switch {
-	case rec == nil:
-		return fmt.Errorf("claim under %s: %w", keyID, ErrNotFound), nil
-	case rec.Fencing != fencing:
-		return fmt.Errorf("fencing token %d is not the claim's current owner: %w", fencing, ErrConflict), nil
-	case rec.State == ClaimCompleted:
+	if rec.State == ClaimCompleted {
 		stored, err := s.openResult(rec)
 		if err != nil {
 			return err, nil
@@ -337,6 +328,25 @@ func (s *Store) completeClaimTx(tx *bolt.Tx, now time.Time, keyID, key string, f
 	rec.State, rec.SealedResult = ClaimCompleted, sealed
 	rec.LeaseUntil, rec.CompletedAt, rec.UpdatedAt = time.Time{}, now, now
 	return nil, putJSON(tx.Bucket(bucketClaims), k, rec)
+}
+
+// ownedClaimTx reads the claim (keyID, key) for the owner holding fencing: dom is
+// ErrNotFound without a claim and ErrConflict for a stale owner.
+func (s *Store) ownedClaimTx(tx *bolt.Tx, now time.Time, keyID, key string, fencing uint64) (k []byte, rec *claimRec, dom, err error) {
+	if err := s.activeKeyTx(tx, now, keyID); err != nil {
+		return nil, nil, err, nil
+	}
+	k = idemKey(keyID, key)
+	if rec, err = getClaimRec(tx, k); err != nil {
+		return nil, nil, nil, err
+	}
+	switch {
+	case rec == nil:
+		return nil, nil, fmt.Errorf("claim under %s: %w", keyID, ErrNotFound), nil
+	case rec.Fencing != fencing:
+		return nil, nil, fmt.Errorf("fencing token %d is not the claim's current owner: %w", fencing, ErrConflict), nil
+	}
+	return k, rec, nil, nil
 }
 
 // ReleaseClaim gives an in-progress claim up (a transient failure): it is deleted,
@@ -365,20 +375,11 @@ func (s *Store) ReleaseClaim(ctx context.Context, keyID, key string, fencing uin
 }
 
 func (s *Store) releaseClaimTx(tx *bolt.Tx, now time.Time, keyID, key string, fencing uint64) (dom, err error) {
-	if err := s.activeKeyTx(tx, now, keyID); err != nil {
-		return err, nil
+	k, rec, dom, err := s.ownedClaimTx(tx, now, keyID, key, fencing)
+	if dom != nil || err != nil {
+		return dom, err
 	}
-	k := idemKey(keyID, key)
-	rec, err := getClaimRec(tx, k)
-	if err != nil {
-		return nil, err
-	}
-	switch {
-	case rec == nil:
-		return fmt.Errorf("claim under %s: %w", keyID, ErrNotFound), nil
-	case rec.Fencing != fencing:
-		return fmt.Errorf("fencing token %d is not the claim's current owner: %w", fencing, ErrConflict), nil
-	case rec.State == ClaimCompleted:
+	if rec.State == ClaimCompleted {
 		return fmt.Errorf("claim is completed and cannot be released: %w", ErrConflict), nil
 	}
 	if err := tx.Bucket(bucketClaims).Delete(k); err != nil {

@@ -288,31 +288,28 @@ func (f *FakeStripe) RequestsFrom(i int) []Request {
 func (f *FakeStripe) Charges() []Charge {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	out := make([]Charge, len(f.charges))
-	for i, c := range f.charges {
-		out[i] = *c
-	}
-	return out
+	return copyAll(f.charges)
 }
 
 // PaymentIntents returns copies of the PaymentIntents created, in creation order.
 func (f *FakeStripe) PaymentIntents() []PaymentIntent {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	out := make([]PaymentIntent, len(f.pis))
-	for i, p := range f.pis {
-		out[i] = *p
-	}
-	return out
+	return copyAll(f.pis)
 }
 
 // Refunds returns copies of the refunds created, in creation order.
 func (f *FakeStripe) Refunds() []Refund {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	out := make([]Refund, len(f.refunds))
-	for i, r := range f.refunds {
-		out[i] = *r
+	return copyAll(f.refunds)
+}
+
+// copyAll copies the objects of list; the caller holds f.mu.
+func copyAll[T any](list []*T) []T {
+	out := make([]T, len(list))
+	for i, o := range list {
+		out[i] = *o
 	}
 	return out
 }
