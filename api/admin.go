@@ -47,6 +47,11 @@ type admin struct {
 	now       func() time.Time
 	parser    *jwt.Parser
 	maxBody   int64
+	proxy     ProxyStats
+	version   string
+
+	// metricsMu serializes GET /metrics (see metrics).
+	metricsMu sync.Mutex
 
 	// patchMu serializes PATCH /keys/{id}: a merge patch is applied to the key as
 	// read, so two concurrent patches must not both start from the same read.
@@ -67,6 +72,7 @@ type adminRoute struct {
 var adminRoutes = []adminRoute{
 	{method: http.MethodGet, path: "/healthz", handler: (*admin).healthz, public: true},
 	{method: http.MethodGet, path: "/api/v1/openapi.json", handler: (*admin).openAPI, public: true},
+	{method: http.MethodGet, path: "/metrics", handler: (*admin).metrics, public: true},
 
 	{method: http.MethodPost, path: "/api/v1/upstreams", handler: (*admin).putUpstream},
 	{method: http.MethodGet, path: "/api/v1/upstreams", handler: (*admin).listUpstreams},
@@ -88,8 +94,9 @@ var adminRoutes = []adminRoute{
 	{method: http.MethodGet, path: "/api/v1/backup", handler: (*admin).backup, admin: true},
 }
 
-// NewAdmin returns the admin listener's handler: /api/v1/*, /healthz. The handler is
-// an *echo.Echo. Every /api/v1 route but /api/v1/openapi.json needs an admin token
+// NewAdmin returns the admin listener's handler: /api/v1/*, /healthz, /metrics
+// (Prometheus text format). The handler is an *echo.Echo. Every /api/v1 route but
+// /api/v1/openapi.json needs an admin token
 // (Authorization: Bearer <JWT>, see IssueToken); every error is
 // application/problem+json (RFC 9457).
 func NewAdmin(cfg AdminConfig) http.Handler {
@@ -109,6 +116,8 @@ func NewAdmin(cfg AdminConfig) http.Handler {
 		now:       now,
 		parser:    newTokenParser(now),
 		maxBody:   DefaultMaxBodyBytes,
+		proxy:     cfg.Proxy,
+		version:   cfg.Version,
 	}
 	if len(a.secret) == 0 {
 		a.log.Error("no JWT secret configured: every admin API request will be refused")

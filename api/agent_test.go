@@ -39,6 +39,7 @@ type agentEnv struct {
 	store  *vault.Store
 	clock  *adminTestClock
 	fake   *proxytest.FakeStripe
+	proxy  *proxy.Proxy
 	srv    *httptest.Server
 	logs   *adminLogBuffer
 	router routers.Router
@@ -71,6 +72,7 @@ func MustAgentEnv(tb testing.TB) *agentEnv {
 		Store: store, Upstream: upstream, UpstreamTimeout: 10 * time.Second, Now: env.clock.Now, Logger: logger,
 	})
 	require.NoError(tb, err)
+	env.proxy = p
 
 	h := api.NewProxyListener(api.ProxyConfig{Store: store, Logger: logger, Stripe: p, Now: env.clock.Now})
 	env.srv = httptest.NewServer(h)

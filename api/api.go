@@ -20,6 +20,12 @@ type AdminConfig struct {
 	PublicURL string
 	// Now is the clock; time.Now when nil.
 	Now func() time.Time
+	// Proxy is the metering proxy whose counters GET /metrics exposes (the
+	// *proxy.Proxy the proxy listener mounts); without one /metrics has only the
+	// store's and the build's metrics.
+	Proxy ProxyStats
+	// Version is the build's version, the version label of keybrake_build_info.
+	Version string
 }
 
 // NewAdmin is in admin.go.

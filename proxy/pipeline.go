@@ -49,7 +49,8 @@ const (
 // ServeHTTP to Rewrite, ModifyResponse and ErrorHandler in the request context;
 // ReverseProxy runs those in the ServeHTTP goroutine, so no lock is needed.
 type call struct {
-	start     time.Time
+	start     time.Time // p.now(): the clock the policy and the log line use
+	began     time.Time // time.Now(), monotonic: the duration histogram's start
 	requestID string
 	method    string
 
@@ -685,8 +686,10 @@ func (p *Proxy) setRemaining(ctx context.Context, h http.Header, c *call) {
 }
 
 // logCall writes the canonical line: 5xx at Error, 4xx at Warn, else Info. It
-// never logs the token, the secret, the idempotency key or a body.
+// never logs the token, the secret, the idempotency key or a body. It also counts
+// the request for /metrics, so every request is counted exactly once.
 func (p *Proxy) logCall(c *call) {
+	p.metrics.observeRequest(c.decision, c.reason, time.Since(c.began))
 	level := slog.LevelInfo
 	switch {
 	case c.status >= 500 || c.status == 0:

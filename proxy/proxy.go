@@ -59,6 +59,7 @@
 //     ("stripe request": key id, operation, amount, currency, decision, reason,
 //     idempotency outcome, upstream status, status, duration), at Error for 5xx,
 //     Warn for 4xx; never the token, the secret, the idempotency key or a body.
+//     The same place counts the request for Proxy.Stats (GET /metrics).
 //
 // # What is metered
 //
@@ -243,6 +244,7 @@ type Proxy struct {
 	rp          *httputil.ReverseProxy
 	lookups     *http.Client
 	secrets     secretCache
+	metrics     metrics
 }
 
 var _ http.Handler = (*Proxy)(nil)
@@ -310,7 +312,7 @@ func New(cfg Config) (*Proxy, error) {
 // ServeHTTP implements http.Handler: the whole pipeline of the package
 // documentation for one request.
 func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	c := &call{start: p.now(), requestID: newRequestID(), method: r.Method}
+	c := &call{start: p.now(), began: time.Now(), requestID: newRequestID(), method: r.Method}
 	defer p.logCall(c)
 	if err := p.prepare(r.Context(), w, r, c); err != nil {
 		p.writeRefusal(w, c, err)

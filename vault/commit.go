@@ -115,6 +115,7 @@ func drain(ops <-chan *batchOp, batch []*batchOp) []*batchOp {
 }
 
 func (s *Store) runBatch(batch []*batchOp) {
+	s.batched.Add(int64(len(batch)))
 	err := s.db.Update(func(tx *bolt.Tx) error {
 		now := s.now()
 		for _, op := range batch {

@@ -69,6 +69,7 @@ func Open(path string, opts Options) (*Store, error) {
 		ops:          make(chan *batchOp, maxBatch),
 		loopDone:     make(chan struct{}),
 		reapBatch:    reapBatchSize,
+		countChunk:   holdCountChunk,
 	}
 	if s.now == nil {
 		s.now = time.Now
@@ -138,7 +139,8 @@ type Store struct {
 	closed   bool
 	ops      chan *batchOp
 	loopDone chan struct{}
-	commits  atomic.Int64 // write transactions committed by commitLoop (tests)
+	commits  atomic.Int64 // write transactions run by commitLoop (Stats)
+	batched  atomic.Int64 // operations those transactions carried (Stats)
 
 	// splitReserve is a test seam: when set, Reserve decides in one (read)
 	// transaction, calls splitReserve, and writes in another. Only the mutation test
@@ -147,6 +149,9 @@ type Store struct {
 	// reapBatch is the most deletions one reaper transaction makes (reapBatchSize;
 	// tests lower it).
 	reapBatch int
+	// countChunk is the most hold index entries one read transaction of CountHolds
+	// looks at (holdCountChunk; tests lower it).
+	countChunk int
 }
 
 // Close stops the committer (pending Reserve and Settle calls finish first), then

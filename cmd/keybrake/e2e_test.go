@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/url"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -145,6 +146,18 @@ func TestEndToEndMintChargeAndReadUsage(t *testing.T) {
 	require.NotNil(t, usage.Period.Remaining)
 	assertMoney(t, "35", *usage.Period.Remaining)
 	assert.Equal(t, int64(2500), fake.TotalMoved("usd"))
+
+	// serve wires the proxy and the version into /metrics (no token needed).
+	status, body := MustGet(t, m.AdminURL()+"/metrics", "")
+	require.Equal(t, http.StatusOK, status, string(body))
+	for _, line := range []string{
+		`keybrake_proxy_requests_total{decision="allowed",code=""} 1`,
+		`keybrake_proxy_requests_total{decision="refused",code="spend_cap_exceeded"} 1`,
+		`keybrake_proxy_upstream_requests_total{kind="forward",status_class="2xx"} 1`,
+		`keybrake_build_info{version="` + buildVersion() + `",goversion="` + runtime.Version() + `"} 1`,
+	} {
+		assert.Contains(t, strings.Split(string(body), "\n"), line)
+	}
 }
 
 // assertMoney compares decimal strings by value ("25" equals "25.00").

@@ -114,6 +114,8 @@ func (m *Main) runServe(ctx context.Context) error {
 		Logger:    logger,
 		JWTSecret: jwtSecret,
 		PublicURL: m.publicURL,
+		Proxy:     stripe,
+		Version:   buildVersion(),
 	})
 
 	httpLog := slog.NewLogLogger(logger.With("component", "http").Handler(), slog.LevelWarn)

@@ -9,8 +9,15 @@ import (
 var version string
 
 // Version returns the build's version: the -ldflags value, else the module
-// version and VCS revision recorded in the binary, else "devel".
+// version and VCS revision recorded in the binary, else "devel"; then the Go
+// version and platform.
 func Version() string {
+	return buildVersion() + " (" + runtime.Version() + " " + runtime.GOOS + "/" + runtime.GOARCH + ")"
+}
+
+// buildVersion is Version without the Go version and platform (the version label
+// of keybrake_build_info, which has its own goversion label).
+func buildVersion() string {
 	v := version
 	info, ok := debug.ReadBuildInfo()
 	if v == "" && ok && info.Main.Version != "" && info.Main.Version != "(devel)" {
@@ -39,5 +46,5 @@ func Version() string {
 			}
 		}
 	}
-	return v + " (" + runtime.Version() + " " + runtime.GOOS + "/" + runtime.GOARCH + ")"
+	return v
 }
