@@ -88,11 +88,13 @@ package proxy
 //     line_items[i] of price_data[unit_amount] (or an integral
 //     price_data[unit_amount_decimal]) × quantity (default 1), plus the most
 //     expensive shipping option (shipping_rate_data[fixed_amount][amount]). Amount
-//     unknown (fail closed) when a line item uses a stored price, when quantities are
+//     unknown (fail closed) when a line item uses a stored price or a legacy
+//     line_items[i][amount] (older API versions' ad-hoc price), when quantities are
 //     adjustable, when line items carry tax rates, when automatic tax is enabled,
 //     when optional_items are offered, when a shipping option is a stored rate, when
-//     there are no line items, and for mode=subscription (renewals happen without
-//     any request keybrake sees, so the first period is not the exposure). Currencies
+//     there are no line items, and for mode=subscription or any subscription_data
+//     (renewals happen without any request keybrake sees, so the first period is
+//     not the exposure; older API versions subscribe without a mode). Currencies
 //     that differ between line items, shipping and the "currency" parameter are
 //     malformed. mode=setup without line items moves no money.
 //   - checkout.sessions.update with line_items: amount unknown; otherwise no money.
@@ -1018,8 +1020,10 @@ func checkoutSessionCreate(r *catRequest, c *Classification) error {
 		c.MovesMoney = false
 		return nil
 	}
+	// subscription_data[items] starts a subscription in API versions that had no
+	// mode: renewals are never seen.
 	known := (!hasMode || mode == "payment") && len(items) > 0 &&
-		!p.Has("optional_items") && !isTrue(p, "automatic_tax[enabled]")
+		!p.Has("optional_items") && !isTrue(p, "automatic_tax[enabled]") && !p.Has("subscription_data")
 	var total int64
 	for _, k := range items {
 		li := "line_items[" + k + "]"
@@ -1033,7 +1037,10 @@ func checkoutSessionCreate(r *catRequest, c *Classification) error {
 			}
 			cur = pr.currency
 		}
-		if n != 1 || !pr.known || p.Has(li+"[price]") || isTrue(p, li+"[adjustable_quantity][enabled]") ||
+		// li[amount] is the ad-hoc price of API versions before 2022-08-01: beside
+		// price_data, which of the two Stripe reads is not guessed.
+		if n != 1 || !pr.known || p.Has(li+"[price]") || p.Has(li+"[amount]") ||
+			isTrue(p, li+"[adjustable_quantity][enabled]") ||
 			p.Has(li+"[tax_rates]") || p.Has(li+"[dynamic_tax_rates]") {
 			known = false
 			continue

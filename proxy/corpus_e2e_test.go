@@ -105,6 +105,9 @@ func TestStripeMockBehindKeybrake(t *testing.T) {
 			require.True(t, ok)
 			c := decimal.New(1, 14-exp) // 10^14 minor units: every sample fits
 			p.Currency, p.DailyCap, p.Operations = cur, &c, []string{"*"}
+			// The connected account the samples act on (GET /v1/accounts/acct_123
+			// touches it like a Stripe-Account header would).
+			p.StripeAccounts = []string{"acct_123"}
 		}
 	}
 	tokens := map[string]string{}

@@ -329,6 +329,11 @@ func checkHeaders(h http.Header) error {
 				return malformed(nil, "Header name %q is not allowed.", clip(name))
 			}
 		}
+		if strings.IndexByte(name, '_') >= 0 {
+			// CGI-style servers (Rack among them) read "Stripe_Account" as
+			// Stripe-Account; keybrake checks and replaces only the real spelling.
+			return malformed(nil, "Header name %q is not allowed: use '-', not '_'.", clip(name))
+		}
 		for _, v := range vals {
 			for i := 0; i < len(v); i++ {
 				if c := v[i]; (c < 0x20 && c != '\t') || c == 0x7f {
@@ -413,7 +418,27 @@ func (p *Proxy) authorise(c *call) error {
 		return reasonRefusal(policy.Decision{Reason: policy.ReasonAccountNotAllowed,
 			Message: "The Stripe-Context account is not allowed for this vault key."}, "")
 	}
+	acct, named := c.namedAccount()
+	if named && (acct == "" || !pol.AllowsAccount(acct)) {
+		return reasonRefusal(policy.Decision{Reason: policy.ReasonAccountNotAllowed,
+			Message: "The connected account this request acts on is not allowed for this vault key."}, "")
+	}
 	return nil
+}
+
+// namedAccount is the connected account a request acts on by naming it rather
+// than with Stripe-Account: the id in /v1/accounts/{id}/… (Stripe treats it as
+// an implied Stripe-Account) or the "account" of an account link or session
+// ("" with named true when that parameter is not a single value).
+func (c *call) namedAccount() (acct string, named bool) {
+	switch op := c.cls.Operation; {
+	case strings.HasPrefix(op, "accounts."):
+		return c.cls.ObjectID, c.cls.ObjectID != ""
+	case op == "account_links.create" || op == "account_sessions.create":
+		v, _ := c.params.Get("account")
+		return v, c.params.Has("account")
+	}
+	return "", false
 }
 
 // policyRequest is the policy.Request of this call for amount in currency.
@@ -481,13 +506,18 @@ func (p *Proxy) resolveAmount(ctx context.Context, c *call) error {
 	}
 	switch {
 	case cls.AmountKnown && cls.NewTotal:
-		if !baseKnown || currency == "" {
-			if err := lookup(); err != nil {
-				return err
-			}
-			if !baseKnown {
-				base = looked.amount
-			}
+		// Always looked up: the object's currency decides whether its current
+		// total counts at all.
+		if err := lookup(); err != nil {
+			return err
+		}
+		if !baseKnown {
+			base = looked.amount
+		}
+		if currency != "" && looked.currency != "" && looked.currency != currency {
+			// A new currency: the current total is in another currency's minor
+			// units, and the whole new total is new money.
+			base = 0
 		}
 	case cls.AmountKnown:
 		if currency == "" {
@@ -500,6 +530,14 @@ func (p *Proxy) resolveAmount(ctx context.Context, c *call) error {
 			return err
 		}
 		amount = looked.amount
+		if currency != "" && looked.currency != "" && looked.currency != currency &&
+			cls.Operation != "payment_intents.update" {
+			// The amount is the object's, so it is in the object's currency (a
+			// stored price); only a PaymentIntent update changes the currency of
+			// the amount it keeps. Keybrake does not guess which one Stripe uses.
+			return refuse(CodeAmountUnknown, "The %s request names currency %s but its amount comes from an object in %s.",
+				cls.Operation, currency, clip(looked.currency))
+		}
 	}
 	if currency == "" {
 		if looked == nil || looked.currency == "" {

@@ -16,7 +16,8 @@
 //     (413 request_too_large over MaxBodyBytes, 1 MiB): only GET, POST and DELETE
 //     (another method is an unknown write: 403 operation_not_allowed);
 //     no X-HTTP-Method-Override (or X-HTTP-Method, X-Method-Override) and no
-//     Upgrade; header names must be tokens and values free of control characters;
+//     Upgrade; header names must be tokens without "_" (CGI-style servers read
+//     Stripe_Account as Stripe-Account) and values free of control characters;
 //     Stripe-Account, Stripe-Context, Stripe-Version, Content-Type and Authorization
 //     may not be repeated; the request target must be a path (no absolute URI); a POST or
 //     DELETE may carry no query string at all (Stripe merges a query into the
@@ -29,7 +30,10 @@
 //     same bytes are forwarded: Classify refuses every non-canonical path.
 //  3. Authorise against the policy: policy.Decide with amount 0 checks the
 //     operation, the customer and the Stripe-Account (Stripe-Context must be allowed
-//     too). Endpoints outside the catalogue: reads are allowed when the policy allows
+//     too, and so must the account a request names instead: the id of
+//     /v1/accounts/{id}/…, which Stripe treats as an implied Stripe-Account, and
+//     the "account" of account_links / account_sessions). Endpoints outside the
+//     catalogue: reads are allowed when the policy allows
 //     "unknown.read"; writes are always refused (operation_not_allowed), in report
 //     mode too.
 //  4. Idempotency (see below): the key is read, demanded or derived before any
@@ -41,14 +45,20 @@
 //  6. Forward with httputil.ReverseProxy (Rewrite): the client's Authorization,
 //     Stripe-Account, Stripe-Context, Idempotency-Key, Cookie, Forwarded and
 //     X-Forwarded-* are removed before keybrake sets the real secret, the validated
-//     account headers and the derived upstream Idempotency-Key. The body already
-//     read is forwarded byte for byte with a Content-Length. Every upstream request
+//     account headers and the derived upstream Idempotency-Key (X-Idempotency-Key
+//     and trailers are dropped). The body already read is forwarded byte for byte
+//     with a Content-Length. A recorded POST reaches Stripe at most once per
+//     attempt: http.Transport does not resend it after a broken connection (see
+//     rewrite), because a resend answered 409 while the first write still runs
+//     would release a hold whose money moves. Every upstream request
 //     runs under UpstreamTimeout, detached from the caller's connection so that
 //     Stripe's answer is recorded even when the caller has gone.
 //  7. Settle in ONE Store.Settle from ModifyResponse or ErrorHandler: 2xx commit,
 //     4xx release (but 409 and 429: abandon — the answer is passed on and the
-//     record is left as it was before this attempt), 5xx or no answer: outcome
-//     unknown, the hold stays. If Settle itself fails after Stripe answered, the
+//     record is left as it was before this attempt; and a resumed request answered
+//     with an idempotency_error: outcome unknown, because Stripe knows the upstream
+//     key from an earlier attempt that may have moved the money), 5xx or no
+//     answer: outcome unknown, the hold stays. If Settle itself fails after Stripe answered, the
 //     caller still gets Stripe's answer and the failure is logged at Error; the
 //     record stays in_progress and becomes unknown at the next start (fail closed).
 //  8. Respond: Stripe's answer byte for byte plus Keybrake-Remaining-Daily and
@@ -84,7 +94,13 @@
 //   - payment_intents.update and increment_authorization with a new total hold
 //     new_total − already metered through this key, or new_total − the current
 //     total looked up at Stripe when the object was not metered through this key
-//     (its earlier amount was never this key's to count).
+//     (its earlier amount was never this key's to count). The object is always
+//     looked up: when the request names a currency other than the object's, the
+//     whole new total is held (the current total is in another currency).
+//   - An amount read from an object (a stored price) is in that object's
+//     currency: a request naming another currency is refused with amount_unknown
+//     (but a PaymentIntent update that changes only the currency, which re-meters
+//     the whole amount in the new one).
 //   - Every 2xx commit records the object id from the answer's "id", so a later
 //     confirm or capture of it is not counted twice.
 //

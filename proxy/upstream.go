@@ -100,10 +100,11 @@ func (p *Proxy) rewrite(pr *httputil.ProxyRequest) {
 		}
 	}
 	for _, name := range []string{"Authorization", "Proxy-Authorization", headerStripeAccount, headerStripeContext,
-		headerIdempotencyKey, "Cookie", "Forwarded", "X-Real-Ip", "Accept-Encoding", "Content-Encoding",
-		"Content-Length", "Transfer-Encoding", "Expect", "Content-Type", headerStripeVersion} {
+		headerIdempotencyKey, "X-Idempotency-Key", "Cookie", "Forwarded", "X-Real-Ip", "Accept-Encoding",
+		"Content-Encoding", "Content-Length", "Transfer-Encoding", "Expect", "Content-Type", headerStripeVersion} {
 		h.Del(name)
 	}
+	out.Trailer = nil
 	h.Set("Authorization", "Bearer "+c.secret)
 	if c.account != "" {
 		h.Set(headerStripeAccount, c.account)
@@ -115,7 +116,15 @@ func (p *Proxy) rewrite(pr *httputil.ProxyRequest) {
 		h.Set(headerStripeVersion, c.stripeVersion)
 	}
 	if c.record && c.method == http.MethodPost {
-		h.Set(headerIdempotencyKey, c.upstreamKey)
+		// Written under a lower-case map key on purpose: http.Transport treats a
+		// request whose header map has "Idempotency-Key" as replayable and resends
+		// it on a reused connection that breaks after the request was written. If
+		// Stripe is still executing the first write, the resend is answered 409
+		// (in use), which settles a fresh claim as abandoned and releases its hold
+		// while the money moves. Without the canonical key each attempt reaches
+		// Stripe at most once (a request nothing of which was written is still
+		// retried, through GetBody). Header names are case-insensitive on the wire.
+		h[strings.ToLower(headerIdempotencyKey)] = []string{c.upstreamKey}
 	}
 	if c.contentType != "" {
 		h.Set("Content-Type", c.contentType)
@@ -190,6 +199,11 @@ func (p *Proxy) modifyResponse(resp *http.Response) error {
 		sr.Amount, sr.ObjectID = c.commitAmount(body)
 	case code == http.StatusConflict || code == http.StatusTooManyRequests:
 		sr.Outcome, sr.Response = vault.SettleAbandon, nil
+	case code >= 400 && code < 500 && c.idemOutcome == "resume" && stripeErrorType(body) == TypeIdempotency:
+		// Stripe knows the upstream key from an earlier attempt whose parameters it
+		// judges different (e.g. another Stripe-Version): that attempt may have
+		// moved the money, so this answer says nothing about it. The hold stays.
+		sr.Outcome = vault.SettleUnknown
 	case code >= 400 && code < 500:
 		sr.Outcome = vault.SettleRelease
 	default:
@@ -200,6 +214,19 @@ func (p *Proxy) modifyResponse(resp *http.Response) error {
 		p.setRemaining(ctx, resp.Header, c)
 	}
 	return nil
+}
+
+// stripeErrorType is error.type of a Stripe error body, "" when there is none.
+func stripeErrorType(body []byte) string {
+	var e struct {
+		Error struct {
+			Type string `json:"type"`
+		} `json:"error"`
+	}
+	if json.Unmarshal(body, &e) != nil {
+		return ""
+	}
+	return e.Error.Type
 }
 
 // commitAmount reads the answer of a 2xx: the amount to commit and the object id.

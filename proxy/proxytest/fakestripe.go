@@ -45,6 +45,16 @@ const (
 	// FailBefore500 answers 500 without executing anything (no object is created);
 	// nothing is saved under the idempotency key.
 	FailBefore500
+	// FailAfterCreateResetInFlight runs the request and closes the connection (TCP
+	// reset) at once, while the idempotency key is still in flight (409) for the
+	// fail delay; afterwards the saved result replays. It is what a connection that
+	// breaks while Stripe is still executing looks like to a client that resends.
+	FailAfterCreateResetInFlight
+	// FailIdempotencyMismatch answers 400 idempotency_error without executing, as
+	// Stripe does when a key comes back with parameters it judges different (for
+	// instance under another Stripe-Version). It applies even when the key has a
+	// saved result.
+	FailIdempotencyMismatch
 )
 
 // String names the mode.
@@ -60,6 +70,10 @@ func (m FailMode) String() string {
 		return "before_429"
 	case FailBefore500:
 		return "before_500"
+	case FailAfterCreateResetInFlight:
+		return "after_create_reset_in_flight"
+	case FailIdempotencyMismatch:
+		return "idempotency_mismatch"
 	default:
 		return "fail_" + strconv.Itoa(int(m))
 	}
@@ -156,6 +170,7 @@ type FakeStripe struct {
 	pis       []*PaymentIntent
 	refunds   []*Refund
 	customers map[string]map[string]any
+	prices    map[string]map[string]any
 	moved     map[string]int64
 }
 
@@ -167,6 +182,7 @@ func NewFakeStripe(tb testing.TB, secret string) *FakeStripe {
 		failDelay: 30 * time.Second,
 		idem:      map[string]*idemEntry{},
 		customers: map[string]map[string]any{},
+		prices:    map[string]map[string]any{},
 		moved:     map[string]int64{},
 	}
 	f.idle = sync.NewCond(&f.mu)
@@ -200,13 +216,6 @@ func (f *FakeStripe) FailWhen(mode FailMode, n int, match func(Request) bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.rules = append(f.rules, &failRule{mode: mode, left: n, match: match})
-}
-
-// ClearFailures removes every pending failure rule.
-func (f *FakeStripe) ClearFailures() {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.rules = nil
 }
 
 // SetHook makes the fake call fn with every request it receives, before it
@@ -291,13 +300,6 @@ func (f *FakeStripe) Charges() []Charge {
 	return copyAll(f.charges)
 }
 
-// PaymentIntents returns copies of the PaymentIntents created, in creation order.
-func (f *FakeStripe) PaymentIntents() []PaymentIntent {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return copyAll(f.pis)
-}
-
 // Refunds returns copies of the refunds created, in creation order.
 func (f *FakeStripe) Refunds() []Refund {
 	f.mu.Lock()
@@ -348,6 +350,18 @@ func (f *FakeStripe) AddPaymentIntent(amount int64, currency, customer string) s
 		Customer: customer, Status: "requires_confirmation", CaptureMethod: "automatic"}
 	f.pis = append(f.pis, pi)
 	return pi.ID
+}
+
+// AddPrice creates a one-time price of unitAmount in currency (GET /v1/prices/{id}
+// answers it) and returns its id.
+func (f *FakeStripe) AddPrice(unitAmount int64, currency string) string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.seq++
+	id := fmt.Sprintf("price_fake%06d", f.seq)
+	f.prices[id] = map[string]any{"id": id, "object": "price", "unit_amount": unitAmount, "currency": currency,
+		"type": "one_time", "billing_scheme": "per_unit"}
+	return id
 }
 
 // AddCharge creates a captured charge directly (outside keybrake) and returns its id.
@@ -423,6 +437,13 @@ func (f *FakeStripe) serve(w http.ResponseWriter, r *http.Request) {
 	fp := fingerprint(r.Method, path, r.Header.Get("Stripe-Account"), req.Params)
 	idemKey := req.IdempotencyKey
 	f.mu.Lock()
+	if idemKey != "" && f.takeRuleOfLocked(req, FailIdempotencyMismatch) {
+		f.requests[idx].Failure = FailIdempotencyMismatch.String()
+		f.mu.Unlock()
+		writeAnswer(w, answer{http.StatusBadRequest, errJSON("idempotency_error", "",
+			"Keys for idempotent requests can only be used with the same parameters they were first used with.")})
+		return
+	}
 	if idemKey != "" {
 		if e, ok := f.idem[idemKey]; ok {
 			switch {
@@ -478,12 +499,12 @@ func (f *FakeStripe) serve(w http.ResponseWriter, r *http.Request) {
 	}
 	if entry != nil {
 		entry.status, entry.body = a.status, a.body
-		if rule != FailAfterCreateDelay {
+		if rule != FailAfterCreateDelay && rule != FailAfterCreateResetInFlight {
 			entry.done = true
 		}
 	}
 	delay := f.failDelay
-	if rule != FailAfterCreateDelay {
+	if rule != FailAfterCreateDelay && rule != FailAfterCreateResetInFlight {
 		f.finishLocked(nil)
 	}
 	f.mu.Unlock()
@@ -491,6 +512,13 @@ func (f *FakeStripe) serve(w http.ResponseWriter, r *http.Request) {
 	switch rule {
 	case FailAfterCreateReset:
 		resetConn(w)
+		return
+	case FailAfterCreateResetInFlight:
+		resetConn(w)
+		time.Sleep(delay)
+		f.mu.Lock()
+		f.finishLocked(entry)
+		f.mu.Unlock()
 		return
 	case FailAfterCreateDelay:
 		t := time.NewTimer(delay)
@@ -519,9 +547,26 @@ func (f *FakeStripe) finishLocked(entry *idemEntry) {
 	}
 }
 
+// takeRuleOfLocked takes the first rule of mode that matches req, if any.
+func (f *FakeStripe) takeRuleOfLocked(req Request, mode FailMode) bool {
+	for i, r := range f.rules {
+		if r.mode != mode || r.left == 0 || (r.match != nil && !r.match(req)) {
+			continue
+		}
+		if r.left > 0 {
+			r.left--
+		}
+		if r.left == 0 {
+			f.rules = slices.Delete(f.rules, i, i+1)
+		}
+		return true
+	}
+	return false
+}
+
 func (f *FakeStripe) takeRuleLocked(req Request) FailMode {
 	for i, r := range f.rules {
-		if r.left == 0 || (r.match != nil && !r.match(req)) {
+		if r.mode == FailIdempotencyMismatch || r.left == 0 || (r.match != nil && !r.match(req)) {
 			continue
 		}
 		if r.left > 0 {
@@ -713,6 +758,11 @@ func (f *FakeStripe) route(method, path string, p url.Values, idemKey string) an
 	case res == "customers" && len(rest) == 1 && method == http.MethodDelete:
 		delete(f.customers, rest[0])
 		return okJSON(map[string]any{"id": rest[0], "object": "customer", "deleted": true})
+	case res == "prices" && len(rest) == 1 && method == http.MethodGet:
+		if pr, ok := f.prices[rest[0]]; ok {
+			return okJSON(pr)
+		}
+		return notFound("No such price: '" + rest[0] + "'")
 	case res == "balance" && len(rest) == 0 && method == http.MethodGet:
 		return okJSON(map[string]any{"object": "balance", "available": []any{}, "pending": []any{}})
 	}
@@ -836,16 +886,31 @@ func (f *FakeStripe) updatePI(id string, p url.Values) answer {
 	if pi == nil {
 		return notFound("No such payment_intent: '" + id + "'")
 	}
-	if amount, ok, bad := amountParam(p, "amount", false); bad != nil {
+	amount, hasAmount, bad := amountParam(p, "amount", false)
+	if bad != nil {
 		return *bad
-	} else if ok {
+	}
+	cur, hasCur := pi.Currency, p.Has("currency")
+	if hasCur {
+		if cur, bad = currencyParam(p); bad != nil {
+			return *bad
+		}
+	}
+	if hasAmount || hasCur {
 		if pi.Status == "succeeded" || pi.Status == "requires_capture" {
 			return paramErr("amount", "This PaymentIntent's amount could not be updated in its current state.")
 		}
-		if amount > pi.Amount {
-			f.moved[pi.Currency] += amount - pi.Amount
+		if !hasAmount {
+			amount = pi.Amount
 		}
-		pi.Amount = amount
+		switch {
+		case cur != pi.Currency:
+			// A new currency: the whole amount is new money in it.
+			f.moved[cur] += amount
+		case amount > pi.Amount:
+			f.moved[cur] += amount - pi.Amount
+		}
+		pi.Amount, pi.Currency = amount, cur
 	}
 	if c := p.Get("customer"); c != "" {
 		pi.Customer = c
