@@ -423,7 +423,39 @@ func (p *Proxy) authorise(c *call) error {
 		return reasonRefusal(policy.Decision{Reason: policy.ReasonAccountNotAllowed,
 			Message: "The connected account this request acts on is not allowed for this vault key."}, "")
 	}
+	if acct, ok := c.paramAccount(pol); !ok {
+		return reasonRefusal(policy.Decision{Reason: policy.ReasonAccountNotAllowed,
+			Message: fmt.Sprintf("The connected account %s named in this request is not allowed for this vault key.", clip(acct))}, "")
+	}
 	return nil
+}
+
+// accountParams are the last key segments of parameters that name a connected
+// account money is sent to or on behalf of: transfers' destination,
+// transfer_data[destination], on_behalf_of (also nested, as in
+// payment_intent_data[transfer_data][destination]) and the legacy charge
+// destination[account].
+var accountParams = map[string]bool{"destination": true, "on_behalf_of": true, "account": true}
+
+// paramAccount checks every parameter named like a connected-account reference
+// whose value is an account id (acct_…) against the policy, so a transfer or a
+// destination charge cannot send money to an account the key may not touch.
+// Payout destinations (ba_…, card_…) are not accounts and pass. It returns the
+// first account that is not allowed and false.
+func (c *call) paramAccount(pol *policy.Policy) (string, bool) {
+	if c.params == nil {
+		return "", true
+	}
+	for _, pr := range c.params.Pairs() {
+		last := pr.Key
+		if i := strings.LastIndexByte(last, '['); i >= 0 {
+			last = strings.TrimSuffix(last[i+1:], "]")
+		}
+		if accountParams[last] && strings.HasPrefix(pr.Value, "acct_") && !pol.AllowsAccount(pr.Value) {
+			return pr.Value, false
+		}
+	}
+	return "", true
 }
 
 // namedAccount is the connected account a request acts on by naming it rather

@@ -146,3 +146,34 @@ func TestInvoiceItemStoredPriceInAnotherCurrency(t *testing.T) {
 	AssertRefusal(t, r, http.StatusForbidden, "amount_unknown")
 	assert.Zero(t, postsTo(e, "/v1/invoiceitems"))
 }
+
+// Money sent to or on behalf of a connected account touches that account: a
+// transfer's destination, a destination charge's transfer_data[destination] and
+// on_behalf_of must be in the policy's stripe_accounts, like Stripe-Account.
+func TestDestinationAccountMustBeAllowed(t *testing.T) {
+	e := MustEnv(t)
+	tok, _ := e.MustKey(t, Policy("99.00", func(p *policy.Policy) {
+		p.Operations = []string{"transfers.create", "charges.create", "payment_intents.create", "checkout.sessions.create"}
+		p.StripeAccounts = []string{"acct_ok"}
+	}))
+	for name, body := range map[string]string{
+		"transfer":           "amount=100&currency=usd&destination=acct_other",
+		"destination charge": "amount=100&currency=usd&source=tok_visa&transfer_data[destination]=acct_other",
+		"legacy destination": "amount=100&currency=usd&source=tok_visa&destination[account]=acct_other",
+		"on behalf of":       "amount=100&currency=usd&on_behalf_of=acct_other",
+		"nested in checkout": "mode=payment&success_url=https://x.test&line_items[0][price_data][currency]=usd&line_items[0][price_data][unit_amount]=100&line_items[0][price_data][product_data][name]=x&line_items[0][quantity]=1&payment_intent_data[transfer_data][destination]=acct_other",
+	} {
+		t.Run(name, func(t *testing.T) {
+			path := map[string]string{"transfer": "/v1/transfers", "on behalf of": "/v1/payment_intents", "nested in checkout": "/v1/checkout/sessions"}[name]
+			if path == "" {
+				path = "/v1/charges"
+			}
+			r := e.MustSend(t, http.MethodPost, path, tok, hdr("Idempotency-Key", "dest-"+name), body)
+			AssertRefusal(t, r, http.StatusForbidden, "account_not_allowed")
+		})
+	}
+	assert.Zero(t, e.Fake.Count(), "nothing reached Stripe")
+
+	r := e.Post(t, "/v1/transfers", tok, "dest-ok", form("amount", "100", "currency", "usd", "destination", "acct_ok"))
+	assert.NotEqual(t, "account_not_allowed", r.ErrCode(), "a listed account passes: %s", r.Raw)
+}
