@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -18,7 +19,7 @@ import (
 	"github.com/keybrake/keybrake/vault"
 )
 
-// Log attribute keys of the admin API.
+// Log attribute keys of the api package's log lines.
 const (
 	attrError    = "error"
 	attrMethod   = "method"
@@ -33,7 +34,6 @@ const (
 
 // Keys of values handlers and middleware leave in the echo context for the access log.
 const (
-	ctxKeyPrincipal     = "keybrake.principal"
 	ctxKeyInternalError = "keybrake.internal_error"
 	ctxKeyAuthFailure   = "keybrake.auth_failure"
 )
@@ -46,7 +46,6 @@ type admin struct {
 	publicURL string
 	now       func() time.Time
 	parser    *jwt.Parser
-	maxBody   int64
 	proxy     ProxyStats
 	version   string
 
@@ -115,7 +114,6 @@ func NewAdmin(cfg AdminConfig) http.Handler {
 		publicURL: strings.TrimRight(cfg.PublicURL, "/"),
 		now:       now,
 		parser:    newTokenParser(now),
-		maxBody:   DefaultMaxBodyBytes,
 		proxy:     cfg.Proxy,
 		version:   cfg.Version,
 	}
@@ -123,11 +121,7 @@ func NewAdmin(cfg AdminConfig) http.Handler {
 		a.log.Error("no JWT secret configured: every admin API request will be refused")
 	}
 
-	e := echo.New()
-	e.HideBanner = true
-	e.HidePort = true
-	// echo's own logger writes to stdout; everything worth saying goes through slog.
-	e.Logger.SetOutput(io.Discard)
+	e := newEcho()
 	e.HTTPErrorHandler = a.errorHandler
 	e.Use(accessLog(a.log, "admin request", adminLogAttrs), recoverPanic, securityHeaders)
 
@@ -143,6 +137,16 @@ func NewAdmin(cfg AdminConfig) http.Handler {
 		}
 		e.Add(r.method, r.path, handler, mw...)
 	}
+	return e
+}
+
+// newEcho returns an echo instance that prints nothing itself: echo's own logger
+// and banner write to stdout, and everything worth saying goes through slog.
+func newEcho() *echo.Echo {
+	e := echo.New()
+	e.HideBanner = true
+	e.HidePort = true
+	e.Logger.SetOutput(io.Discard)
 	return e
 }
 
@@ -187,7 +191,7 @@ func accessLog(log *slog.Logger, msg string, extra func(echo.Context) []slog.Att
 // adminLogAttrs adds the path and the JWT's subject and role to an admin log line.
 func adminLogAttrs(c echo.Context) []slog.Attr {
 	attrs := []slog.Attr{slog.String(attrPath, c.Request().URL.Path)}
-	if p, ok := c.Get(ctxKeyPrincipal).(Principal); ok {
+	if p, ok := PrincipalFromContext(c.Request().Context()); ok {
 		attrs = append(attrs, slog.String(attrActor, p.Subject), slog.String(attrRole, p.Role))
 	}
 	return attrs
@@ -245,20 +249,14 @@ func query(c echo.Context, allowed ...string) (url.Values, error) {
 	}
 	var unknown []string
 	for name := range q {
-		ok := false
-		for _, a := range allowed {
-			if name == a {
-				ok = true
-				break
-			}
-		}
-		if !ok {
+		if !slices.Contains(allowed, name) {
 			unknown = append(unknown, name)
 		}
 	}
 	if len(unknown) > 0 {
+		slices.Sort(unknown)
 		p := validationProblem("unknown query parameter")
-		for _, name := range sortedStrings(unknown) {
+		for _, name := range unknown {
 			p.Errors = append(p.Errors, fieldError(name, "unknown query parameter; allowed: "+strings.Join(allowed, ", ")))
 		}
 		return nil, p

@@ -6,9 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"mime"
 	"net/http"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -17,7 +19,8 @@ import (
 	"github.com/keybrake/keybrake/policy"
 )
 
-// DefaultMaxBodyBytes is the admin API's request body limit when AdminConfig sets none.
+// DefaultMaxBodyBytes is the admin API's request body limit, and the agent
+// endpoints' when ProxyConfig.AgentMaxBodyBytes is zero.
 const DefaultMaxBodyBytes = 64 << 10
 
 // Media types a request body may carry.
@@ -74,19 +77,29 @@ func readJSONBody(c echo.Context, limit int64) ([]byte, error) {
 	return body, nil
 }
 
+// bindJSON reads the request body (readJSONBody) and decodes it into dst
+// (decodeStrict): the one way every handler takes a JSON body.
+func bindJSON(c echo.Context, limit int64, dst any) error {
+	body, err := readJSONBody(c, limit)
+	if err != nil {
+		return err
+	}
+	return decodeStrict(body, dst)
+}
+
 // decodeStrict decodes well-formed JSON into dst, refusing unknown fields and values
 // of the wrong type. Every failure is a 422 naming the field: the JSON is well
 // formed, it just does not fit (an unknown field is usually a typo, and a typo in a
 // cap must never pass silently as "no cap").
-func decodeStrict(body []byte, dst any, prefix string) error {
-	if err := checkExactMembers(body, dst, prefix); err != nil {
+func decodeStrict(body []byte, dst any) error {
+	if err := checkExactMembers(body, dst); err != nil {
 		return err
 	}
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
 	dec.UseNumber()
 	if err := dec.Decode(dst); err != nil {
-		return decodeProblem(err, prefix)
+		return decodeProblem(err, "")
 	}
 	return nil
 }
@@ -94,7 +107,7 @@ func decodeStrict(body []byte, dst any, prefix string) error {
 // checkExactMembers refuses object members whose names match a field of the struct
 // dst only case-insensitively: encoding/json would accept "Name" for "name", and
 // {"Name":"a","name":"b"} would then silently keep one of the two.
-func checkExactMembers(body []byte, dst any, prefix string) error {
+func checkExactMembers(body []byte, dst any) error {
 	t := reflect.TypeOf(dst)
 	for t != nil && t.Kind() == reflect.Pointer {
 		t = t.Elem()
@@ -114,9 +127,9 @@ func checkExactMembers(body []byte, dst any, prefix string) error {
 		}
 	}
 	var errs []policy.FieldError
-	for _, name := range sortedKeys(members) {
+	for _, name := range slices.Sorted(maps.Keys(members)) {
 		if !known[name] {
-			errs = append(errs, fieldError(joinField(prefix, name), "unknown field"))
+			errs = append(errs, fieldError(name, "unknown field"))
 		}
 	}
 	if len(errs) > 0 {

@@ -4,7 +4,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 	"unicode"
@@ -35,12 +37,8 @@ type mintKeyRequest struct {
 
 // mintKey handles POST /api/v1/keys.
 func (a *admin) mintKey(c echo.Context) error {
-	body, err := readJSONBody(c, a.maxBody)
-	if err != nil {
-		return err
-	}
 	var req mintKeyRequest
-	if err := decodeStrict(body, &req, ""); err != nil {
+	if err := bindJSON(c, DefaultMaxBodyBytes, &req); err != nil {
 		return err
 	}
 	now := a.now()
@@ -50,19 +48,8 @@ func (a *admin) mintKey(c echo.Context) error {
 		req.Upstream = defaultUpstream
 	}
 	errs = append(errs, checkName("upstream", req.Upstream)...)
-	var labels map[string]string
-	if !isAbsent(req.Labels) {
-		patch, lerrs := decodeLabelPatch(req.Labels)
-		errs = append(errs, lerrs...)
-		labels = make(map[string]string, len(patch))
-		for _, k := range sortedKeys(patch) {
-			if patch[k] == nil {
-				errs = append(errs, fieldError("labels."+k, "must be a string"))
-				continue
-			}
-			labels[k] = *patch[k]
-		}
-	}
+	labels, lerrs := decodeLabels(req.Labels)
+	errs = append(errs, lerrs...)
 	errs = append(errs, checkLabels(labels)...)
 	var p policy.Policy
 	if isAbsent(req.Policy) {
@@ -70,10 +57,7 @@ func (a *admin) mintKey(c echo.Context) error {
 	} else if err := json.Unmarshal(req.Policy, &p); err != nil {
 		errs = append(errs, policyDecodeErrors(err)...)
 	} else {
-		// period_start defaults to the time of minting, to the second: nobody needs
-		// the nanoseconds, and they would be in every answer and audit entry.
-		p.Normalize(now.Truncate(time.Second))
-		errs = append(errs, policyValidationErrors(p.ValidateNew(now))...)
+		errs = append(errs, checkPolicy(&p, now)...)
 	}
 	if len(errs) > 0 {
 		return validationProblem("the key cannot be minted", errs...)
@@ -150,11 +134,10 @@ func (a *admin) listKeys(c echo.Context) error {
 		return cursorError(fmt.Errorf("list keys: %w", err))
 	}
 	now := a.now()
-	out := keyListView{Keys: make([]keyView, 0, len(keys)), page: page{NextCursor: next}}
-	for _, k := range keys {
-		out.Keys = append(out.Keys, newKeyView(k, now))
-	}
-	return c.JSON(http.StatusOK, out)
+	return c.JSON(http.StatusOK, keyListView{
+		Keys: viewsOf(keys, func(k vault.Key) keyView { return newKeyView(k, now) }),
+		page: page{NextCursor: next},
+	})
 }
 
 // getKey handles GET /api/v1/keys/{id}: the key with its usage.
@@ -199,12 +182,8 @@ func (a *admin) patchKey(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	body, err := readJSONBody(c, a.maxBody)
-	if err != nil {
-		return err
-	}
 	var req patchKeyRequest
-	if err := decodeStrict(body, &req, ""); err != nil {
+	if err := bindJSON(c, DefaultMaxBodyBytes, &req); err != nil {
 		return err
 	}
 	var (
@@ -241,8 +220,7 @@ func (a *admin) patchKey(c echo.Context) error {
 			errs = append(errs, policyDecodeErrors(err)...)
 		} else {
 			p = patched
-			p.Normalize(now.Truncate(time.Second))
-			errs = append(errs, policyValidationErrors(p.ValidateNew(now))...)
+			errs = append(errs, checkPolicy(&p, now)...)
 		}
 	}
 	labels := mergeLabels(key.Labels, labelPatch, labelsNull)
@@ -321,11 +299,7 @@ func (a *admin) keyEvents(c echo.Context) error {
 	if err != nil {
 		return cursorError(fmt.Errorf("key events %s: %w", id, err))
 	}
-	out := eventListView{Events: make([]eventView, 0, len(events)), page: page{NextCursor: next}}
-	for _, e := range events {
-		out.Events = append(out.Events, newEventView(e))
-	}
-	return c.JSON(http.StatusOK, out)
+	return c.JSON(http.StatusOK, eventListView{Events: viewsOf(events, newEventView), page: page{NextCursor: next}})
 }
 
 // mergeLabels applies a JSON merge patch of labels (null deletes a label; a null
@@ -333,9 +307,7 @@ func (a *admin) keyEvents(c echo.Context) error {
 func mergeLabels(current map[string]string, patch map[string]*string, clear bool) map[string]string {
 	out := map[string]string{}
 	if !clear {
-		for k, v := range current {
-			out[k] = v
-		}
+		maps.Copy(out, current)
 	}
 	for k, v := range patch {
 		if v == nil {
@@ -347,6 +319,24 @@ func mergeLabels(current map[string]string, patch map[string]*string, clear bool
 	return out
 }
 
+// decodeLabels reads the labels of a new key: an object of strings (absent or null:
+// none).
+func decodeLabels(raw json.RawMessage) (map[string]string, []policy.FieldError) {
+	if isAbsent(raw) {
+		return nil, nil
+	}
+	patch, errs := decodeLabelPatch(raw)
+	labels := make(map[string]string, len(patch))
+	for _, k := range slices.Sorted(maps.Keys(patch)) {
+		if patch[k] == nil {
+			errs = append(errs, fieldError("labels."+k, "must be a string"))
+			continue
+		}
+		labels[k] = *patch[k]
+	}
+	return labels, errs
+}
+
 // decodeLabelPatch reads a merge patch of labels: an object whose values are strings
 // (set) or null (delete). Anything else is a field error naming the label.
 func decodeLabelPatch(raw json.RawMessage) (map[string]*string, []policy.FieldError) {
@@ -356,7 +346,7 @@ func decodeLabelPatch(raw json.RawMessage) (map[string]*string, []policy.FieldEr
 	}
 	patch := make(map[string]*string, len(members))
 	var errs []policy.FieldError
-	for _, k := range sortedKeys(members) {
+	for _, k := range slices.Sorted(maps.Keys(members)) {
 		v := members[k]
 		if isNull(v) {
 			patch[k] = nil
@@ -392,7 +382,7 @@ func checkLabels(labels map[string]string) []policy.FieldError {
 	if len(labels) > maxLabels {
 		errs = append(errs, fieldError("labels", fmt.Sprintf("at most %d labels", maxLabels)))
 	}
-	for _, k := range sortedKeys(labels) {
+	for _, k := range slices.Sorted(maps.Keys(labels)) {
 		v := labels[k]
 		field := "labels." + k
 		switch {
@@ -421,15 +411,6 @@ func printable(s string) bool {
 	return true
 }
 
-// sortedKeys returns the keys of m in order.
-func sortedKeys[V any](m map[string]V) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	return sortedStrings(keys)
-}
-
 // isAbsent reports whether a raw member was missing or null.
 func isAbsent(raw json.RawMessage) bool { return raw == nil || isNull(raw) }
 
@@ -453,6 +434,14 @@ func policyValidationErrors(err error) []policy.FieldError {
 		return nil
 	}
 	return policyDecodeErrors(err)
+}
+
+// checkPolicy applies the defaults to p and validates it as a new policy, with its
+// field errors under "policy". period_start defaults to now to the second: nobody
+// needs the nanoseconds, and they would be in every answer and audit entry.
+func checkPolicy(p *policy.Policy, now time.Time) []policy.FieldError {
+	p.Normalize(now.Truncate(time.Second))
+	return policyValidationErrors(p.ValidateNew(now))
 }
 
 // mapPolicyError puts the field errors of a policy validation the store returned under

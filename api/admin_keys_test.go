@@ -169,7 +169,6 @@ func TestAdminListKeysFiltersAndPages(t *testing.T) {
 	env.MustUpstream("default")
 	env.MustUpstream("eu")
 
-	var all []string
 	byName := map[string]string{}
 	for i := range 7 {
 		customer, upstream := "cust_a", ""
@@ -181,7 +180,6 @@ func TestAdminListKeysFiltersAndPages(t *testing.T) {
 			name = "special-6"
 		}
 		k := env.MustMint(name, upstream, map[string]string{"customer_id": customer, "billing_period": "2026-09"}, seedLegacyPolicy)
-		all = append(all, k.ID)
 		byName[name] = k.ID
 	}
 	rv := env.Do(http.MethodPost, "/api/v1/keys/"+byName["key-1"]+"/revoke", env.adminToken, nil)

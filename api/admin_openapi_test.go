@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/getkin/kin-openapi/openapi3"
 	"github.com/labstack/echo/v4"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -70,19 +71,10 @@ func TestAdminOpenAPIDocumentMatchesRoutes(t *testing.T) {
 	assert.Len(t, served, 18)
 
 	// The document's problem types are the ones the server uses.
-	problem := doc.Components.Schemas["Problem"].Value
-	require.NotNil(t, problem)
-	var types []string
-	for _, v := range problem.Properties["type"].Value.Enum {
-		types = append(types, v.(string))
-	}
-	for _, typ := range []string{
+	assertProblemTypes(t, doc, "Problem",
 		api.ProblemMalformed, api.ProblemUnauthorized, api.ProblemForbidden, api.ProblemNotFound,
 		api.ProblemMethodNotAllowed, api.ProblemConflict, api.ProblemTooLarge, api.ProblemUnsupportedMedia,
-		api.ProblemValidation, api.ProblemInternal, api.ProblemUnavailable,
-	} {
-		assert.Contains(t, types, typ)
-	}
+		api.ProblemValidation, api.ProblemInternal, api.ProblemUnavailable)
 	assert.True(t, strings.HasPrefix(doc.OpenAPI, "3."), "OpenAPI 3 document")
 }
 
@@ -135,22 +127,29 @@ func TestAgentOpenAPIDocumentMatchesRoutes(t *testing.T) {
 	assert.Len(t, served, 5)
 
 	// The agent problem types are the general ones plus the claims API's.
-	problem := doc.Components.Schemas["AgentProblem"].Value
-	require.NotNil(t, problem)
-	var types []string
-	for _, v := range problem.Properties["type"].Value.Enum {
-		types = append(types, v.(string))
-	}
-	for _, typ := range []string{
+	assertProblemTypes(t, doc, "AgentProblem",
 		api.ProblemMalformed, api.ProblemUnauthorized, api.ProblemNotFound, api.ProblemMethodNotAllowed,
 		api.ProblemTooLarge, api.ProblemUnsupportedMedia, api.ProblemValidation, api.ProblemInternal,
-		api.ProblemClaimInProgress, api.ProblemClaimFingerprintMismatch, api.ProblemClaimNotOwner,
-	} {
-		assert.Contains(t, types, typ)
-	}
+		api.ProblemClaimInProgress, api.ProblemClaimFingerprintMismatch, api.ProblemClaimNotOwner)
 	for name, scheme := range map[string]string{"vaultKey": "bearer", "vaultKeyBasic": "basic"} {
 		s := doc.Components.SecuritySchemes[name]
 		require.NotNil(t, s, name)
 		assert.Equal(t, scheme, s.Value.Scheme, name)
+	}
+}
+
+// assertProblemTypes checks that the enum of the schema's type property lists every
+// one of want.
+func assertProblemTypes(t *testing.T, doc *openapi3.T, schema string, want ...string) {
+	t.Helper()
+	ref := doc.Components.Schemas[schema]
+	require.NotNil(t, ref, schema)
+	require.NotNil(t, ref.Value, schema)
+	var types []string
+	for _, v := range ref.Value.Properties["type"].Value.Enum {
+		types = append(types, v.(string))
+	}
+	for _, typ := range want {
+		assert.Contains(t, types, typ, schema)
 	}
 }

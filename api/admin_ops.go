@@ -50,11 +50,7 @@ func (a *admin) listHolds(c echo.Context) error {
 	if err != nil {
 		return cursorError(fmt.Errorf("list holds: %w", err))
 	}
-	out := holdListView{Holds: make([]holdView, 0, len(holds)), page: page{NextCursor: next}}
-	for _, h := range holds {
-		out.Holds = append(out.Holds, newHoldView(h))
-	}
-	return c.JSON(http.StatusOK, out)
+	return c.JSON(http.StatusOK, holdListView{Holds: viewsOf(holds, newHoldView), page: page{NextCursor: next}})
 }
 
 // resolveHoldRequest is the body of POST /api/v1/holds/{id}/resolve.
@@ -70,12 +66,8 @@ func (a *admin) resolveHold(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	body, err := readJSONBody(c, a.maxBody)
-	if err != nil {
-		return err
-	}
 	var req resolveHoldRequest
-	if err := decodeStrict(body, &req, ""); err != nil {
+	if err := bindJSON(c, DefaultMaxBodyBytes, &req); err != nil {
 		return err
 	}
 	outcome := vault.HoldState(req.Outcome)
@@ -110,11 +102,7 @@ func (a *admin) listAudit(c echo.Context) error {
 	if err != nil {
 		return cursorError(fmt.Errorf("list audit: %w", err))
 	}
-	out := auditListView{Entries: make([]auditView, 0, len(entries)), page: page{NextCursor: next}}
-	for _, e := range entries {
-		out.Entries = append(out.Entries, newAuditView(e))
-	}
-	return c.JSON(http.StatusOK, out)
+	return c.JSON(http.StatusOK, auditListView{Entries: viewsOf(entries, newAuditView), page: page{NextCursor: next}})
 }
 
 // backup handles GET /api/v1/backup (admin role only): a hot, consistent copy of the

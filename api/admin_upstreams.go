@@ -27,12 +27,8 @@ type upstreamListView struct {
 // putUpstream handles POST /api/v1/upstreams: register (201) or replace (200) the
 // upstream's secret. The secret is sealed by the store and never returned.
 func (a *admin) putUpstream(c echo.Context) error {
-	body, err := readJSONBody(c, a.maxBody)
-	if err != nil {
-		return err
-	}
 	var req putUpstreamRequest
-	if err := decodeStrict(body, &req, ""); err != nil {
+	if err := bindJSON(c, DefaultMaxBodyBytes, &req); err != nil {
 		return err
 	}
 	if req.Vendor == "" {
@@ -80,11 +76,7 @@ func (a *admin) listUpstreams(c echo.Context) error {
 	if err != nil {
 		return fmt.Errorf("list upstreams: %w", err)
 	}
-	out := upstreamListView{Upstreams: make([]upstreamView, 0, len(ups))}
-	for _, u := range ups {
-		out.Upstreams = append(out.Upstreams, newUpstreamView(u))
-	}
-	return c.JSON(http.StatusOK, out)
+	return c.JSON(http.StatusOK, upstreamListView{Upstreams: viewsOf(ups, newUpstreamView)})
 }
 
 // deleteUpstream handles DELETE /api/v1/upstreams/{name}: 409 while an active key

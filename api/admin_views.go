@@ -2,7 +2,6 @@ package api
 
 import (
 	"encoding/json"
-	"slices"
 	"strconv"
 	"time"
 
@@ -49,26 +48,27 @@ type keyView struct {
 }
 
 func newKeyView(k vault.Key, now time.Time) keyView {
-	labels := k.Labels
-	if labels == nil {
-		labels = map[string]string{}
-	}
-	v := keyView{
+	return keyView{
 		ID:          k.ID,
 		Name:        k.Name,
 		Upstream:    k.Upstream,
-		Labels:      labels,
+		Labels:      labelsOf(k),
 		Policy:      k.Policy,
 		Status:      string(k.StatusAt(now)),
 		TokenPrefix: k.TokenPrefix,
 		CreatedAt:   k.CreatedAt.UTC(),
 		UpdatedAt:   k.UpdatedAt.UTC(),
+		RevokedAt:   optionalTime(k.RevokedAt),
 	}
-	if !k.RevokedAt.IsZero() {
-		t := k.RevokedAt.UTC()
-		v.RevokedAt = &t
+}
+
+// labelsOf returns the key's labels, empty rather than nil so that they are {} in
+// JSON, never null.
+func labelsOf(k vault.Key) map[string]string {
+	if k.Labels == nil {
+		return map[string]string{}
 	}
-	return v
+	return k.Labels
 }
 
 // keyWithTokenView is a key as minted or rotated: the only answers that carry the
@@ -155,7 +155,7 @@ func newHoldView(h vault.Hold) holdView {
 	if windows == nil {
 		windows = []string{}
 	}
-	v := holdView{
+	return holdView{
 		ID:                     h.ID,
 		KeyID:                  h.KeyID,
 		IdempotencyKey:         h.IdempotencyKey,
@@ -166,12 +166,8 @@ func newHoldView(h vault.Hold) holdView {
 		Windows:                windows,
 		State:                  string(h.State),
 		CreatedAt:              h.CreatedAt.UTC(),
+		SettledAt:              optionalTime(h.SettledAt),
 	}
-	if !h.SettledAt.IsZero() {
-		t := h.SettledAt.UTC()
-		v.SettledAt = &t
-	}
-	return v
 }
 
 // eventView is one entry of a key's ledger.
@@ -249,16 +245,28 @@ func formatAmount(currency string, minor int64) string {
 	return policy.FormatMinor(currency, minor)
 }
 
+// optionalTime returns t in UTC, or nil (the member is omitted) when t is zero.
+func optionalTime(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	t = t.UTC()
+	return &t
+}
+
+// viewsOf maps items to their views. The result is never nil, so that an empty
+// listing is [] in JSON, not null.
+func viewsOf[T, V any](items []T, view func(T) V) []V {
+	out := make([]V, 0, len(items))
+	for _, it := range items {
+		out = append(out, view(it))
+	}
+	return out
+}
+
 // fieldError is a shorthand for a policy.FieldError.
 func fieldError(field, message string) policy.FieldError {
 	return policy.FieldError{Field: field, Message: message}
-}
-
-// sortedStrings returns s sorted (for stable error lists).
-func sortedStrings(s []string) []string {
-	out := slices.Clone(s)
-	slices.Sort(out)
-	return out
 }
 
 // page is a list answer's cursor: next_cursor is absent on the last page.

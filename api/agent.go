@@ -139,20 +139,7 @@ func (a *agent) errorHandler(err error, c echo.Context) {
 	default:
 		p, internal = problemFor(err)
 	}
-	if internal {
-		// accessLog, the outermost middleware of every agent route, writes the
-		// request's one log line with this cause; the client gets nothing of it.
-		c.Set(ctxKeyInternalError, err)
-	}
-	if c.Response().Committed {
-		return
-	}
-	if p.Status == http.StatusUnauthorized {
-		c.Response().Header().Set("WWW-Authenticate", `Bearer realm="keybrake"`)
-	}
-	if werr := writeProblem(c, p); werr != nil {
-		a.log.Warn("write problem response", slog.String(attrError, werr.Error()))
-	}
+	answerProblem(c, a.log, err, p, internal, `Bearer realm="keybrake"`)
 }
 
 // authenticate admits a request only with an active vault key: none, unknown,
@@ -221,14 +208,10 @@ func (a *agent) me(c echo.Context) error {
 		return fmt.Errorf("usage of %s: %w", id, err)
 	}
 	u := newUsageView(key, windows, usage)
-	labels := key.Labels
-	if labels == nil {
-		labels = map[string]string{}
-	}
 	return c.JSON(http.StatusOK, meView{
 		ID:       key.ID,
 		Name:     key.Name,
-		Labels:   labels,
+		Labels:   labelsOf(key),
 		Status:   string(key.StatusAt(a.now())),
 		Policy:   key.Policy,
 		Currency: u.Currency,
@@ -274,12 +257,8 @@ type claimRequest struct {
 
 // claim handles POST /keybrake/v1/claims.
 func (a *agent) claim(c echo.Context) error {
-	body, err := readJSONBody(c, a.maxBody)
-	if err != nil {
-		return err
-	}
 	var req claimRequest
-	if err := decodeStrict(body, &req, ""); err != nil {
+	if err := bindJSON(c, a.maxBody, &req); err != nil {
 		return err
 	}
 	if req.Key == nil || *req.Key == "" {
@@ -419,12 +398,8 @@ func (a *agent) completeClaim(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	body, err := readJSONBody(c, a.maxBody)
-	if err != nil {
-		return err
-	}
 	var req completeRequest
-	if err := decodeStrict(body, &req, ""); err != nil {
+	if err := bindJSON(c, a.maxBody, &req); err != nil {
 		return err
 	}
 	var errs []policy.FieldError
@@ -455,12 +430,8 @@ func (a *agent) releaseClaim(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	body, err := readJSONBody(c, a.maxBody)
-	if err != nil {
-		return err
-	}
 	var req releaseRequest
-	if err := decodeStrict(body, &req, ""); err != nil {
+	if err := bindJSON(c, a.maxBody, &req); err != nil {
 		return err
 	}
 	if req.FencingToken == nil {

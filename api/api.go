@@ -28,8 +28,6 @@ type AdminConfig struct {
 	Version string
 }
 
-// NewAdmin is in admin.go.
-
 // ProxyConfig configures the proxy listener's handler.
 type ProxyConfig struct {
 	// Store serves the agent endpoints (/keybrake/v1/*); without one they are not
@@ -44,12 +42,8 @@ type ProxyConfig struct {
 	AgentMaxBodyBytes int64
 }
 
-// NewProxyListener is in proxylistener.go.
-
 // Roles a JWT may carry.
 const (
 	RoleAdmin  = "admin"
 	RoleViewer = "viewer"
 )
-
-// IssueToken is in token.go.

@@ -83,7 +83,6 @@ func (a *admin) authenticate(next echo.HandlerFunc) echo.HandlerFunc {
 			return err
 		}
 		p := Principal{Subject: claims.Subject, Role: claims.Role}
-		c.Set(ctxKeyPrincipal, p)
 		c.SetRequest(c.Request().WithContext(NewContextWithPrincipal(c.Request().Context(), p)))
 		if p.Role != RoleAdmin && !isRead(c.Request().Method) {
 			return newProblem(http.StatusForbidden, "the viewer role may only read; this needs the admin role")

@@ -152,19 +152,25 @@ func problemFor(err error) (p *Problem, internal bool) {
 // middleware or the router returns becomes problem+json here.
 func (a *admin) errorHandler(err error, c echo.Context) {
 	p, internal := problemFor(err)
+	answerProblem(c, a.log, err, p, internal, "Bearer")
+}
+
+// answerProblem writes p as the answer to the request that failed with err. When
+// internal, the cause is left for accessLog, the outermost middleware, which writes
+// the request's one log line with it at Error; the client gets nothing of it. A 401
+// carries challenge in WWW-Authenticate.
+func answerProblem(c echo.Context, log *slog.Logger, err error, p *Problem, internal bool, challenge string) {
 	if internal {
-		// The access-log middleware writes the request's one log line; it logs
-		// this cause at Error. The client gets nothing of the cause.
 		c.Set(ctxKeyInternalError, err)
 	}
 	if c.Response().Committed {
 		return
 	}
 	if p.Status == http.StatusUnauthorized {
-		c.Response().Header().Set("WWW-Authenticate", "Bearer")
+		c.Response().Header().Set("WWW-Authenticate", challenge)
 	}
-	if err := writeProblem(c, p); err != nil {
-		a.log.Warn("write problem response", slog.String(attrError, err.Error()))
+	if werr := writeProblem(c, p); werr != nil {
+		log.Warn("write problem response", slog.String(attrError, werr.Error()))
 	}
 }
 

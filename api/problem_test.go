@@ -104,7 +104,7 @@ func TestDecodeStrictWantsExactNames(t *testing.T) {
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
 			var req putUpstreamRequest
-			err := decodeStrict([]byte(tc.body), &req, "")
+			err := decodeStrict([]byte(tc.body), &req)
 			if tc.fields == nil {
 				assert.NoError(t, err)
 				return

@@ -3,7 +3,6 @@ package api
 import (
 	"encoding/json"
 	"errors"
-	"io"
 	"log/slog"
 	"net/http"
 
@@ -31,11 +30,7 @@ func NewProxyListener(cfg ProxyConfig) http.Handler {
 	}
 	logger := base.With("component", "proxy-listener")
 
-	e := echo.New()
-	e.HideBanner = true
-	e.HidePort = true
-	// echo's own logger prints to stdout; everything worth saying goes through slog.
-	e.Logger.SetOutput(io.Discard)
+	e := newEcho()
 	var ag *agent
 	if cfg.Store != nil {
 		ag = newAgent(cfg, base)
@@ -78,7 +73,7 @@ type stripeErrorBody struct {
 // own: the Stripe proxy writes its own errors and never returns one.
 func stripeRouteError(logger *slog.Logger, err error, c echo.Context) {
 	if c.Response().Committed {
-		logger.Error("error after response was committed", "err", err)
+		logger.Error("error after response was committed", slog.String(attrError, err.Error()))
 		return
 	}
 	r := c.Request()
@@ -100,7 +95,8 @@ func stripeRouteError(logger *slog.Logger, err error, c echo.Context) {
 			body.Error.Message = http.StatusText(status)
 			break
 		}
-		logger.Error("proxy listener route failed", "method", r.Method, "path", r.URL.EscapedPath(), "err", err)
+		logger.Error("proxy listener route failed", slog.String(attrMethod, r.Method),
+			slog.String(attrPath, r.URL.EscapedPath()), slog.String(attrError, err.Error()))
 		status = http.StatusInternalServerError
 		body.Error.Type = "api_error"
 		body.Error.Message = "An internal error occurred."
@@ -115,6 +111,6 @@ func stripeRouteError(logger *slog.Logger, err error, c echo.Context) {
 		return
 	}
 	if werr := json.NewEncoder(c.Response()).Encode(body); werr != nil {
-		logger.Debug("write error response", "err", werr)
+		logger.Debug("write error response", slog.String(attrError, werr.Error()))
 	}
 }

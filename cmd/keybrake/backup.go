@@ -75,11 +75,8 @@ func (m *Main) parseBackup(args []string) error {
 	fs.StringVar(&c.Token, "token", c.Token, "admin JWT for --admin-url (default: "+envAdminToken+", else minted from the local JWT secret)")
 	fs.DurationVar(&c.OpenTimeout, "open-timeout", c.OpenTimeout, "how long to wait for the database lock (offline copy)")
 	fs.DurationVar(&c.Timeout, "timeout", c.Timeout, "time limit of the online copy")
-	if err := fs.Parse(args); err != nil {
+	if err := parseArgs(fs, args); err != nil {
 		return err
-	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("backup: unexpected arguments %q", fs.Args())
 	}
 	envs := map[string]string{"data-dir": envName("data-dir"), "admin-url": envName("admin-url"), "token": envAdminToken}
 	if err := applyEnv(fs, m.Getenv, envs); err != nil {
@@ -180,34 +177,15 @@ func (m *Main) backupOnline(ctx context.Context) (int64, error) {
 // writeFileAtomic writes path through fill: a temporary file beside it (mode 0600),
 // fsync, rename over path, fsync of the directory. On error path is untouched.
 func writeFileAtomic(path string, fill func(io.Writer) (int64, error)) (int64, error) {
-	dir := filepath.Dir(path)
-	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
-	if err != nil {
-		return 0, fmt.Errorf("create temporary file: %w", err)
-	}
-	tmpName := tmp.Name()
-	done := false
-	defer func() {
-		if !done {
-			tmp.Close()
-			os.Remove(tmpName)
-		}
-	}()
-	n, err := fill(tmp)
+	tmpName, n, err := writeTemp(path, fill)
 	if err != nil {
 		return 0, fmt.Errorf("write %s: %w", path, err)
 	}
-	if err := tmp.Sync(); err != nil {
-		return 0, fmt.Errorf("sync %s: %w", tmpName, err)
-	}
-	if err := tmp.Close(); err != nil {
-		return 0, fmt.Errorf("close %s: %w", tmpName, err)
-	}
 	if err := os.Rename(tmpName, path); err != nil {
+		_ = os.Remove(tmpName)
 		return 0, fmt.Errorf("rename into place: %w", err)
 	}
-	done = true
-	if err := syncDir(dir); err != nil {
+	if err := syncDir(filepath.Dir(path)); err != nil {
 		return n, err
 	}
 	return n, nil

@@ -223,26 +223,21 @@ func applyEnv(fs *flag.FlagSet, getenv func(string) string, flagNames map[string
 
 // derivePublicURL turns a bound listener address into the base URL callers use:
 // an unspecified host (":8080", "0.0.0.0:8080", "[::]:8080") becomes localhost.
-func derivePublicURL(addr string) string {
-	host, port, err := net.SplitHostPort(addr)
-	if err != nil {
-		return "http://" + addr
-	}
-	if ip := net.ParseIP(host); host == "" || (ip != nil && ip.IsUnspecified()) {
-		host = "localhost"
-	}
-	return "http://" + net.JoinHostPort(host, port)
-}
+func derivePublicURL(addr string) string { return listenerURL(addr, "localhost") }
 
 // dialableURL turns a bound listener address into a URL this machine can dial:
 // an unspecified host becomes 127.0.0.1.
-func dialableURL(addr net.Addr) string {
-	host, port, err := net.SplitHostPort(addr.String())
+func dialableURL(addr net.Addr) string { return listenerURL(addr.String(), "127.0.0.1") }
+
+// listenerURL is the http URL of a listener address, with an unspecified host
+// replaced by host.
+func listenerURL(addr, host string) string {
+	h, port, err := net.SplitHostPort(addr)
 	if err != nil {
-		return "http://" + addr.String()
+		return "http://" + addr
 	}
-	if ip := net.ParseIP(host); host == "" || (ip != nil && ip.IsUnspecified()) {
-		host = "127.0.0.1"
+	if ip := net.ParseIP(h); h == "" || (ip != nil && ip.IsUnspecified()) {
+		h = host
 	}
-	return "http://" + net.JoinHostPort(host, port)
+	return "http://" + net.JoinHostPort(h, port)
 }

@@ -45,7 +45,8 @@ func main() {
 		os.Exit(exitUsage)
 	}
 	if err := m.Run(ctx); err != nil {
-		_ = m.Close()
+		// Close releases what Run set up before it failed; its own error is reported too.
+		err = errors.Join(err, m.Close())
 		fmt.Fprintln(os.Stderr, "keybrake:", err)
 		os.Exit(exitError)
 	}
@@ -149,14 +150,7 @@ func (m *Main) ParseFlags(ctx context.Context, args []string) error {
 	case cmdBackup:
 		return m.parseBackup(args)
 	case cmdVersion:
-		fs := m.flagSet(cmdVersion, "keybrake version")
-		if err := fs.Parse(args); err != nil {
-			return err
-		}
-		if fs.NArg() > 0 {
-			return fmt.Errorf("version: unexpected arguments %q", fs.Args())
-		}
-		return nil
+		return parseArgs(m.flagSet(cmdVersion, "keybrake version"), args)
 	case cmdHelp, "-h", "-help", "--help":
 		if len(args) > 0 && args[0] != cmdHelp {
 			return m.ParseFlags(ctx, []string{args[0], "-h"})
@@ -181,15 +175,24 @@ func (m *Main) flagSet(name, synopsis string) *flag.FlagSet {
 	return fs
 }
 
-// parseServe reads serve's flags and environment.
-func (m *Main) parseServe(args []string) error {
-	fs := m.flagSet(cmdServe, "keybrake serve [flags]\n\nEach flag is also read from KEYBRAKE_<FLAG> (flag wins).\nSecrets: KEYBRAKE_MASTER_KEY (base64 of 32 bytes), KEYBRAKE_JWT_SECRET (at least 32 bytes);\ngenerated into the data directory when unset (development only).\nSTRIPE_SECRET_KEY registers or updates the upstream \"default\".")
-	m.Config.bindFlags(fs)
+// parseArgs parses args with fs and refuses positional arguments: no command takes
+// any.
+func parseArgs(fs *flag.FlagSet, args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
-		return fmt.Errorf("serve: unexpected arguments %q", fs.Args())
+		return fmt.Errorf("%s: unexpected arguments %q", fs.Name(), fs.Args())
+	}
+	return nil
+}
+
+// parseServe reads serve's flags and environment.
+func (m *Main) parseServe(args []string) error {
+	fs := m.flagSet(cmdServe, "keybrake serve [flags]\n\nEach flag is also read from KEYBRAKE_<FLAG> (flag wins).\nSecrets: KEYBRAKE_MASTER_KEY (base64 of 32 bytes), KEYBRAKE_JWT_SECRET (at least 32 bytes);\ngenerated into the data directory when unset (development only).\nSTRIPE_SECRET_KEY registers or updates the upstream \"default\".")
+	m.Config.bindFlags(fs)
+	if err := parseArgs(fs, args); err != nil {
+		return err
 	}
 	if err := applyEnv(fs, m.Getenv, nil); err != nil {
 		return fmt.Errorf("serve: %w", err)

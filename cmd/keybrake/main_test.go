@@ -394,7 +394,7 @@ func TestParseFlagsRefuses(t *testing.T) {
 		"no command":                {args: nil, wantMsg: "no command"},
 		"unknown command":           {args: []string{"launch"}, wantMsg: "unknown command"},
 		"unknown flag":              {args: []string{"serve", "--bogus"}, wantMsg: "bogus"},
-		"stray argument":            {args: []string{"serve", "extra"}, wantMsg: "unexpected arguments"},
+		"stray argument":            {args: []string{"serve", "extra"}, wantMsg: "serve: unexpected arguments"},
 		"bad listen":                {args: []string{"serve", "--listen", "8080"}, wantMsg: "listen"},
 		"bad stripe url":            {args: []string{"serve", "--stripe-url", "ftp://x"}, wantMsg: "stripe-url"},
 		"stripe url with query":     {args: []string{"serve", "--stripe-url", "https://api.stripe.com?x=1"}, wantMsg: "stripe-url"},
@@ -406,7 +406,9 @@ func TestParseFlagsRefuses(t *testing.T) {
 		"token with a bad role":     {args: []string{"token", "--role", "root"}, wantMsg: "role"},
 		"token with a negative ttl": {args: []string{"token", "--ttl", "-1h"}, wantMsg: "ttl"},
 		"backup without out":        {args: []string{"backup"}, wantMsg: "out"},
-		"version with an argument":  {args: []string{"version", "now"}, wantMsg: "unexpected arguments"},
+		"version with an argument":  {args: []string{"version", "now"}, wantMsg: "version: unexpected arguments"},
+		"token with an argument":    {args: []string{"token", "admin"}, wantMsg: "token: unexpected arguments"},
+		"backup with an argument":   {args: []string{"backup", "--out", "x", "now"}, wantMsg: "backup: unexpected arguments"},
 		"backup with a bad url":     {args: []string{"backup", "--out", "x", "--admin-url", "127.0.0.1:8081"}, wantMsg: "admin-url"},
 	}
 	for name, tc := range tests {

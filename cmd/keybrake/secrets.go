@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"log/slog"
 	"os"
@@ -65,23 +66,23 @@ func checkJWTSecret(b []byte) ([]byte, error) {
 }
 
 // newMasterKeyText returns a fresh master key in its file/environment form.
-func newMasterKeyText() (string, error) {
-	b := make([]byte, masterKeyBytes)
-	if _, err := rand.Read(b); err != nil {
-		return "", fmt.Errorf("generate master key: %w", err)
-	}
-	return base64.StdEncoding.EncodeToString(b), nil
-}
+func newMasterKeyText() (string, error) { return randomText(masterKeyBytes, base64.StdEncoding) }
 
 // newJWTSecretText returns a fresh JWT secret: 32 random bytes as base64url text;
 // the text itself is the secret.
-func newJWTSecretText() (string, error) {
-	b := make([]byte, 32)
+func newJWTSecretText() (string, error) { return randomText(32, base64.RawURLEncoding) }
+
+// randomText returns n random bytes encoded with enc.
+func randomText(n int, enc *base64.Encoding) (string, error) {
+	b := make([]byte, n)
 	if _, err := rand.Read(b); err != nil {
-		return "", fmt.Errorf("generate jwt secret: %w", err)
+		return "", fmt.Errorf("generate secret: %w", err)
 	}
-	return base64.RawURLEncoding.EncodeToString(b), nil
+	return enc.EncodeToString(b), nil
 }
+
+// noEnv is a getenv with an empty environment: loadSecret then reads the file only.
+func noEnv(string) string { return "" }
 
 // secretSpec describes one secret that serve needs.
 type secretSpec struct {
@@ -146,7 +147,7 @@ func loadOrGenerateSecret(spec secretSpec, getenv func(string) string, dir strin
 	}
 	if !created {
 		// Another process generated it first: use theirs.
-		return loadSecret(spec, func(string) string { return "" }, dir, logger)
+		return loadSecret(spec, noEnv, dir, logger)
 	}
 	b, err = spec.decode(text)
 	if err != nil {
@@ -162,38 +163,48 @@ func loadOrGenerateSecret(spec secretSpec, getenv func(string) string, dir strin
 // and synced under a temporary name, then hard-linked into place (which fails
 // when path exists), and the directory is synced.
 func writeFileExclusive(path string, data []byte) (created bool, err error) {
-	dir := filepath.Dir(path)
-	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
+	tmpName, _, err := writeTemp(path, func(w io.Writer) (int64, error) {
+		n, err := w.Write(data)
+		return int64(n), err
+	})
 	if err != nil {
-		return false, fmt.Errorf("create temporary file: %w", err)
+		return false, err
 	}
-	tmpName := tmp.Name()
 	defer os.Remove(tmpName)
-	if err := tmp.Chmod(0o600); err != nil {
-		tmp.Close()
-		return false, fmt.Errorf("chmod temporary file: %w", err)
-	}
-	if _, err := tmp.Write(data); err != nil {
-		tmp.Close()
-		return false, fmt.Errorf("write temporary file: %w", err)
-	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return false, fmt.Errorf("sync temporary file: %w", err)
-	}
-	if err := tmp.Close(); err != nil {
-		return false, fmt.Errorf("close temporary file: %w", err)
-	}
 	if err := os.Link(tmpName, path); err != nil {
 		if errors.Is(err, fs.ErrExist) {
 			return false, nil
 		}
 		return false, fmt.Errorf("link into place: %w", err)
 	}
-	if err := syncDir(dir); err != nil {
+	if err := syncDir(filepath.Dir(path)); err != nil {
 		return false, err
 	}
 	return true, nil
+}
+
+// writeTemp writes a temporary file beside path through fill, syncs and closes it,
+// and returns its name for the caller to move into place. os.CreateTemp makes it
+// mode 0600, so a secret or a copy of the database is never readable by others,
+// not even for a moment. On error nothing is left behind.
+func writeTemp(path string, fill func(io.Writer) (int64, error)) (tmpName string, n int64, err error) {
+	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
+	if err != nil {
+		return "", 0, fmt.Errorf("create temporary file: %w", err)
+	}
+	if n, err = fill(tmp); err != nil {
+		err = fmt.Errorf("write temporary file: %w", err)
+	} else if err = tmp.Sync(); err != nil {
+		err = fmt.Errorf("sync temporary file: %w", err)
+	}
+	if cerr := tmp.Close(); cerr != nil && err == nil {
+		err = fmt.Errorf("close temporary file: %w", cerr)
+	}
+	if err != nil {
+		_ = os.Remove(tmp.Name())
+		return "", 0, err
+	}
+	return tmp.Name(), n, nil
 }
 
 // syncDir fsyncs a directory so a rename or link in it is durable.

@@ -18,7 +18,7 @@ import (
 	"github.com/keybrake/keybrake/vault"
 )
 
-// Actor names the program itself in the audit log.
+// actorSystem names the program itself in the audit log.
 const actorSystem = "system"
 
 // upstreamDefault is the upstream STRIPE_SECRET_KEY registers.
@@ -40,18 +40,10 @@ func (m *Main) runServe(ctx context.Context) error {
 	m.logger = logger
 	log := logger.With("component", "main")
 
-	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
-		return fmt.Errorf("create data directory: %w", err)
-	}
-	masterKey, masterSrc, err := loadOrGenerateSecret(masterKeySpec, m.Getenv, cfg.DataDir, log)
+	masterKey, jwtSecret, err := m.loadSecrets(log)
 	if err != nil {
-		return fmt.Errorf("master key: %w", err)
+		return err
 	}
-	jwtSecret, jwtSrc, err := loadOrGenerateSecret(jwtSecretSpec, m.Getenv, cfg.DataDir, log)
-	if err != nil {
-		return fmt.Errorf("jwt secret: %w", err)
-	}
-	log.Info("secrets loaded", "master_key", masterSrc, "jwt_secret", jwtSrc)
 
 	upstreamURL, err := url.Parse(cfg.StripeURL)
 	if err != nil {
@@ -75,7 +67,7 @@ func (m *Main) runServe(ctx context.Context) error {
 	m.store = store
 
 	if secret := m.Getenv(envStripeKey); secret != "" {
-		if err := m.registerDefaultUpstream(ctx, secret); err != nil {
+		if err := m.registerDefaultUpstream(ctx, log, secret); err != nil {
 			return err
 		}
 	}
@@ -118,28 +110,45 @@ func (m *Main) runServe(ctx context.Context) error {
 		Version:   buildVersion(),
 	})
 
-	httpLog := slog.NewLogLogger(logger.With("component", "http").Handler(), slog.LevelWarn)
-	// Requests do not inherit ctx: cancelling it starts a graceful shutdown in which
-	// in-flight requests finish, so their contexts must outlive it.
-	m.proxySrv = &http.Server{
-		Handler:           m.inflight.track(proxyHandler),
-		ReadHeaderTimeout: cfg.ReadHeaderTimeout,
-		ReadTimeout:       cfg.ReadTimeout,
-		WriteTimeout:      cfg.ProxyWriteTimeout(),
-		IdleTimeout:       cfg.IdleTimeout,
-		MaxHeaderBytes:    1 << 20,
-		ErrorLog:          httpLog,
-	}
-	m.adminSrv = &http.Server{
-		Handler:           m.inflight.track(adminHandler),
-		ReadHeaderTimeout: cfg.ReadHeaderTimeout,
-		ReadTimeout:       cfg.ReadTimeout,
-		WriteTimeout:      cfg.AdminWriteTimeout,
-		IdleTimeout:       cfg.IdleTimeout,
-		MaxHeaderBytes:    1 << 20,
-		ErrorLog:          httpLog,
-	}
+	m.proxySrv = m.newServer(proxyHandler, cfg.ProxyWriteTimeout())
+	m.adminSrv = m.newServer(adminHandler, cfg.AdminWriteTimeout)
+	m.startServing(ctx)
 
+	log.Info("keybrake serving",
+		"version", Version(),
+		"proxy", m.proxyLn.Addr().String(),
+		"admin", m.adminLn.Addr().String(),
+		"public_url", m.publicURL,
+		"stripe_url", cfg.StripeURL,
+		"data_dir", cfg.DataDir,
+	)
+	m.bootstrapBanner(ctx, log, jwtSecret)
+	return nil
+}
+
+// loadSecrets creates the data directory and returns the master key and the JWT
+// secret from the environment, else the data directory, else freshly generated
+// into it. It logs where each came from, never the secret.
+func (m *Main) loadSecrets(log *slog.Logger) (masterKey, jwtSecret []byte, err error) {
+	dir := m.Config.DataDir
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, nil, fmt.Errorf("create data directory: %w", err)
+	}
+	masterKey, masterSrc, err := loadOrGenerateSecret(masterKeySpec, m.Getenv, dir, log)
+	if err != nil {
+		return nil, nil, fmt.Errorf("master key: %w", err)
+	}
+	jwtSecret, jwtSrc, err := loadOrGenerateSecret(jwtSecretSpec, m.Getenv, dir, log)
+	if err != nil {
+		return nil, nil, fmt.Errorf("jwt secret: %w", err)
+	}
+	log.Info("secrets loaded", "master_key", masterSrc, "jwt_secret", jwtSrc)
+	return masterKey, jwtSecret, nil
+}
+
+// startServing starts both servers on their bound listeners and the reaper. A
+// server that stops with an error reports it to Wait.
+func (m *Main) startServing(ctx context.Context) {
 	m.serveErr = make(chan error, 2)
 	for _, s := range []struct {
 		name string
@@ -160,38 +169,42 @@ func (m *Main) runServe(ctx context.Context) error {
 	m.wg.Add(1)
 	go func() {
 		defer m.wg.Done()
-		m.reap(reapCtx, logger.With("component", "reaper"))
+		m.reap(reapCtx, m.logger.With("component", "reaper"))
 	}()
+}
 
-	log.Info("keybrake serving",
-		"version", Version(),
-		"proxy", m.proxyLn.Addr().String(),
-		"admin", m.adminLn.Addr().String(),
-		"public_url", m.publicURL,
-		"stripe_url", cfg.StripeURL,
-		"data_dir", cfg.DataDir,
-	)
-	m.bootstrapBanner(ctx, log, jwtSecret)
-	return nil
+// newServer returns the server of one listener: h, tracked for Close, with the
+// configured timeouts. Requests do not inherit Run's ctx: cancelling it starts a
+// graceful shutdown in which in-flight requests finish, so their contexts must
+// outlive it.
+func (m *Main) newServer(h http.Handler, writeTimeout time.Duration) *http.Server {
+	return &http.Server{
+		Handler:           m.inflight.track(h),
+		ReadHeaderTimeout: m.Config.ReadHeaderTimeout,
+		ReadTimeout:       m.Config.ReadTimeout,
+		WriteTimeout:      writeTimeout,
+		IdleTimeout:       m.Config.IdleTimeout,
+		MaxHeaderBytes:    1 << 20,
+		ErrorLog:          slog.NewLogLogger(m.logger.With("component", "http").Handler(), slog.LevelWarn),
+	}
 }
 
 // registerDefaultUpstream registers STRIPE_SECRET_KEY as the upstream "default",
 // unless it already holds that very secret (so a restart writes no audit entry).
-func (m *Main) registerDefaultUpstream(ctx context.Context, secret string) error {
+func (m *Main) registerDefaultUpstream(ctx context.Context, log *slog.Logger, secret string) error {
 	current, err := m.store.UpstreamSecret(ctx, upstreamDefault)
 	switch {
 	case err == nil && current == secret:
 		return nil
 	case err != nil && !errors.Is(err, vault.ErrNotFound):
 		// Unreadable (e.g. sealed under another master key): replace it.
-		m.logger.Warn("replacing unreadable upstream", "component", "main", "upstream", upstreamDefault, "err", err)
+		log.Warn("replacing unreadable upstream", "upstream", upstreamDefault, "error", err)
 	}
 	up, err := m.store.PutUpstream(ctx, actorSystem, upstreamDefault, "stripe", secret)
 	if err != nil {
 		return fmt.Errorf("register upstream %s from %s: %w", upstreamDefault, envStripeKey, err)
 	}
-	m.logger.Info("upstream registered from environment", "component", "main",
-		"upstream", up.Name, "secret_last4", up.SecretLast4)
+	log.Info("upstream registered from environment", "upstream", up.Name, "secret_last4", up.SecretLast4)
 	return nil
 }
 
@@ -202,7 +215,7 @@ func (m *Main) registerDefaultUpstream(ctx context.Context, secret string) error
 func (m *Main) bootstrapBanner(ctx context.Context, log *slog.Logger, jwtSecret []byte) {
 	keys, _, err := m.store.ListKeys(ctx, vault.KeyFilter{Limit: 1})
 	if err != nil {
-		log.Warn("cannot tell whether this is a first start", "err", err)
+		log.Warn("cannot tell whether this is a first start", "error", err)
 		return
 	}
 	if len(keys) > 0 {
@@ -211,7 +224,7 @@ func (m *Main) bootstrapBanner(ctx context.Context, log *slog.Logger, jwtSecret 
 	ttl := m.Config.BootstrapTokenTTL
 	token, err := api.IssueToken(jwtSecret, "bootstrap", api.RoleAdmin, ttl, time.Now())
 	if err != nil {
-		log.Warn("cannot issue the first-start admin token", "err", err)
+		log.Warn("cannot issue the first-start admin token", "error", err)
 		return
 	}
 	fmt.Fprintf(m.Stderr, `
@@ -236,7 +249,7 @@ func (m *Main) reap(ctx context.Context, log *slog.Logger) {
 		n, err := m.store.Reap(ctx)
 		switch {
 		case err != nil && ctx.Err() == nil:
-			log.Error("reap failed", "err", err)
+			log.Error("reap failed", "error", err)
 		case n > 0:
 			log.Info("reaped expired entries", "removed", n)
 		}

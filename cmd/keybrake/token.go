@@ -58,11 +58,8 @@ func (m *Main) parseToken(args []string) error {
 	fs.StringVar(&c.Sub, "sub", c.Sub, "subject (who the audit log names)")
 	fs.StringVar(&c.DataDir, "data-dir", c.DataDir, "data directory holding the generated jwt.secret")
 	fs.StringVar(&c.JWTSecret, "jwt-secret", c.JWTSecret, "signing secret (visible to other local users in the process list: prefer KEYBRAKE_JWT_SECRET)")
-	if err := fs.Parse(args); err != nil {
+	if err := parseArgs(fs, args); err != nil {
 		return err
-	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("token: unexpected arguments %q", fs.Args())
 	}
 	if err := applyEnv(fs, m.Getenv, map[string]string{"data-dir": envName("data-dir"), "jwt-secret": envJWTSecret}); err != nil {
 		return fmt.Errorf("token: %w", err)
@@ -97,7 +94,7 @@ func (m *Main) localJWTSecret(explicit, dataDir string) ([]byte, error) {
 		}
 		return b, nil
 	}
-	b, _, err := loadSecret(jwtSecretSpec, func(string) string { return "" }, dataDir, nil)
+	b, _, err := loadSecret(jwtSecretSpec, noEnv, dataDir, nil)
 	if errors.Is(err, errNoSecret) {
 		return nil, fmt.Errorf("no jwt secret: pass --jwt-secret, set %s, or run serve once with --data-dir %s to generate one: %w", envJWTSecret, dataDir, err)
 	}
