@@ -101,6 +101,20 @@ func prefixFields(prefix string, errs []policy.FieldError) []policy.FieldError {
 	return out
 }
 
+// domainDetail is the detail of a domain error without the operation context the
+// layers above the store wrapped around it: the innermost message that still
+// names the thing ("hold \"hold_x\": not found" rather than "resolve hold
+// hold_x: resolve hold: hold \"hold_x\": not found").
+func domainDetail(err error) string {
+	for {
+		next := errors.Unwrap(err)
+		if next == nil || errors.Unwrap(next) == nil {
+			return err.Error()
+		}
+		err = next
+	}
+}
+
 // problemFor maps an error to the problem the client gets. internal is true when the
 // error is not a domain error: the client then gets a generic 500 and the cause is
 // logged once, at Error.
@@ -122,9 +136,9 @@ func problemFor(err error) (p *Problem, internal bool) {
 	case errors.Is(err, vault.ErrInvalid):
 		return validationProblem(err.Error()), false
 	case errors.Is(err, vault.ErrNotFound):
-		return newProblem(http.StatusNotFound, err.Error()), false
+		return newProblem(http.StatusNotFound, domainDetail(err)), false
 	case errors.Is(err, vault.ErrConflict):
-		return newProblem(http.StatusConflict, err.Error()), false
+		return newProblem(http.StatusConflict, domainDetail(err)), false
 	case errors.Is(err, vault.ErrKeyRevoked), errors.Is(err, vault.ErrKeyExpired):
 		return newProblem(http.StatusConflict, err.Error()), false
 	case errors.Is(err, vault.ErrKeyInvalid):

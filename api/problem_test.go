@@ -121,3 +121,13 @@ func TestDecodeStrictWantsExactNames(t *testing.T) {
 		})
 	}
 }
+
+func TestDomainDetailDropsOperationContext(t *testing.T) {
+	inner := fmt.Errorf("hold %q: %w", "hold_x", vault.ErrNotFound)
+	err := fmt.Errorf("resolve hold hold_x: %w", fmt.Errorf("resolve hold: %w", inner))
+	p, internal := problemFor(err)
+	assert.False(t, internal)
+	assert.Equal(t, http.StatusNotFound, p.Status)
+	assert.Equal(t, `hold "hold_x": not found`, p.Detail)
+	assert.Equal(t, "not found", domainDetail(vault.ErrNotFound), "a bare sentinel keeps its text")
+}

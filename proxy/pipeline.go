@@ -237,7 +237,10 @@ func (p *Proxy) readRequest(w http.ResponseWriter, r *http.Request, c *call) err
 	path, query, hasQuery := strings.Cut(target, "?")
 	c.path = path
 	if hasQuery && r.Method != http.MethodGet {
-		return malformed(nil, "A %s request may not carry query parameters: send them in the body.", r.Method)
+		if r.Method == http.MethodDelete {
+			return malformed(nil, "A DELETE request takes no parameters.")
+		}
+		return malformed(nil, "A POST request may not carry query parameters: send them in the body.")
 	}
 	if err := checkContentEncoding(r.Header); err != nil {
 		return err
