@@ -290,8 +290,8 @@ func TestReportModeNeverRelaxesSecurity(t *testing.T) {
 	})
 }
 
-// A write that moves no money is relaxed by report mode too; it is not metered, so
-// the canonical log line (not the ledger) says what would have been refused.
+// A write that moves no money is relaxed by report mode too; it is not metered,
+// but the canonical log line and the ledger both say what would have been refused.
 func TestReportModeRelaxesUnmeteredWrites(t *testing.T) {
 	e := MustEnv(t)
 	tok, key := e.MustKey(t, Policy("10.00", func(p *policy.Policy) {
@@ -305,5 +305,19 @@ func TestReportModeRelaxesUnmeteredWrites(t *testing.T) {
 	require.Len(t, lines, 1)
 	assert.Equal(t, "would_refuse", lines[0]["decision"])
 	assert.Equal(t, "operation_not_allowed", lines[0]["reason"])
-	assert.Empty(t, wouldRefuseEvents(t, e.Store, key.ID), "the ledger holds metered requests only")
+	assert.Equal(t, []string{"operation_not_allowed"}, wouldRefuseEvents(t, e.Store, key.ID),
+		"the ledger records what report mode let through")
+
+	// With an idempotency key the request claims a record too; still one event.
+	r = e.Post(t, "/v1/customers", tok, "cust-1", form("email", "b@example.com"))
+	require.Equal(t, http.StatusOK, r.Status, "body: %s", r.Raw)
+	r = e.Post(t, "/v1/customers", tok, "cust-1", form("email", "b@example.com"))
+	require.Equal(t, http.StatusOK, r.Status, "body: %s", r.Raw)
+	assert.Equal(t, "true", r.Header.Get("Idempotent-Replayed"))
+	assert.Len(t, wouldRefuseEvents(t, e.Store, key.ID), 2, "a replay is not a new would_refuse")
+
+	// An allowed request in report mode records nothing of the kind.
+	r = e.Post(t, "/v1/charges", tok, "ch-1", form("amount", "100", "currency", "usd", "source", "tok_visa"))
+	require.Equal(t, http.StatusOK, r.Status, "body: %s", r.Raw)
+	assert.Len(t, wouldRefuseEvents(t, e.Store, key.ID), 2)
 }

@@ -135,9 +135,29 @@ func (p *Proxy) prepare(ctx context.Context, w http.ResponseWriter, r *http.Requ
 		if c.decision == "" {
 			c.decision = decisionAllowed
 		}
-		return nil
+	} else if err := p.reserve(ctx, c); err != nil {
+		return err
 	}
-	return p.reserve(ctx, c)
+	p.recordUnmeteredWouldRefuse(ctx, c)
+	return nil
+}
+
+// recordUnmeteredWouldRefuse puts a request that moves no money, and that report
+// mode lets through although the policy would refuse it, in the key's ledger
+// (metered requests get their event from Store.Reserve). Losing this entry moves
+// no money, so a store error is logged rather than failing the request.
+func (p *Proxy) recordUnmeteredWouldRefuse(ctx context.Context, c *call) {
+	if c.metered || c.decision != decisionWouldRefuse {
+		return
+	}
+	err := p.store.RecordEvent(ctx, vault.Event{
+		KeyID: c.key.ID, Operation: c.cls.Operation, Decision: decisionWouldRefuse, Reason: c.reason,
+		ObjectID: c.cls.ObjectID,
+	})
+	if err != nil {
+		p.log.LogAttrs(ctx, slog.LevelError, "report-mode event not recorded",
+			slog.String(logRequestID, c.requestID), slog.String(logKeyID, c.key.ID), slog.Any(logError, err))
+	}
 }
 
 // ---- 1. authentication ----

@@ -612,6 +612,26 @@ func (s *Store) ResolveHold(ctx context.Context, actor, holdID string, outcome H
 
 // ---- ledger and audit ----
 
+// RecordEvent appends an event that no hold belongs to — a request that moves no
+// money but that report mode let through although the policy would refuse it —
+// to its key's ledger, stamped with the store clock. One group-committed write.
+// Errors: ErrInvalid (no key id, or an event that carries money: holds write
+// their own events), ErrClosed.
+func (s *Store) RecordEvent(ctx context.Context, e Event) error {
+	if e.KeyID == "" || e.Amount != 0 || e.HoldID != "" || e.HeldDelta != 0 || e.CommittedDelta != 0 {
+		return fmt.Errorf("record event: only events without money: %w", ErrInvalid)
+	}
+	err := s.submit(ctx, func(tx *bolt.Tx, now time.Time) error {
+		ev := e
+		ev.Time = now
+		return putEvent(tx, &ev)
+	})
+	if err != nil {
+		return fmt.Errorf("record event: %w", err)
+	}
+	return nil
+}
+
 // ListEvents lists a key's events newest first. Limit defaults to 50, max 500;
 // cursor is the previous page's next.
 func (s *Store) ListEvents(ctx context.Context, keyID string, limit int, cursor string) ([]Event, string, error) {

@@ -682,3 +682,33 @@ func TestCheckInvariantDetects(t *testing.T) {
 		})
 	}
 }
+
+func TestRecordEvent(t *testing.T) {
+	clock := newClock(t0)
+	s, _ := MustOpen(t, clock)
+	MustUpstream(t, s, "sk_test_secret")
+	k, _ := MustMint(t, s, "k", testPolicy(t, "10.00", "", ""), nil)
+	ctx := context.Background()
+
+	for name, ev := range map[string]Event{
+		"no key":    {Operation: "customers.create"},
+		"money":     {KeyID: k.ID, Amount: 1},
+		"a hold":    {KeyID: k.ID, HoldID: "hold_x"},
+		"held":      {KeyID: k.ID, HeldDelta: 1},
+		"committed": {KeyID: k.ID, CommittedDelta: 1},
+	} {
+		assert.ErrorIs(t, s.RecordEvent(ctx, ev), ErrInvalid, name)
+	}
+
+	clock.Advance(time.Minute)
+	require.NoError(t, s.RecordEvent(ctx, Event{KeyID: k.ID, Operation: "customers.create",
+		Decision: "would_refuse", Reason: "operation_not_allowed", Time: t0.Add(-time.Hour)}))
+	events, _, err := s.ListEvents(ctx, k.ID, 10, "")
+	require.NoError(t, err)
+	require.Len(t, events, 1)
+	assert.Equal(t, "would_refuse", events[0].Decision)
+	assert.Equal(t, "operation_not_allowed", events[0].Reason)
+	assert.Equal(t, "customers.create", events[0].Operation)
+	assert.True(t, events[0].Time.Equal(t0.Add(time.Minute)), "stamped with the store clock, not the caller's: %s", events[0].Time)
+	assert.NotEmpty(t, events[0].ID)
+}
