@@ -26,27 +26,8 @@ func listEventsTx(tx *bolt.Tx, keyID string, limit int, cursor string) ([]Event,
 		}
 		start = append(append([]byte(nil), prefix...), u64(seq)...)
 	}
-	limit = clampLimit(limit)
-	out := []Event{}
-	err := pageBackward(tx.Bucket(bucketEvents), prefix, start, func(k, v []byte) (bool, error) {
-		if len(out) == limit {
-			return false, nil
-		}
-		e, err := decodeEvent(k, v)
-		if err != nil {
-			return false, err
-		}
-		out = append(out, e)
-		return true, nil
-	})
-	if err != nil {
-		return nil, "", err
-	}
-	next := ""
-	if len(out) == limit && hasBefore(tx.Bucket(bucketEvents), prefix, out[len(out)-1].ID, "evt_") {
-		next = encodeCursor(out[len(out)-1].ID)
-	}
-	return out, next, nil
+	return pageNewestFirst(tx.Bucket(bucketEvents), prefix, start, limit, "evt_", decodeEvent,
+		func(e Event) string { return e.ID })
 }
 
 // listAuditTx pages through the audit log newest first.
@@ -63,14 +44,28 @@ func listAuditTx(tx *bolt.Tx, limit int, cursor string) ([]AuditEntry, string, e
 		}
 		start = u64(seq)
 	}
+	return pageNewestFirst(tx.Bucket(bucketAudit), nil, start, limit, "aud_",
+		func(k, v []byte) (AuditEntry, error) {
+			var e AuditEntry
+			err := decodeJSON(k, v, &e)
+			return e, err
+		},
+		func(e AuditEntry) string { return e.ID })
+}
+
+// pageNewestFirst reads one page of at most limit entries with prefix that sort
+// before start, newest first, and the cursor of the next page ("" on the last).
+// Entry ids are idPrefix + their sequence (seqID).
+func pageNewestFirst[T any](b *bolt.Bucket, prefix, start []byte, limit int, idPrefix string,
+	decode func(k, v []byte) (T, error), id func(T) string) ([]T, string, error) {
 	limit = clampLimit(limit)
-	out := []AuditEntry{}
-	err := pageBackward(tx.Bucket(bucketAudit), nil, start, func(k, v []byte) (bool, error) {
+	out := []T{}
+	err := pageBackward(b, prefix, start, func(k, v []byte) (bool, error) {
 		if len(out) == limit {
 			return false, nil
 		}
-		var e AuditEntry
-		if err := decodeJSON(k, v, &e); err != nil {
+		e, err := decode(k, v)
+		if err != nil {
 			return false, err
 		}
 		out = append(out, e)
@@ -80,8 +75,8 @@ func listAuditTx(tx *bolt.Tx, limit int, cursor string) ([]AuditEntry, string, e
 		return nil, "", err
 	}
 	next := ""
-	if len(out) == limit && hasBefore(tx.Bucket(bucketAudit), nil, out[len(out)-1].ID, "aud_") {
-		next = encodeCursor(out[len(out)-1].ID)
+	if len(out) == limit && hasBefore(b, prefix, id(out[len(out)-1]), idPrefix) {
+		next = encodeCursor(id(out[len(out)-1]))
 	}
 	return out, next, nil
 }
