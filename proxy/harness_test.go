@@ -1,7 +1,6 @@
 package proxy_test
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/json"
@@ -319,23 +318,8 @@ func chargeParams(amount int64, currency, idem string) *stripe.ChargeCreateParam
 	return p
 }
 
-// syncBuffer is a bytes.Buffer safe for the concurrent writes of a slog handler.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
+// syncBuffer collects the proxy's log output.
+type syncBuffer struct{ proxytest.Buffer }
 
 // LogLines returns the decoded canonical log lines.
 func (b *syncBuffer) LogLines(tb testing.TB) []map[string]any {
