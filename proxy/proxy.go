@@ -49,16 +49,16 @@
 //     and trailers are dropped). The body already read is forwarded byte for byte
 //     with a Content-Length. A recorded POST reaches Stripe at most once per
 //     attempt: http.Transport does not resend it after a broken connection (see
-//     rewrite), because a resend answered 409 while the first write still runs
-//     would release a hold whose money moves. Every upstream request
+//     rewrite). Every upstream request
 //     runs under UpstreamTimeout, detached from the caller's connection so that
 //     Stripe's answer is recorded even when the caller has gone.
 //  7. Settle in ONE Store.Settle from ModifyResponse or ErrorHandler: 2xx commit,
-//     4xx release (but 409 and 429: abandon — the answer is passed on and the
-//     record is left as it was before this attempt; and a resumed request answered
-//     with an idempotency_error: outcome unknown, because Stripe knows the upstream
-//     key from an earlier attempt that may have moved the money), 5xx or no
-//     answer: outcome unknown, the hold stays. If Settle itself fails after Stripe answered, the
+//     4xx release, but: 429 abandons (nothing executed; the answer is passed on and
+//     the record is left as it was before this attempt); 409 idempotency_key_in_use
+//     means Stripe is executing an earlier attempt under the same upstream key, and
+//     a resumed request answered with an idempotency_error means Stripe knows the
+//     key from an earlier attempt — either may move the money, so both are outcome
+//     unknown and the hold stays. 5xx or no answer: outcome unknown, the hold stays. If Settle itself fails after Stripe answered, the
 //     caller still gets Stripe's answer and the failure is logged at Error; the
 //     record stays in_progress and becomes unknown at the next start (fail closed).
 //  8. Respond: Stripe's answer byte for byte plus Keybrake-Remaining-Daily and

@@ -3,6 +3,7 @@ package proxy_test
 import (
 	"context"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -176,4 +177,45 @@ func TestDestinationAccountMustBeAllowed(t *testing.T) {
 
 	r := e.Post(t, "/v1/transfers", tok, "dest-ok", form("amount", "100", "currency", "usd", "destination", "acct_ok"))
 	assert.NotEqual(t, "account_not_allowed", r.ErrCode(), "a listed account passes: %s", r.Raw)
+}
+
+// Stripe answers 409 idempotency_key_in_use while it executes an earlier attempt
+// under the same upstream key. Whoever sent that attempt, the money may move: a
+// fresh claim answered 409 keeps its hold as outcome unknown, and the retry
+// settles from Stripe's replay.
+func TestUpstreamInUseKeepsTheHold(t *testing.T) {
+	e := MustEnv(t)
+	tok, key := e.MustKey(t, Policy("99.00"))
+	charge := form("amount", "6000", "currency", "usd", "source", "tok_visa")
+
+	// An earlier attempt under keybrake's upstream key for ("k1"), still executing.
+	e.Fake.SetFailDelay(400 * time.Millisecond)
+	e.Fake.FailNext(proxytest.FailAfterCreateDelay, 1)
+	earlier := make(chan struct{})
+	go func() {
+		defer close(earlier)
+		req, _ := http.NewRequest(http.MethodPost, e.Fake.URL+"/v1/charges", strings.NewReader(charge.Encode()))
+		req.Header.Set("Authorization", "Bearer "+e.Fake.Secret)
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		req.Header.Set("Idempotency-Key", vault.UpstreamKey(key.ID, "k1"))
+		if resp, err := http.DefaultClient.Do(req); err == nil {
+			_ = resp.Body.Close()
+		}
+	}()
+	require.Eventually(t, func() bool { return len(e.Fake.Charges()) == 1 }, 5*time.Second, 5*time.Millisecond)
+
+	r := e.Post(t, "/v1/charges", tok, "k1", charge)
+	assert.Equal(t, http.StatusConflict, r.Status, "Stripe's answer is passed on: %s", r.Raw)
+	c, h := usage(t, e, key.ID)
+	assert.Zero(t, c)
+	assert.EqualValues(t, 6000, h, "the money may move: the hold stays")
+
+	<-earlier
+	e.Fake.WaitIdle(t)
+	r = e.Post(t, "/v1/charges", tok, "k1", charge)
+	require.Equal(t, http.StatusOK, r.Status, "%s", r.Raw)
+	c, h = usage(t, e, key.ID)
+	assert.EqualValues(t, 6000, c, "settled from Stripe's replay")
+	assert.Zero(t, h)
+	assert.Len(t, e.Fake.Charges(), 1)
 }

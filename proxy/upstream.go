@@ -197,7 +197,14 @@ func (p *Proxy) modifyResponse(resp *http.Response) error {
 	case code >= 200 && code < 300:
 		sr.Outcome = vault.SettleCommit
 		sr.Amount, sr.ObjectID = c.commitAmount(body)
-	case code == http.StatusConflict || code == http.StatusTooManyRequests:
+	case code == http.StatusConflict:
+		// idempotency_key_in_use: Stripe is executing an earlier attempt under this
+		// upstream key (a transport resend, a lapsed lease), which may move the
+		// money. Whatever attempt it was, the hold stays until a retry or an
+		// operator learns the outcome; the 409 itself is not the answer to keep.
+		sr.Outcome, sr.Response = vault.SettleUnknown, nil
+	case code == http.StatusTooManyRequests:
+		// Rate limited before executing: nothing moved.
 		sr.Outcome, sr.Response = vault.SettleAbandon, nil
 	case code >= 400 && code < 500 && c.idemOutcome == "resume" && stripeErrorType(body) == TypeIdempotency:
 		// Stripe knows the upstream key from an earlier attempt whose parameters it

@@ -515,7 +515,7 @@ const (
 	SettleCommit  SettleOutcome = "commit"  // 2xx: held → committed (Amount may differ from the hold)
 	SettleRelease SettleOutcome = "release" // definitive 4xx: held → 0; record completed
 	SettleUnknown SettleOutcome = "unknown" // 5xx / no answer: stays held; record unknown
-	SettleAbandon SettleOutcome = "abandon" // upstream 409/429 or never forwarded: record back to its previous state; hold unchanged if it pre-existed, released if this claim created it
+	SettleAbandon SettleOutcome = "abandon" // upstream 429 or never forwarded: record back to its previous state; hold unchanged if it pre-existed, released if this claim created it
 )
 
 // SettleRequest settles the record (KeyID, IdempotencyKey). Amount is the amount to
