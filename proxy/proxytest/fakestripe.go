@@ -437,7 +437,7 @@ func (f *FakeStripe) serve(w http.ResponseWriter, r *http.Request) {
 	fp := fingerprint(r.Method, path, r.Header.Get("Stripe-Account"), req.Params)
 	idemKey := req.IdempotencyKey
 	f.mu.Lock()
-	if idemKey != "" && f.takeRuleOfLocked(req, FailIdempotencyMismatch) {
+	if idemKey != "" && f.takeRuleLocked(req, func(m FailMode) bool { return m == FailIdempotencyMismatch }) != 0 {
 		f.requests[idx].Failure = FailIdempotencyMismatch.String()
 		f.mu.Unlock()
 		writeAnswer(w, answer{http.StatusBadRequest, errJSON("idempotency_error", "",
@@ -468,7 +468,7 @@ func (f *FakeStripe) serve(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 	}
-	rule := f.takeRuleLocked(req)
+	rule := f.takeRuleLocked(req, func(m FailMode) bool { return m != FailIdempotencyMismatch })
 	if rule != 0 {
 		f.requests[idx].Failure = rule.String()
 	}
@@ -547,26 +547,11 @@ func (f *FakeStripe) finishLocked(entry *idemEntry) {
 	}
 }
 
-// takeRuleOfLocked takes the first rule of mode that matches req, if any.
-func (f *FakeStripe) takeRuleOfLocked(req Request, mode FailMode) bool {
+// takeRuleLocked takes the first rule whose mode is wanted and that matches req,
+// counting it down, and returns its mode (0 when none applies).
+func (f *FakeStripe) takeRuleLocked(req Request, wanted func(FailMode) bool) FailMode {
 	for i, r := range f.rules {
-		if r.mode != mode || r.left == 0 || (r.match != nil && !r.match(req)) {
-			continue
-		}
-		if r.left > 0 {
-			r.left--
-		}
-		if r.left == 0 {
-			f.rules = slices.Delete(f.rules, i, i+1)
-		}
-		return true
-	}
-	return false
-}
-
-func (f *FakeStripe) takeRuleLocked(req Request) FailMode {
-	for i, r := range f.rules {
-		if r.mode == FailIdempotencyMismatch || r.left == 0 || (r.match != nil && !r.match(req)) {
+		if !wanted(r.mode) || r.left == 0 || (r.match != nil && !r.match(req)) {
 			continue
 		}
 		if r.left > 0 {
