@@ -185,6 +185,7 @@ type eventView struct {
 	UpstreamStatus  int       `json:"upstream_status,omitempty"`
 	StripeRequestID string    `json:"stripe_request_id,omitempty"`
 	ObjectID        string    `json:"object_id,omitempty"`
+	Tool            string    `json:"tool,omitempty"`
 }
 
 func newEventView(e vault.Event) eventView {
@@ -202,6 +203,7 @@ func newEventView(e vault.Event) eventView {
 		UpstreamStatus:  e.UpstreamStatus,
 		StripeRequestID: e.StripeRequestID,
 		ObjectID:        e.ObjectID,
+		Tool:            e.Tool,
 	}
 }
 

@@ -34,6 +34,7 @@ const (
 	logStatus          = "status"
 	logDuration        = "duration"
 	logError           = "error"
+	logTool            = "tool"
 )
 
 // Decisions of the canonical log line.
@@ -53,6 +54,7 @@ type call struct {
 	began     time.Time // time.Now(), monotonic: the duration histogram's start
 	requestID string
 	method    string
+	tool      string // the MCP tool that made the request ("" for none)
 
 	// read from the request
 	path          string // exact escaped path the client sent
@@ -152,7 +154,7 @@ func (p *Proxy) recordUnmeteredWouldRefuse(ctx context.Context, c *call) {
 	}
 	err := p.store.RecordEvent(ctx, vault.Event{
 		KeyID: c.key.ID, Operation: c.cls.Operation, Decision: decisionWouldRefuse, Reason: c.reason,
-		ObjectID: c.cls.ObjectID,
+		ObjectID: c.cls.ObjectID, Tool: c.tool,
 	})
 	if err != nil {
 		p.log.LogAttrs(ctx, slog.LevelError, "report-mode event not recorded",
@@ -650,6 +652,7 @@ func (p *Proxy) reserve(ctx context.Context, c *call) error {
 		Fingerprint:    fp,
 		Request:        c.policyRequest(c.amount, c.currency),
 		Metered:        c.metered,
+		Tool:           c.tool,
 	}
 	if !c.metered {
 		req.Request.Amount, req.Request.Currency = 0, ""
@@ -807,6 +810,9 @@ func (p *Proxy) logCall(c *call) {
 	}
 	if c.stripeRequestID != "" {
 		attrs = append(attrs, slog.String(logStripeRequestID, c.stripeRequestID))
+	}
+	if c.tool != "" {
+		attrs = append(attrs, slog.String(logTool, c.tool))
 	}
 	if c.err != nil {
 		attrs = append(attrs, slog.String(logError, c.err.Error()))

@@ -67,7 +67,8 @@
 //     Idempotency-Key Stripe echoes is replaced by the caller's own key (the derived
 //     upstream key never leaves keybrake). One canonical log line per request
 //     ("stripe request": key id, operation, amount, currency, decision, reason,
-//     idempotency outcome, upstream status, status, duration), at Error for 5xx,
+//     idempotency outcome, upstream status, status, duration, and the MCP tool
+//     when NewContextWithTool named one), at Error for 5xx,
 //     Warn for 4xx; never the token, the secret, the idempotency key or a body.
 //     The same place counts the request for Proxy.Stats (GET /metrics).
 //
@@ -328,7 +329,8 @@ func New(cfg Config) (*Proxy, error) {
 // ServeHTTP implements http.Handler: the whole pipeline of the package
 // documentation for one request.
 func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	c := &call{start: p.now(), began: time.Now(), requestID: newRequestID(), method: r.Method}
+	c := &call{start: p.now(), began: time.Now(), requestID: newRequestID(), method: r.Method,
+		tool: ToolFromContext(r.Context())}
 	defer p.logCall(c)
 	if err := p.prepare(r.Context(), w, r, c); err != nil {
 		p.writeRefusal(w, c, err)

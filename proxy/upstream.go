@@ -300,7 +300,7 @@ func (p *Proxy) errorHandler(w http.ResponseWriter, r *http.Request, err error) 
 func (p *Proxy) settle(ctx context.Context, c *call, sr vault.SettleRequest, note string) {
 	c.settled = true
 	sr.KeyID, sr.IdempotencyKey = c.key.ID, c.idemKey
-	sr.UpstreamStatus = c.upstreamStatus
+	sr.UpstreamStatus, sr.Tool = c.upstreamStatus, c.tool
 	if sr.StripeRequestID == "" {
 		sr.StripeRequestID = c.stripeRequestID
 	}

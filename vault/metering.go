@@ -88,7 +88,7 @@ func (s *Store) planReserve(tx *bolt.Tx, now time.Time, req *ReserveRequest) (*r
 		if req.Metered {
 			pl.event = &Event{
 				Time: now, KeyID: key.ID, Operation: req.Request.Operation, Amount: req.Request.Amount,
-				Currency: req.Request.Currency, Decision: "refused", Reason: string(dec.Reason),
+				Currency: req.Request.Currency, Decision: "refused", Reason: string(dec.Reason), Tool: req.Tool,
 			}
 		}
 		return pl, nil
@@ -119,7 +119,7 @@ func (s *Store) planReserve(tx *bolt.Tx, now time.Time, req *ReserveRequest) (*r
 		pl.event = &Event{
 			Time: now, KeyID: key.ID, Operation: h.Operation, Amount: h.Amount, Currency: h.Currency,
 			Decision: decision, Reason: string(dec.Reason), HoldID: h.ID, HoldState: HoldHeld,
-			WindowIDs: ids, HeldDelta: h.Amount,
+			WindowIDs: ids, HeldDelta: h.Amount, Tool: req.Tool,
 		}
 		pub := h.public()
 		pl.res.Hold = &pub
@@ -268,6 +268,7 @@ func (s *Store) settleTx(tx *bolt.Tx, now time.Time, req *SettleRequest) (dom er
 	ev := &Event{
 		Time: now, KeyID: req.KeyID, Decision: "settled", Reason: string(req.Outcome),
 		UpstreamStatus: req.UpstreamStatus, StripeRequestID: req.StripeRequestID, ObjectID: req.ObjectID,
+		Tool: req.Tool,
 	}
 	if hold != nil {
 		ev.Operation, ev.Currency, ev.HoldID, ev.WindowIDs = hold.Operation, hold.Currency, hold.ID, hold.WindowIDs

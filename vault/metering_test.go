@@ -629,3 +629,32 @@ func TestLoweredCapIsNotAViolation(t *testing.T) {
 	daily, _ := usageOf(t, f.s, f.key.ID)
 	assert.Equal(t, policy.Counter{Committed: 8000}, daily, "usage is never reset by a change")
 }
+
+// TestEventsRecordTheTool checks that the MCP tool of a request reaches every event
+// it writes — refusal, hold and settle — and survives the store's encoding, while a
+// request without a tool leaves the field empty.
+func TestEventsRecordTheTool(t *testing.T) {
+	ctx := context.Background()
+	f := newMeteringFixture(t)
+	id := f.key.ID
+
+	req := charge(id, "mcp-1", 4000)
+	req.Tool = "create_payment_intent"
+	require.Equal(t, Claimed, MustReserve(t, f.s, req).Outcome)
+	MustSettle(t, f.s, SettleRequest{KeyID: id, IdempotencyKey: "mcp-1", Outcome: SettleCommit, Amount: 4000,
+		Tool: "create_payment_intent"})
+
+	over := charge(id, "mcp-2", 9000) // 40 + 90 passes the daily cap of 100
+	over.Tool = "stripe_request"
+	require.Equal(t, Refused, MustReserve(t, f.s, over).Outcome)
+
+	require.Equal(t, Claimed, MustReserve(t, f.s, charge(id, "direct", 100)).Outcome)
+
+	events, _, err := f.s.ListEvents(ctx, id, 0, "")
+	require.NoError(t, err)
+	got := make([]string, len(events))
+	for i, e := range events {
+		got[i] = e.Decision + ":" + e.Tool
+	}
+	assert.Equal(t, []string{"allowed:", "refused:stripe_request", "settled:create_payment_intent", "allowed:create_payment_intent"}, got)
+}

@@ -366,6 +366,7 @@ type eventRec struct {
 	UpstreamStatus  int       `json:"us,omitempty"`
 	StripeRequestID string    `json:"rid,omitempty"`
 	ObjectID        string    `json:"obj,omitempty"`
+	Tool            string    `json:"tool,omitempty"`
 	WindowIDs       []string  `json:"w,omitempty"`
 	HeldDelta       int64     `json:"dh,omitempty"`
 	CommittedDelta  int64     `json:"dc,omitempty"`
@@ -388,7 +389,7 @@ func putEvent(tx *bolt.Tx, e *Event) error {
 	return putJSON(b, k, &eventRec{
 		Time: e.Time, KeyID: e.KeyID, Operation: e.Operation, Amount: e.Amount, Currency: e.Currency,
 		Decision: e.Decision, Reason: e.Reason, HoldID: e.HoldID, HoldState: e.HoldState,
-		UpstreamStatus: e.UpstreamStatus, StripeRequestID: e.StripeRequestID, ObjectID: e.ObjectID,
+		UpstreamStatus: e.UpstreamStatus, StripeRequestID: e.StripeRequestID, ObjectID: e.ObjectID, Tool: e.Tool,
 		WindowIDs: e.WindowIDs, HeldDelta: e.HeldDelta, CommittedDelta: e.CommittedDelta,
 	})
 }
@@ -406,7 +407,7 @@ func decodeEvent(k, v []byte) (Event, error) {
 		ID: seqID("evt_", binary.BigEndian.Uint64(k[len(k)-8:])), Time: r.Time, KeyID: r.KeyID,
 		Operation: r.Operation, Amount: r.Amount, Currency: r.Currency, Decision: r.Decision, Reason: r.Reason,
 		HoldID: r.HoldID, HoldState: r.HoldState, UpstreamStatus: r.UpstreamStatus,
-		StripeRequestID: r.StripeRequestID, ObjectID: r.ObjectID, WindowIDs: r.WindowIDs,
+		StripeRequestID: r.StripeRequestID, ObjectID: r.ObjectID, Tool: r.Tool, WindowIDs: r.WindowIDs,
 		HeldDelta: r.HeldDelta, CommittedDelta: r.CommittedDelta,
 	}, nil
 }

@@ -430,6 +430,9 @@ type ReserveRequest struct {
 	Fingerprint    string
 	Request        policy.Request
 	Metered        bool
+	// Tool is the MCP tool that made the request, recorded in its event ("" for
+	// none).
+	Tool string
 }
 
 // ReserveOutcome says what Reserve did.
@@ -532,6 +535,8 @@ type SettleRequest struct {
 	UpstreamStatus  int
 	StripeRequestID string
 	ObjectID        string
+	// Tool is the MCP tool that made the request, recorded in the settle event.
+	Tool string
 }
 
 // Settle applies the outcome in one write transaction, group committed, and writes

@@ -272,6 +272,9 @@ type Event struct {
 	UpstreamStatus  int
 	StripeRequestID string
 	ObjectID        string
+	// Tool is the MCP tool whose call made the request ("" for a request that
+	// reached the proxy directly).
+	Tool string
 
 	// WindowIDs are the windows the event's deltas apply to (the hold's windows).
 	WindowIDs []string
