@@ -120,6 +120,14 @@ type PaymentIntent struct {
 	IdempotencyKey   string
 }
 
+// PaymentLink is a payment link the fake created.
+type PaymentLink struct {
+	ID       string
+	Price    string
+	Quantity int64
+	URL      string
+}
+
 // Refund is a refund the fake created.
 type Refund struct {
 	ID       string
@@ -143,8 +151,8 @@ type idemEntry struct {
 }
 
 // FakeStripe is a stateful fake of the Stripe API on an httptest.Server bound to
-// 127.0.0.1. It keeps charges, PaymentIntents, refunds and customers; checks the
-// Bearer (or Basic) secret; honours Idempotency-Key like Stripe (same key and
+// 127.0.0.1. It keeps charges, PaymentIntents, refunds, customers, products,
+// prices and payment links; checks the Bearer (or Basic) secret; honours Idempotency-Key like Stripe (same key and
 // parameters: replay of the first answer, 500s included, with Idempotent-Replayed
 // and Original-Request; different parameters: 400 idempotency_error; while the
 // first is executing: 409 idempotency_key_in_use); counts every request; and
@@ -171,6 +179,8 @@ type FakeStripe struct {
 	refunds   []*Refund
 	customers map[string]map[string]any
 	prices    map[string]map[string]any
+	products  map[string]map[string]any
+	links     []*PaymentLink
 	moved     map[string]int64
 }
 
@@ -183,6 +193,7 @@ func NewFakeStripe(tb testing.TB, secret string) *FakeStripe {
 		idem:      map[string]*idemEntry{},
 		customers: map[string]map[string]any{},
 		prices:    map[string]map[string]any{},
+		products:  map[string]map[string]any{},
 		moved:     map[string]int64{},
 	}
 	f.idle = sync.NewCond(&f.mu)
@@ -307,6 +318,13 @@ func (f *FakeStripe) Refunds() []Refund {
 	return copyAll(f.refunds)
 }
 
+// PaymentLinks returns copies of the payment links created, in creation order.
+func (f *FakeStripe) PaymentLinks() []PaymentLink {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return copyAll(f.links)
+}
+
 // copyAll copies the objects of list; the caller holds f.mu.
 func copyAll[T any](list []*T) []T {
 	out := make([]T, len(list))
@@ -357,10 +375,15 @@ func (f *FakeStripe) AddPaymentIntent(amount int64, currency, customer string) s
 func (f *FakeStripe) AddPrice(unitAmount int64, currency string) string {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	return f.newPriceLocked(unitAmount, currency, "")
+}
+
+// newPriceLocked stores a one-time price and returns its id. f.mu is held.
+func (f *FakeStripe) newPriceLocked(unitAmount int64, currency, product string) string {
 	f.seq++
 	id := fmt.Sprintf("price_fake%06d", f.seq)
 	f.prices[id] = map[string]any{"id": id, "object": "price", "unit_amount": unitAmount, "currency": currency,
-		"type": "one_time", "billing_scheme": "per_unit"}
+		"type": "one_time", "billing_scheme": "per_unit", "product": nullable(product)}
 	return id
 }
 
@@ -705,6 +728,14 @@ func (f *FakeStripe) route(method, path string, p url.Values, idemKey string) an
 		return f.captureCharge(rest[0], p)
 	case res == "payment_intents" && len(rest) == 0 && method == http.MethodPost:
 		return f.createPI(p, idemKey)
+	case res == "payment_intents" && len(rest) == 0 && method == http.MethodGet:
+		data := make([]any, 0, len(f.pis))
+		for _, pi := range f.pis {
+			if c := p.Get("customer"); c == "" || c == pi.Customer {
+				data = append(data, piJSON(pi))
+			}
+		}
+		return f.list("payment_intents", data)
 	case res == "payment_intents" && len(rest) == 1 && method == http.MethodGet:
 		if pi := f.pi(rest[0]); pi != nil {
 			return okJSON(piJSON(pi))
@@ -743,6 +774,19 @@ func (f *FakeStripe) route(method, path string, p url.Values, idemKey string) an
 	case res == "customers" && len(rest) == 1 && method == http.MethodDelete:
 		delete(f.customers, rest[0])
 		return okJSON(map[string]any{"id": rest[0], "object": "customer", "deleted": true})
+	case res == "products" && len(rest) == 0 && method == http.MethodPost:
+		if p.Get("name") == "" {
+			return paramErr("name", "Missing required param: name.")
+		}
+		f.seq++
+		pr := map[string]any{"id": fmt.Sprintf("prod_fake%06d", f.seq), "object": "product", "name": p.Get("name"),
+			"description": nullable(p.Get("description")), "active": true}
+		f.products[pr["id"].(string)] = pr
+		return okJSON(pr)
+	case res == "prices" && len(rest) == 0 && method == http.MethodPost:
+		return f.createPrice(p)
+	case res == "payment_links" && len(rest) == 0 && method == http.MethodPost:
+		return f.createPaymentLink(p)
 	case res == "prices" && len(rest) == 1 && method == http.MethodGet:
 		if pr, ok := f.prices[rest[0]]; ok {
 			return okJSON(pr)
@@ -1009,6 +1053,45 @@ func (f *FakeStripe) createRefund(p url.Values) answer {
 	f.moved[c.Currency] += amount
 	return okJSON(map[string]any{"id": r.ID, "object": "refund", "amount": r.Amount, "currency": r.Currency,
 		"charge": r.Charge, "status": "succeeded"})
+}
+
+func (f *FakeStripe) createPrice(p url.Values) answer {
+	product := p.Get("product")
+	if _, ok := f.products[product]; !ok {
+		return paramErr("product", "No such product: '"+product+"'")
+	}
+	amount, _, bad := amountParam(p, "unit_amount", true)
+	if bad != nil {
+		return *bad
+	}
+	cur, bad := currencyParam(p)
+	if bad != nil {
+		return *bad
+	}
+	return okJSON(f.prices[f.newPriceLocked(amount, cur, product)])
+}
+
+// createPaymentLink creates a link for one stored price (line_items[0]). It moves
+// no money: a customer pays it later, outside any API request.
+func (f *FakeStripe) createPaymentLink(p url.Values) answer {
+	price := p.Get("line_items[0][price]")
+	if _, ok := f.prices[price]; !ok {
+		return paramErr("line_items[0][price]", "No such price: '"+price+"'")
+	}
+	qty, _, bad := amountParam(p, "line_items[0][quantity]", true)
+	if bad != nil {
+		return *bad
+	}
+	f.seq++
+	l := &PaymentLink{ID: fmt.Sprintf("plink_fake%06d", f.seq), Price: price, Quantity: qty}
+	l.URL = "https://buy.stripe.com/test_" + l.ID
+	f.links = append(f.links, l)
+	after := map[string]any{"type": "hosted_confirmation"}
+	if u := p.Get("after_completion[redirect][url]"); u != "" && p.Get("after_completion[type]") == "redirect" {
+		after = map[string]any{"type": "redirect", "redirect": map[string]any{"url": u}}
+	}
+	return okJSON(map[string]any{"id": l.ID, "object": "payment_link", "url": l.URL, "active": true,
+		"after_completion": after, "livemode": false, "metadata": map[string]any{}})
 }
 
 func chargeJSON(c *Charge) map[string]any {

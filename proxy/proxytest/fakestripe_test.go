@@ -231,3 +231,48 @@ func TestFakeStripePaymentIntentLifecycle(t *testing.T) {
 	assert.Equal(t, int64(1500+200), f.TotalMoved("usd"), "PI creation, raise and refund")
 	assert.Len(t, f.Refunds(), 1)
 }
+
+func TestFakeStripeCatalogAndPaymentLinks(t *testing.T) {
+	f := proxytest.NewFakeStripe(t, secret)
+	auth := "Bearer " + secret
+
+	prod := MustPost(t, f, "/v1/products", "", auth, url.Values{"name": {"T-shirt"}})
+	require.Equal(t, http.StatusOK, prod.Status)
+	price := MustPost(t, f, "/v1/prices", "", auth, url.Values{
+		"product": {prod.Body["id"].(string)}, "unit_amount": {"1500"}, "currency": {"usd"}})
+	require.Equal(t, http.StatusOK, price.Status)
+	assert.Equal(t, float64(1500), price.Body["unit_amount"])
+
+	r := MustPost(t, f, "/v1/prices", "", auth, url.Values{"product": {"prod_nope"}, "unit_amount": {"1"}, "currency": {"usd"}})
+	assert.Equal(t, http.StatusBadRequest, r.Status, "a price needs an existing product")
+
+	link := MustPost(t, f, "/v1/payment_links", "pl-1", auth, url.Values{
+		"line_items[0][price]": {price.Body["id"].(string)}, "line_items[0][quantity]": {"2"},
+		"after_completion[type]": {"redirect"}, "after_completion[redirect][url]": {"https://example.com/thanks"}})
+	require.Equal(t, http.StatusOK, link.Status)
+	assert.Equal(t, "payment_link", link.Body["object"])
+	assert.Equal(t, "redirect", link.Body["after_completion"].(map[string]any)["type"])
+	again := MustPost(t, f, "/v1/payment_links", "pl-1", auth, url.Values{
+		"line_items[0][price]": {price.Body["id"].(string)}, "line_items[0][quantity]": {"2"},
+		"after_completion[type]": {"redirect"}, "after_completion[redirect][url]": {"https://example.com/thanks"}})
+	assert.Equal(t, link.Body["id"], again.Body["id"], "the same idempotency key replays")
+	links := f.PaymentLinks()
+	require.Len(t, links, 1)
+	assert.Equal(t, int64(2), links[0].Quantity)
+	assert.Equal(t, int64(0), f.TotalMoved("usd"), "a payment link moves no money when it is created")
+
+	r = MustPost(t, f, "/v1/payment_links", "", auth, url.Values{"line_items[0][price]": {"price_nope"}, "line_items[0][quantity]": {"1"}})
+	assert.Equal(t, http.StatusBadRequest, r.Status)
+
+	pi := MustPost(t, f, "/v1/payment_intents", "", auth, url.Values{"amount": {"700"}, "currency": {"usd"}, "customer": {"cus_a"}})
+	require.Equal(t, http.StatusOK, pi.Status)
+	MustPost(t, f, "/v1/payment_intents", "", auth, url.Values{"amount": {"800"}, "currency": {"usd"}, "customer": {"cus_b"}})
+	req, err := http.NewRequest(http.MethodGet, f.URL+"/v1/payment_intents?customer=cus_a", nil)
+	require.NoError(t, err)
+	req.Header.Set("Authorization", auth)
+	list := MustDo(t, req)
+	require.Equal(t, http.StatusOK, list.Status)
+	data := list.Body["data"].([]any)
+	require.Len(t, data, 1)
+	assert.Equal(t, pi.Body["id"], data[0].(map[string]any)["id"])
+}
