@@ -1,6 +1,7 @@
 package api
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -146,29 +147,40 @@ func (a *agent) errorHandler(err error, c echo.Context) {
 // revoked or expired is 401. The key is left in the echo context.
 func (a *agent) authenticate(next echo.HandlerFunc) echo.HandlerFunc {
 	return func(c echo.Context) error {
-		fail := func(detail string) error {
-			c.Set(ctxKeyAuthFailure, detail)
-			return unauthorized(detail)
-		}
-		token, err := proxy.VaultToken(c.Request().Header)
-		if err != nil {
-			return fail(err.Error())
-		}
-		key, err := a.store.Authenticate(c.Request().Context(), token)
+		key, refused, err := authenticateVaultKey(c.Request().Context(), a.store, c.Request().Header, a.now())
 		switch {
-		case errors.Is(err, vault.ErrKeyRevoked):
-			return fail("this vault key has been revoked")
-		case errors.Is(err, vault.ErrKeyInvalid), errors.Is(err, vault.ErrNotFound):
-			return fail("invalid vault key")
 		case err != nil:
-			return fmt.Errorf("authenticate vault key: %w", err)
-		}
-		if key.StatusAt(a.now()) == vault.KeyExpired {
-			return fail("this vault key expired at " + key.Policy.ExpiresAt.UTC().Format(time.RFC3339))
+			return err
+		case refused != "":
+			c.Set(ctxKeyAuthFailure, refused)
+			return unauthorized(refused)
 		}
 		c.Set(ctxKeyVaultKey, key)
 		return next(c)
 	}
+}
+
+// authenticateVaultKey reads the vault key of h as the proxy does and looks it up:
+// an active key (not-yet-valid included), or the reason it is refused (no,
+// unknown, revoked or expired key), or the store's error.
+func authenticateVaultKey(ctx context.Context, store *vault.Store, h http.Header, now time.Time) (key vault.Key, refused string, err error) {
+	token, err := proxy.VaultToken(h)
+	if err != nil {
+		return vault.Key{}, err.Error(), nil
+	}
+	key, err = store.Authenticate(ctx, token)
+	switch {
+	case errors.Is(err, vault.ErrKeyRevoked):
+		return vault.Key{}, "this vault key has been revoked", nil
+	case errors.Is(err, vault.ErrKeyInvalid), errors.Is(err, vault.ErrNotFound):
+		return vault.Key{}, "invalid vault key", nil
+	case err != nil:
+		return vault.Key{}, "", fmt.Errorf("authenticate vault key: %w", err)
+	}
+	if key.StatusAt(now) == vault.KeyExpired {
+		return vault.Key{}, "this vault key expired at " + key.Policy.ExpiresAt.UTC().Format(time.RFC3339), nil
+	}
+	return key, "", nil
 }
 
 // vaultKeyOf returns the authenticated key of the request.
@@ -202,21 +214,30 @@ type meWindows struct {
 // me handles GET /keybrake/v1/me: the key's policy and, per window, cap,
 // committed, held, remaining and reset_at, read in one transaction.
 func (a *agent) me(c echo.Context) error {
-	id := vaultKeyOf(c).ID
-	key, windows, usage, err := a.store.KeyUsage(c.Request().Context(), id)
+	v, err := loadMeView(c.Request().Context(), a.store, vaultKeyOf(c).ID, a.now())
 	if err != nil {
-		return fmt.Errorf("usage of %s: %w", id, err)
+		return err
+	}
+	return c.JSON(http.StatusOK, v)
+}
+
+// loadMeView reads the key id and its usage in one transaction and shows them as
+// the key may see itself (GET /keybrake/v1/me, the MCP tool get_budget).
+func loadMeView(ctx context.Context, store *vault.Store, id string, now time.Time) (meView, error) {
+	key, windows, usage, err := store.KeyUsage(ctx, id)
+	if err != nil {
+		return meView{}, fmt.Errorf("usage of %s: %w", id, err)
 	}
 	u := newUsageView(key, windows, usage)
-	return c.JSON(http.StatusOK, meView{
+	return meView{
 		ID:       key.ID,
 		Name:     key.Name,
 		Labels:   labelsOf(key),
-		Status:   string(key.StatusAt(a.now())),
+		Status:   string(key.StatusAt(now)),
 		Policy:   key.Policy,
 		Currency: u.Currency,
 		Windows:  meWindows{Daily: u.Daily, Period: u.Period, PerRequest: u.PerRequest},
-	})
+	}, nil
 }
 
 // ---- the claims API ----

@@ -30,8 +30,8 @@ type AdminConfig struct {
 
 // ProxyConfig configures the proxy listener's handler.
 type ProxyConfig struct {
-	// Store serves the agent endpoints (/keybrake/v1/*); without one they are not
-	// mounted.
+	// Store serves the agent endpoints (/keybrake/v1/*) and, with Stripe, the MCP
+	// endpoint (/mcp); without one they are not mounted.
 	Store  *vault.Store
 	Logger *slog.Logger
 	// Stripe serves /v1/* and /v2/* (the metering proxy).
@@ -40,6 +40,8 @@ type ProxyConfig struct {
 	// AgentMaxBodyBytes is the agent endpoints' request body limit
 	// (DefaultMaxBodyBytes when zero).
 	AgentMaxBodyBytes int64
+	// Version is the build's version, which the MCP endpoint reports to clients.
+	Version string
 }
 
 // Roles a JWT may carry.

@@ -10,7 +10,8 @@ import (
 )
 
 // NewProxyListener returns the proxy listener's handler: /v1/*, /v2/* (Stripe),
-// /keybrake/v1/* (agent endpoints, see agent.go), /healthz.
+// /keybrake/v1/* (agent endpoints, see agent.go), /mcp (the MCP endpoint, see
+// mcp.go), /healthz.
 //
 // The Stripe routes hand the request to cfg.Stripe exactly as it arrived: echo
 // only routes on it (on the escaped path) and neither cleans nor unescapes the
@@ -49,6 +50,9 @@ func NewProxyListener(cfg ProxyConfig) http.Handler {
 		return c.JSON(http.StatusOK, map[string]string{"status": "ok"})
 	})
 
+	if cfg.Store != nil && cfg.Stripe != nil {
+		newMCP(cfg, base).register(e)
+	}
 	if cfg.Stripe != nil {
 		stripe := echo.WrapHandler(cfg.Stripe)
 		e.Any("/v1/*", stripe)

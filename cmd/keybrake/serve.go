@@ -97,9 +97,10 @@ func (m *Main) runServe(ctx context.Context) error {
 	}
 
 	proxyHandler := api.NewProxyListener(api.ProxyConfig{
-		Store:  store,
-		Logger: logger,
-		Stripe: stripe,
+		Store:   store,
+		Logger:  logger,
+		Stripe:  stripe,
+		Version: buildVersion(),
 	})
 	adminHandler := api.NewAdmin(api.AdminConfig{
 		Store:     store,

@@ -1,0 +1,114 @@
+package api_test
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/keybrake/keybrake/policy"
+	"github.com/keybrake/keybrake/vault"
+)
+
+// TestAdminEventsNameTheMCPTool checks that the ledger the admin API serves (and
+// the dashboard shows) names the MCP tool of a request, in the documented shape,
+// and leaves it out for a request that did not come through MCP.
+func TestAdminEventsNameTheMCPTool(t *testing.T) {
+	env := MustAdminEnv(t)
+	env.MustUpstream("default")
+	k := env.MustMint("agent", "", nil, seedLegacyPolicy)
+	ctx := context.Background()
+
+	_, err := env.store.Reserve(ctx, vault.ReserveRequest{
+		KeyID: k.ID, IdempotencyKey: "mcp-1", Fingerprint: "fp-1", Metered: true, Tool: "create_payment_intent",
+		Request: policy.Request{Operation: "payment_intents.create", Amount: 2500, Currency: "usd"},
+	})
+	require.NoError(t, err)
+	require.NoError(t, env.store.Settle(ctx, vault.SettleRequest{KeyID: k.ID, IdempotencyKey: "mcp-1",
+		Outcome: vault.SettleCommit, Amount: 2500, UpstreamStatus: http.StatusOK, Tool: "create_payment_intent",
+		Response: &vault.StoredResponse{Status: http.StatusOK, Header: http.Header{}, Body: []byte(`{"id":"pi_1"}`)}}))
+	env.MustHold(k.ID, "direct-1", 100, vault.SettleCommit)
+
+	r := env.Do(http.MethodGet, "/api/v1/keys/"+k.ID+"/events", env.viewerToken, nil)
+	require.Equal(t, http.StatusOK, r.Status, "body: %s", r.Body)
+	var page struct {
+		Events []map[string]any `json:"events"`
+	}
+	r.Decode(t, &page)
+	require.Len(t, page.Events, 4)
+	var tools []any
+	for _, e := range page.Events {
+		tools = append(tools, e["tool"])
+	}
+	assert.Equal(t, []any{nil, nil, "create_payment_intent", "create_payment_intent"}, tools)
+}
+
+// TestMCPOverPlainHTTP speaks MCP as curl would — plain JSON-RPC POSTs of the
+// 2025-06-18 protocol with the vault key as bearer — against the proxy listener,
+// and checks the access and canonical log lines (and that neither holds the token:
+// the env's cleanup checks every log line for it).
+func TestMCPOverPlainHTTP(t *testing.T) {
+	env := MustAgentEnv(t)
+	_, token := env.MustKey("agent", `{"vendor":"stripe","currency":"usd","daily_cap":"20.00",
+		"expires_at":"2026-12-31T00:00:00Z","operations":["payment_intents.create","*.read"]}`, nil)
+	hdr := http.Header{
+		"Authorization":        {"Bearer " + token},
+		"Accept":               {"application/json, text/event-stream"},
+		"Mcp-Protocol-Version": {"2025-06-18"},
+	}
+	rpc := func(method string, params any) map[string]any {
+		t.Helper()
+		r, err := env.Try(http.MethodPost, "/mcp", hdr, map[string]any{"jsonrpc": "2.0", "id": 7, "method": method, "params": params})
+		require.NoError(t, err)
+		require.Equal(t, http.StatusOK, r.Status, "%s: %s", method, r.Body)
+		assert.Equal(t, "application/json", r.Header.Get("Content-Type"))
+		assert.Empty(t, r.Header.Get("Mcp-Session-Id"), "stateless: no session")
+		var out map[string]any
+		require.NoError(t, json.Unmarshal(r.Body, &out), "%s", r.Body)
+		require.Nil(t, out["error"], "%s", r.Body)
+		return out["result"].(map[string]any)
+	}
+
+	init := rpc("initialize", map[string]any{"protocolVersion": "2025-06-18", "capabilities": map[string]any{},
+		"clientInfo": map[string]any{"name": "curl", "version": "8"}})
+	assert.Equal(t, "keybrake", init["serverInfo"].(map[string]any)["name"])
+	assert.Contains(t, init["instructions"], "spend_cap_exceeded")
+
+	tools := rpc("tools/list", map[string]any{})["tools"].([]any)
+	assert.Len(t, tools, 12, "the reads, create_payment_intent, stripe_request and get_budget")
+
+	res := rpc("tools/call", map[string]any{"name": "create_payment_intent",
+		"arguments": map[string]any{"amount": 1500, "currency": "usd", "idempotency_key": "curl-1"}})
+	assert.Equal(t, nil, res["isError"])
+	assert.Equal(t, "payment_intent", res["structuredContent"].(map[string]any)["object"])
+
+	res = rpc("tools/call", map[string]any{"name": "create_payment_intent",
+		"arguments": map[string]any{"amount": 1500, "currency": "usd", "idempotency_key": "curl-2"}})
+	assert.Equal(t, true, res["isError"])
+	assert.Equal(t, "spend_cap_exceeded", res["structuredContent"].(map[string]any)["code"])
+
+	// GET opens no stream: keybrake never speaks first.
+	r, err := env.Try(http.MethodGet, "/mcp", http.Header{"Authorization": {"Bearer " + token}, "Accept": {"text/event-stream"}}, nil)
+	require.NoError(t, err)
+	assert.Equal(t, http.StatusMethodNotAllowed, r.Status)
+
+	var toolLines, accessLines int
+	for _, line := range strings.Split(strings.TrimSpace(env.logs.String()), "\n") {
+		var m map[string]any
+		require.NoError(t, json.Unmarshal([]byte(line), &m), line)
+		switch m["msg"] {
+		case "stripe request":
+			assert.Equal(t, "create_payment_intent", m["tool"], line)
+			toolLines++
+		case "mcp request":
+			assert.NotEmpty(t, m["key_id"], line)
+			accessLines++
+		}
+	}
+	assert.Equal(t, 2, toolLines, "one canonical line per tool call that reached the proxy")
+	assert.Equal(t, 5, accessLines)
+}
