@@ -85,8 +85,11 @@ func newMCP(cfg ProxyConfig, logger *slog.Logger) *mcpEndpoint {
 	if version == "" {
 		version = "dev"
 	}
+	// The SDK logs every stateless request's session at Info; keybrake's own access
+	// line says what matters, so only its warnings and errors pass.
+	sdkLog := slog.New(minLevel{Handler: m.log.Handler(), min: slog.LevelWarn})
 	srv := mcp.NewServer(&mcp.Implementation{Name: "keybrake", Title: "keybrake", Version: version},
-		&mcp.ServerOptions{Instructions: mcpInstructions, Logger: m.log})
+		&mcp.ServerOptions{Instructions: mcpInstructions, Logger: sdkLog})
 	for _, t := range mcpTools {
 		srv.AddTool(t.defs[0], m.toolHandler(t))
 	}
@@ -94,7 +97,7 @@ func newMCP(cfg ProxyConfig, logger *slog.Logger) *mcpEndpoint {
 	m.handler = mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv }, &mcp.StreamableHTTPOptions{
 		Stateless:           true,
 		JSONResponse:        true,
-		Logger:              m.log,
+		Logger:              sdkLog,
 		MaxRequestBodyBytes: mcpMaxBodyBytes,
 		// The protection is for local servers without authentication: a page in
 		// the user's browser cannot send the vault key, while a reverse proxy on
@@ -102,6 +105,24 @@ func newMCP(cfg ProxyConfig, logger *slog.Logger) *mcpEndpoint {
 		DisableLocalhostProtection: true,
 	})
 	return m
+}
+
+// minLevel passes on only records of at least min.
+type minLevel struct {
+	slog.Handler
+	min slog.Level
+}
+
+func (h minLevel) Enabled(ctx context.Context, l slog.Level) bool {
+	return l >= h.min && h.Handler.Enabled(ctx, l)
+}
+
+func (h minLevel) WithAttrs(attrs []slog.Attr) slog.Handler {
+	return minLevel{Handler: h.Handler.WithAttrs(attrs), min: h.min}
+}
+
+func (h minLevel) WithGroup(name string) slog.Handler {
+	return minLevel{Handler: h.Handler.WithGroup(name), min: h.min}
 }
 
 // register adds POST (and, answered 405, every other method of) /mcp to e.
@@ -448,8 +469,8 @@ var refusalAdvice = map[string]string{
 		"or use a new key for a new payment.",
 	proxy.CodeIdemKeyInUse: "The first call with this idempotency_key is still running: call again with the same " +
 		"arguments and key in a second.",
-	proxy.CodeUpstreamUnavailable: "The payment may or may not have happened: call again with the same arguments and " +
-		"idempotency_key (never a new key), and keybrake will settle it.",
+	proxy.CodeUpstreamUnavailable: "Call again with the same arguments and idempotency_key (never a new key): " +
+		"keybrake then learns from Stripe what the first attempt did.",
 	codeInvalidArguments: "Nothing reached Stripe; fix the arguments and call again.",
 	codeAnswerTooLarge:   "Ask for less, e.g. a smaller limit.",
 }
