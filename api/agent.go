@@ -221,7 +221,7 @@ func (a *agent) me(c echo.Context) error {
 	return c.JSON(http.StatusOK, v)
 }
 
-// loadMeView reads the key id and its usage in one transaction and shows them as
+// loadMeView reads the key with this id and its usage in one transaction and shows them as
 // the key may see itself (GET /keybrake/v1/me, the MCP tool get_budget).
 func loadMeView(ctx context.Context, store *vault.Store, id string, now time.Time) (meView, error) {
 	key, windows, usage, err := store.KeyUsage(ctx, id)

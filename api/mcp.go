@@ -434,8 +434,12 @@ func refusalResult(status int, source, code, msg string, stripeErr map[string]an
 	case source == sourceKeybrake:
 		text = fmt.Sprintf("keybrake refused this call (%s): %s", code, strings.TrimSuffix(msg, "."))
 		advice := refusalAdvice[code]
-		if code == proxy.CodeSpendCapExceeded && flat["cap"] == string(policy.WindowPerRequest) {
+		switch {
+		case code == proxy.CodeSpendCapExceeded && flat["cap"] == string(policy.WindowPerRequest):
 			advice = perRequestAdvice
+		case code == proxy.CodeIdemKeyRequired && flat["field"] != nil:
+			// A derive-mode key: the message names the parameter the key is derived from.
+			advice = "Nothing reached Stripe; add that argument and call again."
 		}
 		text += "."
 		if advice != "" {

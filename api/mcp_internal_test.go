@@ -251,6 +251,14 @@ func TestMCPErrorResults(t *testing.T) {
 	assert.Equal(t, json.Number("1099"), flat(declined)["payment_intent"].(map[string]any)["amount"])
 	assert.Equal(t, "Stripe answered 402 card_error (card_declined): Your card was declined.", text(declined))
 
+	derived := errorResult(http.StatusBadRequest, []byte(`{"error": {"type": "idempotency_error",
+		"code": "idempotency_key_required", "param": "customer", "message": "This vault key derives idempotency keys `+
+		`from the request: the parameter \"customer\" is required.", "keybrake": {"reason": "idempotency_key_required",
+		"field": "customer", "request_id": "req_kb_2"}}}`))
+	assert.Equal(t, "customer", flat(derived)["field"])
+	assert.NotContains(t, text(derived), "Pass an idempotency_key", "a derive-mode key needs the field, not a key")
+	assert.Contains(t, text(derived), `the parameter "customer" is required. Nothing reached Stripe; add that argument`)
+
 	garbage := errorResult(http.StatusBadGateway, []byte("<html>bad gateway</html>"))
 	assert.Equal(t, "stripe", flat(garbage)["source"])
 	assert.Equal(t, "Stripe answered 502: <html>bad gateway</html>", text(garbage))

@@ -383,3 +383,31 @@ func TestMCPAuthentication(t *testing.T) {
 		assert.Contains(t, string(body), tc.body, name)
 	}
 }
+
+func TestMCPDeriveModeNeedsNoKey(t *testing.T) {
+	s := MustMCPServer(t)
+	_, token := s.MustMint(t, "derived", map[string]any{"daily_cap": "50.00",
+		"operations":  []string{"payment_intents.create"},
+		"idempotency": map[string]any{"mode": "derive", "fields": []string{"customer", "metadata[order]"}}})
+	c := MustMCP(t, s.ProxyURL(), token)
+
+	pay := map[string]any{"amount": 900, "currency": "usd", "customer": "cus_7", "metadata": map[string]any{"order": "7"}}
+	first := MustCall(t, c, "create_payment_intent", pay)
+	require.False(t, first.IsError, text(first))
+	// An agent that invents a new key per retry still pays once.
+	pay["idempotency_key"] = "fresh-uuid-1"
+	again := MustCall(t, c, "create_payment_intent", pay)
+	require.False(t, again.IsError, text(again))
+	assert.Equal(t, structured(t, first)["id"], structured(t, again)["id"])
+	assert.Equal(t, int64(900), s.fake.TotalMoved("usd"))
+
+	pay["amount"] = 1900
+	other := MustCall(t, c, "create_payment_intent", pay)
+	require.True(t, other.IsError)
+	assert.Equal(t, "idempotency_key_reused", structured(t, other)["code"])
+
+	missing := MustCall(t, c, "create_payment_intent", map[string]any{"amount": 100, "currency": "usd", "customer": "cus_7"})
+	require.True(t, missing.IsError)
+	assert.Equal(t, "metadata[order]", structured(t, missing)["field"])
+	assert.Equal(t, int64(900), s.fake.TotalMoved("usd"))
+}

@@ -152,11 +152,12 @@ type idemEntry struct {
 
 // FakeStripe is a stateful fake of the Stripe API on an httptest.Server bound to
 // 127.0.0.1. It keeps charges, PaymentIntents, refunds, customers, products,
-// prices and payment links; checks the Bearer (or Basic) secret; honours Idempotency-Key like Stripe (same key and
-// parameters: replay of the first answer, 500s included, with Idempotent-Replayed
-// and Original-Request; different parameters: 400 idempotency_error; while the
-// first is executing: 409 idempotency_key_in_use); counts every request; and
-// injects failures (FailNext, FailWhen). It is safe for concurrent use.
+// prices and payment links; checks the Bearer (or Basic) secret; honours
+// Idempotency-Key like Stripe (same key and parameters: replay of the first
+// answer, 500s included, with Idempotent-Replayed and Original-Request; different
+// parameters: 400 idempotency_error; while the first is executing: 409
+// idempotency_key_in_use); counts every request; and injects failures (FailNext,
+// FailWhen). It is safe for concurrent use.
 type FakeStripe struct {
 	// URL is the base URL ("http://127.0.0.1:port").
 	URL string
