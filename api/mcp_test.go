@@ -1,10 +1,14 @@
 package api_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
+	"io"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -111,4 +115,45 @@ func TestMCPOverPlainHTTP(t *testing.T) {
 	}
 	assert.Equal(t, 2, toolLines, "one canonical line per tool call that reached the proxy")
 	assert.Equal(t, 5, accessLines)
+}
+
+// BenchmarkMCPToolCall measures a money-moving tool call end to end over HTTP:
+// JSON-RPC decoding, the vault key's authentication, the tool's arguments, the
+// in-process proxy request (one durable Reserve, the fake Stripe, one durable
+// Settle) and the result, from 16 parallel clients. Compare with the proxy's
+// BenchmarkMeteredCharge, the same charge sent as REST.
+func BenchmarkMCPToolCall(b *testing.B) {
+	env := MustAgentEnv(b)
+	_, token := env.MustKey("bench", `{"vendor":"stripe","currency":"usd","daily_cap":"100000000.00",
+		"expires_at":"2026-12-31T00:00:00Z","operations":["payment_intents.create"]}`, nil)
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}}
+	var n atomic.Int64
+	b.SetParallelism(16)
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			body := fmt.Sprintf(`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"create_payment_intent",`+
+				`"arguments":{"amount":100,"currency":"usd","idempotency_key":"bench-%d"}}}`, n.Add(1))
+			req, err := http.NewRequest(http.MethodPost, env.srv.URL+"/mcp", strings.NewReader(body))
+			if err != nil {
+				b.Fatal(err)
+			}
+			req.Header.Set("Authorization", "Bearer "+token)
+			req.Header.Set("Content-Type", "application/json")
+			req.Header.Set("Accept", "application/json, text/event-stream")
+			req.Header.Set("Mcp-Protocol-Version", "2025-06-18")
+			resp, err := client.Do(req)
+			if err != nil {
+				b.Fatal(err)
+			}
+			raw, err := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if err != nil || resp.StatusCode != http.StatusOK || bytes.Contains(raw, []byte(`"isError":true`)) {
+				b.Fatalf("status %d: %s (%v)", resp.StatusCode, raw, err)
+			}
+		}
+	})
+	b.StopTimer()
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "ops/s")
 }
