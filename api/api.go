@@ -34,7 +34,8 @@ type ProxyConfig struct {
 	// endpoint (/mcp); without one they are not mounted.
 	Store  *vault.Store
 	Logger *slog.Logger
-	// Stripe serves /v1/* and /v2/* (the metering proxy).
+	// Stripe serves /v1/* and /v2/* (the metering proxy); the MCP endpoint runs
+	// its tool calls through it in process.
 	Stripe http.Handler
 	Now    func() time.Time
 	// AgentMaxBodyBytes is the agent endpoints' request body limit
