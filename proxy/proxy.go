@@ -29,10 +29,15 @@
 //     application/json. The exact path bytes the client sent are classified and the
 //     same bytes are forwarded: Classify refuses every non-canonical path.
 //  3. Authorise against the policy: policy.Decide with amount 0 checks the
-//     operation, the customer and the Stripe-Account (Stripe-Context must be allowed
-//     too, and so must the account a request names instead: the id of
-//     /v1/accounts/{id}/…, which Stripe treats as an implied Stripe-Account, and
-//     the "account" of account_links / account_sessions). Endpoints outside the
+//     operation, the customer and the Stripe-Account; then every other connected
+//     account the request names must be in the policy's stripe_accounts too
+//     (touchedAccounts, the one list of where an account can be named: the
+//     Stripe-Context header, the id of /v1/accounts/{id}/… — an implied
+//     Stripe-Account — and of /v2/core/accounts/{id}/…, any acct_… path segment,
+//     and the parameters destination, source, account, on_behalf_of and
+//     connected_account, nested or not, in a body or a query: a transfer's
+//     destination, a destination charge, an account debit with source=acct_…).
+//     Refused with account_not_allowed, in report mode too. Endpoints outside the
 //     catalogue: reads are allowed when the policy allows
 //     "unknown.read"; writes are always refused (operation_not_allowed), in report
 //     mode too.

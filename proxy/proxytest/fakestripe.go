@@ -104,6 +104,16 @@ type Charge struct {
 	Captured       bool
 	PaymentIntent  string
 	IdempotencyKey string
+	// Source is the connected account an account debit (source=acct_…) took the
+	// money from; "" for a charge of a card or token.
+	Source string
+}
+
+// Account is a connected account of the fake's platform (AddConnectedAccount).
+type Account struct {
+	ID       string
+	Currency string // default currency: an account debit must use it
+	Balance  int64  // available balance, minor units of Currency
 }
 
 // PaymentIntent is a PaymentIntent the fake created.
@@ -143,7 +153,8 @@ type idemEntry struct {
 }
 
 // FakeStripe is a stateful fake of the Stripe API on an httptest.Server bound to
-// 127.0.0.1. It keeps charges, PaymentIntents, refunds and customers; checks the
+// 127.0.0.1. It keeps charges (account debits of connected accounts among them),
+// PaymentIntents, refunds, customers and connected accounts; checks the
 // Bearer (or Basic) secret; honours Idempotency-Key like Stripe (same key and
 // parameters: replay of the first answer, 500s included, with Idempotent-Replayed
 // and Original-Request; different parameters: 400 idempotency_error; while the
@@ -171,6 +182,7 @@ type FakeStripe struct {
 	refunds   []*Refund
 	customers map[string]map[string]any
 	prices    map[string]map[string]any
+	accounts  map[string]*Account
 	moved     map[string]int64
 }
 
@@ -183,6 +195,7 @@ func NewFakeStripe(tb testing.TB, secret string) *FakeStripe {
 		idem:      map[string]*idemEntry{},
 		customers: map[string]map[string]any{},
 		prices:    map[string]map[string]any{},
+		accounts:  map[string]*Account{},
 		moved:     map[string]int64{},
 	}
 	f.idle = sync.NewCond(&f.mu)
@@ -362,6 +375,28 @@ func (f *FakeStripe) AddPrice(unitAmount int64, currency string) string {
 	f.prices[id] = map[string]any{"id": id, "object": "price", "unit_amount": unitAmount, "currency": currency,
 		"type": "one_time", "billing_scheme": "per_unit"}
 	return id
+}
+
+// AddConnectedAccount creates a connected account (Express or Custom, so the
+// platform may debit it) with the given default currency and available balance,
+// and returns its id. GET /v1/accounts/{id} and /v2/core/accounts/{id} answer it.
+func (f *FakeStripe) AddConnectedAccount(currency string, balance int64) string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.seq++
+	a := &Account{ID: fmt.Sprintf("acct_fake%06d", f.seq), Currency: currency, Balance: balance}
+	f.accounts[a.ID] = a
+	return a.ID
+}
+
+// ConnectedAccount returns a copy of the connected account id and whether it exists.
+func (f *FakeStripe) ConnectedAccount(id string) (Account, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if a, ok := f.accounts[id]; ok {
+		return *a, true
+	}
+	return Account{}, false
 }
 
 // AddCharge creates a captured charge directly (outside keybrake) and returns its id.
@@ -682,6 +717,9 @@ func declinedAnswer() answer {
 // route executes one request against the fake's state. f.mu is held.
 func (f *FakeStripe) route(method, path string, p url.Values, idemKey string) answer {
 	seg := strings.Split(strings.TrimPrefix(path, "/"), "/")
+	if len(seg) == 4 && seg[0] == "v2" && seg[1] == "core" && seg[2] == "accounts" && method == http.MethodGet {
+		return f.accountAnswer(seg[3])
+	}
 	if len(seg) < 2 || seg[0] != "v1" {
 		return notFound("Unrecognized request URL (" + method + ": " + path + ").")
 	}
@@ -748,6 +786,8 @@ func (f *FakeStripe) route(method, path string, p url.Values, idemKey string) an
 			return okJSON(pr)
 		}
 		return notFound("No such price: '" + rest[0] + "'")
+	case res == "accounts" && len(rest) == 1 && method == http.MethodGet:
+		return f.accountAnswer(rest[0])
 	case res == "balance" && len(rest) == 0 && method == http.MethodGet:
 		return okJSON(map[string]any{"object": "balance", "available": []any{}, "pending": []any{}})
 	}
@@ -807,6 +847,9 @@ func (f *FakeStripe) createCharge(p url.Values, idemKey string) answer {
 	if bad != nil {
 		return *bad
 	}
+	if src := p.Get("source"); strings.HasPrefix(src, "acct_") {
+		return f.debitAccount(src, amount, cur, idemKey)
+	}
 	if declined(p) {
 		return declinedAnswer()
 	}
@@ -814,6 +857,44 @@ func (f *FakeStripe) createCharge(p url.Values, idemKey string) answer {
 	c := f.newChargeLocked(amount, cur, p.Get("customer"), captured, "", idemKey)
 	f.moved[cur] += amount
 	return okJSON(chargeJSON(c))
+}
+
+// debitAccount is an account debit (POST /v1/charges with source=acct_…) as
+// Stripe documents it: only for a connected account of the platform, in the
+// account's default currency, never below a zero balance; the money moves from
+// the account's balance to the platform's at once, and the answer is the Payment
+// created on the platform (a charge object with a py_ id whose source is the
+// account).
+func (f *FakeStripe) debitAccount(acct string, amount int64, cur, idemKey string) answer {
+	a, ok := f.accounts[acct]
+	if !ok {
+		b, _ := json.Marshal(map[string]any{"error": map[string]any{"type": "invalid_request_error",
+			"code": "resource_missing", "param": "source", "message": "No such source: '" + acct + "'"}})
+		return answer{http.StatusBadRequest, b}
+	}
+	if cur != a.Currency {
+		return paramErr("currency", "An account debit must be in the connected account's default currency ("+a.Currency+").")
+	}
+	if amount > a.Balance {
+		b, _ := json.Marshal(map[string]any{"error": map[string]any{"type": "invalid_request_error",
+			"code": "balance_insufficient", "message": "The connected account's balance is too low for this debit."}})
+		return answer{http.StatusBadRequest, b}
+	}
+	a.Balance -= amount
+	c := f.newChargeLocked(amount, cur, "", true, "", idemKey)
+	c.ID, c.Source = strings.Replace(c.ID, "ch_", "py_", 1), acct
+	f.moved[cur] += amount
+	return okJSON(chargeJSON(c))
+}
+
+// accountAnswer is a connected account as GET /v1/accounts/{id} answers it.
+func (f *FakeStripe) accountAnswer(id string) answer {
+	a, ok := f.accounts[id]
+	if !ok {
+		return notFound("No such account: '" + id + "'")
+	}
+	return okJSON(map[string]any{"id": a.ID, "object": "account", "default_currency": a.Currency,
+		"type": "custom", "charges_enabled": true, "payouts_enabled": true})
 }
 
 func (f *FakeStripe) captureCharge(id string, p url.Values) answer {
@@ -1017,6 +1098,10 @@ func chargeJSON(c *Charge) map[string]any {
 		"status": "succeeded", "livemode": false, "metadata": map[string]any{}}
 	m["customer"] = nullable(c.Customer)
 	m["payment_intent"] = nullable(c.PaymentIntent)
+	if c.Source != "" {
+		m["source"] = map[string]any{"id": c.Source, "object": "account"}
+		m["payment_method_details"] = map[string]any{"type": "stripe_account", "stripe_account": map[string]any{}}
+	}
 	return m
 }
 
