@@ -589,6 +589,10 @@ func (p *Proxy) resolveAmount(ctx context.Context, c *call) error {
 			return refuse(CodeAmountUnknown, "The amount of this %s request cannot be known before it reaches Stripe.", cls.Operation)
 		}
 		res, err := p.lookup(ctx, c, *cls.Lookup)
+		var auth *upstreamAuthError
+		if errors.As(err, &auth) {
+			return auth.refusal(false)
+		}
 		if err != nil {
 			rf := refuse(CodeAmountUnknown, "The amount of this %s request could not be read from Stripe.", cls.Operation)
 			rf.cause = err

@@ -63,7 +63,17 @@
 //     means Stripe is executing an earlier attempt under the same upstream key, and
 //     a resumed request answered with an idempotency_error means Stripe knows the
 //     key from an earlier attempt — either may move the money, so both are outcome
-//     unknown and the hold stays. 5xx or no answer: outcome unknown, the hold stays. If Settle itself fails after Stripe answered, the
+//     unknown and the hold stays. 401 or 403 judge keybrake's own secret (wrong or
+//     rolled; a restricted key without the permission, or without access to the
+//     connected account), not the request: Stripe executed nothing and saved
+//     nothing, so the attempt is abandoned like a 429, but Stripe's body (which
+//     may repeat the key) is never passed on: the caller gets 502 api_error
+//     upstream_authentication_failed (401) or upstream_permission_denied (403),
+//     Stripe-Should-Retry: false, the failure is logged at Error and counted
+//     (Stats.UpstreamAuthFailures), and the cached secret is dropped so that the
+//     operator's fix applies at once. A lookup answered 401 or 403 is refused
+//     the same way rather than as amount_unknown. 5xx or no answer: outcome
+//     unknown, the hold stays. If Settle itself fails after Stripe answered, the
 //     caller still gets Stripe's answer and the failure is logged at Error; the
 //     record stays in_progress and becomes unknown at the next start (fail closed).
 //  8. Respond: Stripe's answer byte for byte plus Keybrake-Remaining-Daily and
@@ -156,6 +166,8 @@
 //	same key still in flight                    409     idempotency_error      idempotency_key_in_use (Stripe-Should-Retry: true, Retry-After)
 //	same key, outcome unknown for over 23 h     409     idempotency_error      idempotency_key_outcome_unknown
 //	Stripe unreachable / timed out              502/504 api_error              upstream_unavailable (Stripe-Should-Retry: true)
+//	Stripe refused keybrake's secret (401)      502     api_error              upstream_authentication_failed
+//	Stripe refused it the permission (403)      502     api_error              upstream_permission_denied
 //	keybrake's own failure (store)              500     api_error              internal_error
 //
 // Every refusal carries Request-Id: req_kb_…, Content-Type: application/json and

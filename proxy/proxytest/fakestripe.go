@@ -163,27 +163,29 @@ type idemEntry struct {
 type FakeStripe struct {
 	// URL is the base URL ("http://127.0.0.1:port").
 	URL string
-	// Secret is the API key it accepts.
+	// Secret is the API key it accepts at start; SetSecret replaces it.
 	Secret string
 
 	srv *httptest.Server
 
-	mu        sync.Mutex
-	idle      *sync.Cond
-	executing int
-	seq       int
-	requests  []Request
-	rules     []*failRule
-	hook      func(Request)
-	failDelay time.Duration
-	idem      map[string]*idemEntry
-	charges   []*Charge
-	pis       []*PaymentIntent
-	refunds   []*Refund
-	customers map[string]map[string]any
-	prices    map[string]map[string]any
-	accounts  map[string]*Account
-	moved     map[string]int64
+	mu         sync.Mutex
+	secret     string                        // the secret key accepted now
+	restricted map[string]func(Request) bool // restricted keys: what each may do
+	idle       *sync.Cond
+	executing  int
+	seq        int
+	requests   []Request
+	rules      []*failRule
+	hook       func(Request)
+	failDelay  time.Duration
+	idem       map[string]*idemEntry
+	charges    []*Charge
+	pis        []*PaymentIntent
+	refunds    []*Refund
+	customers  map[string]map[string]any
+	prices     map[string]map[string]any
+	accounts   map[string]*Account
+	moved      map[string]int64
 }
 
 // NewFakeStripe starts a fake Stripe that accepts secret and stops it in tb.Cleanup.
@@ -191,6 +193,7 @@ func NewFakeStripe(tb testing.TB, secret string) *FakeStripe {
 	tb.Helper()
 	f := &FakeStripe{
 		Secret:    secret,
+		secret:    secret,
 		failDelay: 30 * time.Second,
 		idem:      map[string]*idemEntry{},
 		customers: map[string]map[string]any{},
@@ -215,6 +218,27 @@ func NewFakeStripe(tb testing.TB, secret string) *FakeStripe {
 func (f *FakeStripe) Close() {
 	f.srv.CloseClientConnections()
 	f.srv.Close()
+}
+
+// SetSecret makes the fake accept secret instead of the secret it accepted so
+// far, as when the key is rolled at Stripe: the old one is answered 401 from now
+// on.
+func (f *FakeStripe) SetSecret(secret string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.secret = secret
+}
+
+// AddRestrictedKey makes the fake accept key as a restricted key (rk_…) that may
+// make the requests allowed returns true for; any other request is answered 403
+// with Stripe's permission error, before anything executes.
+func (f *FakeStripe) AddRestrictedKey(key string, allowed func(Request) bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.restricted == nil {
+		f.restricted = map[string]func(Request) bool{}
+	}
+	f.restricted[key] = allowed
 }
 
 // FailNext makes the next n executed requests (POSTs that run, not replays) fail
@@ -439,9 +463,11 @@ func (f *FakeStripe) serve(w http.ResponseWriter, r *http.Request) {
 	} else {
 		req.Params, _ = url.ParseQuery(r.URL.RawQuery)
 	}
-	req.Authorized = f.authorized(r)
+	apiKey := requestKey(r)
 
 	f.mu.Lock()
+	permitted, restricted := f.restricted[apiKey]
+	req.Authorized = restricted || (apiKey != "" && apiKey == f.secret)
 	f.seq++
 	reqID := fmt.Sprintf("req_fake%08d", f.seq)
 	idx := len(f.requests)
@@ -458,7 +484,16 @@ func (f *FakeStripe) serve(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Idempotency-Key", req.IdempotencyKey)
 	}
 	if !req.Authorized {
-		writeAnswer(w, answer{http.StatusUnauthorized, errJSON("invalid_request_error", "", "Invalid API Key provided.")})
+		// stripe-mock echoes the rejected key in full (Stripe masks all but its
+		// last characters): a proxy must never pass this body on.
+		writeAnswer(w, answer{http.StatusUnauthorized, errJSON("invalid_request_error", "", "Invalid API Key provided: "+apiKey)})
+		return
+	}
+	if restricted && !permitted(req) {
+		// Stripe checks a restricted key's permissions before it executes anything
+		// and saves nothing under the idempotency key.
+		writeAnswer(w, answer{http.StatusForbidden, errJSON("invalid_request_error", "",
+			"The provided key '"+maskKey(apiKey)+"' does not have the required permissions for this endpoint.")})
 		return
 	}
 	if r.Method != http.MethodPost {
@@ -600,15 +635,24 @@ func (f *FakeStripe) takeRuleLocked(req Request, wanted func(FailMode) bool) Fai
 	return 0
 }
 
-func (f *FakeStripe) authorized(r *http.Request) bool {
-	h := r.Header.Get("Authorization")
-	if tok, ok := strings.CutPrefix(h, "Bearer "); ok {
-		return tok == f.Secret
+// requestKey is the API key of a request: the Bearer token or the Basic user name.
+func requestKey(r *http.Request) string {
+	if tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok {
+		return tok
 	}
 	if user, _, ok := r.BasicAuth(); ok {
-		return user == f.Secret
+		return user
 	}
-	return false
+	return ""
+}
+
+// maskKey shows a key as Stripe's error messages do: its prefix and last four
+// characters.
+func maskKey(key string) string {
+	if i := strings.LastIndexByte(key, '_'); i >= 0 && len(key) > i+5 {
+		return key[:i+1] + "***" + key[len(key)-4:]
+	}
+	return "***"
 }
 
 // resetConn hijacks the connection and closes it with a TCP reset, so the client
