@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/keybrake/keybrake/policy"
@@ -82,6 +83,9 @@ type call struct {
 	idemOutcome string
 	replay      *vault.IdempotencyRecord
 	settled     bool
+	// connected is set when the transport got a connection for the forward:
+	// from then on bytes of the request may have reached Stripe.
+	connected atomic.Bool
 
 	// outcome, for the log line
 	decision        string

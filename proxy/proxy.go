@@ -73,7 +73,12 @@
 //     (Stats.UpstreamAuthFailures), and the cached secret is dropped so that the
 //     operator's fix applies at once. A lookup answered 401 or 403 is refused
 //     the same way rather than as amount_unknown. 5xx or no answer: outcome
-//     unknown, the hold stays. If Settle itself fails after Stripe answered, the
+//     unknown, the hold stays — unless the request provably never left: the
+//     transport never got a connection (refused, DNS or TLS handshake failure,
+//     a timeout while connecting; net/http/httptrace's GotConn fires before the
+//     first byte is written), so nothing executed and the attempt is abandoned
+//     like a 429; the answer says it is safe to retry (or, for a resumed
+//     request, that the first attempt's outcome is still unknown). If Settle itself fails after Stripe answered, the
 //     caller still gets Stripe's answer and the failure is logged at Error; the
 //     record stays in_progress and becomes unknown at the next start (fail closed).
 //  8. Respond: Stripe's answer byte for byte plus Keybrake-Remaining-Daily and

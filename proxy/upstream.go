@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/httptrace"
 	"net/http/httputil"
 	"net/url"
 	"strconv"
@@ -62,6 +63,11 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, c *call) {
 	// read and recorded, so a retry replays it instead of finding "unknown".
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), p.timeout)
 	defer cancel()
+	// GotConn fires before the transport writes the first byte of a request on a
+	// connection: until then, nothing can have reached Stripe (errorHandler).
+	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
+		GotConn: func(httptrace.GotConnInfo) { c.connected.Store(true) },
+	})
 	out := r.WithContext(withCall(ctx, c))
 	out.Body = http.NoBody
 	out.ContentLength = int64(len(c.body))
@@ -328,9 +334,12 @@ func (p *Proxy) credentialRefused(ctx context.Context, c *call) error {
 }
 
 // errorHandler answers when Stripe gave no usable answer: timeout → 504, anything
-// else → 502, both upstream_unavailable with Stripe-Should-Retry: true. The
-// record's outcome is unknown: the money may have moved, the hold stays. Stripe's
-// refusal of keybrake's secret (credentialRefused) is answered here too.
+// else → 502, both upstream_unavailable with Stripe-Should-Retry: true. When the
+// transport never got a connection (refused, DNS or TLS handshake failure, a
+// timeout before connecting), no byte of the request was written, so nothing
+// executed: the attempt is abandoned like a 429. Otherwise the record's outcome
+// is unknown: the money may have moved, the hold stays. Stripe's refusal of
+// keybrake's secret (credentialRefused) is answered here too.
 func (p *Proxy) errorHandler(w http.ResponseWriter, r *http.Request, err error) {
 	c := callFrom(r.Context())
 	if c == nil {
@@ -347,21 +356,42 @@ func (p *Proxy) errorHandler(w http.ResponseWriter, r *http.Request, err error) 
 		// No answer at all; an answer ModifyResponse failed on is counted already.
 		p.metrics.observeUpstream(upstreamForward, 0)
 	}
-	status := http.StatusBadGateway
-	var ne net.Error
-	if errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout()) {
-		status = http.StatusGatewayTimeout
-	}
+	sent := c.connected.Load()
 	if c.record && !c.settled {
-		p.settle(r.Context(), c, vault.SettleRequest{Outcome: vault.SettleUnknown}, "")
+		outcome := vault.SettleUnknown
+		if !sent {
+			outcome = vault.SettleAbandon
+		}
+		p.settle(r.Context(), c, vault.SettleRequest{Outcome: outcome}, "no answer from Stripe")
 	}
-	rf := refuse(CodeUpstreamUnavailable, "Stripe did not answer in time or could not be reached; the outcome is unknown. Retry with the same idempotency key.")
-	rf.Status = status
-	if status == http.StatusBadGateway {
-		rf.Message = "The connection to Stripe failed before an answer arrived; the outcome is unknown. Retry with the same idempotency key."
-	}
+	rf := noAnswerRefusal(c, err, sent)
 	rf.cause = err
 	p.writeUpstreamFailure(w, c, rf)
+}
+
+// noAnswerRefusal is upstream_unavailable for a forward that got no answer: 504
+// for a timeout, else 502, with a message that says what the caller may do.
+func noAnswerRefusal(c *call, err error, sent bool) *refusal {
+	rf := refuse(CodeUpstreamUnavailable, "")
+	var ne net.Error
+	what := "The connection to Stripe failed before an answer arrived"
+	if errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout()) {
+		rf.Status, what = http.StatusGatewayTimeout, "Stripe did not answer in time"
+	}
+	resumed := c.idemOutcome == "resume"
+	switch {
+	case !sent && resumed:
+		rf.Message = "keybrake could not reach Stripe: this attempt was not sent, and the outcome of the first request with this idempotency key is still unknown. Retry with the same idempotency key."
+	case !sent:
+		rf.Message = "keybrake could not reach Stripe: the request was not sent, so nothing was executed. It is safe to retry."
+	case c.record:
+		rf.Message = what + "; the outcome is unknown. Retry with the same idempotency key."
+	case c.method == http.MethodGet:
+		rf.Message = what + ". Retry the request."
+	default:
+		rf.Message = what + "; the outcome is unknown."
+	}
+	return rf
 }
 
 // writeUpstreamFailure writes keybrake's answer for a forwarded request that got
