@@ -94,9 +94,13 @@
 // # Retention (Reap)
 //
 //   - completed records IdempotencyTTL (24 h) after completion, with their settled
-//     holds; in_progress and unknown records are never reaped;
+//     holds; in_progress and unknown records are never reaped, and neither are
+//     records an operator resolved (ResolveHold): a retry keeps being told so;
 //   - daily counters with nothing held, 48 h after the latest moment their day can
-//     end in any time zone; period counters stay;
+//     end in any time zone — and, when they hold committed money, only once the
+//     key has a daily counter at least 7 days later by the counters' own dates,
+//     so that a clock jumping days ahead cannot delete the current day's spend;
+//     period counters stay;
 //   - metered-object totals ObjectRetention (35 days) after their last change.
 //
 // Events and audit entries are the ledger and are kept. Reap works in transactions
