@@ -209,3 +209,34 @@ func TestResetAfterTheRequestWasWrittenStaysUnknown(t *testing.T) {
 	msg, _ = r.Body["error"].(map[string]any)["message"].(string)
 	assert.NotContains(t, msg, "idempotency key", "a read has no idempotency key to reuse")
 }
+
+// An amount lookup that Stripe does not answer (unreachable, 5xx) is an upstream
+// failure, not an amount that cannot be known: 502 upstream_unavailable that an
+// SDK may retry, and nothing was sent or held.
+func TestLookupWithoutAnswerIsUpstreamUnavailable(t *testing.T) {
+	fake := proxytest.NewFakeStripe(t, upstreamSecret)
+	pi := fake.AddPaymentIntent(7000, "usd", "")
+	fr := startFront(t, fake.URL)
+	e := MustEnv(t, withUpstreamURL(fr.URL, upstreamSecret))
+	tok, key := e.MustKey(t, Policy("99.00"))
+	confirm := form("payment_method", "pm_card_visa")
+
+	fr.Down()
+	assertNotSent(t, e.Post(t, "/v1/payment_intents/"+pi+"/confirm", tok, "c1", confirm))
+
+	failing := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusInternalServerError)
+		_, _ = io.WriteString(w, `{"error":{"type":"api_error","message":"An unknown error occurred."}}`)
+	}))
+	t.Cleanup(failing.Close)
+	e2 := MustEnv(t, withUpstreamURL(failing.URL, upstreamSecret))
+	tok2, _ := e2.MustKey(t, Policy("99.00"))
+	assertNotSent(t, e2.Post(t, "/v1/payment_intents/"+pi+"/confirm", tok2, "c1", confirm))
+
+	fr.Up(t)
+	r := e.Post(t, "/v1/payment_intents/"+pi+"/confirm", tok, "c1", confirm)
+	require.Equal(t, http.StatusOK, r.Status, "the retry goes through: %s", r.Raw)
+	c, _ := usage(t, e, key.ID)
+	assert.EqualValues(t, 7000, c)
+}

@@ -593,12 +593,12 @@ func (p *Proxy) resolveAmount(ctx context.Context, c *call) error {
 			return refuse(CodeAmountUnknown, "The amount of this %s request cannot be known before it reaches Stripe.", cls.Operation)
 		}
 		res, err := p.lookup(ctx, c, *cls.Lookup)
-		var auth *upstreamAuthError
-		if errors.As(err, &auth) {
-			return auth.refusal(false)
+		var rf *refusal
+		if errors.As(err, &rf) {
+			return rf // Stripe refused keybrake's secret or gave no answer: not the amount's fault
 		}
 		if err != nil {
-			rf := refuse(CodeAmountUnknown, "The amount of this %s request could not be read from Stripe.", cls.Operation)
+			rf = refuse(CodeAmountUnknown, "The amount of this %s request could not be read from Stripe.", cls.Operation)
 			rf.cause = err
 			return rf
 		}

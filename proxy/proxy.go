@@ -100,9 +100,12 @@
 //     unit_amount × quantity, …);
 //   - otherwise by a lookup: keybrake GETs the object at Stripe with the real secret
 //     and the same Stripe-Account / Stripe-Context / Stripe-Version, and reads the
-//     integer field the catalogue names and "currency". A lookup that fails (no
-//     2xx, field missing or not a non-negative integer, bad currency) refuses the
-//     request with 403 amount_unknown; keybrake never guesses. A lookup is also
+//     integer field the catalogue names and "currency". A lookup that fails (a
+//     4xx, field missing or not a non-negative integer, bad currency) refuses the
+//     request with 403 amount_unknown; keybrake never guesses. One that Stripe
+//     does not answer (no answer, 429, 5xx) refuses it with 502/504
+//     upstream_unavailable (nothing was sent: safe to retry), and one answered 401
+//     or 403 as a refusal of keybrake's secret (step 7). A lookup is also
 //     made when only the currency is unknown (a capture or refund with an amount).
 //   - payment_intents.confirm, payment_intents.capture and charges.capture of an
 //     object already metered through the same vault key (Store.ObjectAmount) hold

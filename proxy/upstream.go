@@ -431,7 +431,9 @@ type lookupResult struct {
 }
 
 // lookup GETs the object at Stripe with the real secret and the call's account
-// headers and reads the integer field l.Field and "currency".
+// headers and reads the integer field l.Field and "currency". When Stripe refuses
+// keybrake's secret or gives no answer (none, 429, 5xx), the error is the
+// *refusal to answer with; any other error means the amount cannot be known.
 func (p *Proxy) lookup(ctx context.Context, c *call, l Lookup) (lookupResult, error) {
 	if !strings.HasPrefix(l.Path, "/v1/") || strings.ContainsAny(l.Path, "?#%") || strings.Contains(l.Path, "..") {
 		return lookupResult{}, fmt.Errorf("lookup path %q refused", l.Path)
@@ -458,21 +460,39 @@ func (p *Proxy) lookup(ctx context.Context, c *call, l Lookup) (lookupResult, er
 	resp, err := p.lookups.Do(req)
 	if err != nil {
 		p.metrics.observeUpstream(upstreamLookup, 0)
-		return lookupResult{}, fmt.Errorf("lookup %s: %w", l.Path, err)
+		return lookupResult{}, lookupUnavailable(c, fmt.Errorf("lookup %s: %w", l.Path, err))
 	}
 	p.metrics.observeUpstream(upstreamLookup, resp.StatusCode)
 	defer resp.Body.Close()
-	if isCredentialRefusal(resp.StatusCode) {
-		return lookupResult{}, p.upstreamAuthFailed(c, "lookup", resp.StatusCode, resp.Header.Get(headerRequestID))
+	switch {
+	case isCredentialRefusal(resp.StatusCode):
+		return lookupResult{}, p.upstreamAuthFailed(c, "lookup", resp.StatusCode, resp.Header.Get(headerRequestID)).refusal(false)
+	case resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode >= 500:
+		return lookupResult{}, lookupUnavailable(c, fmt.Errorf("lookup %s: status %d", l.Path, resp.StatusCode))
 	}
 	body, err := io.ReadAll(io.LimitReader(resp.Body, p.maxResponse))
 	if err != nil {
-		return lookupResult{}, fmt.Errorf("lookup %s: read: %w", l.Path, err)
+		return lookupResult{}, lookupUnavailable(c, fmt.Errorf("lookup %s: read: %w", l.Path, err))
 	}
 	if resp.StatusCode != http.StatusOK {
 		return lookupResult{}, fmt.Errorf("lookup %s: status %d", l.Path, resp.StatusCode)
 	}
 	return parseLookup(body, l.Field)
+}
+
+// lookupUnavailable is the refusal of a request whose amount lookup Stripe did
+// not answer (no answer, 429, 5xx): an upstream failure rather than an amount
+// that cannot be known, and the request itself was never sent.
+func lookupUnavailable(c *call, cause error) *refusal {
+	rf := refuse(CodeUpstreamUnavailable,
+		"keybrake could not read the amount of this %s request from Stripe: the request was not sent, so nothing was executed. It is safe to retry.",
+		c.cls.Operation)
+	var ne net.Error
+	if errors.Is(cause, context.DeadlineExceeded) || (errors.As(cause, &ne) && ne.Timeout()) {
+		rf.Status = http.StatusGatewayTimeout
+	}
+	rf.cause = cause
+	return rf
 }
 
 // parseLookup reads the non-negative integer at field (dots for nesting) and the
