@@ -2,7 +2,6 @@ package proxy_test
 
 import (
 	"bufio"
-	"context"
 	"io"
 	"log"
 	"net"
@@ -17,7 +16,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/keybrake/keybrake/proxy/proxytest"
-	"github.com/keybrake/keybrake/vault"
 )
 
 // front is a reverse proxy on 127.0.0.1 in front of the fake Stripe that can be
@@ -31,16 +29,18 @@ type front struct {
 	srv    *http.Server
 }
 
-func startFront(t *testing.T, target string) *front {
+// frontedEnv is an env whose upstream is a front before its fake Stripe.
+func frontedEnv(t *testing.T) (*env, *front) {
 	t.Helper()
-	u, err := url.Parse(target)
-	require.NoError(t, err)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
-	f := &front{URL: "http://" + ln.Addr().String(), addr: ln.Addr().String(), target: u}
+	f := &front{URL: "http://" + ln.Addr().String(), addr: ln.Addr().String()}
+	e := MustEnv(t, withUpstreamURL(f.URL, upstreamSecret))
+	f.target, err = url.Parse(e.Fake.URL)
+	require.NoError(t, err)
 	f.serve(ln)
 	t.Cleanup(f.Down)
-	return f
+	return e, f
 }
 
 func (f *front) serve(ln net.Listener) {
@@ -65,7 +65,7 @@ func assertNotSent(t *testing.T, r reply) {
 	t.Helper()
 	AssertRefusal(t, r, http.StatusBadGateway, "upstream_unavailable")
 	assert.Equal(t, "true", r.Header.Get("Stripe-Should-Retry"))
-	msg, _ := r.Body["error"].(map[string]any)["message"].(string)
+	msg := r.ErrMessage()
 	assert.Contains(t, msg, "not sent")
 	assert.Contains(t, msg, "safe to retry")
 	assert.NotContains(t, msg, "idempotency key", "any retry is safe: nothing was sent")
@@ -76,7 +76,6 @@ func assertNotSent(t *testing.T, r reply) {
 // claim forgotten, so the caller's retry is a fresh request, and the answer says
 // that it is safe to retry.
 func TestRequestThatNeverLeftIsReleased(t *testing.T) {
-	ctx := context.Background()
 	var tlsHits atomic.Int64
 	tlsSrv := httptest.NewUnstartedServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { tlsHits.Add(1) }))
 	tlsLn, err := net.Listen("tcp", "127.0.0.1:0")
@@ -101,12 +100,7 @@ func TestRequestThatNeverLeftIsReleased(t *testing.T) {
 			tok, key := e.MustKey(t, Policy("99.00"))
 			charge := form("amount", "6000", "currency", "usd", "source", "tok_visa")
 			assertNotSent(t, e.Post(t, "/v1/charges", tok, "k1", charge))
-			c, h := usage(t, e, key.ID)
-			assert.Zero(t, c)
-			assert.Zero(t, h, "released")
-			holds, _, err := e.Store.ListHolds(ctx, "", 10, "")
-			require.NoError(t, err)
-			assert.Empty(t, holds, "the claim is forgotten")
+			assertNothingHeld(t, e, key.ID)
 			assertNotSent(t, e.Post(t, "/v1/charges", tok, "k1", charge)) // a fresh attempt, not a resumed one
 			assertNotSent(t, e.MustSend(t, http.MethodGet, "/v1/charges", tok, nil, ""))
 			assert.EqualValues(t, 3, upstreamCounts(e.Proxy.Stats())["forward error"])
@@ -118,9 +112,7 @@ func TestRequestThatNeverLeftIsReleased(t *testing.T) {
 // Once the upstream is back, the retry with the same idempotency key of a
 // request that never left is forwarded as a new request and charges once.
 func TestRetryAfterNeverLeftChargesOnce(t *testing.T) {
-	fake := proxytest.NewFakeStripe(t, upstreamSecret)
-	fr := startFront(t, fake.URL)
-	e := MustEnv(t, withUpstreamURL(fr.URL, upstreamSecret))
+	e, fr := frontedEnv(t)
 	tok, key := e.MustKey(t, Policy("99.00"))
 	charge := form("amount", "6000", "currency", "usd", "source", "tok_visa")
 
@@ -132,7 +124,7 @@ func TestRetryAfterNeverLeftChargesOnce(t *testing.T) {
 	r = e.Post(t, "/v1/charges", tok, "k1", charge)
 	require.Equal(t, http.StatusOK, r.Status, "%s", r.Raw)
 	assert.Equal(t, "true", r.Header.Get("Idempotent-Replayed"))
-	require.Len(t, fake.Charges(), 1, "charged once")
+	require.Len(t, e.Fake.Charges(), 1, "charged once")
 	c, h := usage(t, e, key.ID)
 	assert.EqualValues(t, 6000, c)
 	assert.Zero(t, h)
@@ -142,23 +134,18 @@ func TestRetryAfterNeverLeftChargesOnce(t *testing.T) {
 // first attempt may have moved the money, so its hold stays unknown and the
 // caller is told to retry with the same key.
 func TestResumedRequestThatNeverLeftStaysUnknown(t *testing.T) {
-	ctx := context.Background()
-	fake := proxytest.NewFakeStripe(t, upstreamSecret)
-	fr := startFront(t, fake.URL)
-	e := MustEnv(t, withUpstreamURL(fr.URL, upstreamSecret))
+	e, fr := frontedEnv(t)
 	tok, _ := e.MustKey(t, Policy("99.00"))
 	charge := form("amount", "6000", "currency", "usd", "source", "tok_visa")
-	fake.FailNext(proxytest.FailAfterCreate500, 1)
+	e.Fake.FailNext(proxytest.FailAfterCreate500, 1)
 	require.Equal(t, http.StatusInternalServerError, e.Post(t, "/v1/charges", tok, "k1", charge).Status)
 
 	fr.Down()
 	r := e.Post(t, "/v1/charges", tok, "k1", charge)
 	AssertRefusal(t, r, http.StatusBadGateway, "upstream_unavailable")
-	msg, _ := r.Body["error"].(map[string]any)["message"].(string)
-	assert.Contains(t, msg, "still unknown")
-	assert.Contains(t, msg, "same idempotency key")
-	holds, _, err := e.Store.ListHolds(ctx, vault.HoldUnknown, 10, "")
-	require.NoError(t, err)
+	assert.Contains(t, r.ErrMessage(), "still unknown")
+	assert.Contains(t, r.ErrMessage(), "same idempotency key")
+	holds := unknownHolds(t, e)
 	require.Len(t, holds, 1)
 	assert.EqualValues(t, 6000, holds[0].Amount)
 }
@@ -166,7 +153,6 @@ func TestResumedRequestThatNeverLeftStaysUnknown(t *testing.T) {
 // A connection that breaks after the request was written may have reached
 // Stripe: the outcome stays unknown and the hold stays.
 func TestResetAfterTheRequestWasWrittenStaysUnknown(t *testing.T) {
-	ctx := context.Background()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = ln.Close() })
@@ -194,30 +180,24 @@ func TestResetAfterTheRequestWasWrittenStaysUnknown(t *testing.T) {
 
 	r := e.Post(t, "/v1/charges", tok, "k1", form("amount", "6000", "currency", "usd", "source", "tok_visa"))
 	AssertRefusal(t, r, http.StatusBadGateway, "upstream_unavailable")
-	msg, _ := r.Body["error"].(map[string]any)["message"].(string)
-	assert.Contains(t, msg, "outcome is unknown")
-	assert.Contains(t, msg, "same idempotency key")
+	assert.Contains(t, r.ErrMessage(), "outcome is unknown")
+	assert.Contains(t, r.ErrMessage(), "same idempotency key")
 	assert.EqualValues(t, 1, read.Load(), "the request reached the server once")
 	_, h := usage(t, e, key.ID)
 	assert.EqualValues(t, 6000, h, "the money may have moved: the hold stays")
-	holds, _, err := e.Store.ListHolds(ctx, vault.HoldUnknown, 10, "")
-	require.NoError(t, err)
-	assert.Len(t, holds, 1)
+	assert.Len(t, unknownHolds(t, e), 1)
 
 	r = e.MustSend(t, http.MethodGet, "/v1/charges", tok, nil, "")
 	AssertRefusal(t, r, http.StatusBadGateway, "upstream_unavailable")
-	msg, _ = r.Body["error"].(map[string]any)["message"].(string)
-	assert.NotContains(t, msg, "idempotency key", "a read has no idempotency key to reuse")
+	assert.NotContains(t, r.ErrMessage(), "idempotency key", "a read has no idempotency key to reuse")
 }
 
 // An amount lookup that Stripe does not answer (unreachable, 5xx) is an upstream
 // failure, not an amount that cannot be known: 502 upstream_unavailable that an
 // SDK may retry, and nothing was sent or held.
 func TestLookupWithoutAnswerIsUpstreamUnavailable(t *testing.T) {
-	fake := proxytest.NewFakeStripe(t, upstreamSecret)
-	pi := fake.AddPaymentIntent(7000, "usd", "")
-	fr := startFront(t, fake.URL)
-	e := MustEnv(t, withUpstreamURL(fr.URL, upstreamSecret))
+	e, fr := frontedEnv(t)
+	pi := e.Fake.AddPaymentIntent(7000, "usd", "")
 	tok, key := e.MustKey(t, Policy("99.00"))
 	confirm := form("payment_method", "pm_card_visa")
 

@@ -31,15 +31,13 @@ func TestReaperSurvivesAClockJump(t *testing.T) {
 	ctx := context.Background()
 	f := newMeteringFixture(t) // daily cap 100.00, period 150.00
 	id := f.key.ID
-	MustReserve(t, f.s, charge(id, "today", 10000))
-	MustSettle(t, f.s, SettleRequest{KeyID: id, IdempotencyKey: "today", Outcome: SettleCommit, Amount: 10000})
+	MustCommit(t, f.s, id, "today", 10000)
 
 	f.clock.Advance(5 * 24 * time.Hour)
 	_, err := f.s.Reap(ctx)
 	require.NoError(t, err)
 	assert.True(t, hasCounter(t, f.s, id, "day:2026-09-14"), "the clock alone does not reap a day with spend")
-	MustReserve(t, f.s, charge(id, "jumped", 1000)) // day:2026-09-19
-	MustSettle(t, f.s, SettleRequest{KeyID: id, IdempotencyKey: "jumped", Outcome: SettleCommit, Amount: 1000})
+	MustCommit(t, f.s, id, "jumped", 1000) // day:2026-09-19
 	_, err = f.s.Reap(ctx)
 	require.NoError(t, err)
 	assert.True(t, hasCounter(t, f.s, id, "day:2026-09-14"), "nor does spend five days later")
@@ -51,8 +49,7 @@ func TestReaperSurvivesAClockJump(t *testing.T) {
 
 	// A week of the key's own later use: the old day goes, the recent ones stay.
 	f.clock.Set(t0.Add(8 * 24 * time.Hour))
-	MustReserve(t, f.s, charge(id, "week-later", 100)) // day:2026-09-22
-	MustSettle(t, f.s, SettleRequest{KeyID: id, IdempotencyKey: "week-later", Outcome: SettleCommit, Amount: 100})
+	MustCommit(t, f.s, id, "week-later", 100) // day:2026-09-22
 	_, err = f.s.Reap(ctx)
 	require.NoError(t, err)
 	assert.False(t, hasCounter(t, f.s, id, "day:2026-09-14"))
@@ -73,8 +70,7 @@ func TestResolvedRecordIsKept(t *testing.T) {
 	f.clock.Advance(3 * 24 * time.Hour)
 	_, err := f.s.ResolveHold(ctx, "alice", HoldID(id, "lost"), HoldCommitted)
 	require.NoError(t, err)
-	MustReserve(t, f.s, charge(id, "normal", 100))
-	MustSettle(t, f.s, SettleRequest{KeyID: id, IdempotencyKey: "normal", Outcome: SettleCommit, Amount: 100})
+	MustCommit(t, f.s, id, "normal", 100)
 
 	f.clock.Advance(10 * 24 * time.Hour) // still within the key's period
 	_, err = f.s.Reap(ctx)

@@ -15,17 +15,24 @@ import (
 // counters are keyed by local date, so the change used to open a fresh daily
 // budget at once. The day's usage now carries into the new zone's day, which
 // resets at the new zone's next midnight.
-func TestTimeZoneChangeCarriesTheDay(t *testing.T) {
-	ctx := context.Background()
-	clock := newClock(time.Date(2026, 9, 15, 0, 0, 0, 0, time.UTC)) // 12:00 on the 14th at UTC−12
+// zoneFixture is a store whose clock reads 00:00 UTC on 2026-09-15, 12:00 on
+// the 14th at UTC−12, and a key there with the given caps.
+func zoneFixture(t *testing.T, daily, period string) (*Store, *testClock, Key, policy.Policy) {
+	t.Helper()
+	clock := newClock(time.Date(2026, 9, 15, 0, 0, 0, 0, time.UTC))
 	s, _ := MustOpen(t, clock)
 	MustUpstream(t, s, "sk_test_abcdef1234")
-	p := testPolicy(t, "50.00", "500.00", "")
+	p := testPolicy(t, daily, period, "")
 	p.Timezone = "Etc/GMT+12"
 	k, _ := MustMint(t, s, "tz", p, nil)
+	return s, clock, k, p
+}
 
-	MustReserve(t, s, charge(k.ID, "a", 3000))
-	MustSettle(t, s, SettleRequest{KeyID: k.ID, IdempotencyKey: "a", Outcome: SettleCommit, Amount: 3000})
+func TestTimeZoneChangeCarriesTheDay(t *testing.T) {
+	ctx := context.Background()
+	s, clock, k, p := zoneFixture(t, "50.00", "500.00")
+
+	MustCommit(t, s, k.ID, "a", 3000)
 	MustReserve(t, s, charge(k.ID, "b", 2000)) // still in flight: held
 	assert.Equal(t, Refused, MustReserve(t, s, charge(k.ID, "c", 100)).Outcome, "the day's cap is spent")
 
@@ -75,14 +82,8 @@ func TestTimeZoneChangeCarriesTheDay(t *testing.T) {
 // lowered in the same change is respected and the invariant still holds.
 func TestTimeZoneChangeTopsUpAndKeepsTheInvariant(t *testing.T) {
 	ctx := context.Background()
-	clock := newClock(time.Date(2026, 9, 15, 0, 0, 0, 0, time.UTC))
-	s, _ := MustOpen(t, clock)
-	MustUpstream(t, s, "sk_test_abcdef1234")
-	p := testPolicy(t, "50.00", "", "")
-	p.Timezone = "Etc/GMT+12"
-	k, _ := MustMint(t, s, "tz", p, nil)
-	MustReserve(t, s, charge(k.ID, "a", 4000))
-	MustSettle(t, s, SettleRequest{KeyID: k.ID, IdempotencyKey: "a", Outcome: SettleCommit, Amount: 4000})
+	s, _, k, p := zoneFixture(t, "50.00", "")
+	MustCommit(t, s, k.ID, "a", 4000)
 
 	for _, zone := range []string{"Pacific/Kiritimati", "Etc/GMT+12", "Pacific/Kiritimati"} {
 		p.Timezone = zone
@@ -96,8 +97,7 @@ func TestTimeZoneChangeTopsUpAndKeepsTheInvariant(t *testing.T) {
 	p = testPolicy(t, "50.00", "", "")
 	p.Timezone = "Etc/GMT+12"
 	k2, _ := MustMint(t, s, "tz2", p, nil)
-	MustReserve(t, s, charge(k2.ID, "a", 4000))
-	MustSettle(t, s, SettleRequest{KeyID: k2.ID, IdempotencyKey: "a", Outcome: SettleCommit, Amount: 4000})
+	MustCommit(t, s, k2.ID, "a", 4000)
 	p.Timezone, p.DailyCap = "Pacific/Kiritimati", MustDec(t, "30.00")
 	_, err := s.UpdateKey(ctx, "alice", k2.ID, p, nil)
 	require.NoError(t, err)
