@@ -373,9 +373,8 @@ func (p *Proxy) errorHandler(w http.ResponseWriter, r *http.Request, err error) 
 // for a timeout, else 502, with a message that says what the caller may do.
 func noAnswerRefusal(c *call, err error, sent bool) *refusal {
 	rf := refuse(CodeUpstreamUnavailable, "")
-	var ne net.Error
 	what := "The connection to Stripe failed before an answer arrived"
-	if errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout()) {
+	if isTimeout(err) {
 		rf.Status, what = http.StatusGatewayTimeout, "Stripe did not answer in time"
 	}
 	resumed := c.idemOutcome == "resume"
@@ -487,12 +486,17 @@ func lookupUnavailable(c *call, cause error) *refusal {
 	rf := refuse(CodeUpstreamUnavailable,
 		"keybrake could not read the amount of this %s request from Stripe: the request was not sent, so nothing was executed. It is safe to retry.",
 		c.cls.Operation)
-	var ne net.Error
-	if errors.Is(cause, context.DeadlineExceeded) || (errors.As(cause, &ne) && ne.Timeout()) {
+	if isTimeout(cause) {
 		rf.Status = http.StatusGatewayTimeout
 	}
 	rf.cause = cause
 	return rf
+}
+
+// isTimeout reports whether err is the upstream deadline or a network timeout.
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout())
 }
 
 // parseLookup reads the non-negative integer at field (dots for nesting) and the
