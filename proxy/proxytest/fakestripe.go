@@ -912,17 +912,14 @@ func (f *FakeStripe) createCharge(p url.Values, idemKey string) answer {
 func (f *FakeStripe) debitAccount(acct string, amount int64, cur, idemKey string) answer {
 	a, ok := f.accounts[acct]
 	if !ok {
-		b, _ := json.Marshal(map[string]any{"error": map[string]any{"type": "invalid_request_error",
-			"code": "resource_missing", "param": "source", "message": "No such source: '" + acct + "'"}})
-		return answer{http.StatusBadRequest, b}
+		return answer{http.StatusBadRequest, errJSON("invalid_request_error", "resource_missing", "No such source: '"+acct+"'")}
 	}
 	if cur != a.Currency {
 		return paramErr("currency", "An account debit must be in the connected account's default currency ("+a.Currency+").")
 	}
 	if amount > a.Balance {
-		b, _ := json.Marshal(map[string]any{"error": map[string]any{"type": "invalid_request_error",
-			"code": "balance_insufficient", "message": "The connected account's balance is too low for this debit."}})
-		return answer{http.StatusBadRequest, b}
+		return answer{http.StatusBadRequest, errJSON("invalid_request_error", "balance_insufficient",
+			"The connected account's balance is too low for this debit.")}
 	}
 	a.Balance -= amount
 	c := f.newChargeLocked(amount, cur, "", true, "", idemKey)
