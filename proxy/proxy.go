@@ -78,9 +78,10 @@
 //     a timeout while connecting; net/http/httptrace's GotConn fires before the
 //     first byte is written), so nothing executed and the attempt is abandoned
 //     like a 429; the answer says it is safe to retry (or, for a resumed
-//     request, that the first attempt's outcome is still unknown). If Settle itself fails after Stripe answered, the
-//     caller still gets Stripe's answer and the failure is logged at Error; the
-//     record stays in_progress and becomes unknown at the next start (fail closed).
+//     request, that the first attempt's outcome is still unknown). If Settle
+//     itself fails after Stripe answered, the caller still gets Stripe's answer
+//     and the failure is logged at Error; the record stays in_progress and
+//     becomes unknown at the next start (fail closed).
 //  8. Respond: Stripe's answer byte for byte plus Keybrake-Remaining-Daily and
 //     Keybrake-Remaining-Period (decimal strings in the policy currency; a window
 //     without a cap has no header) on every 2xx; Set-Cookie is dropped, and the
