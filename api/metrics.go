@@ -60,6 +60,9 @@ func (a *admin) metrics(c echo.Context) error {
 		w.sample(dur+"_bucket", u64(s.Duration.Count), "le", "+Inf")
 		w.sample(dur+"_sum", formatFloat(s.Duration.Sum))
 		w.sample(dur+"_count", u64(s.Duration.Count))
+		w.family("keybrake_upstream_auth_failures_total", "counter",
+			"Stripe answers of 401 or 403 to keybrake's own upstream secret (wrong, rolled or lacking a permission): nothing executed, the request was refused.")
+		w.sample("keybrake_upstream_auth_failures_total", u64(s.UpstreamAuthFailures))
 	}
 
 	st := a.store.Stats()

@@ -40,6 +40,8 @@ const (
 	CodeIdemKeyInUse        = "idempotency_key_in_use"
 	CodeIdemOutcomeUnknown  = "idempotency_key_outcome_unknown"
 	CodeUpstreamUnavailable = "upstream_unavailable"
+	CodeUpstreamAuthFailed  = "upstream_authentication_failed"
+	CodeUpstreamPermission  = "upstream_permission_denied"
 	CodeInternalError       = "internal_error"
 )
 
@@ -144,6 +146,10 @@ func statusFor(code string) (status int, typ string, retry bool) {
 		return http.StatusConflict, TypeIdempotency, false
 	case CodeUpstreamUnavailable:
 		return http.StatusBadGateway, TypeAPI, true
+	case CodeUpstreamAuthFailed, CodeUpstreamPermission:
+		// Not the caller's key (that is 401 vault_key_*): keybrake's own upstream
+		// credential, which only an operator can fix, so SDKs must not retry.
+		return http.StatusBadGateway, TypeAPI, false
 	default:
 		return http.StatusInternalServerError, TypeAPI, false
 	}

@@ -230,6 +230,12 @@ func (r reply) ErrCode() string {
 	return s
 }
 
+func (r reply) ErrMessage() string {
+	e, _ := r.Body["error"].(map[string]any)
+	s, _ := e["message"].(string)
+	return s
+}
+
 func (r reply) ErrType() string {
 	e, _ := r.Body["error"].(map[string]any)
 	s, _ := e["type"].(string)

@@ -24,7 +24,7 @@ var metricCodes = [...]string{
 	CodeOperationNotAllowed, CodeCustomerNotAllowed, CodeAccountNotAllowed, CodeCurrencyNotAllowed,
 	CodeAmountUnknown, CodeSpendCapExceeded, CodeRequestMalformed, CodeRequestTooLarge,
 	CodeIdemKeyRequired, CodeIdemKeyInvalid, CodeIdemKeyReused, CodeIdemKeyInUse, CodeIdemOutcomeUnknown,
-	CodeUpstreamUnavailable, CodeInternalError,
+	CodeUpstreamUnavailable, CodeUpstreamAuthFailed, CodeUpstreamPermission, CodeInternalError,
 	"other",
 }
 
@@ -57,6 +57,9 @@ type metrics struct {
 	// 290,000 years of summed request time.
 	duration    [len(durationBuckets) + 1]atomic.Uint64
 	durationSum atomic.Int64
+	// upstreamAuthFailures counts Stripe's 401 and 403 answers to keybrake's own
+	// credentials, forwards and lookups alike.
+	upstreamAuthFailures atomic.Uint64
 }
 
 // observeRequest counts one request by its canonical line's decision and reason,
@@ -104,6 +107,10 @@ type Stats struct {
 	// Duration is the distribution of request durations, from the request's
 	// arrival to the end of its answer.
 	Duration Histogram
+	// UpstreamAuthFailures counts the times Stripe answered 401 or 403 to
+	// keybrake's own upstream credential (a wrong, rolled or restricted secret),
+	// forwarded requests and amount lookups alike.
+	UpstreamAuthFailures uint64
 }
 
 // RequestCount is the number of requests with one decision and code.
@@ -175,5 +182,6 @@ func (p *Proxy) Stats() Stats {
 	}
 	s.Duration.Count = cum + m.duration[len(durationBuckets)].Load()
 	s.Duration.Sum = float64(m.durationSum.Load()) / 1e6
+	s.UpstreamAuthFailures = m.upstreamAuthFailures.Load()
 	return s
 }

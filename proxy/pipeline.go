@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/keybrake/keybrake/policy"
@@ -84,6 +85,9 @@ type call struct {
 	idemOutcome string
 	replay      *vault.IdempotencyRecord
 	settled     bool
+	// connected is set when the transport got a connection for the forward:
+	// from then on bytes of the request may have reached Stripe.
+	connected atomic.Bool
 
 	// outcome, for the log line
 	decision        string
@@ -439,61 +443,109 @@ func (p *Proxy) authorise(c *call) error {
 	if d.WouldRefuse {
 		c.decision, c.reason = decisionWouldRefuse, string(d.Reason)
 	}
-	if c.stripeContext != "" && !pol.AllowsAccount(c.stripeContext) {
-		return reasonRefusal(policy.Decision{Reason: policy.ReasonAccountNotAllowed,
-			Message: "The Stripe-Context account is not allowed for this vault key."}, "")
-	}
-	acct, named := c.namedAccount()
-	if named && (acct == "" || !pol.AllowsAccount(acct)) {
-		return reasonRefusal(policy.Decision{Reason: policy.ReasonAccountNotAllowed,
-			Message: "The connected account this request acts on is not allowed for this vault key."}, "")
-	}
-	if acct, ok := c.paramAccount(pol); !ok {
-		return reasonRefusal(policy.Decision{Reason: policy.ReasonAccountNotAllowed,
-			Message: fmt.Sprintf("The connected account %s named in this request is not allowed for this vault key.", clip(acct))}, "")
+	return checkAccounts(pol, c.touchedAccounts())
+}
+
+// checkAccounts refuses the first touched account the policy does not allow.
+// The refusal is never relaxed, not even in report mode.
+func checkAccounts(pol *policy.Policy, accounts []touchedAccount) error {
+	for _, a := range accounts {
+		if a.id != "" && pol.AllowsAccount(a.id) {
+			continue
+		}
+		msg := fmt.Sprintf("The connected account %s named by %s is not allowed for this vault key.", clip(a.id), a.where)
+		if a.id == "" {
+			msg = fmt.Sprintf("The %s must name one connected account, as a plain value.", a.where)
+		}
+		return reasonRefusal(policy.Decision{Reason: policy.ReasonAccountNotAllowed, Message: msg}, "")
 	}
 	return nil
 }
 
-// accountParams are the last key segments of parameters that name a connected
-// account money is sent to or on behalf of: transfers' destination,
-// transfer_data[destination], on_behalf_of (also nested, as in
-// payment_intent_data[transfer_data][destination]) and the legacy charge
-// destination[account].
-var accountParams = map[string]bool{"destination": true, "on_behalf_of": true, "account": true}
-
-// paramAccount checks every parameter named like a connected-account reference
-// whose value is an account id (acct_…) against the policy, so a transfer or a
-// destination charge cannot send money to an account the key may not touch.
-// Payout destinations (ba_…, card_…) are not accounts and pass. It returns the
-// first account that is not allowed and false.
-func (c *call) paramAccount(pol *policy.Policy) (string, bool) {
-	if c.params == nil {
-		return "", true
-	}
-	for _, pr := range c.params.Pairs() {
-		last := pr.Key
-		if i := strings.LastIndexByte(last, '['); i >= 0 {
-			last = strings.TrimSuffix(last[i+1:], "]")
-		}
-		if accountParams[last] && strings.HasPrefix(pr.Value, "acct_") && !pol.AllowsAccount(pr.Value) {
-			return pr.Value, false
-		}
-	}
-	return "", true
+// touchedAccount is a connected account a request acts on, and where it names it
+// (for the refusal message). id is "" when a place that names an account holds
+// no single plain value.
+type touchedAccount struct {
+	id    string
+	where string
 }
 
-// namedAccount is the connected account a request acts on by naming it rather
-// than with Stripe-Account: the id in /v1/accounts/{id}/… (Stripe treats it as
-// an implied Stripe-Account) or the "account" of an account link or session
-// ("" with named true when that parameter is not a single value).
-func (c *call) namedAccount() (acct string, named bool) {
-	switch op := c.cls.Operation; {
-	case strings.HasPrefix(op, "accounts."):
-		return c.cls.ObjectID, c.cls.ObjectID != ""
-	case op == "account_links.create" || op == "account_sessions.create":
-		v, _ := c.params.Get("account")
-		return v, c.params.Has("account")
+// accountParams are the names of the parameters that name a connected account,
+// anywhere in a parameter key (transfer_data[destination],
+// payment_intent_data[on_behalf_of], the legacy destination[account],
+// parameters[connected_account] of a report run). true: the parameter only ever
+// holds an account, so any value counts; false: it names an account when its
+// value is an account id (acct_…) — destination is also a payout's bank account
+// or card, source a card or token (source=acct_… on a charge is an account
+// debit: it takes money from that account's balance), and account a Financial
+// Connections account elsewhere. customer_account (an Account as a customer) is
+// a customer, checked against the policy's customers. Keys under metadata are
+// the caller's own and name nothing.
+var accountParams = map[string]bool{
+	"on_behalf_of":      true,
+	"connected_account": true,
+	"destination":       false,
+	"source":            false,
+	"account":           false,
+}
+
+// accountCollections are the paths whose next segment is a connected account's
+// id, whatever its form: /v1/accounts/{id}/… (Stripe treats it as an implied
+// Stripe-Account) and /v2/core/accounts/{id}/….
+var accountCollections = []string{"/v1/accounts/", "/v2/core/accounts/"}
+
+// touchedAccounts lists every connected account the request names: the
+// Stripe-Account and Stripe-Context headers, the id of an account collection
+// path and every acct_… path segment, the parameters of accountParams, and the
+// "account" of an account link or session (whatever its value). This is the one
+// place that knows where a Stripe request can name an account; authorise checks
+// each against the policy's stripe_accounts.
+func (c *call) touchedAccounts() []touchedAccount {
+	var out []touchedAccount
+	if c.account != "" {
+		out = append(out, touchedAccount{c.account, "the Stripe-Account header"})
+	}
+	if c.stripeContext != "" {
+		out = append(out, touchedAccount{c.stripeContext, "the Stripe-Context header"})
+	}
+	for _, prefix := range accountCollections {
+		if rest, ok := strings.CutPrefix(c.path, prefix); ok {
+			id, _, _ := strings.Cut(rest, "/")
+			out = append(out, touchedAccount{id, "the path"})
+		}
+	}
+	for seg := range strings.SplitSeq(c.path, "/") {
+		if strings.HasPrefix(seg, "acct_") {
+			out = append(out, touchedAccount{seg, "the path"})
+		}
+	}
+	for _, pr := range c.params.Pairs() {
+		name, ok := accountParamName(pr.Key)
+		if ok && (accountParams[name] || strings.HasPrefix(pr.Value, "acct_")) {
+			out = append(out, touchedAccount{pr.Value, "parameter " + clip(pr.Key)})
+		}
+	}
+	if op := c.cls.Operation; op == "account_links.create" || op == "account_sessions.create" {
+		if c.params.Has("account") {
+			v, _ := c.params.Get("account") // "" when it is not a single value
+			out = append(out, touchedAccount{v, "parameter account"})
+		}
+	}
+	return out
+}
+
+// accountParamName is the name in accountParams that a parameter key ends with
+// (array indexes aside: account[0] names account), and whether there is one.
+func accountParamName(key string) (string, bool) {
+	segs, _, err := parseKey(key)
+	if err != nil || segs[0] == "metadata" {
+		return "", false
+	}
+	for i := len(segs) - 1; i >= 0; i-- {
+		if !isDigits(segs[i]) {
+			_, ok := accountParams[segs[i]]
+			return segs[i], ok
+		}
 	}
 	return "", false
 }
@@ -543,8 +595,12 @@ func (p *Proxy) resolveAmount(ctx context.Context, c *call) error {
 			return refuse(CodeAmountUnknown, "The amount of this %s request cannot be known before it reaches Stripe.", cls.Operation)
 		}
 		res, err := p.lookup(ctx, c, *cls.Lookup)
+		var rf *refusal
+		if errors.As(err, &rf) {
+			return rf // Stripe refused keybrake's secret or gave no answer: not the amount's fault
+		}
 		if err != nil {
-			rf := refuse(CodeAmountUnknown, "The amount of this %s request could not be read from Stripe.", cls.Operation)
+			rf = refuse(CodeAmountUnknown, "The amount of this %s request could not be read from Stripe.", cls.Operation)
 			rf.cause = err
 			return rf
 		}

@@ -29,10 +29,15 @@
 //     application/json. The exact path bytes the client sent are classified and the
 //     same bytes are forwarded: Classify refuses every non-canonical path.
 //  3. Authorise against the policy: policy.Decide with amount 0 checks the
-//     operation, the customer and the Stripe-Account (Stripe-Context must be allowed
-//     too, and so must the account a request names instead: the id of
-//     /v1/accounts/{id}/…, which Stripe treats as an implied Stripe-Account, and
-//     the "account" of account_links / account_sessions). Endpoints outside the
+//     operation, the customer and the Stripe-Account; then every other connected
+//     account the request names must be in the policy's stripe_accounts too
+//     (touchedAccounts, the one list of where an account can be named: the
+//     Stripe-Context header, the id of /v1/accounts/{id}/… — an implied
+//     Stripe-Account — and of /v2/core/accounts/{id}/…, any acct_… path segment,
+//     and the parameters destination, source, account, on_behalf_of and
+//     connected_account, nested or not, in a body or a query: a transfer's
+//     destination, a destination charge, an account debit with source=acct_…).
+//     Refused with account_not_allowed, in report mode too. Endpoints outside the
 //     catalogue: reads are allowed when the policy allows
 //     "unknown.read"; writes are always refused (operation_not_allowed), in report
 //     mode too.
@@ -58,9 +63,25 @@
 //     means Stripe is executing an earlier attempt under the same upstream key, and
 //     a resumed request answered with an idempotency_error means Stripe knows the
 //     key from an earlier attempt — either may move the money, so both are outcome
-//     unknown and the hold stays. 5xx or no answer: outcome unknown, the hold stays. If Settle itself fails after Stripe answered, the
-//     caller still gets Stripe's answer and the failure is logged at Error; the
-//     record stays in_progress and becomes unknown at the next start (fail closed).
+//     unknown and the hold stays. 401 or 403 judge keybrake's own secret (wrong or
+//     rolled; a restricted key without the permission, or without access to the
+//     connected account), not the request: Stripe executed nothing and saved
+//     nothing, so the attempt is abandoned like a 429, but Stripe's body (which
+//     may repeat the key) is never passed on: the caller gets 502 api_error
+//     upstream_authentication_failed (401) or upstream_permission_denied (403),
+//     Stripe-Should-Retry: false, the failure is logged at Error and counted
+//     (Stats.UpstreamAuthFailures), and the cached secret is dropped so that the
+//     operator's fix applies at once. A lookup answered 401 or 403 is refused
+//     the same way rather than as amount_unknown. 5xx or no answer: outcome
+//     unknown, the hold stays — unless the request provably never left: the
+//     transport never got a connection (refused, DNS or TLS handshake failure,
+//     a timeout while connecting; net/http/httptrace's GotConn fires before the
+//     first byte is written), so nothing executed and the attempt is abandoned
+//     like a 429; the answer says it is safe to retry (or, for a resumed
+//     request, that the first attempt's outcome is still unknown). If Settle
+//     itself fails after Stripe answered, the caller still gets Stripe's answer
+//     and the failure is logged at Error; the record stays in_progress and
+//     becomes unknown at the next start (fail closed).
 //  8. Respond: Stripe's answer byte for byte plus Keybrake-Remaining-Daily and
 //     Keybrake-Remaining-Period (decimal strings in the policy currency; a window
 //     without a cap has no header) on every 2xx; Set-Cookie is dropped, and the
@@ -81,9 +102,12 @@
 //     unit_amount × quantity, …);
 //   - otherwise by a lookup: keybrake GETs the object at Stripe with the real secret
 //     and the same Stripe-Account / Stripe-Context / Stripe-Version, and reads the
-//     integer field the catalogue names and "currency". A lookup that fails (no
-//     2xx, field missing or not a non-negative integer, bad currency) refuses the
-//     request with 403 amount_unknown; keybrake never guesses. A lookup is also
+//     integer field the catalogue names and "currency". A lookup that fails (a
+//     4xx, field missing or not a non-negative integer, bad currency) refuses the
+//     request with 403 amount_unknown; keybrake never guesses. One that Stripe
+//     does not answer (no answer, 429, 5xx) refuses it with 502/504
+//     upstream_unavailable (nothing was sent: safe to retry), and one answered 401
+//     or 403 as a refusal of keybrake's secret (step 7). A lookup is also
 //     made when only the currency is unknown (a capture or refund with an amount).
 //   - payment_intents.confirm, payment_intents.capture and charges.capture of an
 //     object already metered through the same vault key (Store.ObjectAmount) hold
@@ -152,6 +176,8 @@
 //	same key still in flight                    409     idempotency_error      idempotency_key_in_use (Stripe-Should-Retry: true, Retry-After)
 //	same key, outcome unknown for over 23 h     409     idempotency_error      idempotency_key_outcome_unknown
 //	Stripe unreachable / timed out              502/504 api_error              upstream_unavailable (Stripe-Should-Retry: true)
+//	Stripe refused keybrake's secret (401)      502     api_error              upstream_authentication_failed
+//	Stripe refused it the permission (403)      502     api_error              upstream_permission_denied
 //	keybrake's own failure (store)              500     api_error              internal_error
 //
 // Every refusal carries Request-Id: req_kb_…, Content-Type: application/json and

@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/httptrace"
 	"net/http/httputil"
 	"net/url"
 	"strconv"
@@ -62,6 +63,11 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, c *call) {
 	// read and recorded, so a retry replays it instead of finding "unknown".
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), p.timeout)
 	defer cancel()
+	// GotConn fires before the transport writes the first byte of a request on a
+	// connection: until then, nothing can have reached Stripe (errorHandler).
+	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
+		GotConn: func(httptrace.GotConnInfo) { c.connected.Store(true) },
+	})
 	out := r.WithContext(withCall(ctx, c))
 	out.Body = http.NoBody
 	out.ContentLength = int64(len(c.body))
@@ -149,6 +155,9 @@ func (p *Proxy) modifyResponse(resp *http.Response) error {
 	c.upstreamStatus = resp.StatusCode
 	c.status = resp.StatusCode
 	c.stripeRequestID = resp.Header.Get(headerRequestID)
+	if isCredentialRefusal(resp.StatusCode) {
+		return p.credentialRefused(resp.Request.Context(), c)
+	}
 	resp.Header.Del("Set-Cookie")
 	if resp.Header.Get(headerIdempotencyKey) != "" {
 		// Stripe echoes the key it saw: show the caller its own key, never the
@@ -260,9 +269,77 @@ func (c *call) commitAmount(body []byte) (int64, string) {
 	return amount, id
 }
 
+// isCredentialRefusal reports whether Stripe's status judges keybrake's own
+// credential rather than the request: 401 (the secret is wrong or was rolled)
+// or 403 (a restricted key without the permission, or no access to the
+// connected account). Either way Stripe executed nothing and, as it does for
+// authentication failures, saves nothing under the idempotency key.
+func isCredentialRefusal(status int) bool {
+	return status == http.StatusUnauthorized || status == http.StatusForbidden
+}
+
+// upstreamAuthError is Stripe's 401 or 403 to keybrake's own credential.
+type upstreamAuthError struct{ status int }
+
+// Error implements error. It never holds Stripe's body, which may echo the key.
+func (e *upstreamAuthError) Error() string {
+	return fmt.Sprintf("Stripe answered %d to the upstream secret", e.status)
+}
+
+// refusal is the caller's answer: 502 api_error, never 401, so that neither the
+// caller nor its SDK takes it for a wrong vault key, and none of Stripe's body.
+// pending says that an earlier attempt with the same idempotency key has an
+// unknown outcome that this one did not settle.
+func (e *upstreamAuthError) refusal(pending bool) *refusal {
+	code, what := CodeUpstreamAuthFailed, "Stripe rejected the secret keybrake holds for this vault key's upstream (your vault key is fine)"
+	if e.status == http.StatusForbidden {
+		code, what = CodeUpstreamPermission, "Stripe did not permit this request with the secret keybrake holds for this vault key's upstream (your vault key is fine)"
+	}
+	next := "Nothing was executed. An operator must fix the upstream secret; then retry."
+	if pending {
+		next = "This attempt executed nothing, but the outcome of the first request with this idempotency key is still unknown. An operator must fix the upstream secret; then retry with the same idempotency key."
+	}
+	rf := refuse(code, "%s. %s", what, next)
+	rf.cause = e
+	return rf
+}
+
+// upstreamAuthFailed records Stripe's refusal of the upstream secret: counted
+// for /metrics, logged at Error for the operator (never the secret, only its
+// last four characters), and the cached secret dropped so that a fixed one is
+// used at once.
+func (p *Proxy) upstreamAuthFailed(c *call, kind string, status int, stripeRequestID string) *upstreamAuthError {
+	p.metrics.upstreamAuthFailures.Add(1)
+	p.secrets.forget(c.key.Upstream)
+	last4 := c.secret[max(0, len(c.secret)-4):]
+	p.log.LogAttrs(context.Background(), slog.LevelError,
+		"Stripe rejected keybrake's upstream secret: register the right one (POST /api/v1/upstreams)",
+		slog.String("upstream", c.key.Upstream), slog.String("secret_last4", last4), slog.String("kind", kind),
+		slog.Int(logUpstreamStatus, status), slog.String(logStripeRequestID, stripeRequestID),
+		slog.String(logRequestID, c.requestID), slog.String(logKeyID, c.key.ID), slog.String(logOperation, c.cls.Operation))
+	return &upstreamAuthError{status: status}
+}
+
+// credentialRefused handles Stripe's 401 or 403 to a forwarded request: nothing
+// executed, so the attempt is abandoned (a fresh claim and its hold are
+// forgotten, so a retry starts afresh; a resumed one goes back to unknown) and
+// nothing is stored for replay. The error sends the request to errorHandler,
+// which answers without any of Stripe's body.
+func (p *Proxy) credentialRefused(ctx context.Context, c *call) error {
+	err := p.upstreamAuthFailed(c, "forward", c.upstreamStatus, c.stripeRequestID)
+	if c.record {
+		p.settle(ctx, c, vault.SettleRequest{Outcome: vault.SettleAbandon}, "upstream secret refused")
+	}
+	return err
+}
+
 // errorHandler answers when Stripe gave no usable answer: timeout → 504, anything
-// else → 502, both upstream_unavailable with Stripe-Should-Retry: true. The
-// record's outcome is unknown: the money may have moved, the hold stays.
+// else → 502, both upstream_unavailable with Stripe-Should-Retry: true. When the
+// transport never got a connection (refused, DNS or TLS handshake failure, a
+// timeout before connecting), no byte of the request was written, so nothing
+// executed: the attempt is abandoned like a 429. Otherwise the record's outcome
+// is unknown: the money may have moved, the hold stays. Stripe's refusal of
+// keybrake's secret (credentialRefused) is answered here too.
 func (p *Proxy) errorHandler(w http.ResponseWriter, r *http.Request, err error) {
 	c := callFrom(r.Context())
 	if c == nil {
@@ -270,28 +347,59 @@ func (p *Proxy) errorHandler(w http.ResponseWriter, r *http.Request, err error) 
 		writeStripeError(w, newRequestID(), internalError(err))
 		return
 	}
+	var auth *upstreamAuthError
+	if errors.As(err, &auth) {
+		p.writeUpstreamFailure(w, c, auth.refusal(c.idemOutcome == "resume"))
+		return
+	}
 	if c.upstreamStatus == 0 {
 		// No answer at all; an answer ModifyResponse failed on is counted already.
 		p.metrics.observeUpstream(upstreamForward, 0)
 	}
-	status := http.StatusBadGateway
-	var ne net.Error
-	if errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout()) {
-		status = http.StatusGatewayTimeout
-	}
+	sent := c.connected.Load()
 	if c.record && !c.settled {
-		p.settle(r.Context(), c, vault.SettleRequest{Outcome: vault.SettleUnknown}, "")
+		outcome := vault.SettleUnknown
+		if !sent {
+			outcome = vault.SettleAbandon
+		}
+		p.settle(r.Context(), c, vault.SettleRequest{Outcome: outcome}, "no answer from Stripe")
 	}
-	rf := refuse(CodeUpstreamUnavailable, "Stripe did not answer in time or could not be reached; the outcome is unknown. Retry with the same idempotency key.")
-	rf.Status = status
-	if status == http.StatusBadGateway {
-		rf.Message = "The connection to Stripe failed before an answer arrived; the outcome is unknown. Retry with the same idempotency key."
-	}
+	rf := noAnswerRefusal(c, err, sent)
 	rf.cause = err
+	p.writeUpstreamFailure(w, c, rf)
+}
+
+// noAnswerRefusal is upstream_unavailable for a forward that got no answer: 504
+// for a timeout, else 502, with a message that says what the caller may do.
+func noAnswerRefusal(c *call, err error, sent bool) *refusal {
+	rf := refuse(CodeUpstreamUnavailable, "")
+	what := "The connection to Stripe failed before an answer arrived"
+	if isTimeout(err) {
+		rf.Status, what = http.StatusGatewayTimeout, "Stripe did not answer in time"
+	}
+	resumed := c.idemOutcome == "resume"
+	switch {
+	case !sent && resumed:
+		rf.Message = "keybrake could not reach Stripe: this attempt was not sent, and the outcome of the first request with this idempotency key is still unknown. Retry with the same idempotency key."
+	case !sent:
+		rf.Message = "keybrake could not reach Stripe: the request was not sent, so nothing was executed. It is safe to retry."
+	case c.record:
+		rf.Message = what + "; the outcome is unknown. Retry with the same idempotency key."
+	case c.method == http.MethodGet:
+		rf.Message = what + ". Retry the request."
+	default:
+		rf.Message = what + "; the outcome is unknown."
+	}
+	return rf
+}
+
+// writeUpstreamFailure writes keybrake's answer for a forwarded request that got
+// no usable answer from Stripe.
+func (p *Proxy) writeUpstreamFailure(w http.ResponseWriter, c *call, rf *refusal) {
 	w.Header().Del(headerRemainingDaily)
 	w.Header().Del(headerRemainingPeriod)
 	writeStripeError(w, c.requestID, rf)
-	c.status, c.reason, c.err = status, CodeUpstreamUnavailable, err
+	c.status, c.reason, c.err = rf.Status, rf.Code, rf.cause
 }
 
 // settle is the one Settle of a forwarded request. A failure is logged at Error
@@ -322,7 +430,9 @@ type lookupResult struct {
 }
 
 // lookup GETs the object at Stripe with the real secret and the call's account
-// headers and reads the integer field l.Field and "currency".
+// headers and reads the integer field l.Field and "currency". When Stripe refuses
+// keybrake's secret or gives no answer (none, 429, 5xx), the error is the
+// *refusal to answer with; any other error means the amount cannot be known.
 func (p *Proxy) lookup(ctx context.Context, c *call, l Lookup) (lookupResult, error) {
 	if !strings.HasPrefix(l.Path, "/v1/") || strings.ContainsAny(l.Path, "?#%") || strings.Contains(l.Path, "..") {
 		return lookupResult{}, fmt.Errorf("lookup path %q refused", l.Path)
@@ -349,18 +459,44 @@ func (p *Proxy) lookup(ctx context.Context, c *call, l Lookup) (lookupResult, er
 	resp, err := p.lookups.Do(req)
 	if err != nil {
 		p.metrics.observeUpstream(upstreamLookup, 0)
-		return lookupResult{}, fmt.Errorf("lookup %s: %w", l.Path, err)
+		return lookupResult{}, lookupUnavailable(c, fmt.Errorf("lookup %s: %w", l.Path, err))
 	}
 	p.metrics.observeUpstream(upstreamLookup, resp.StatusCode)
 	defer resp.Body.Close()
+	switch {
+	case isCredentialRefusal(resp.StatusCode):
+		return lookupResult{}, p.upstreamAuthFailed(c, "lookup", resp.StatusCode, resp.Header.Get(headerRequestID)).refusal(false)
+	case resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode >= 500:
+		return lookupResult{}, lookupUnavailable(c, fmt.Errorf("lookup %s: status %d", l.Path, resp.StatusCode))
+	}
 	body, err := io.ReadAll(io.LimitReader(resp.Body, p.maxResponse))
 	if err != nil {
-		return lookupResult{}, fmt.Errorf("lookup %s: read: %w", l.Path, err)
+		return lookupResult{}, lookupUnavailable(c, fmt.Errorf("lookup %s: read: %w", l.Path, err))
 	}
 	if resp.StatusCode != http.StatusOK {
 		return lookupResult{}, fmt.Errorf("lookup %s: status %d", l.Path, resp.StatusCode)
 	}
 	return parseLookup(body, l.Field)
+}
+
+// lookupUnavailable is the refusal of a request whose amount lookup Stripe did
+// not answer (no answer, 429, 5xx): an upstream failure rather than an amount
+// that cannot be known, and the request itself was never sent.
+func lookupUnavailable(c *call, cause error) *refusal {
+	rf := refuse(CodeUpstreamUnavailable,
+		"keybrake could not read the amount of this %s request from Stripe: the request was not sent, so nothing was executed. It is safe to retry.",
+		c.cls.Operation)
+	if isTimeout(cause) {
+		rf.Status = http.StatusGatewayTimeout
+	}
+	rf.cause = cause
+	return rf
+}
+
+// isTimeout reports whether err is the upstream deadline or a network timeout.
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout())
 }
 
 // parseLookup reads the non-negative integer at field (dots for nesting) and the
@@ -428,4 +564,11 @@ func (p *Proxy) upstreamSecret(ctx context.Context, name string) (string, error)
 		sc.mu.Unlock()
 	}
 	return secret, nil
+}
+
+// forget drops the cached secret of upstream name.
+func (sc *secretCache) forget(name string) {
+	sc.mu.Lock()
+	delete(sc.entries, name)
+	sc.mu.Unlock()
 }

@@ -154,6 +154,13 @@ func MustSettle(tb testing.TB, s *Store, req SettleRequest) {
 	require.NoError(tb, s.Settle(context.Background(), req))
 }
 
+// MustCommit reserves a charge of amount cents under idem and commits it in full.
+func MustCommit(tb testing.TB, s *Store, keyID, idem string, amount int64) {
+	tb.Helper()
+	require.Equal(tb, Claimed, MustReserve(tb, s, charge(keyID, idem, amount)).Outcome)
+	MustSettle(tb, s, SettleRequest{KeyID: keyID, IdempotencyKey: idem, Outcome: SettleCommit, Amount: amount})
+}
+
 // usageOf returns a key's counters at the store clock.
 func usageOf(tb testing.TB, s *Store, keyID string) (daily, period policy.Counter) {
 	tb.Helper()

@@ -187,6 +187,9 @@ func updateKeyTx(tx *bolt.Tx, now time.Time, actor, id string, p policy.Policy, 
 			{Field: "currency", Message: fmt.Sprintf("cannot be changed (the key meters %s)", rec.Policy.Currency)},
 		}})
 	}
+	if err := carryDailyUsage(tx, now, rec, &p); err != nil {
+		return Key{}, err
+	}
 	before := rec.view()
 	rec.Policy = p
 	rec.Labels = maps.Clone(labels)
@@ -198,6 +201,60 @@ func updateKeyTx(tx *bolt.Tx, now time.Time, actor, id string, p policy.Policy, 
 		return Key{}, err
 	}
 	return rec.public(), nil
+}
+
+// carryDailyUsage keeps a change of time zone from opening a fresh daily
+// budget. Daily counters are keyed by the local date, so a new zone can put now
+// in another day's window; what the current window of the old zone has used
+// (committed and held) is then carried into the current window of the new
+// zone as committed usage, topped up rather than added when that window has
+// usage already. The new window resets at the new zone's next midnight. Holds
+// still settle on the windows they were placed on, so carried money stays
+// counted until the new window ends even if its hold is released. The carry is
+// a ledger event ("carried", reason "timezone_changed") so that the ledger
+// still sums to the counters, and a carry above the new window's cap is booked
+// as allowance (the money was spent under the old zone's window).
+func carryDailyUsage(tx *bolt.Tx, now time.Time, rec *keyRec, p *policy.Policy) error {
+	from, err := rec.Policy.Windows(now)
+	if err != nil {
+		return fmt.Errorf("key %s windows: %w", rec.ID, err)
+	}
+	to, err := p.Windows(now)
+	if err != nil {
+		return fmt.Errorf("key %s windows: %w", rec.ID, err)
+	}
+	oldDay, newDay := from[0], to[0] // Windows puts the daily window first
+	if oldDay.ID == newDay.ID {
+		return nil
+	}
+	used, _, err := getCounter(tx, rec.ID, oldDay.ID)
+	if err != nil {
+		return err
+	}
+	c, _, err := getCounter(tx, rec.ID, newDay.ID)
+	if err != nil {
+		return err
+	}
+	carry := used.Committed + used.Held - (c.Committed + c.Held)
+	if carry <= 0 {
+		return nil
+	}
+	c.Committed += carry
+	if newDay.HasCap {
+		c.CapPeak = max(c.CapPeak, newDay.Cap)
+		if over := c.Committed + c.Held - c.CapPeak - c.Allowance; over > 0 {
+			c.Allowance += over
+		}
+	} else {
+		c.Uncapped = true
+	}
+	if err := putCounter(tx, rec.ID, newDay.ID, c); err != nil {
+		return err
+	}
+	return putEvent(tx, &Event{
+		Time: now, KeyID: rec.ID, Operation: "key.update", Amount: carry, Currency: p.EffectiveCurrency(),
+		Decision: "carried", Reason: "timezone_changed", WindowIDs: []string{newDay.ID}, CommittedDelta: carry,
+	})
 }
 
 func revokeKeyTx(tx *bolt.Tx, now time.Time, actor, id string) (Key, error) {

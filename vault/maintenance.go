@@ -112,7 +112,10 @@ func reapOnce(tx *bolt.Tx, now time.Time, p reapPass, resume []byte, batch int) 
 
 // deadRecord: completed records whose replay window (IdempotencyTTL from completion)
 // has passed, with their settled hold (and its index entry). In-progress and unknown records are never
-// reaped: their holds are live money.
+// reaped: their holds are live money. Nor are records an operator resolved: like
+// the unknown record they were, they are kept for good, so that a caller still
+// retrying the key days later is told it was resolved instead of moving the
+// money again as a new request.
 func (s *Store) deadRecord(tx *bolt.Tx, now time.Time, k, v []byte) (bool, func(tx *bolt.Tx) error, error) {
 	r, err := decodeRecord(k, v)
 	if err != nil {
@@ -122,7 +125,7 @@ func (s *Store) deadRecord(tx *bolt.Tx, now time.Time, k, v []byte) (bool, func(
 	if done.IsZero() {
 		done = r.UpdatedAt
 	}
-	if r.State != RecordCompleted || now.Sub(done) <= s.ttl {
+	if r.State != RecordCompleted || r.Resolved || now.Sub(done) <= s.ttl {
 		return false, nil, nil
 	}
 	if r.Hold == nil {
@@ -144,17 +147,22 @@ func (s *Store) deadRecord(tx *bolt.Tx, now time.Time, k, v []byte) (bool, func(
 // ago. The day's end depends on the key's time zone; the test uses the latest end
 // any zone can have (UTC−12: the next day at 12:00 UTC), so it never deletes early.
 // Period counters live as long as the key.
+//
+// The clock alone is not trusted with a counter that holds spend: a clock that
+// jumps days ahead would make today's counter look old, and once the clock is
+// corrected the day's cap would open again. So a counter with committed money is
+// reaped only when the key also has a daily counter at least counterKeepDays
+// later by the counters' own dates — spend the key made that much later — which
+// no clock jump of less than that can fake. A key's latest counters therefore
+// stay until it is used again a week later. A counter with nothing committed
+// holds no usage and goes by the clock.
 func deadCounter(tx *bolt.Tx, now time.Time, k, v []byte) (bool, func(tx *bolt.Tx) error, error) {
-	_, window, ok := strings.Cut(string(k), "/")
+	keyID, window, ok := strings.Cut(string(k), "/")
 	if !ok {
 		return false, nil, nil
 	}
-	date, ok := strings.CutPrefix(window, "day:")
+	day, ok := counterDay(window)
 	if !ok {
-		return false, nil, nil
-	}
-	day, err := time.Parse(time.DateOnly, date)
-	if err != nil {
 		return false, nil, nil
 	}
 	latestEnd := day.Add(24*time.Hour + 12*time.Hour)
@@ -165,7 +173,46 @@ func deadCounter(tx *bolt.Tx, now time.Time, k, v []byte) (bool, func(tx *bolt.T
 	if err != nil {
 		return false, nil, err
 	}
-	return c.Held == 0, nil, nil
+	if c.Held != 0 {
+		return false, nil, nil
+	}
+	if c.Committed == 0 {
+		return true, nil, nil
+	}
+	latest, ok := latestCounterDay(tx, keyID)
+	return ok && !latest.Before(day.AddDate(0, 0, counterKeepDays)), nil, nil
+}
+
+// counterKeepDays is how many days of its own later use a key needs before a
+// daily counter with spend may be reaped (see deadCounter).
+const counterKeepDays = 7
+
+// counterDay parses the date of a daily window id ("day:2026-09-14").
+func counterDay(window string) (time.Time, bool) {
+	date, ok := strings.CutPrefix(window, "day:")
+	if !ok {
+		return time.Time{}, false
+	}
+	day, err := time.Parse(time.DateOnly, date)
+	return day, err == nil
+}
+
+// latestCounterDay is the date of the key's latest daily counter. Counter keys
+// sort by date within a key ("key/day:2026-09-14" < "key/day:2026-09-15" <
+// "key/period"), so it is the last key before "key/day;" (';' follows ':').
+func latestCounterDay(tx *bolt.Tx, keyID string) (time.Time, bool) {
+	c := tx.Bucket(bucketCounters).Cursor()
+	k, _ := c.Seek([]byte(keyID + "/day;"))
+	if k == nil {
+		k, _ = c.Last()
+	} else {
+		k, _ = c.Prev()
+	}
+	window, ok := strings.CutPrefix(string(k), keyID+"/")
+	if !ok {
+		return time.Time{}, false
+	}
+	return counterDay(window)
 }
 
 // deadObject: metered-object totals untouched for ObjectRetention.

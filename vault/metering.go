@@ -416,7 +416,7 @@ func (s *Store) resolveHoldTx(tx *bolt.Tx, now time.Time, actor, holdID string, 
 		return Hold{}, err
 	}
 	hold.State, hold.SettledAt = outcome, now
-	rec.State, rec.LeaseUntil, rec.Fresh = RecordCompleted, time.Time{}, false
+	rec.State, rec.LeaseUntil, rec.Fresh, rec.Resolved = RecordCompleted, time.Time{}, false, true
 	rec.Response, rec.RequestID, rec.CompletedAt, rec.UpdatedAt = resp, "", now, now
 	if err := putRecord(tx, rec); err != nil {
 		return Hold{}, err

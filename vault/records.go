@@ -168,6 +168,9 @@ type recordRec struct {
 	// record (and its hold). SettleAbandon then deletes both; after a Resume it is
 	// false and abandoning puts the record back to unknown, keeping the hold.
 	Fresh bool `json:"fresh,omitempty"`
+	// Resolved is set when an operator settled the record's hold (ResolveHold):
+	// such a record is kept for good, so that a retry keeps being told so.
+	Resolved bool `json:"resolved,omitempty"`
 }
 
 func (r *recordRec) holdID() string {

@@ -80,7 +80,12 @@
 // Every metered Reserve writes an event (allowed, would_refuse or refused) and
 // every Settle of a hold a settle event (decision "settled", reason = outcome);
 // ResolveHold writes "resolved"; RecordEvent appends a moneyless "would_refuse"
-// for a request report mode let through without a hold. Each event carries the windows it touched and its
+// for a request report mode let through without a hold; an UpdateKey whose new
+// time zone puts now in another daily window writes "carried" (operation
+// key.update, reason timezone_changed): the old zone's current day's committed
+// and held money is carried into the new zone's current day as committed (only
+// what that window does not count yet), so a change of zone never opens a fresh
+// daily budget; the carry above the new cap is booked as allowance. Each event carries the windows it touched and its
 // HeldDelta and CommittedDelta, so a key's ledger sums to its counters. Every admin
 // write (PutUpstream, DeleteUpstream, MintKey, UpdateKey, RevokeKey, RotateKey,
 // ResolveHold) writes an audit entry in the same transaction, with JSON views of
@@ -89,9 +94,13 @@
 // # Retention (Reap)
 //
 //   - completed records IdempotencyTTL (24 h) after completion, with their settled
-//     holds; in_progress and unknown records are never reaped;
+//     holds; in_progress and unknown records are never reaped, and neither are
+//     records an operator resolved (ResolveHold): a retry keeps being told so;
 //   - daily counters with nothing held, 48 h after the latest moment their day can
-//     end in any time zone; period counters stay;
+//     end in any time zone — and, when they hold committed money, only once the
+//     key has a daily counter at least 7 days later by the counters' own dates,
+//     so that a clock jumping days ahead cannot delete the current day's spend;
+//     period counters stay;
 //   - metered-object totals ObjectRetention (35 days) after their last change.
 //
 // Events and audit entries are the ledger and are kept. Reap works in transactions
@@ -101,11 +110,13 @@
 //
 // committed + held ≤ cap holds for every window as long as the cap is enforced
 // and never lowered: every hold is placed by Decide against the counters in the
-// same transaction. Three things can legitimately break it, and the counter
+// same transaction. Four things can legitimately break it, and the counter
 // records them: a commit above its hold (the money moved; the excess is added to
 // the window's allowance), a report-mode hold past the cap (its excess is added
-// too), and a cap lowered after holds were placed (each counter remembers the
-// highest cap in force when a hold was placed on it). So CheckInvariant checks,
+// too), a time-zone change that carries more than the new cap into the new
+// zone's day (the excess is added too), and a cap lowered after holds were
+// placed (each counter remembers the highest cap in force when a hold — or a
+// carry — was placed on it). So CheckInvariant checks,
 // for every window counter:
 //
 //   - held equals the sum of its live holds (held or unknown), and held and

@@ -104,6 +104,16 @@ type Charge struct {
 	Captured       bool
 	PaymentIntent  string
 	IdempotencyKey string
+	// Source is the connected account an account debit (source=acct_…) took the
+	// money from; "" for a charge of a card or token.
+	Source string
+}
+
+// Account is a connected account of the fake's platform (AddConnectedAccount).
+type Account struct {
+	ID       string
+	Currency string // default currency: an account debit must use it
+	Balance  int64  // available balance, minor units of Currency
 }
 
 // PaymentIntent is a PaymentIntent the fake created.
@@ -151,8 +161,9 @@ type idemEntry struct {
 }
 
 // FakeStripe is a stateful fake of the Stripe API on an httptest.Server bound to
-// 127.0.0.1. It keeps charges, PaymentIntents, refunds, customers, products,
-// prices and payment links; checks the Bearer (or Basic) secret; honours
+// 127.0.0.1. It keeps charges (account debits of connected accounts among them),
+// PaymentIntents, refunds, customers, products, prices, payment links and
+// connected accounts; checks the Bearer (or Basic) secret; honours
 // Idempotency-Key like Stripe (same key and parameters: replay of the first
 // answer, 500s included, with Idempotent-Replayed and Original-Request; different
 // parameters: 400 idempotency_error; while the first is executing: 409
@@ -161,28 +172,31 @@ type idemEntry struct {
 type FakeStripe struct {
 	// URL is the base URL ("http://127.0.0.1:port").
 	URL string
-	// Secret is the API key it accepts.
+	// Secret is the API key it accepts at start; SetSecret replaces it.
 	Secret string
 
 	srv *httptest.Server
 
-	mu        sync.Mutex
-	idle      *sync.Cond
-	executing int
-	seq       int
-	requests  []Request
-	rules     []*failRule
-	hook      func(Request)
-	failDelay time.Duration
-	idem      map[string]*idemEntry
-	charges   []*Charge
-	pis       []*PaymentIntent
-	refunds   []*Refund
-	customers map[string]map[string]any
-	prices    map[string]map[string]any
-	products  map[string]map[string]any
-	links     []*PaymentLink
-	moved     map[string]int64
+	mu         sync.Mutex
+	secret     string                        // the secret key accepted now
+	restricted map[string]func(Request) bool // restricted keys: what each may do
+	idle       *sync.Cond
+	executing  int
+	seq        int
+	requests   []Request
+	rules      []*failRule
+	hook       func(Request)
+	failDelay  time.Duration
+	idem       map[string]*idemEntry
+	charges    []*Charge
+	pis        []*PaymentIntent
+	refunds    []*Refund
+	customers  map[string]map[string]any
+	prices     map[string]map[string]any
+	products   map[string]map[string]any
+	links      []*PaymentLink
+	accounts   map[string]*Account
+	moved      map[string]int64
 }
 
 // NewFakeStripe starts a fake Stripe that accepts secret and stops it in tb.Cleanup.
@@ -190,11 +204,13 @@ func NewFakeStripe(tb testing.TB, secret string) *FakeStripe {
 	tb.Helper()
 	f := &FakeStripe{
 		Secret:    secret,
+		secret:    secret,
 		failDelay: 30 * time.Second,
 		idem:      map[string]*idemEntry{},
 		customers: map[string]map[string]any{},
 		prices:    map[string]map[string]any{},
 		products:  map[string]map[string]any{},
+		accounts:  map[string]*Account{},
 		moved:     map[string]int64{},
 	}
 	f.idle = sync.NewCond(&f.mu)
@@ -214,6 +230,27 @@ func NewFakeStripe(tb testing.TB, secret string) *FakeStripe {
 func (f *FakeStripe) Close() {
 	f.srv.CloseClientConnections()
 	f.srv.Close()
+}
+
+// SetSecret makes the fake accept secret instead of the secret it accepted so
+// far, as when the key is rolled at Stripe: the old one is answered 401 from now
+// on.
+func (f *FakeStripe) SetSecret(secret string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.secret = secret
+}
+
+// AddRestrictedKey makes the fake accept key as a restricted key (rk_…) that may
+// make the requests allowed returns true for; any other request is answered 403
+// with Stripe's permission error, before anything executes.
+func (f *FakeStripe) AddRestrictedKey(key string, allowed func(Request) bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.restricted == nil {
+		f.restricted = map[string]func(Request) bool{}
+	}
+	f.restricted[key] = allowed
 }
 
 // FailNext makes the next n executed requests (POSTs that run, not replays) fail
@@ -388,6 +425,28 @@ func (f *FakeStripe) newPriceLocked(unitAmount int64, currency, product string) 
 	return id
 }
 
+// AddConnectedAccount creates a connected account (Express or Custom, so the
+// platform may debit it) with the given default currency and available balance,
+// and returns its id. GET /v1/accounts/{id} and /v2/core/accounts/{id} answer it.
+func (f *FakeStripe) AddConnectedAccount(currency string, balance int64) string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.seq++
+	a := &Account{ID: fmt.Sprintf("acct_fake%06d", f.seq), Currency: currency, Balance: balance}
+	f.accounts[a.ID] = a
+	return a.ID
+}
+
+// ConnectedAccount returns a copy of the connected account id and whether it exists.
+func (f *FakeStripe) ConnectedAccount(id string) (Account, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if a, ok := f.accounts[id]; ok {
+		return *a, true
+	}
+	return Account{}, false
+}
+
 // AddCharge creates a captured charge directly (outside keybrake) and returns its id.
 func (f *FakeStripe) AddCharge(amount int64, currency, customer string, captured bool) string {
 	f.mu.Lock()
@@ -428,9 +487,11 @@ func (f *FakeStripe) serve(w http.ResponseWriter, r *http.Request) {
 	} else {
 		req.Params, _ = url.ParseQuery(r.URL.RawQuery)
 	}
-	req.Authorized = f.authorized(r)
+	apiKey := requestKey(r)
 
 	f.mu.Lock()
+	permitted, restricted := f.restricted[apiKey]
+	req.Authorized = restricted || (apiKey != "" && apiKey == f.secret)
 	f.seq++
 	reqID := fmt.Sprintf("req_fake%08d", f.seq)
 	idx := len(f.requests)
@@ -447,7 +508,16 @@ func (f *FakeStripe) serve(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Idempotency-Key", req.IdempotencyKey)
 	}
 	if !req.Authorized {
-		writeAnswer(w, answer{http.StatusUnauthorized, errJSON("invalid_request_error", "", "Invalid API Key provided.")})
+		// stripe-mock echoes the rejected key in full (Stripe masks all but its
+		// last characters): a proxy must never pass this body on.
+		writeAnswer(w, answer{http.StatusUnauthorized, errJSON("invalid_request_error", "", "Invalid API Key provided: "+apiKey)})
+		return
+	}
+	if restricted && !permitted(req) {
+		// Stripe checks a restricted key's permissions before it executes anything
+		// and saves nothing under the idempotency key.
+		writeAnswer(w, answer{http.StatusForbidden, errJSON("invalid_request_error", "",
+			"The provided key '"+maskKey(apiKey)+"' does not have the required permissions for this endpoint.")})
 		return
 	}
 	if r.Method != http.MethodPost {
@@ -589,15 +659,24 @@ func (f *FakeStripe) takeRuleLocked(req Request, wanted func(FailMode) bool) Fai
 	return 0
 }
 
-func (f *FakeStripe) authorized(r *http.Request) bool {
-	h := r.Header.Get("Authorization")
-	if tok, ok := strings.CutPrefix(h, "Bearer "); ok {
-		return tok == f.Secret
+// requestKey is the API key of a request: the Bearer token or the Basic user name.
+func requestKey(r *http.Request) string {
+	if tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok {
+		return tok
 	}
 	if user, _, ok := r.BasicAuth(); ok {
-		return user == f.Secret
+		return user
 	}
-	return false
+	return ""
+}
+
+// maskKey shows a key as Stripe's error messages do: its prefix and last four
+// characters.
+func maskKey(key string) string {
+	if i := strings.LastIndexByte(key, '_'); i >= 0 && len(key) > i+5 {
+		return key[:i+1] + "***" + key[len(key)-4:]
+	}
+	return "***"
 }
 
 // resetConn hijacks the connection and closes it with a TCP reset, so the client
@@ -706,6 +785,9 @@ func declinedAnswer() answer {
 // route executes one request against the fake's state. f.mu is held.
 func (f *FakeStripe) route(method, path string, p url.Values, idemKey string) answer {
 	seg := strings.Split(strings.TrimPrefix(path, "/"), "/")
+	if len(seg) == 4 && seg[0] == "v2" && seg[1] == "core" && seg[2] == "accounts" && method == http.MethodGet {
+		return f.accountAnswer(seg[3])
+	}
 	if len(seg) < 2 || seg[0] != "v1" {
 		return notFound("Unrecognized request URL (" + method + ": " + path + ").")
 	}
@@ -793,6 +875,8 @@ func (f *FakeStripe) route(method, path string, p url.Values, idemKey string) an
 			return okJSON(pr)
 		}
 		return notFound("No such price: '" + rest[0] + "'")
+	case res == "accounts" && len(rest) == 1 && method == http.MethodGet:
+		return f.accountAnswer(rest[0])
 	case res == "balance" && len(rest) == 0 && method == http.MethodGet:
 		return okJSON(map[string]any{"object": "balance", "available": []any{}, "pending": []any{}})
 	}
@@ -852,6 +936,9 @@ func (f *FakeStripe) createCharge(p url.Values, idemKey string) answer {
 	if bad != nil {
 		return *bad
 	}
+	if src := p.Get("source"); strings.HasPrefix(src, "acct_") {
+		return f.debitAccount(src, amount, cur, idemKey)
+	}
 	if declined(p) {
 		return declinedAnswer()
 	}
@@ -859,6 +946,41 @@ func (f *FakeStripe) createCharge(p url.Values, idemKey string) answer {
 	c := f.newChargeLocked(amount, cur, p.Get("customer"), captured, "", idemKey)
 	f.moved[cur] += amount
 	return okJSON(chargeJSON(c))
+}
+
+// debitAccount is an account debit (POST /v1/charges with source=acct_…) as
+// Stripe documents it: only for a connected account of the platform, in the
+// account's default currency, never below a zero balance; the money moves from
+// the account's balance to the platform's at once, and the answer is the Payment
+// created on the platform (a charge object with a py_ id whose source is the
+// account).
+func (f *FakeStripe) debitAccount(acct string, amount int64, cur, idemKey string) answer {
+	a, ok := f.accounts[acct]
+	if !ok {
+		return answer{http.StatusBadRequest, errJSON("invalid_request_error", "resource_missing", "No such source: '"+acct+"'")}
+	}
+	if cur != a.Currency {
+		return paramErr("currency", "An account debit must be in the connected account's default currency ("+a.Currency+").")
+	}
+	if amount > a.Balance {
+		return answer{http.StatusBadRequest, errJSON("invalid_request_error", "balance_insufficient",
+			"The connected account's balance is too low for this debit.")}
+	}
+	a.Balance -= amount
+	c := f.newChargeLocked(amount, cur, "", true, "", idemKey)
+	c.ID, c.Source = strings.Replace(c.ID, "ch_", "py_", 1), acct
+	f.moved[cur] += amount
+	return okJSON(chargeJSON(c))
+}
+
+// accountAnswer is a connected account as GET /v1/accounts/{id} answers it.
+func (f *FakeStripe) accountAnswer(id string) answer {
+	a, ok := f.accounts[id]
+	if !ok {
+		return notFound("No such account: '" + id + "'")
+	}
+	return okJSON(map[string]any{"id": a.ID, "object": "account", "default_currency": a.Currency,
+		"type": "custom", "charges_enabled": true, "payouts_enabled": true})
 }
 
 func (f *FakeStripe) captureCharge(id string, p url.Values) answer {
@@ -1101,6 +1223,10 @@ func chargeJSON(c *Charge) map[string]any {
 		"status": "succeeded", "livemode": false, "metadata": map[string]any{}}
 	m["customer"] = nullable(c.Customer)
 	m["payment_intent"] = nullable(c.PaymentIntent)
+	if c.Source != "" {
+		m["source"] = map[string]any{"id": c.Source, "object": "account"}
+		m["payment_method_details"] = map[string]any{"type": "stripe_account", "stripe_account": map[string]any{}}
+	}
 	return m
 }
 

@@ -276,3 +276,33 @@ func TestFakeStripeCatalogAndPaymentLinks(t *testing.T) {
 	require.Len(t, data, 1)
 	assert.Equal(t, pi.Body["id"], data[0].(map[string]any)["id"])
 }
+
+// An account debit works only on a connected account, in its default currency,
+// within its balance; it answers the Payment created on the platform.
+func TestFakeStripeAccountDebit(t *testing.T) {
+	f := proxytest.NewFakeStripe(t, secret)
+	acct := f.AddConnectedAccount("eur", 1000)
+	debit := func(idem, amount, currency, source string) reply {
+		return MustPost(t, f, "/v1/charges", idem, "Bearer "+secret,
+			url.Values{"amount": {amount}, "currency": {currency}, "source": {source}})
+	}
+	r := debit("d1", "500", "eur", "acct_unknown")
+	assert.Equal(t, http.StatusBadRequest, r.Status)
+	assert.Equal(t, "resource_missing", errCode(r))
+	r = debit("d2", "500", "usd", acct)
+	assert.Equal(t, http.StatusBadRequest, r.Status, "not the account's default currency")
+	r = debit("d3", "1001", "eur", acct)
+	assert.Equal(t, "balance_insufficient", errCode(r))
+	assert.Empty(t, f.Charges())
+
+	r = debit("d4", "600", "eur", acct)
+	require.Equal(t, http.StatusOK, r.Status)
+	assert.True(t, strings.HasPrefix(r.Body["id"].(string), "py_"), "a Payment on the platform: %v", r.Body["id"])
+	assert.Equal(t, acct, r.Body["source"].(map[string]any)["id"])
+	a, ok := f.ConnectedAccount(acct)
+	require.True(t, ok)
+	assert.EqualValues(t, 400, a.Balance)
+	assert.EqualValues(t, 600, f.TotalMoved("eur"))
+	require.Len(t, f.Charges(), 1)
+	assert.Equal(t, acct, f.Charges()[0].Source)
+}
