@@ -20,6 +20,7 @@ import (
 	"github.com/getkin/kin-openapi/openapi3filter"
 	"github.com/getkin/kin-openapi/routers"
 	"github.com/getkin/kin-openapi/routers/legacy"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"github.com/stripe/stripe-go/v84"
@@ -44,6 +45,10 @@ type agentEnv struct {
 	logs   *adminLogBuffer
 	router routers.Router
 	tokens []string
+	// registry holds the metrics of the store and the proxy, wired as serve
+	// wires them.
+	registry *prometheus.Registry
+	metrics  *api.Metrics
 }
 
 // MustAgentEnv starts the proxy listener with the agent endpoints mounted. Every
@@ -53,11 +58,17 @@ func MustAgentEnv(tb testing.TB) *agentEnv {
 	tb.Helper()
 	env := &agentEnv{tb: tb, clock: &adminTestClock{now: adminTestNow}, logs: &adminLogBuffer{}}
 	logger := slog.New(slog.NewJSONHandler(env.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	env.registry = prometheus.NewRegistry()
+	metrics, err := api.NewMetrics(env.registry, metricsTestVersion)
+	require.NoError(tb, err)
+	env.metrics = metrics
 	store, err := vault.Open(filepath.Join(tb.TempDir(), "keybrake.db"), vault.Options{
 		MasterKey: bytes.Repeat([]byte{0x24}, 32), Now: env.clock.Now, Logger: logger,
+		CommitObserver: metrics.ObserveCommit,
 	})
 	require.NoError(tb, err)
 	env.store = store
+	require.NoError(tb, metrics.WatchStore(store))
 	tb.Cleanup(func() {
 		assert.NoError(tb, store.CheckInvariant(context.Background()))
 		assert.NoError(tb, store.Close())
@@ -70,6 +81,7 @@ func MustAgentEnv(tb testing.TB) *agentEnv {
 	require.NoError(tb, err)
 	p, err := proxy.New(proxy.Config{
 		Store: store, Upstream: upstream, UpstreamTimeout: 10 * time.Second, Now: env.clock.Now, Logger: logger,
+		Registerer: env.registry,
 	})
 	require.NoError(tb, err)
 	env.proxy = p

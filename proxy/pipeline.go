@@ -90,6 +90,9 @@ type call struct {
 	upstreamStatus  int
 	stripeRequestID string
 	err             error
+
+	// upstreamWait is the time spent waiting for Stripe's answers (timedTransport).
+	upstreamWait time.Duration
 }
 
 type callKey struct{}
@@ -782,7 +785,7 @@ func (p *Proxy) setRemaining(ctx context.Context, h http.Header, c *call) {
 // never logs the token, the secret, the idempotency key or a body. It also counts
 // the request for /metrics, so every request is counted exactly once.
 func (p *Proxy) logCall(c *call) {
-	p.metrics.observeRequest(c.decision, c.reason, time.Since(c.began))
+	p.metrics.observeRequest(c, time.Since(c.began))
 	level := slog.LevelInfo
 	switch {
 	case c.status >= 500 || c.status == 0:

@@ -145,7 +145,6 @@ func (p *Proxy) rewrite(pr *httputil.ProxyRequest) {
 // which settles it as outcome unknown.
 func (p *Proxy) modifyResponse(resp *http.Response) error {
 	c := callFrom(resp.Request.Context())
-	p.metrics.observeUpstream(upstreamForward, resp.StatusCode)
 	c.upstreamStatus = resp.StatusCode
 	c.status = resp.StatusCode
 	c.stripeRequestID = resp.Header.Get(headerRequestID)
@@ -270,10 +269,6 @@ func (p *Proxy) errorHandler(w http.ResponseWriter, r *http.Request, err error) 
 		writeStripeError(w, newRequestID(), internalError(err))
 		return
 	}
-	if c.upstreamStatus == 0 {
-		// No answer at all; an answer ModifyResponse failed on is counted already.
-		p.metrics.observeUpstream(upstreamForward, 0)
-	}
 	status := http.StatusBadGateway
 	var ne net.Error
 	if errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout()) {
@@ -348,10 +343,8 @@ func (p *Proxy) lookup(ctx context.Context, c *call, l Lookup) (lookupResult, er
 	}
 	resp, err := p.lookups.Do(req)
 	if err != nil {
-		p.metrics.observeUpstream(upstreamLookup, 0)
 		return lookupResult{}, fmt.Errorf("lookup %s: %w", l.Path, err)
 	}
-	p.metrics.observeUpstream(upstreamLookup, resp.StatusCode)
 	defer resp.Body.Close()
 	body, err := io.ReadAll(io.LimitReader(resp.Body, p.maxResponse))
 	if err != nil {

@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -147,16 +148,22 @@ func TestEndToEndMintChargeAndReadUsage(t *testing.T) {
 	assertMoney(t, "35", *usage.Period.Remaining)
 	assert.Equal(t, int64(2500), fake.TotalMoved("usd"))
 
-	// serve wires the proxy and the version into /metrics (no token needed).
+	// serve wires the proxy, the store and the version into one registry served
+	// at /metrics (no token needed).
 	status, body := MustGet(t, m.AdminURL()+"/metrics", "")
 	require.Equal(t, http.StatusOK, status, string(body))
 	for _, line := range []string{
-		`keybrake_proxy_requests_total{decision="allowed",code=""} 1`,
-		`keybrake_proxy_requests_total{decision="refused",code="spend_cap_exceeded"} 1`,
-		`keybrake_proxy_upstream_requests_total{kind="forward",status_class="2xx"} 1`,
-		`keybrake_build_info{version="` + buildVersion() + `",goversion="` + runtime.Version() + `"} 1`,
+		`keybrake_proxy_requests_total{operation="charges.create",outcome="allowed"} 1`,
+		`keybrake_proxy_requests_total{operation="charges.create",outcome="refused"} 1`,
+		`keybrake_proxy_refusals_total{mode="enforce",reason="spend_cap_exceeded"} 1`,
+		`keybrake_upstream_request_duration_seconds_count{kind="forward",status_class="2xx"} 1`,
+		`keybrake_store_commit_batch_size_sum 3`, // the charge's hold and settle, the refusal's event
+		`keybrake_committed_minor_units{currency="usd",window="period"} 2500`,
+		`keybrake_holds_unknown 0`,
+		`keybrake_keys_active 1`,
+		`keybrake_build_info{goversion="` + runtime.Version() + `",version="` + buildVersion() + `"} 1`,
 	} {
-		assert.Contains(t, strings.Split(string(body), "\n"), line)
+		assert.True(t, slices.Contains(strings.Split(string(body), "\n"), line), "/metrics has %s", line)
 	}
 }
 

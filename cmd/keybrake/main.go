@@ -20,6 +20,7 @@ import (
 	// it does not depend on the host's (a distroless or scratch image may have none).
 	_ "time/tzdata"
 
+	"github.com/keybrake/keybrake/api"
 	"github.com/keybrake/keybrake/vault"
 )
 
@@ -93,6 +94,7 @@ type Main struct {
 	Getenv func(string) string
 
 	logger    *slog.Logger
+	metrics   *api.Metrics
 	store     *vault.Store
 	proxyLn   net.Listener
 	adminLn   net.Listener

@@ -13,6 +13,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/keybrake/keybrake/api"
 	"github.com/keybrake/keybrake/proxy"
 	"github.com/keybrake/keybrake/vault"
@@ -53,6 +55,13 @@ func (m *Main) runServe(ctx context.Context) error {
 		log.Warn("the upstream is plain HTTP on a non-loopback host: the Stripe secret travels unencrypted", "stripe_url", cfg.StripeURL)
 	}
 
+	// One registry for the whole program, handed to every component.
+	registry := prometheus.NewRegistry()
+	m.metrics, err = api.NewMetrics(registry, buildVersion())
+	if err != nil {
+		return err
+	}
+
 	dbPath := filepath.Join(cfg.DataDir, databaseFile)
 	store, err := vault.Open(dbPath, vault.Options{
 		MasterKey:      masterKey,
@@ -60,11 +69,15 @@ func (m *Main) runServe(ctx context.Context) error {
 		Lease:          cfg.Lease(),
 		Logger:         logger, // each package adds its own "component"
 		OpenTimeout:    cfg.OpenTimeout,
+		CommitObserver: m.metrics.ObserveCommit,
 	})
 	if err != nil {
 		return fmt.Errorf("open store %s: %w", dbPath, err)
 	}
 	m.store = store
+	if err := m.metrics.WatchStore(store); err != nil {
+		return err
+	}
 
 	if secret := m.Getenv(envStripeKey); secret != "" {
 		if err := m.registerDefaultUpstream(ctx, log, secret); err != nil {
@@ -77,6 +90,7 @@ func (m *Main) runServe(ctx context.Context) error {
 		Upstream:        upstreamURL,
 		UpstreamTimeout: cfg.UpstreamTimeout,
 		Logger:          logger,
+		Registerer:      registry,
 	})
 	if err != nil {
 		return fmt.Errorf("build proxy: %w", err)
@@ -106,8 +120,7 @@ func (m *Main) runServe(ctx context.Context) error {
 		Logger:    logger,
 		JWTSecret: jwtSecret,
 		PublicURL: m.publicURL,
-		Proxy:     stripe,
-		Version:   buildVersion(),
+		Metrics:   registry,
 	})
 
 	m.proxySrv = m.newServer(proxyHandler, cfg.ProxyWriteTimeout())
@@ -247,6 +260,9 @@ func (m *Main) reap(ctx context.Context, log *slog.Logger) {
 	defer t.Stop()
 	for {
 		n, err := m.store.Reap(ctx)
+		if ctx.Err() == nil {
+			m.metrics.ObserveReap(n, err)
+		}
 		switch {
 		case err != nil && ctx.Err() == nil:
 			log.Error("reap failed", "error", err)
