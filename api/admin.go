@@ -67,6 +67,7 @@ type adminRoute struct {
 // adminRoutes is the admin API.
 var adminRoutes = []adminRoute{
 	{method: http.MethodGet, path: "/healthz", handler: (*admin).healthz, public: true},
+	{method: http.MethodGet, path: "/readyz", handler: (*admin).readyz, public: true},
 	{method: http.MethodGet, path: "/api/v1/openapi.json", handler: (*admin).openAPI, public: true},
 	{method: http.MethodGet, path: "/metrics", handler: (*admin).metrics, public: true},
 

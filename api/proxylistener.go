@@ -10,7 +10,7 @@ import (
 )
 
 // NewProxyListener returns the proxy listener's handler: /v1/*, /v2/* (Stripe),
-// /keybrake/v1/* (agent endpoints, see agent.go), /healthz.
+// /keybrake/v1/* (agent endpoints, see agent.go), /healthz, /readyz.
 //
 // The Stripe routes hand the request to cfg.Stripe exactly as it arrived: echo
 // only routes on it (on the escaped path) and neither cleans nor unescapes the
@@ -48,6 +48,7 @@ func NewProxyListener(cfg ProxyConfig) http.Handler {
 		c.Response().Header().Set("Cache-Control", "no-store")
 		return c.JSON(http.StatusOK, map[string]string{"status": "ok"})
 	})
+	e.GET("/readyz", func(c echo.Context) error { return serveReadyz(c, cfg.Store, logger) })
 
 	if cfg.Stripe != nil {
 		stripe := echo.WrapHandler(cfg.Stripe)

@@ -163,16 +163,25 @@ func MustMintKey(tb testing.TB, s *vault.Store, name string, capDollars int64) (
 	return k, token
 }
 
-func TestServeHealthzOnBothListeners(t *testing.T) {
+func TestServeHealthzAndReadyzOnBothListeners(t *testing.T) {
 	fake := proxytest.NewFakeStripe(t, "sk_test_healthz")
-	m := MustServe(t, t.TempDir(), fake.URL, nil)
+	m := MustServe(t, t.TempDir(), fake.URL, nil) // no STRIPE_SECRET_KEY: no upstream
 
 	for name, base := range map[string]string{"proxy": m.ProxyURL(), "admin": m.AdminURL()} {
 		t.Run(name, func(t *testing.T) {
 			require.True(t, strings.HasPrefix(base, "http://127.0.0.1:"), base)
 			status, body := MustGet(t, base+"/healthz", "")
 			assert.Equal(t, http.StatusOK, status, string(body))
+			status, body = MustGet(t, base+"/readyz", "")
+			assert.Equal(t, http.StatusServiceUnavailable, status, string(body))
+			assert.Contains(t, string(body), "no upstream is registered")
 		})
+	}
+	_, err := m.Store().PutUpstream(context.Background(), "test", upstreamDefault, "stripe", fake.Secret)
+	require.NoError(t, err)
+	for _, base := range []string{m.ProxyURL(), m.AdminURL()} {
+		status, body := MustGet(t, base+"/readyz", "")
+		assert.Equal(t, http.StatusOK, status, string(body))
 	}
 	assert.Equal(t, m.ProxyURL(), m.PublicURL(), "public URL derived from the bound proxy address")
 	assert.Zero(t, fake.Count(), "health checks never reach Stripe")
