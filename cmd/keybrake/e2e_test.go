@@ -28,6 +28,12 @@ import (
 // (when out is not nil). It returns the status.
 func adminDo(tb testing.TB, method, u, token string, in, out any) int {
 	tb.Helper()
+	return adminDoWith(tb, http.DefaultClient, method, u, token, in, out)
+}
+
+// adminDoWith is adminDo through client.
+func adminDoWith(tb testing.TB, client *http.Client, method, u, token string, in, out any) int {
+	tb.Helper()
 	var body io.Reader
 	if in != nil {
 		b, err := json.Marshal(in)
@@ -40,7 +46,7 @@ func adminDo(tb testing.TB, method, u, token string, in, out any) int {
 	if in != nil {
 		req.Header.Set("Content-Type", "application/json")
 	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := client.Do(req)
 	require.NoError(tb, err)
 	defer resp.Body.Close()
 	data, err := io.ReadAll(resp.Body)

@@ -51,6 +51,14 @@ func main() {
 		fmt.Fprintln(os.Stderr, "keybrake:", err)
 		os.Exit(exitError)
 	}
+	// SIGHUP reloads the TLS certificates (after a renewal); it never stops serve.
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	go func() {
+		for range hup {
+			_ = m.ReloadTLS() // each failure is logged; the current certificate stays
+		}
+	}()
 	err := m.Wait(ctx)
 	// A second SIGINT/SIGTERM during the graceful shutdown kills the process at once.
 	stop()
@@ -98,6 +106,8 @@ type Main struct {
 	store     *vault.Store
 	proxyLn   net.Listener
 	adminLn   net.Listener
+	proxyTLS  *certReloader // nil without --tls-cert
+	adminTLS  *certReloader // nil without --admin-tls-cert
 	proxySrv  *http.Server
 	adminSrv  *http.Server
 	publicURL string

@@ -558,7 +558,8 @@ func TestDerivePublicURL(t *testing.T) {
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
-			assert.Equal(t, tc.want, derivePublicURL(tc.addr))
+			assert.Equal(t, tc.want, derivePublicURL(tc.addr, false))
+			assert.Equal(t, "https"+strings.TrimPrefix(tc.want, "http"), derivePublicURL(tc.addr, true), "with TLS")
 		})
 	}
 }

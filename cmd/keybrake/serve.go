@@ -96,6 +96,17 @@ func (m *Main) runServe(ctx context.Context) error {
 		return fmt.Errorf("build proxy: %w", err)
 	}
 
+	if cfg.TLSCert != "" {
+		if m.proxyTLS, err = newCertReloader("proxy", cfg.TLSCert, cfg.TLSKey, cfg.TLSReloadCheck, log); err != nil {
+			return err
+		}
+	}
+	if cfg.AdminTLSCert != "" {
+		if m.adminTLS, err = newCertReloader("admin", cfg.AdminTLSCert, cfg.AdminTLSKey, cfg.TLSReloadCheck, log); err != nil {
+			return err
+		}
+	}
+
 	var lc net.ListenConfig
 	m.proxyLn, err = lc.Listen(ctx, "tcp", cfg.Listen)
 	if err != nil {
@@ -107,7 +118,15 @@ func (m *Main) runServe(ctx context.Context) error {
 	}
 	m.publicURL = cfg.PublicURL
 	if m.publicURL == "" {
-		m.publicURL = derivePublicURL(m.proxyLn.Addr().String())
+		m.publicURL = derivePublicURL(m.proxyLn.Addr().String(), m.proxyTLS != nil)
+	}
+	if m.proxyTLS == nil && exposedWithoutTLS(m.proxyLn.Addr()) {
+		log.Warn("the proxy listens beyond this machine without TLS: vault keys travel in clear; set --tls-cert and --tls-key, or terminate TLS in front of keybrake",
+			"listen", m.proxyLn.Addr().String())
+	}
+	if m.adminTLS == nil && exposedWithoutTLS(m.adminLn.Addr()) {
+		log.Warn("the admin API listens beyond this machine without TLS: admin tokens travel in clear; set --admin-tls-cert and --admin-tls-key, or keep it on 127.0.0.1",
+			"admin_listen", m.adminLn.Addr().String())
 	}
 
 	proxyHandler := api.NewProxyListener(api.ProxyConfig{
@@ -123,8 +142,8 @@ func (m *Main) runServe(ctx context.Context) error {
 		Metrics:   registry,
 	})
 
-	m.proxySrv = m.newServer(proxyHandler, cfg.ProxyWriteTimeout())
-	m.adminSrv = m.newServer(adminHandler, cfg.AdminWriteTimeout)
+	m.proxySrv = m.newServer(proxyHandler, cfg.ProxyWriteTimeout(), m.proxyTLS)
+	m.adminSrv = m.newServer(adminHandler, cfg.AdminWriteTimeout, m.adminTLS)
 	m.startServing(ctx)
 
 	log.Info("keybrake serving",
@@ -132,6 +151,8 @@ func (m *Main) runServe(ctx context.Context) error {
 		"proxy", m.proxyLn.Addr().String(),
 		"admin", m.adminLn.Addr().String(),
 		"public_url", m.publicURL,
+		"proxy_tls", m.proxyTLS != nil,
+		"admin_tls", m.adminTLS != nil,
 		"stripe_url", cfg.StripeURL,
 		"data_dir", cfg.DataDir,
 	)
@@ -171,7 +192,12 @@ func (m *Main) startServing(ctx context.Context) {
 		m.wg.Add(1)
 		go func() {
 			defer m.wg.Done()
-			if err := s.srv.Serve(s.ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			serve := s.srv.Serve
+			if s.srv.TLSConfig != nil {
+				// The certificate comes from TLSConfig.GetCertificate.
+				serve = func(ln net.Listener) error { return s.srv.ServeTLS(ln, "", "") }
+			}
+			if err := serve(s.ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 				m.serveErr <- fmt.Errorf("%s server: %w", s.name, err)
 			}
 		}()
@@ -187,11 +213,11 @@ func (m *Main) startServing(ctx context.Context) {
 }
 
 // newServer returns the server of one listener: h, tracked for Close, with the
-// configured timeouts. Requests do not inherit Run's ctx: cancelling it starts a
-// graceful shutdown in which in-flight requests finish, so their contexts must
-// outlive it.
-func (m *Main) newServer(h http.Handler, writeTimeout time.Duration) *http.Server {
-	return &http.Server{
+// configured timeouts, over TLS when certs is set. Requests do not inherit Run's
+// ctx: cancelling it starts a graceful shutdown in which in-flight requests
+// finish, so their contexts must outlive it.
+func (m *Main) newServer(h http.Handler, writeTimeout time.Duration, certs *certReloader) *http.Server {
+	srv := &http.Server{
 		Handler:           m.inflight.track(h),
 		ReadHeaderTimeout: m.Config.ReadHeaderTimeout,
 		ReadTimeout:       m.Config.ReadTimeout,
@@ -200,6 +226,10 @@ func (m *Main) newServer(h http.Handler, writeTimeout time.Duration) *http.Serve
 		MaxHeaderBytes:    1 << 20,
 		ErrorLog:          slog.NewLogLogger(m.logger.With("component", "http").Handler(), slog.LevelWarn),
 	}
+	if certs != nil {
+		srv.TLSConfig = certs.tlsConfig()
+	}
+	return srv
 }
 
 // registerDefaultUpstream registers STRIPE_SECRET_KEY as the upstream "default",
@@ -349,7 +379,7 @@ func (m *Main) ProxyURL() string {
 	if m.proxyLn == nil {
 		return ""
 	}
-	return dialableURL(m.proxyLn.Addr())
+	return dialableURL(m.proxyLn.Addr(), m.proxyTLS != nil)
 }
 
 // AdminURL is the bound admin listener's URL, dialable from this machine ("" before
@@ -358,7 +388,7 @@ func (m *Main) AdminURL() string {
 	if m.adminLn == nil {
 		return ""
 	}
-	return dialableURL(m.adminLn.Addr())
+	return dialableURL(m.adminLn.Addr(), m.adminTLS != nil)
 }
 
 // PublicURL is the proxy base URL handed out with minted keys (--public-url, or
