@@ -48,7 +48,8 @@ type Config struct {
 	// LeaseMargin is added to UpstreamTimeout for the lease of an in-flight claim, so
 	// a claim outlives the request that holds it.
 	LeaseMargin time.Duration
-	// OpenTimeout is how long opening the database waits for its file lock.
+	// OpenTimeout is how long opening the database waits for its file lock: short,
+	// so that a second serve on a data directory in use says so at once.
 	OpenTimeout time.Duration
 	// ReadHeaderTimeout bounds reading a request's headers on both listeners.
 	ReadHeaderTimeout time.Duration
@@ -79,7 +80,7 @@ func DefaultConfig() Config {
 		ShutdownTimeout:   90 * time.Second,
 		ReapInterval:      5 * time.Minute,
 		LeaseMargin:       30 * time.Second,
-		OpenTimeout:       5 * time.Second,
+		OpenTimeout:       500 * time.Millisecond,
 		ReadHeaderTimeout: 10 * time.Second,
 		ReadTimeout:       60 * time.Second,
 		AdminWriteTimeout: 5 * time.Minute,

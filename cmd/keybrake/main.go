@@ -76,6 +76,7 @@ const (
 	cmdServe   = "serve"
 	cmdToken   = "token"
 	cmdBackup  = "backup"
+	cmdRekey   = "rekey"
 	cmdVersion = "version"
 	cmdHelp    = "help"
 )
@@ -93,6 +94,8 @@ type Main struct {
 	Token TokenConfig
 	// Backup is the backup subcommand's configuration.
 	Backup BackupConfig
+	// Rekey is the rekey subcommand's configuration.
+	Rekey RekeyConfig
 
 	// Stdout receives a command's output (a token, the version).
 	Stdout io.Writer
@@ -126,6 +129,7 @@ func NewMain() *Main {
 		Config: DefaultConfig(),
 		Token:  DefaultTokenConfig(),
 		Backup: DefaultBackupConfig(),
+		Rekey:  DefaultRekeyConfig(),
 		Stdout: os.Stdout,
 		Stderr: os.Stderr,
 		Getenv: os.Getenv,
@@ -138,6 +142,7 @@ Usage:
   keybrake serve   [flags]   run the metering proxy and the admin API
   keybrake token   [flags]   print an admin API token (JWT)
   keybrake backup  [flags]   write a consistent copy of the database
+  keybrake rekey   [flags]   re-seal the database under a new master key (server stopped)
   keybrake version           print the version
   keybrake help [command]    show help
 
@@ -161,6 +166,8 @@ func (m *Main) ParseFlags(ctx context.Context, args []string) error {
 		return m.parseToken(args)
 	case cmdBackup:
 		return m.parseBackup(args)
+	case cmdRekey:
+		return m.parseRekey(args)
 	case cmdVersion:
 		return parseArgs(m.flagSet(cmdVersion, "keybrake version"), args)
 	case cmdHelp, "-h", "-help", "--help":
@@ -225,6 +232,8 @@ func (m *Main) Run(ctx context.Context) error {
 		return m.runToken(ctx)
 	case cmdBackup:
 		return m.runBackup(ctx)
+	case cmdRekey:
+		return m.runRekey(ctx)
 	case cmdVersion:
 		_, err := fmt.Fprintln(m.Stdout, "keybrake", Version())
 		return err

@@ -285,23 +285,77 @@ func TestServeSecretsFromEnvironmentAreNotWritten(t *testing.T) {
 }
 
 func TestServeRefusesBadSecrets(t *testing.T) {
-	tests := map[string]env{
-		"master key not base64":  {envMasterKey: "not base64 !!"},
-		"master key too short":   {envMasterKey: "c2hvcnQ="},
-		"jwt secret too short":   {envJWTSecret: "short"},
-		"master key of 33 bytes": {envMasterKey: strings.Repeat("QUFB", 11)},
+	tests := map[string]struct {
+		env  env
+		want string
+	}{
+		"master key not base64":  {env{envMasterKey: "not base64 !!"}, "must be base64 of 32 bytes"},
+		"master key too short":   {env{envMasterKey: "c2hvcnQ="}, "is base64 of 5 bytes; it must be base64 of 32 bytes"},
+		"master key of 33 bytes": {env{envMasterKey: strings.Repeat("QUFB", 11)}, "must be base64 of 32 bytes"},
+		"master key in hex":      {env{envMasterKey: strings.Repeat("0f", 32)}, "looks like hex"},
+		"jwt secret too short":   {env{envJWTSecret: "short"}, "at least 32"},
 	}
-	for name, e := range tests {
+	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
-			tm := NewTestMain(e)
+			dataDir := t.TempDir()
+			tm := NewTestMain(tc.env)
 			ctx := context.Background()
-			require.NoError(t, tm.ParseFlags(ctx, []string{"serve", "--data-dir", t.TempDir(),
+			require.NoError(t, tm.ParseFlags(ctx, []string{"serve", "--data-dir", dataDir,
 				"--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"}))
 			err := tm.Run(ctx)
-			assert.Error(t, err)
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), tc.want)
+			if strings.Contains(name, "master key") {
+				assert.Contains(t, err.Error(), "openssl rand -base64 32", "says how to make one")
+			}
 			assert.NoError(t, tm.Close())
 		})
 	}
+}
+
+func TestServeRefusesADatabaseWithoutItsMasterKey(t *testing.T) {
+	fake := proxytest.NewFakeStripe(t, "sk_test_restore")
+	oldDir := t.TempDir()
+	m := MustServe(t, oldDir, fake.URL, env{envStripeKey: fake.Secret})
+	require.NoError(t, m.Close())
+	masterText := strings.TrimSpace(readFile(t, filepath.Join(oldDir, masterKeyFile)))
+
+	// A backup restored into a new data directory, without its master.key.
+	newDir := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(newDir, databaseFile), []byte(readFile(t, filepath.Join(oldDir, databaseFile))), 0o600))
+	serve := func(e env) error {
+		_, err := runCommand(e, "serve", "--data-dir", newDir, "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0",
+			"--stripe-url", fake.URL)
+		return err
+	}
+	err := serve(env{})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "there is no master key")
+	assert.Contains(t, err.Error(), "A restored backup needs the master key of the server it was taken from")
+	assert.NoFileExists(t, filepath.Join(newDir, masterKeyFile), "no key generated that could never open it")
+	assert.NoFileExists(t, filepath.Join(newDir, jwtSecretFile))
+
+	err = serve(env{envMasterKey: MustNewMasterKeyText(t)})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "was sealed with another master key than the one in KEYBRAKE_MASTER_KEY")
+	require.NoError(t, os.WriteFile(filepath.Join(newDir, masterKeyFile), []byte(MustNewMasterKeyText(t)), 0o600))
+	err = serve(env{})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "was sealed with another master key than the one in "+filepath.Join(newDir, masterKeyFile))
+
+	require.NoError(t, os.Remove(filepath.Join(newDir, masterKeyFile)))
+	assertServesWith(t, newDir, fake.URL, env{envMasterKey: masterText}, fake.Secret)
+}
+
+func TestSecondServeOnADataDirectoryInUse(t *testing.T) {
+	assert.LessOrEqual(t, DefaultConfig().OpenTimeout, time.Second, "the second serve says so within a second")
+	fake := proxytest.NewFakeStripe(t, "sk_test_twice")
+	dataDir := t.TempDir()
+	MustServe(t, dataDir, fake.URL, nil)
+	_, err := runCommand(nil, "serve", "--data-dir", dataDir, "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0",
+		"--stripe-url", fake.URL)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "another keybrake process holds "+filepath.Join(dataDir, databaseFile))
 }
 
 func TestServeFlagsAndEnvironment(t *testing.T) {

@@ -42,7 +42,7 @@ func (m *Main) runServe(ctx context.Context) error {
 	m.logger = logger
 	log := logger.With("component", "main")
 
-	masterKey, jwtSecret, err := m.loadSecrets(log)
+	masterKey, masterSrc, jwtSecret, err := m.loadSecrets(log)
 	if err != nil {
 		return err
 	}
@@ -72,7 +72,7 @@ func (m *Main) runServe(ctx context.Context) error {
 		CommitObserver: m.metrics.ObserveCommit,
 	})
 	if err != nil {
-		return fmt.Errorf("open store %s: %w", dbPath, err)
+		return openStoreError(dbPath, masterSrc, err)
 	}
 	m.store = store
 	if err := m.metrics.WatchStore(store); err != nil {
@@ -160,24 +160,57 @@ func (m *Main) runServe(ctx context.Context) error {
 	return nil
 }
 
-// loadSecrets creates the data directory and returns the master key and the JWT
-// secret from the environment, else the data directory, else freshly generated
-// into it. It logs where each came from, never the secret.
-func (m *Main) loadSecrets(log *slog.Logger) (masterKey, jwtSecret []byte, err error) {
+// loadSecrets creates the data directory and returns the master key (and where it
+// came from) and the JWT secret: from the environment, else the data directory,
+// else freshly generated into it. A master key is generated only for a new
+// database: a database without its key (a backup restored without master.key)
+// is refused, and nothing is generated. It logs where each came from, never the
+// secret.
+func (m *Main) loadSecrets(log *slog.Logger) (masterKey []byte, masterSrc secretSource, jwtSecret []byte, err error) {
 	dir := m.Config.DataDir
 	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, nil, fmt.Errorf("create data directory: %w", err)
+		return nil, "", nil, fmt.Errorf("create data directory: %w", err)
 	}
-	masterKey, masterSrc, err := loadOrGenerateSecret(masterKeySpec, m.Getenv, dir, log)
+	masterKey, masterSrc, err = loadSecret(masterKeySpec, m.Getenv, dir, log)
+	if errors.Is(err, errNoSecret) {
+		dbPath := filepath.Join(dir, databaseFile)
+		if fi, serr := os.Stat(dbPath); serr == nil && fi.Size() > 0 {
+			return nil, "", nil, fmt.Errorf("%s exists, but there is no master key (%s is unset and %s is missing): "+
+				"the database was sealed with a master key that is not here, and a new one would not open it. "+
+				"A restored backup needs the master key of the server it was taken from: set %s to it, or write it to %s (mode 0600)",
+				dbPath, envMasterKey, filepath.Join(dir, masterKeyFile), envMasterKey, filepath.Join(dir, masterKeyFile))
+		}
+		masterKey, masterSrc, err = loadOrGenerateSecret(masterKeySpec, m.Getenv, dir, log)
+	}
 	if err != nil {
-		return nil, nil, fmt.Errorf("master key: %w", err)
+		return nil, "", nil, fmt.Errorf("master key: %w", err)
 	}
 	jwtSecret, jwtSrc, err := loadOrGenerateSecret(jwtSecretSpec, m.Getenv, dir, log)
 	if err != nil {
-		return nil, nil, fmt.Errorf("jwt secret: %w", err)
+		return nil, "", nil, fmt.Errorf("jwt secret: %w", err)
 	}
 	log.Info("secrets loaded", "master_key", masterSrc, "jwt_secret", jwtSrc)
-	return masterKey, jwtSecret, nil
+	return masterKey, masterSrc, jwtSecret, nil
+}
+
+// openStoreError turns the store's refusal to open into what the operator should
+// do about it.
+func openStoreError(dbPath string, masterSrc secretSource, err error) error {
+	switch {
+	case errors.Is(err, vault.ErrSealed):
+		from := envMasterKey
+		if masterSrc != sourceEnv {
+			from = filepath.Join(filepath.Dir(dbPath), masterKeyFile)
+		}
+		return fmt.Errorf("%s was sealed with another master key than the one in %s: supply the key it was created with, in %s or %s "+
+			"(a restored backup needs the master key of the server it came from; after an interrupted keybrake rekey, the new key): %w",
+			dbPath, from, envMasterKey, filepath.Join(filepath.Dir(dbPath), masterKeyFile), err)
+	case errors.Is(err, vault.ErrLocked):
+		return fmt.Errorf("another keybrake process holds %s (its file lock): stop it, or give this one another --data-dir: %w", dbPath, err)
+	case errors.Is(err, vault.ErrSchemaVersion):
+		return fmt.Errorf("%s was written by a newer keybrake: run that version, or restore a backup taken before the upgrade: %w", dbPath, err)
+	}
+	return fmt.Errorf("open store %s: %w", dbPath, err)
 }
 
 // startServing starts both servers on their bound listeners and the reaper. A
