@@ -208,7 +208,7 @@ func parseArgs(fs *flag.FlagSet, args []string) error {
 
 // parseServe reads serve's flags and environment.
 func (m *Main) parseServe(args []string) error {
-	fs := m.flagSet(cmdServe, "keybrake serve [flags]\n\nEach flag is also read from KEYBRAKE_<FLAG> (flag wins).\nSecrets: KEYBRAKE_MASTER_KEY (base64 of 32 bytes), KEYBRAKE_JWT_SECRET (at least 32 bytes);\ngenerated into the data directory when unset (development only).\nSTRIPE_SECRET_KEY registers or updates the upstream \"default\".")
+	fs := m.flagSet(cmdServe, "keybrake serve [flags]\n\nEach flag is also read from KEYBRAKE_<FLAG> (flag wins).\nSecrets: KEYBRAKE_MASTER_KEY (base64 of 32 bytes), KEYBRAKE_JWT_SECRET (at least 32 bytes);\ngenerated into the data directory when unset (development only).\nSTRIPE_SECRET_KEY registers the upstream \"default\" when absent or changed since the last start.")
 	m.Config.bindFlags(fs)
 	if err := parseArgs(fs, args); err != nil {
 		return err

@@ -665,3 +665,40 @@ func postForm(ctx context.Context, client *http.Client, u, vaultKey, idemKey str
 	body, err := io.ReadAll(resp.Body)
 	return resp.StatusCode, body, err
 }
+
+func TestStripeSecretKeyOnlyReplacesWhenItChanged(t *testing.T) {
+	fake := proxytest.NewFakeStripe(t, "sk_test_envfirst")
+	dataDir := t.TempDir()
+	ctx := context.Background()
+	start := func(secret string) testMain {
+		t.Helper()
+		m := MustServe(t, dataDir, fake.URL, env{envStripeKey: secret}, "--log-level", "info")
+		return m
+	}
+	secretOf := func(m testMain) string {
+		t.Helper()
+		s, err := m.Store().UpstreamSecret(ctx, upstreamDefault)
+		require.NoError(t, err)
+		return s
+	}
+
+	m := start("sk_test_envfirst")
+	assert.Contains(t, m.stderr.String(), "upstream registered from the environment")
+	// An admin replaces the secret through the API.
+	_, err := m.Store().PutUpstream(ctx, "alice", upstreamDefault, "stripe", "sk_test_adminset")
+	require.NoError(t, err)
+	require.NoError(t, m.Close())
+
+	m = start("sk_test_envfirst") // the same environment: the admin's secret stays
+	assert.Equal(t, "sk_test_adminset", secretOf(m))
+	assert.Contains(t, m.stderr.String(), "is unchanged since the last start")
+	require.NoError(t, m.Close())
+
+	m = start("sk_test_envsecond") // a new value: it replaces, with a warning
+	assert.Equal(t, "sk_test_envsecond", secretOf(m))
+	logs := m.stderr.String()
+	assert.Contains(t, logs, `"level":"WARN","msg":"the environment's value changed since the last start`)
+	for _, secret := range []string{"sk_test_envfirst", "sk_test_adminset", "sk_test_envsecond"} {
+		assert.NotContains(t, logs, secret, "no secret in the logs")
+	}
+}

@@ -265,22 +265,25 @@ func (m *Main) newServer(h http.Handler, writeTimeout time.Duration, certs *cert
 	return srv
 }
 
-// registerDefaultUpstream registers STRIPE_SECRET_KEY as the upstream "default",
-// unless it already holds that very secret (so a restart writes no audit entry).
+// registerDefaultUpstream registers STRIPE_SECRET_KEY as the upstream "default"
+// when there is none or when the value changed since the last start (the store
+// keeps a salted fingerprint of it, never the value). An unchanged environment
+// leaves the upstream as it is, so a secret an admin changed through the API
+// survives a restart; a changed one replaces it, with a warning.
 func (m *Main) registerDefaultUpstream(ctx context.Context, log *slog.Logger, secret string) error {
-	current, err := m.store.UpstreamSecret(ctx, upstreamDefault)
-	switch {
-	case err == nil && current == secret:
-		return nil
-	case err != nil && !errors.Is(err, vault.ErrNotFound):
-		// Unreadable (e.g. sealed under another master key): replace it.
-		log.Warn("replacing unreadable upstream", "upstream", upstreamDefault, "error", err)
-	}
-	up, err := m.store.PutUpstream(ctx, actorSystem, upstreamDefault, "stripe", secret)
+	up, action, err := m.store.SyncEnvUpstream(ctx, actorSystem, upstreamDefault, "stripe", secret)
 	if err != nil {
 		return fmt.Errorf("register upstream %s from %s: %w", upstreamDefault, envStripeKey, err)
 	}
-	log.Info("upstream registered from environment", "upstream", up.Name, "secret_last4", up.SecretLast4)
+	attrs := []any{"upstream", up.Name, "secret_last4", up.SecretLast4, "variable", envStripeKey}
+	switch action {
+	case vault.EnvUpstreamRegistered:
+		log.Info("upstream registered from the environment", attrs...)
+	case vault.EnvUpstreamReplaced:
+		log.Warn("the environment's value changed since the last start: it replaced the registered upstream secret", attrs...)
+	case vault.EnvUpstreamKept:
+		log.Info("the environment's value is unchanged since the last start: the registered upstream is kept as it is", attrs...)
+	}
 	return nil
 }
 
