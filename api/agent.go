@@ -151,6 +151,12 @@ func (a *agent) authenticate(next echo.HandlerFunc) echo.HandlerFunc {
 			return unauthorized(detail)
 		}
 		token, err := proxy.VaultToken(c.Request().Header)
+		if errors.Is(err, proxy.ErrStripeSecretKey) {
+			a.log.LogAttrs(c.Request().Context(), slog.LevelWarn, "a Stripe secret key was sent to the agent endpoints instead of a vault key",
+				slog.String("stripe_key_kind", proxy.StripeKeyKind(c.Request().Header)),
+				slog.String("remote_addr", c.Request().RemoteAddr))
+			return fail(proxy.StripeSecretKeyAdvice)
+		}
 		if err != nil {
 			return fail(err.Error())
 		}

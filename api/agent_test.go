@@ -271,18 +271,20 @@ func TestAgentAuthentication(t *testing.T) {
 		status int
 		detail string
 	}{
-		"bearer":                 {[]string{"Bearer " + tok}, http.StatusOK, ""},
-		"basic user name":        {[]string{basic(tok)}, http.StatusOK, ""},
-		"lower-case scheme":      {[]string{"bearer " + tok}, http.StatusOK, ""},
-		"none":                   {nil, http.StatusUnauthorized, "missing Authorization"},
-		"empty bearer":           {[]string{"Bearer "}, http.StatusUnauthorized, "invalid Authorization"},
-		"basic without user":     {[]string{basic("")}, http.StatusUnauthorized, "invalid Authorization"},
-		"other scheme":           {[]string{"Token " + tok}, http.StatusUnauthorized, "invalid Authorization"},
-		"two headers":            {[]string{"Bearer " + tok, "Bearer " + tok}, http.StatusUnauthorized, "more than one"},
-		"malformed token":        {[]string{"Bearer vk_nope"}, http.StatusUnauthorized, "invalid vault key"},
-		"unknown (rotated away)": {[]string{"Bearer " + unknownTok}, http.StatusUnauthorized, "invalid vault key"},
-		"revoked":                {[]string{"Bearer " + revokedTok}, http.StatusUnauthorized, "revoked"},
-		"an admin JWT":           {[]string{"Bearer eyJhbGciOiJIUzI1NiJ9.e30.x"}, http.StatusUnauthorized, "invalid vault key"},
+		"bearer":                  {[]string{"Bearer " + tok}, http.StatusOK, ""},
+		"basic user name":         {[]string{basic(tok)}, http.StatusOK, ""},
+		"lower-case scheme":       {[]string{"bearer " + tok}, http.StatusOK, ""},
+		"none":                    {nil, http.StatusUnauthorized, "missing Authorization"},
+		"empty bearer":            {[]string{"Bearer "}, http.StatusUnauthorized, "invalid Authorization"},
+		"basic without user":      {[]string{basic("")}, http.StatusUnauthorized, "invalid Authorization"},
+		"other scheme":            {[]string{"Token " + tok}, http.StatusUnauthorized, "invalid Authorization"},
+		"two headers":             {[]string{"Bearer " + tok, "Bearer " + tok}, http.StatusUnauthorized, "more than one"},
+		"malformed token":         {[]string{"Bearer vk_nope"}, http.StatusUnauthorized, "invalid vault key"},
+		"unknown (rotated away)":  {[]string{"Bearer " + unknownTok}, http.StatusUnauthorized, "invalid vault key"},
+		"revoked":                 {[]string{"Bearer " + revokedTok}, http.StatusUnauthorized, "revoked"},
+		"an admin JWT":            {[]string{"Bearer eyJhbGciOiJIUzI1NiJ9.e30.x"}, http.StatusUnauthorized, "invalid vault key"},
+		"a Stripe secret key":     {[]string{"Bearer sk_live_51Hsecretsecret"}, http.StatusUnauthorized, "This is a Stripe secret key, not a vault key"},
+		"a Stripe restricted key": {[]string{basic("rk_test_51Hsecretsecret")}, http.StatusUnauthorized, "This is a Stripe secret key, not a vault key"},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
@@ -306,6 +308,11 @@ func TestAgentAuthentication(t *testing.T) {
 			}
 		})
 	}
+
+	logs := env.logs.String()
+	assert.Contains(t, logs, `"level":"WARN","msg":"a Stripe secret key was sent to the agent endpoints instead of a vault key"`)
+	assert.Contains(t, logs, `"stripe_key_kind":"rk_test"`)
+	assert.NotContains(t, logs, "51Hsecretsecret", "never the key itself")
 
 	t.Run("expired", func(t *testing.T) {
 		env.clock.Set(time.Date(2026, 10, 1, 0, 0, 0, 0, time.UTC))
