@@ -452,6 +452,7 @@ func TestParseFlagsRefuses(t *testing.T) {
 		"bad duration in the env":   {env: env{"KEYBRAKE_UPSTREAM_TIMEOUT": "soon"}, args: []string{"serve"}, wantMsg: "KEYBRAKE_UPSTREAM_TIMEOUT"},
 		"token with a bad role":     {args: []string{"token", "--role", "root"}, wantMsg: "role"},
 		"token with a negative ttl": {args: []string{"token", "--ttl", "-1h"}, wantMsg: "ttl"},
+		"token over 30 days":        {args: []string{"token", "--ttl", "721h"}, wantMsg: "pass --allow-long-ttl"},
 		"backup without out":        {args: []string{"backup"}, wantMsg: "out"},
 		"version with an argument":  {args: []string{"version", "now"}, wantMsg: "version: unexpected arguments"},
 		"token with an argument":    {args: []string{"token", "admin"}, wantMsg: "token: unexpected arguments"},
@@ -526,6 +527,14 @@ func TestTokenCommand(t *testing.T) {
 		"data directory from env": {
 			env:        env{"KEYBRAKE_DATA_DIR": fileDir},
 			wantSecret: "file-secret-file-secret-file-secret!", wantSub: "admin", wantRole: api.RoleAdmin, wantTTL: time.Hour,
+		},
+		"30 days": {
+			args:       []string{"--data-dir", fileDir, "--ttl", "720h"},
+			wantSecret: "file-secret-file-secret-file-secret!", wantSub: "admin", wantRole: api.RoleAdmin, wantTTL: MaxTokenTTL,
+		},
+		"a year, on purpose": {
+			args:       []string{"--data-dir", fileDir, "--ttl", "8760h", "--allow-long-ttl"},
+			wantSecret: "file-secret-file-secret-file-secret!", wantSub: "admin", wantRole: api.RoleAdmin, wantTTL: 8760 * time.Hour,
 		},
 	}
 	for name, tc := range tests {
