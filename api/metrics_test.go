@@ -8,7 +8,9 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"strings"
 	"testing"
@@ -20,6 +22,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"github.com/stripe/stripe-go/v84"
+	"go.yaml.in/yaml/v3"
 
 	"github.com/keybrake/keybrake/api"
 	"github.com/keybrake/keybrake/proxy/proxytest"
@@ -274,4 +277,67 @@ func TestMetricsScrapeFailsWhenTheStoreFails(t *testing.T) {
 	assert.Equal(t, http.StatusInternalServerError, resp.StatusCode, "Prometheus's up metric shows a broken store")
 	assert.Contains(t, logs.String(), "metrics scrape failed")
 	assert.Error(t, m.WatchStore(store), "registered once")
+}
+
+// The example alerting rules in docs/ are valid rules that name metrics keybrake
+// really exposes, with label values it really uses.
+func TestAlertRulesNameRealMetrics(t *testing.T) {
+	data, err := os.ReadFile(filepath.Join("..", "docs", "prometheus", "keybrake-alerts.yml"))
+	require.NoError(t, err)
+	var rules struct {
+		Groups []struct {
+			Name  string `yaml:"name"`
+			Rules []struct {
+				Alert       string            `yaml:"alert"`
+				Expr        string            `yaml:"expr"`
+				For         string            `yaml:"for"`
+				Labels      map[string]string `yaml:"labels"`
+				Annotations map[string]string `yaml:"annotations"`
+			} `yaml:"rules"`
+		} `yaml:"groups"`
+	}
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	require.NoError(t, dec.Decode(&rules))
+	require.Len(t, rules.Groups, 1)
+
+	env := MustAgentEnv(t)
+	families, err := env.registry.Gather()
+	require.NoError(t, err)
+	series := map[string][]*dto.Metric{}
+	for _, f := range families {
+		series[f.GetName()] = f.GetMetric()
+	}
+	selector := regexp.MustCompile(`\b(keybrake_[a-z_]+)(\{([^}]*)\})?`)
+	matcher := regexp.MustCompile(`([a-z_]+)="([^"]*)"`)
+	alerts := map[string]bool{}
+	for _, r := range rules.Groups[0].Rules {
+		alerts[r.Alert] = true
+		assert.NotEmpty(t, r.Expr, r.Alert)
+		assert.NotEmpty(t, r.Annotations["summary"], r.Alert)
+		assert.NotEmpty(t, r.Labels["severity"], r.Alert)
+		if r.For != "" {
+			_, err := model.ParseDuration(r.For)
+			assert.NoError(t, err, r.Alert)
+		}
+		for _, m := range selector.FindAllStringSubmatch(r.Expr, -1) {
+			name := m[1]
+			ms, ok := series[name]
+			if !assert.True(t, ok, "%s: %s is not a metric keybrake exposes", r.Alert, name) {
+				continue
+			}
+			for _, lv := range matcher.FindAllStringSubmatch(m[3], -1) {
+				found := false
+				for _, metric := range ms {
+					for _, l := range metric.GetLabel() {
+						found = found || (l.GetName() == lv[1] && l.GetValue() == lv[2])
+					}
+				}
+				assert.True(t, found, "%s: %s has no series with %s=%q", r.Alert, name, lv[1], lv[2])
+			}
+		}
+	}
+	for _, want := range []string{"KeybrakeUnknownHolds", "KeybrakeUpstreamAuthFailures", "KeybrakeKeyNearCap"} {
+		assert.True(t, alerts[want], want)
+	}
 }
