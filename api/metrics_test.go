@@ -6,12 +6,14 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"regexp"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 
@@ -48,7 +50,7 @@ func MustMetricsAdmin(tb testing.TB, env *agentEnv) *httptest.Server {
 	return srv
 }
 
-// scrape is a parsed exposition.
+// scrape is a parsed exposition, by metric family name.
 type scrape map[string]*dto.MetricFamily
 
 // MustScrape GETs /metrics without a token, as a plain client does (no content
@@ -68,63 +70,23 @@ func MustScrape(tb testing.TB, url string) scrape {
 	return families
 }
 
-// Value is the value of the series name{labels} (labels must match exactly): a
-// counter's or gauge's value, a histogram's sample count; 0 when absent.
+func (s scrape) families() []*dto.MetricFamily { return slices.Collect(maps.Values(s)) }
+
+// Value is the value of the series name{labels} (see proxytest.MetricValue).
 func (s scrape) Value(name string, labels ...string) float64 {
-	f := s[name]
-	if f == nil {
-		return 0
-	}
-	for _, m := range f.GetMetric() {
-		if !labelsEqual(m.GetLabel(), labels) {
-			continue
-		}
-		switch f.GetType() {
-		case dto.MetricType_COUNTER:
-			return m.GetCounter().GetValue()
-		case dto.MetricType_GAUGE:
-			return m.GetGauge().GetValue()
-		case dto.MetricType_HISTOGRAM:
-			return float64(m.GetHistogram().GetSampleCount())
-		}
-	}
-	return 0
+	return proxytest.MetricValue(s.families(), name, labels...)
 }
 
-// HistogramSum is the sum of the histogram name's observations.
+// Sum adds every series of name (histograms: sample counts).
+func (s scrape) Sum(name string) float64 { return proxytest.MetricSum(s.families(), name) }
+
+// HistogramSum is the sum of the observations of the histogram name (one series).
 func (s scrape) HistogramSum(name string) float64 {
 	f := s[name]
 	if f == nil || len(f.GetMetric()) == 0 {
 		return 0
 	}
 	return f.GetMetric()[0].GetHistogram().GetSampleSum()
-}
-
-// Sum adds every series of name (histograms: sample counts).
-func (s scrape) Sum(name string) float64 {
-	var total float64
-	if f := s[name]; f != nil {
-		for _, m := range f.GetMetric() {
-			total += m.GetCounter().GetValue() + m.GetGauge().GetValue() + float64(m.GetHistogram().GetSampleCount())
-		}
-	}
-	return total
-}
-
-func labelsEqual(got []*dto.LabelPair, want []string) bool {
-	if len(got)*2 != len(want) {
-		return false
-	}
-	for i := 0; i+1 < len(want); i += 2 {
-		found := false
-		for _, l := range got {
-			found = found || (l.GetName() == want[i] && l.GetValue() == want[i+1])
-		}
-		if !found {
-			return false
-		}
-	}
-	return true
 }
 
 func TestMetricsAfterTraffic(t *testing.T) {

@@ -7,74 +7,28 @@ import (
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/keybrake/keybrake/policy"
+	"github.com/keybrake/keybrake/proxy/proxytest"
 )
 
-// MetricValue gathers g and returns the value of the series name{labels}: a
-// counter's or gauge's value, a histogram's sample count; 0 when the series is
-// absent. Labels are name, value pairs and must match the series' labels exactly.
+// MetricValue gathers g and returns the value of the series name{labels} (see
+// proxytest.MetricValue).
 func MetricValue(tb testing.TB, g prometheus.Gatherer, name string, labels ...string) float64 {
 	tb.Helper()
 	families, err := g.Gather()
 	require.NoError(tb, err)
-	for _, f := range families {
-		if f.GetName() != name {
-			continue
-		}
-		for _, m := range f.GetMetric() {
-			if !labelsAre(m.GetLabel(), labels) {
-				continue
-			}
-			switch {
-			case m.Counter != nil:
-				return m.GetCounter().GetValue()
-			case m.Gauge != nil:
-				return m.GetGauge().GetValue()
-			case m.Histogram != nil:
-				return float64(m.GetHistogram().GetSampleCount())
-			}
-		}
-	}
-	return 0
+	return proxytest.MetricValue(families, name, labels...)
 }
 
-// MetricSum adds the values (histograms: sample counts) of every series of name.
+// MetricSum gathers g and adds every series of name.
 func MetricSum(tb testing.TB, g prometheus.Gatherer, name string) float64 {
 	tb.Helper()
 	families, err := g.Gather()
 	require.NoError(tb, err)
-	var total float64
-	for _, f := range families {
-		if f.GetName() != name {
-			continue
-		}
-		for _, m := range f.GetMetric() {
-			total += m.GetCounter().GetValue() + m.GetGauge().GetValue() + float64(m.GetHistogram().GetSampleCount())
-		}
-	}
-	return total
-}
-
-func labelsAre(got []*dto.LabelPair, want []string) bool {
-	if len(got)*2 != len(want) {
-		return false
-	}
-	for i := 0; i+1 < len(want); i += 2 {
-		found := false
-		for _, l := range got {
-			if l.GetName() == want[i] && l.GetValue() == want[i+1] {
-				found = true
-			}
-		}
-		if !found {
-			return false
-		}
-	}
-	return true
+	return proxytest.MetricSum(families, name)
 }
 
 func TestMetricsCountLookupsAndForwards(t *testing.T) {

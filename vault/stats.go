@@ -12,9 +12,10 @@ import (
 	"github.com/keybrake/keybrake/policy"
 )
 
-// holdCountChunk bounds the hold index entries one read transaction of CountHolds
-// looks at. A long read transaction keeps bbolt from remapping a growing file, which
-// stalls every writer; chunks of this size take well under a millisecond.
+// holdCountChunk bounds the entries one read transaction of CountHolds and
+// SummarizeUsage looks at. A long read transaction keeps bbolt from remapping a
+// growing file, which stalls every writer; chunks of this size take well under a
+// millisecond.
 const holdCountChunk = 10000
 
 // CountHolds counts the holds in state (HoldHeld, HoldCommitted, HoldReleased or
@@ -33,53 +34,55 @@ func (s *Store) CountHolds(ctx context.Context, state HoldState) (int, error) {
 	}
 	want := []byte(state)
 	total := 0
+	err := s.walkInChunks(ctx, bucketHoldIndex, func(_ *bolt.Tx, _ time.Time, _, v []byte) error {
+		if bytes.Equal(v, want) {
+			total++
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, fmt.Errorf("count holds: %w", err)
+	}
+	return total, nil
+}
+
+// walkInChunks calls visit for every entry of bucket, in key order, in read
+// transactions of at most countChunk entries each (see holdCountChunk); now is
+// the store clock of the entry's transaction. It stops with ctx's error when ctx
+// ends, and with visit's.
+func (s *Store) walkInChunks(ctx context.Context, bucket []byte, visit func(tx *bolt.Tx, now time.Time, k, v []byte) error) error {
+	chunk := max(s.countChunk, 1)
 	var resume []byte
 	for {
 		if err := ctx.Err(); err != nil {
-			return 0, fmt.Errorf("count holds: %w", err)
+			return err
 		}
-		var (
-			n    int
-			next []byte
-		)
-		err := s.view(func(tx *bolt.Tx, _ time.Time) error {
-			n, next = countHoldsChunk(tx, want, resume, s.countChunk)
+		var next []byte
+		err := s.view(func(tx *bolt.Tx, now time.Time) error {
+			c := tx.Bucket(bucket).Cursor()
+			var k, v []byte
+			if resume == nil {
+				k, v = c.First()
+			} else {
+				k, v = c.Seek(resume)
+			}
+			for seen := 0; k != nil; k, v = c.Next() {
+				if seen == chunk {
+					next = bytes.Clone(k) // bbolt's key is valid only inside the transaction
+					return nil
+				}
+				seen++
+				if err := visit(tx, now, k, v); err != nil {
+					return err
+				}
+			}
 			return nil
 		})
-		if err != nil {
-			return 0, fmt.Errorf("count holds: %w", err)
-		}
-		total += n
-		if next == nil {
-			return total, nil
+		if err != nil || next == nil {
+			return err
 		}
 		resume = next
 	}
-}
-
-// countHoldsChunk counts the index entries whose value is want among at most chunk
-// entries from resume (the start when nil). It returns where the next chunk starts,
-// nil at the end of the index.
-func countHoldsChunk(tx *bolt.Tx, want, resume []byte, chunk int) (int, []byte) {
-	c := tx.Bucket(bucketHoldIndex).Cursor()
-	var k, v []byte
-	if resume == nil {
-		k, v = c.First()
-	} else {
-		k, v = c.Seek(resume)
-	}
-	chunk = max(chunk, 1)
-	n := 0
-	for seen := 0; k != nil; k, v = c.Next() {
-		if seen == chunk {
-			return n, bytes.Clone(k) // bbolt's key is valid only inside the transaction
-		}
-		seen++
-		if bytes.Equal(v, want) {
-			n++
-		}
-	}
-	return n, nil
 }
 
 // Ping proves the store can write: it runs an empty write transaction through the
@@ -144,72 +147,46 @@ func (s *Store) SummarizeUsage(ctx context.Context, nearCapPercent int) (UsageSu
 		return UsageSummary{}, fmt.Errorf("summarize usage: percentage %d: %w", nearCapPercent, ErrInvalid)
 	}
 	sum := UsageSummary{Totals: map[CurrencyWindow]policy.Counter{}, NearCap: map[policy.WindowKind]int{}}
-	var resume []byte
-	for {
-		if err := ctx.Err(); err != nil {
-			return UsageSummary{}, fmt.Errorf("summarize usage: %w", err)
-		}
-		var next []byte
-		err := s.view(func(tx *bolt.Tx, now time.Time) error {
-			var err error
-			next, err = summarizeChunk(tx, now, resume, max(s.countChunk, 1), nearCapPercent, &sum)
-			return err
-		})
-		if err != nil {
-			return UsageSummary{}, fmt.Errorf("summarize usage: %w", err)
-		}
-		if next == nil {
-			return sum, nil
-		}
-		resume = next
+	err := s.walkInChunks(ctx, bucketKeys, func(tx *bolt.Tx, now time.Time, k, v []byte) error {
+		return summarizeKey(tx, now, k, v, nearCapPercent, &sum)
+	})
+	if err != nil {
+		return UsageSummary{}, fmt.Errorf("summarize usage: %w", err)
 	}
+	return sum, nil
 }
 
-// summarizeChunk adds at most chunk keys from resume (the first when nil) to sum
-// and returns where the next chunk starts, nil at the end.
-func summarizeChunk(tx *bolt.Tx, now time.Time, resume []byte, chunk, pct int, sum *UsageSummary) ([]byte, error) {
-	c := tx.Bucket(bucketKeys).Cursor()
-	var k, v []byte
-	if resume == nil {
-		k, v = c.First()
-	} else {
-		k, v = c.Seek(resume)
+// summarizeKey adds the key stored as k, v to sum when it is active.
+func summarizeKey(tx *bolt.Tx, now time.Time, k, v []byte, pct int, sum *UsageSummary) error {
+	var rec keyRec
+	if err := decodeJSON(k, v, &rec); err != nil {
+		return err
 	}
-	for seen := 0; k != nil; k, v = c.Next() {
-		if seen == chunk {
-			return bytes.Clone(k), nil // bbolt's key is valid only inside the transaction
-		}
-		seen++
-		var rec keyRec
-		if err := decodeJSON(k, v, &rec); err != nil {
-			return nil, err
-		}
-		if (&Key{Status: rec.Status, Policy: rec.Policy}).StatusAt(now) != KeyActive {
-			continue
-		}
-		windows, err := rec.Policy.Windows(now)
-		if err != nil {
-			return nil, fmt.Errorf("key %s windows: %w", rec.ID, err)
-		}
-		usage, err := readUsage(tx, rec.ID, windows)
-		if err != nil {
-			return nil, err
-		}
-		sum.ActiveKeys++
-		cur := rec.Policy.EffectiveCurrency()
-		for _, w := range windows {
-			cnt := usage[w.ID]
-			cw := CurrencyWindow{Currency: cur, Window: w.Kind}
-			t := sum.Totals[cw]
-			t.Committed += cnt.Committed
-			t.Held += cnt.Held
-			sum.Totals[cw] = t
-			if w.HasCap && reachedPercent(cnt.Committed+cnt.Held, w.Cap, pct) {
-				sum.NearCap[w.Kind]++
-			}
+	if (&Key{Status: rec.Status, Policy: rec.Policy}).StatusAt(now) != KeyActive {
+		return nil
+	}
+	windows, err := rec.Policy.Windows(now)
+	if err != nil {
+		return fmt.Errorf("key %s windows: %w", rec.ID, err)
+	}
+	usage, err := readUsage(tx, rec.ID, windows)
+	if err != nil {
+		return err
+	}
+	sum.ActiveKeys++
+	cur := rec.Policy.EffectiveCurrency()
+	for _, w := range windows {
+		cnt := usage[w.ID]
+		cw := CurrencyWindow{Currency: cur, Window: w.Kind}
+		t := sum.Totals[cw]
+		t.Committed += cnt.Committed
+		t.Held += cnt.Held
+		sum.Totals[cw] = t
+		if w.HasCap && reachedPercent(cnt.Committed+cnt.Held, w.Cap, pct) {
+			sum.NearCap[w.Kind]++
 		}
 	}
-	return nil, nil
+	return nil
 }
 
 // reachedPercent reports whether used >= pct % of limit, in integers that cannot

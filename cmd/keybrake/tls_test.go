@@ -82,6 +82,17 @@ func (ca *testCA) MustLeaf(tb testing.TB, certPath, keyPath string, serial int64
 	mustReplaceFile(tb, certPath, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}))
 }
 
+// MustTwoCAs makes two CAs, to renew a certificate from one to the other, and a
+// pool that trusts both.
+func MustTwoCAs(tb testing.TB) (a, b *testCA, both *x509.CertPool) {
+	tb.Helper()
+	a, b = MustTestCA(tb, "A"), MustTestCA(tb, "B")
+	both = x509.NewCertPool()
+	both.AddCert(a.cert)
+	both.AddCert(b.cert)
+	return a, b, both
+}
+
 // mustReplaceFile writes data beside path and renames it over path.
 func mustReplaceFile(tb testing.TB, path string, data []byte) {
 	tb.Helper()
@@ -173,12 +184,9 @@ func TestServeOverTLS(t *testing.T) {
 func TestTLSCertificateReloadKeepsConnections(t *testing.T) {
 	fake := proxytest.NewFakeStripe(t, "sk_test_tlsreload")
 	dir := t.TempDir()
-	caA, caB := MustTestCA(t, "A"), MustTestCA(t, "B")
+	caA, caB, both := MustTwoCAs(t)
 	certPath, keyPath := filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key")
 	caA.MustLeaf(t, certPath, keyPath, 1)
-	both := x509.NewCertPool()
-	both.AddCert(caA.cert)
-	both.AddCert(caB.cert)
 
 	tm := NewTestMain(env{envStripeKey: fake.Secret})
 	ctx := context.Background()
@@ -258,22 +266,13 @@ func TestSIGHUPReloadsCertificates(t *testing.T) {
 	}
 	bin := MustBuildBinary(t)
 	dir := t.TempDir()
-	caA, caB := MustTestCA(t, "A"), MustTestCA(t, "B")
+	caA, caB, both := MustTwoCAs(t)
 	certPath, keyPath := filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key")
 	caA.MustLeaf(t, certPath, keyPath, 1)
-	both := x509.NewCertPool()
-	both.AddCert(caA.cert)
-	both.AddCert(caB.cert)
 
-	var environ []string
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "KEYBRAKE_") && !strings.HasPrefix(kv, "STRIPE_") {
-			environ = append(environ, kv)
-		}
-	}
 	c := startChild(t, bin, []string{"serve", "--data-dir", filepath.Join(dir, "data"),
 		"--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--stripe-url", "http://127.0.0.1:1",
-		"--tls-cert", certPath, "--tls-key", keyPath, "--log-format", "json"}, environ)
+		"--tls-cert", certPath, "--tls-key", keyPath, "--log-format", "json"}, childEnviron())
 	t.Cleanup(func() {
 		_ = c.cmd.Process.Kill()
 		<-c.exited
