@@ -15,6 +15,7 @@ import (
 
 	"github.com/golang-jwt/jwt/v5"
 	"github.com/labstack/echo/v4"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/keybrake/keybrake/vault"
 )
@@ -46,11 +47,7 @@ type admin struct {
 	publicURL string
 	now       func() time.Time
 	parser    *jwt.Parser
-	proxy     ProxyStats
-	version   string
-
-	// metricsMu serializes GET /metrics (see metrics).
-	metricsMu sync.Mutex
+	scrape    http.Handler
 
 	// patchMu serializes PATCH /keys/{id}: a merge patch is applied to the key as
 	// read, so two concurrent patches must not both start from the same read.
@@ -70,6 +67,7 @@ type adminRoute struct {
 // adminRoutes is the admin API.
 var adminRoutes = []adminRoute{
 	{method: http.MethodGet, path: "/healthz", handler: (*admin).healthz, public: true},
+	{method: http.MethodGet, path: "/readyz", handler: (*admin).readyz, public: true},
 	{method: http.MethodGet, path: "/api/v1/openapi.json", handler: (*admin).openAPI, public: true},
 	{method: http.MethodGet, path: "/metrics", handler: (*admin).metrics, public: true},
 
@@ -93,8 +91,8 @@ var adminRoutes = []adminRoute{
 	{method: http.MethodGet, path: "/api/v1/backup", handler: (*admin).backup, admin: true},
 }
 
-// NewAdmin returns the admin listener's handler: /api/v1/*, /healthz, /metrics
-// (Prometheus text format). The handler is an *echo.Echo. Every /api/v1 route but
+// NewAdmin returns the admin listener's handler: /api/v1/*, /healthz, /readyz,
+// /metrics (Prometheus). The handler is an *echo.Echo. Every /api/v1 route but
 // /api/v1/openapi.json needs an admin token
 // (Authorization: Bearer <JWT>, see IssueToken); every error is
 // application/problem+json (RFC 9457).
@@ -114,9 +112,12 @@ func NewAdmin(cfg AdminConfig) http.Handler {
 		publicURL: strings.TrimRight(cfg.PublicURL, "/"),
 		now:       now,
 		parser:    newTokenParser(now),
-		proxy:     cfg.Proxy,
-		version:   cfg.Version,
 	}
+	gatherer := cfg.Metrics
+	if gatherer == nil {
+		gatherer = prometheus.NewRegistry()
+	}
+	a.scrape = metricsHandler(gatherer, a.log)
 	if len(a.secret) == 0 {
 		a.log.Error("no JWT secret configured: every admin API request will be refused")
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"github.com/keybrake/keybrake/policy"
+	"github.com/keybrake/keybrake/proxy"
 	"github.com/keybrake/keybrake/vault"
 )
 
@@ -79,11 +80,9 @@ func (a *admin) mintKey(c echo.Context) error {
 		return mapPolicyError(fmt.Errorf("mint key: %w", err))
 	}
 	c.Response().Header().Set(echo.HeaderLocation, "/api/v1/keys/"+key.ID)
-	return c.JSON(http.StatusCreated, keyWithTokenView{
-		keyView: newKeyView(key, now),
-		Token:   token,
-		BaseURL: a.publicURL,
-	})
+	v := newKeyView(key, now)
+	v.Warnings = key.Policy.Warnings()
+	return c.JSON(http.StatusCreated, keyWithTokenView{keyView: v, Token: token, BaseURL: a.publicURL})
 }
 
 // keyListView is the answer of GET /api/v1/keys.
@@ -238,7 +237,9 @@ func (a *admin) patchKey(c echo.Context) error {
 	if err != nil {
 		return mapPolicyError(fmt.Errorf("patch key %s: %w", id, err))
 	}
-	return c.JSON(http.StatusOK, newKeyView(updated, now))
+	v := newKeyView(updated, now)
+	v.Warnings = updated.Policy.Warnings()
+	return c.JSON(http.StatusOK, v)
 }
 
 // revokeKey handles POST /api/v1/keys/{id}/revoke.
@@ -441,7 +442,43 @@ func policyValidationErrors(err error) []policy.FieldError {
 // needs the nanoseconds, and they would be in every answer and audit entry.
 func checkPolicy(p *policy.Policy, now time.Time) []policy.FieldError {
 	p.Normalize(now.Truncate(time.Second))
-	return policyValidationErrors(p.ValidateNew(now))
+	errs := policyValidationErrors(p.ValidateNew(now))
+	return append(errs, checkOperations(p.Operations, errs)...)
+}
+
+// checkOperations refuses the operation globs that match no operation keybrake
+// knows (a typo would silently allow nothing), suggesting the closest names. A
+// glob that already has an error (malformed) is left to that error.
+func checkOperations(ops []string, errs []policy.FieldError) []policy.FieldError {
+	var out []policy.FieldError
+	for i, op := range ops {
+		field := fmt.Sprintf("policy.operations[%d]", i)
+		if slices.ContainsFunc(errs, func(fe policy.FieldError) bool { return fe.Field == field }) {
+			continue
+		}
+		ok, suggestions := proxy.CheckOperation(op)
+		if ok {
+			continue
+		}
+		msg := fmt.Sprintf("%q is not an operation keybrake knows", op)
+		if len(suggestions) > 0 {
+			msg += fmt.Sprintf("; did you mean %s?", quoteList(suggestions))
+		}
+		out = append(out, fieldError(field, msg))
+	}
+	return out
+}
+
+// quoteList renders names as "a", "b" or "c".
+func quoteList(names []string) string {
+	q := make([]string, len(names))
+	for i, n := range names {
+		q[i] = fmt.Sprintf("%q", n)
+	}
+	if len(q) == 1 {
+		return q[0]
+	}
+	return strings.Join(q[:len(q)-1], ", ") + " or " + q[len(q)-1]
 }
 
 // mapPolicyError puts the field errors of a policy validation the store returned under

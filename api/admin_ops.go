@@ -17,6 +17,14 @@ func (a *admin) healthz(c echo.Context) error {
 	return c.JSON(http.StatusOK, map[string]string{"status": "ok"})
 }
 
+// metrics handles GET /metrics (no token, like /healthz: the admin listener is
+// loopback by default, and the answer holds only totals — no key, customer or
+// token).
+func (a *admin) metrics(c echo.Context) error {
+	a.scrape.ServeHTTP(c.Response(), c.Request())
+	return nil
+}
+
 // openAPI handles GET /api/v1/openapi.json (no token): the OpenAPI 3 document of
 // this API.
 func (a *admin) openAPI(c echo.Context) error {

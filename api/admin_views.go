@@ -45,6 +45,9 @@ type keyView struct {
 	UpdatedAt   time.Time         `json:"updated_at"`
 	RevokedAt   *time.Time        `json:"revoked_at,omitempty"`
 	Usage       *usageView        `json:"usage,omitempty"`
+	// Warnings, only in the answers of a mint and a change, name caps of the
+	// policy that can never bind.
+	Warnings []string `json:"warnings,omitempty"`
 }
 
 func newKeyView(k vault.Key, now time.Time) keyView {

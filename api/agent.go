@@ -147,7 +147,8 @@ func (a *agent) errorHandler(err error, c echo.Context) {
 // revoked or expired is 401. The key is left in the echo context.
 func (a *agent) authenticate(next echo.HandlerFunc) echo.HandlerFunc {
 	return func(c echo.Context) error {
-		key, refused, err := authenticateVaultKey(c.Request().Context(), a.store, c.Request().Header, a.now())
+		r := c.Request()
+		key, refused, err := authenticateVaultKey(r.Context(), a.store, a.log, r.Header, r.RemoteAddr, a.now())
 		switch {
 		case err != nil:
 			return err
@@ -163,8 +164,16 @@ func (a *agent) authenticate(next echo.HandlerFunc) echo.HandlerFunc {
 // authenticateVaultKey reads the vault key of h as the proxy does and looks it up:
 // an active key (not-yet-valid included), or the reason it is refused (no,
 // unknown, revoked or expired key), or the store's error.
-func authenticateVaultKey(ctx context.Context, store *vault.Store, h http.Header, now time.Time) (key vault.Key, refused string, err error) {
+func authenticateVaultKey(ctx context.Context, store *vault.Store, log *slog.Logger, h http.Header, remoteAddr string, now time.Time) (key vault.Key, refused string, err error) {
 	token, err := proxy.VaultToken(h)
+	if errors.Is(err, proxy.ErrStripeSecretKey) {
+		// An agent configured with the real Stripe key is an incident worth seeing.
+		if log != nil {
+			log.LogAttrs(ctx, slog.LevelWarn, "a Stripe secret key was sent instead of a vault key",
+				slog.String("stripe_key_kind", proxy.StripeKeyKind(h)), slog.String("remote_addr", remoteAddr))
+		}
+		return vault.Key{}, proxy.StripeSecretKeyAdvice, nil
+	}
 	if err != nil {
 		return vault.Key{}, err.Error(), nil
 	}

@@ -20,6 +20,7 @@ import (
 	"github.com/getkin/kin-openapi/openapi3filter"
 	"github.com/getkin/kin-openapi/routers"
 	"github.com/getkin/kin-openapi/routers/legacy"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"github.com/stripe/stripe-go/v84"
@@ -44,6 +45,10 @@ type agentEnv struct {
 	logs   *adminLogBuffer
 	router routers.Router
 	tokens []string
+	// registry holds the metrics of the store and the proxy, wired as serve
+	// wires them.
+	registry *prometheus.Registry
+	metrics  *api.Metrics
 }
 
 // MustAgentEnv starts the proxy listener with the agent endpoints mounted. Every
@@ -53,11 +58,17 @@ func MustAgentEnv(tb testing.TB) *agentEnv {
 	tb.Helper()
 	env := &agentEnv{tb: tb, clock: &adminTestClock{now: adminTestNow}, logs: &adminLogBuffer{}}
 	logger := slog.New(slog.NewJSONHandler(env.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	env.registry = prometheus.NewRegistry()
+	metrics, err := api.NewMetrics(env.registry, metricsTestVersion)
+	require.NoError(tb, err)
+	env.metrics = metrics
 	store, err := vault.Open(filepath.Join(tb.TempDir(), "keybrake.db"), vault.Options{
 		MasterKey: bytes.Repeat([]byte{0x24}, 32), Now: env.clock.Now, Logger: logger,
+		CommitObserver: metrics.ObserveCommit,
 	})
 	require.NoError(tb, err)
 	env.store = store
+	require.NoError(tb, metrics.WatchStore(store))
 	tb.Cleanup(func() {
 		assert.NoError(tb, store.CheckInvariant(context.Background()))
 		assert.NoError(tb, store.Close())
@@ -70,6 +81,7 @@ func MustAgentEnv(tb testing.TB) *agentEnv {
 	require.NoError(tb, err)
 	p, err := proxy.New(proxy.Config{
 		Store: store, Upstream: upstream, UpstreamTimeout: 10 * time.Second, Now: env.clock.Now, Logger: logger,
+		Registerer: env.registry,
 	})
 	require.NoError(tb, err)
 	env.proxy = p
@@ -259,18 +271,20 @@ func TestAgentAuthentication(t *testing.T) {
 		status int
 		detail string
 	}{
-		"bearer":                 {[]string{"Bearer " + tok}, http.StatusOK, ""},
-		"basic user name":        {[]string{basic(tok)}, http.StatusOK, ""},
-		"lower-case scheme":      {[]string{"bearer " + tok}, http.StatusOK, ""},
-		"none":                   {nil, http.StatusUnauthorized, "missing Authorization"},
-		"empty bearer":           {[]string{"Bearer "}, http.StatusUnauthorized, "invalid Authorization"},
-		"basic without user":     {[]string{basic("")}, http.StatusUnauthorized, "invalid Authorization"},
-		"other scheme":           {[]string{"Token " + tok}, http.StatusUnauthorized, "invalid Authorization"},
-		"two headers":            {[]string{"Bearer " + tok, "Bearer " + tok}, http.StatusUnauthorized, "more than one"},
-		"malformed token":        {[]string{"Bearer vk_nope"}, http.StatusUnauthorized, "invalid vault key"},
-		"unknown (rotated away)": {[]string{"Bearer " + unknownTok}, http.StatusUnauthorized, "invalid vault key"},
-		"revoked":                {[]string{"Bearer " + revokedTok}, http.StatusUnauthorized, "revoked"},
-		"an admin JWT":           {[]string{"Bearer eyJhbGciOiJIUzI1NiJ9.e30.x"}, http.StatusUnauthorized, "invalid vault key"},
+		"bearer":                  {[]string{"Bearer " + tok}, http.StatusOK, ""},
+		"basic user name":         {[]string{basic(tok)}, http.StatusOK, ""},
+		"lower-case scheme":       {[]string{"bearer " + tok}, http.StatusOK, ""},
+		"none":                    {nil, http.StatusUnauthorized, "missing Authorization"},
+		"empty bearer":            {[]string{"Bearer "}, http.StatusUnauthorized, "invalid Authorization"},
+		"basic without user":      {[]string{basic("")}, http.StatusUnauthorized, "invalid Authorization"},
+		"other scheme":            {[]string{"Token " + tok}, http.StatusUnauthorized, "invalid Authorization"},
+		"two headers":             {[]string{"Bearer " + tok, "Bearer " + tok}, http.StatusUnauthorized, "more than one"},
+		"malformed token":         {[]string{"Bearer vk_nope"}, http.StatusUnauthorized, "invalid vault key"},
+		"unknown (rotated away)":  {[]string{"Bearer " + unknownTok}, http.StatusUnauthorized, "invalid vault key"},
+		"revoked":                 {[]string{"Bearer " + revokedTok}, http.StatusUnauthorized, "revoked"},
+		"an admin JWT":            {[]string{"Bearer eyJhbGciOiJIUzI1NiJ9.e30.x"}, http.StatusUnauthorized, "invalid vault key"},
+		"a Stripe secret key":     {[]string{"Bearer sk_live_51Hsecretsecret"}, http.StatusUnauthorized, "This is a Stripe secret key, not a vault key"},
+		"a Stripe restricted key": {[]string{basic("rk_test_51Hsecretsecret")}, http.StatusUnauthorized, "This is a Stripe secret key, not a vault key"},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
@@ -294,6 +308,11 @@ func TestAgentAuthentication(t *testing.T) {
 			}
 		})
 	}
+
+	logs := env.logs.String()
+	assert.Contains(t, logs, `"level":"WARN","msg":"a Stripe secret key was sent instead of a vault key"`)
+	assert.Contains(t, logs, `"stripe_key_kind":"rk_test"`)
+	assert.NotContains(t, logs, "51Hsecretsecret", "never the key itself")
 
 	t.Run("expired", func(t *testing.T) {
 		env.clock.Set(time.Date(2026, 10, 1, 0, 0, 0, 0, time.UTC))

@@ -8,6 +8,8 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/keybrake/keybrake/vault"
 )
 
@@ -20,12 +22,10 @@ type AdminConfig struct {
 	PublicURL string
 	// Now is the clock; time.Now when nil.
 	Now func() time.Time
-	// Proxy is the metering proxy whose counters GET /metrics exposes (the
-	// *proxy.Proxy the proxy listener mounts); without one /metrics has only the
-	// store's and the build's metrics.
-	Proxy ProxyStats
-	// Version is the build's version, the version label of keybrake_build_info.
-	Version string
+	// Metrics is what GET /metrics serves: the registry `serve` owns, on which
+	// NewMetrics, Metrics.WatchStore and the proxy registered their collectors.
+	// Without one /metrics answers an empty exposition.
+	Metrics prometheus.Gatherer
 }
 
 // ProxyConfig configures the proxy listener's handler.

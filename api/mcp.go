@@ -137,7 +137,7 @@ func (m *mcpEndpoint) register(e *echo.Echo) {
 func (m *mcpEndpoint) authenticate(next echo.HandlerFunc) echo.HandlerFunc {
 	return func(c echo.Context) error {
 		r := c.Request()
-		key, refused, err := authenticateVaultKey(r.Context(), m.store, r.Header, m.now())
+		key, refused, err := authenticateVaultKey(r.Context(), m.store, m.log, r.Header, r.RemoteAddr, m.now())
 		switch {
 		case err != nil:
 			return err
@@ -162,7 +162,8 @@ func (m *mcpEndpoint) keyOf(ctx context.Context, extra *mcp.RequestExtra) (vault
 	if extra == nil {
 		return vault.Key{}, errors.New("no HTTP request carries this message: the vault key is unknown")
 	}
-	key, refused, err := authenticateVaultKey(ctx, m.store, extra.Header, m.now())
+	// The transport's check has logged a Stripe key already.
+	key, refused, err := authenticateVaultKey(ctx, m.store, nil, extra.Header, "", m.now())
 	switch {
 	case err != nil:
 		m.log.LogAttrs(ctx, slog.LevelError, "vault key lookup failed", slog.String(attrError, err.Error()))

@@ -1,131 +1,205 @@
 package api
 
 import (
-	"bytes"
+	"context"
 	"fmt"
-	"math"
+	"log/slog"
 	"net/http"
 	"runtime"
-	"strconv"
-	"strings"
+	"sync"
+	"time"
 
-	"github.com/labstack/echo/v4"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 
-	"github.com/keybrake/keybrake/proxy"
+	"github.com/keybrake/keybrake/policy"
 	"github.com/keybrake/keybrake/vault"
 )
 
-// ContentTypeMetrics is the media type of GET /metrics: Prometheus's text
-// exposition format, version 0.0.4.
-const ContentTypeMetrics = "text/plain; version=0.0.4; charset=utf-8"
+// NearCapPercent is the share of a cap, in percent, from which a key counts in
+// keybrake_keys_near_cap.
+const NearCapPercent = 90
 
-// ProxyStats is the source of the metering proxy's counters: *proxy.Proxy.
-type ProxyStats interface {
-	Stats() proxy.Stats
+// scrapeTimeout bounds the store reads of one scrape.
+const scrapeTimeout = 30 * time.Second
+
+// Metrics are keybrake's Prometheus collectors outside the metering proxy (which
+// registers its own, see proxy.Config.Registerer): the build, the Go runtime and
+// the process, the store's group commits and its contents, and the reaper. They
+// live on a registry that `serve` owns and hands to every component; nothing uses
+// the global default registry.
+type Metrics struct {
+	reg            prometheus.Registerer
+	commitDuration prometheus.Histogram
+	batchSize      prometheus.Histogram
+	reaperRuns     *prometheus.CounterVec
+	reaperRemoved  prometheus.Counter
 }
 
-// metrics handles GET /metrics (no token, like /healthz: the admin listener is
-// loopback by default, and the answer holds only totals — no key, customer, amount
-// or token). Scrapes are serialized: counting unknown holds walks the hold index,
+// NewMetrics registers on reg the build info (version), the Go runtime and process
+// collectors, the store's commit histograms and the reaper's counters. Feed them
+// with ObserveCommit (vault.Options.CommitObserver) and ObserveReap, and add the
+// store's own gauges with WatchStore once the store is open.
+func NewMetrics(reg prometheus.Registerer, version string) (*Metrics, error) {
+	m := &Metrics{
+		reg: reg,
+		commitDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "keybrake_store_commit_duration_seconds",
+			Help:    "Write transactions of the store's group committer (holds, settles, claims), fsyncs included; _count is the number of commits.",
+			Buckets: []float64{0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1},
+		}),
+		batchSize: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "keybrake_store_commit_batch_size",
+			Help:    "Operations carried by each write transaction of the group committer: how many callers shared one fsync; _sum is the number of operations.",
+			Buckets: prometheus.ExponentialBuckets(1, 2, 9), // 1 … 256, the largest batch
+		}),
+		reaperRuns: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "keybrake_reaper_runs_total",
+			Help: "Runs of the reaper that removes expired idempotency records, claims and old counters, by result (ok or error).",
+		}, []string{"result"}),
+		reaperRemoved: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "keybrake_reaper_removed_total",
+			Help: "Entries the reaper removed.",
+		}),
+	}
+	buildInfo := prometheus.NewGauge(prometheus.GaugeOpts{
+		Name:        "keybrake_build_info",
+		Help:        "The running keybrake's version; always 1.",
+		ConstLabels: prometheus.Labels{"version": version, "goversion": runtime.Version()},
+	})
+	buildInfo.Set(1)
+	m.reaperRuns.WithLabelValues("ok")
+	m.reaperRuns.WithLabelValues("error")
+	for _, c := range []prometheus.Collector{
+		buildInfo,
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		m.commitDuration, m.batchSize, m.reaperRuns, m.reaperRemoved,
+	} {
+		if err := reg.Register(c); err != nil {
+			return nil, fmt.Errorf("register metrics: %w", err)
+		}
+	}
+	return m, nil
+}
+
+// ObserveCommit records one write transaction of the store's group committer; it
+// is a vault.Options.CommitObserver.
+func (m *Metrics) ObserveCommit(ops int, d time.Duration) {
+	m.commitDuration.Observe(d.Seconds())
+	m.batchSize.Observe(float64(ops))
+}
+
+// ObserveReap records one run of the reaper: how many entries it removed, and
+// whether it failed.
+func (m *Metrics) ObserveReap(removed int, err error) {
+	result := "ok"
+	if err != nil {
+		result = "error"
+	}
+	m.reaperRuns.WithLabelValues(result).Inc()
+	m.reaperRemoved.Add(float64(removed))
+}
+
+// WatchStore registers the gauges read from the store at each scrape: unknown
+// holds, the file's size, the active keys, the money in their current windows per
+// currency, and the keys near a cap.
+func (m *Metrics) WatchStore(store *vault.Store) error {
+	if err := m.reg.Register(newStoreCollector(store)); err != nil {
+		return fmt.Errorf("register store metrics: %w", err)
+	}
+	return nil
+}
+
+// storeCollector reads the store's gauges at scrape time. Scrapes are serialized:
+// counting unknown holds and summarizing usage walk the hold index and the keys,
 // and concurrent scrapes must not multiply that work. A store failure fails the
 // whole scrape (500), so Prometheus's up metric shows it.
-func (a *admin) metrics(c echo.Context) error {
-	a.metricsMu.Lock()
-	defer a.metricsMu.Unlock()
-	unknown, err := a.store.CountHolds(c.Request().Context(), vault.HoldUnknown)
+type storeCollector struct {
+	store *vault.Store
+	mu    sync.Mutex
+
+	unknown, size, active, nearCap, committed, held *prometheus.Desc
+}
+
+func newStoreCollector(store *vault.Store) *storeCollector {
+	return &storeCollector{
+		store: store,
+		unknown: prometheus.NewDesc("keybrake_holds_unknown",
+			"Holds whose outcome is unknown (Stripe gave no answer): money that may have moved, waiting for a retry with the same idempotency key or an operator (GET /api/v1/holds?state=unknown).", nil, nil),
+		size: prometheus.NewDesc("keybrake_store_size_bytes",
+			"Size of the database file on disk.", nil, nil),
+		active: prometheus.NewDesc("keybrake_keys_active",
+			"Vault keys that are neither revoked nor expired.", nil, nil),
+		nearCap: prometheus.NewDesc("keybrake_keys_near_cap",
+			fmt.Sprintf("Active vault keys whose committed + held in their current window (daily: today in the key's time zone; period) has reached %d %% of its cap.", NearCapPercent),
+			[]string{"window"}, nil),
+		committed: prometheus.NewDesc("keybrake_committed_minor_units",
+			"Money committed in the current windows of the active keys, summed per currency, in the currency's minor unit (cents for usd).",
+			[]string{"currency", "window"}, nil),
+		held: prometheus.NewDesc("keybrake_held_minor_units",
+			"Money held (in flight or outcome unknown) in the current windows of the active keys, summed per currency, in the currency's minor unit.",
+			[]string{"currency", "window"}, nil),
+	}
+}
+
+// Describe implements prometheus.Collector.
+func (c *storeCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{c.unknown, c.size, c.active, c.nearCap, c.committed, c.held} {
+		ch <- d
+	}
+}
+
+// Collect implements prometheus.Collector.
+func (c *storeCollector) Collect(ch chan<- prometheus.Metric) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), scrapeTimeout)
+	defer cancel()
+
+	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+	}
+	if n, err := c.store.CountHolds(ctx, vault.HoldUnknown); err != nil {
+		ch <- prometheus.NewInvalidMetric(c.unknown, err)
+	} else {
+		gauge(c.unknown, float64(n))
+	}
+	if n, err := c.store.Size(ctx); err != nil {
+		ch <- prometheus.NewInvalidMetric(c.size, err)
+	} else {
+		gauge(c.size, float64(n))
+	}
+	sum, err := c.store.SummarizeUsage(ctx, NearCapPercent)
 	if err != nil {
-		return fmt.Errorf("metrics: %w", err)
+		ch <- prometheus.NewInvalidMetric(c.active, err)
+		return
 	}
-	var w exposition
-	w.family("keybrake_build_info", "gauge", "The running keybrake's version; always 1.")
-	w.sample("keybrake_build_info", "1", "version", a.version, "goversion", runtime.Version())
-
-	if a.proxy != nil {
-		s := a.proxy.Stats()
-		w.family("keybrake_proxy_requests_total", "counter",
-			"Requests through the metering proxy, by the decision and reason (code) of their canonical log line.")
-		for _, r := range s.Requests {
-			w.sample("keybrake_proxy_requests_total", u64(r.Count), "decision", r.Decision, "code", r.Code)
-		}
-		w.family("keybrake_proxy_upstream_requests_total", "counter",
-			"Requests keybrake sent to Stripe: forwarded requests and amount lookups, by status class of the answer (error: no answer).")
-		for _, u := range s.Upstream {
-			w.sample("keybrake_proxy_upstream_requests_total", u64(u.Count), "kind", u.Kind, "status_class", u.StatusClass)
-		}
-		const dur = "keybrake_proxy_request_duration_seconds"
-		w.family(dur, "histogram", "Time from a proxied request's arrival to the end of its answer.")
-		for _, b := range s.Duration.Buckets {
-			w.sample(dur+"_bucket", u64(b.Count), "le", formatFloat(b.UpperBound))
-		}
-		w.sample(dur+"_bucket", u64(s.Duration.Count), "le", "+Inf")
-		w.sample(dur+"_sum", formatFloat(s.Duration.Sum))
-		w.sample(dur+"_count", u64(s.Duration.Count))
-		w.family("keybrake_upstream_auth_failures_total", "counter",
-			"Stripe answers of 401 or 403 to keybrake's own upstream secret (wrong, rolled or lacking a permission): nothing executed, the request was refused.")
-		w.sample("keybrake_upstream_auth_failures_total", u64(s.UpstreamAuthFailures))
+	gauge(c.active, float64(sum.ActiveKeys))
+	for _, w := range []policy.WindowKind{policy.WindowDaily, policy.WindowPeriod} {
+		gauge(c.nearCap, float64(sum.NearCap[w]), string(w))
 	}
-
-	st := a.store.Stats()
-	w.family("keybrake_store_commits_total", "counter",
-		"Write transactions run by the store's group committer (Reserve, Settle, claims), each shared by the operations of its batch.")
-	w.sample("keybrake_store_commits_total", strconv.FormatInt(st.Commits, 10))
-	w.family("keybrake_store_ops_total", "counter",
-		"Operations carried by the group committer's write transactions; ops/commits is the batching factor.")
-	w.sample("keybrake_store_ops_total", strconv.FormatInt(st.Ops, 10))
-	w.family("keybrake_holds_unknown", "gauge",
-		"Holds whose outcome is unknown (Stripe gave no answer): money that may have moved, waiting for a retry or an operator.")
-	w.sample("keybrake_holds_unknown", strconv.Itoa(unknown))
-
-	return c.Blob(http.StatusOK, ContentTypeMetrics, w.buf.Bytes())
+	for cw, cnt := range sum.Totals {
+		gauge(c.committed, float64(cnt.Committed), cw.Currency, string(cw.Window))
+		gauge(c.held, float64(cnt.Held), cw.Currency, string(cw.Window))
+	}
 }
 
-// exposition writes the Prometheus text format (0.0.4): per metric family a HELP
-// and a TYPE line, then its samples, one per line, each ending in "\n".
-type exposition struct {
-	buf bytes.Buffer
+// metricsHandler serves g in the Prometheus exposition formats (text by default,
+// others as the scraper negotiates). A collector's error fails the scrape with
+// 500; it is logged once.
+func metricsHandler(g prometheus.Gatherer, log *slog.Logger) http.Handler {
+	return promhttp.HandlerFor(g, promhttp.HandlerOpts{
+		ErrorHandling: promhttp.HTTPErrorOnError,
+		ErrorLog:      promLogger{log},
+	})
 }
 
-// family writes the HELP and TYPE lines of a metric family.
-func (w *exposition) family(name, typ, help string) {
-	w.buf.WriteString("# HELP " + name + " " + helpEscaper.Replace(help) + "\n")
-	w.buf.WriteString("# TYPE " + name + " " + typ + "\n")
-}
+// promLogger passes promhttp's error messages to slog at Error.
+type promLogger struct{ log *slog.Logger }
 
-// sample writes one sample; labels are name, value pairs.
-func (w *exposition) sample(name, value string, labels ...string) {
-	w.buf.WriteString(name)
-	if len(labels) > 0 {
-		w.buf.WriteByte('{')
-		for i := 0; i+1 < len(labels); i += 2 {
-			if i > 0 {
-				w.buf.WriteByte(',')
-			}
-			w.buf.WriteString(labels[i] + `="` + labelEscaper.Replace(labels[i+1]) + `"`)
-		}
-		w.buf.WriteByte('}')
-	}
-	w.buf.WriteString(" " + value + "\n")
-}
-
-// The escapes of the text format: a label value escapes backslash, double quote
-// and line feed; a HELP text backslash and line feed.
-var (
-	labelEscaper = strings.NewReplacer(`\`, `\\`, `"`, `\"`, "\n", `\n`)
-	helpEscaper  = strings.NewReplacer(`\`, `\\`, "\n", `\n`)
-)
-
-func u64(n uint64) string { return strconv.FormatUint(n, 10) }
-
-// formatFloat renders a sample value or bucket bound as Prometheus's clients do:
-// the shortest representation, +Inf, -Inf and NaN.
-func formatFloat(f float64) string {
-	switch {
-	case math.IsInf(f, 1):
-		return "+Inf"
-	case math.IsInf(f, -1):
-		return "-Inf"
-	case math.IsNaN(f):
-		return "NaN"
-	}
-	return strconv.FormatFloat(f, 'g', -1, 64)
+// Println implements promhttp.Logger.
+func (l promLogger) Println(v ...any) {
+	l.log.Error("metrics scrape failed", slog.String(attrError, fmt.Sprint(v...)))
 }

@@ -1,24 +1,30 @@
 package api_test
 
 import (
+	"bytes"
 	"context"
-	"fmt"
+	"errors"
 	"io"
 	"log/slog"
-	"math"
+	"maps"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"regexp"
 	"runtime"
 	"slices"
-	"sort"
-	"strconv"
 	"strings"
 	"testing"
 
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"github.com/stripe/stripe-go/v84"
+	"go.yaml.in/yaml/v3"
 
 	"github.com/keybrake/keybrake/api"
 	"github.com/keybrake/keybrake/proxy/proxytest"
@@ -28,7 +34,8 @@ import (
 // A version with every character the text format must escape in a label value.
 const metricsTestVersion = "v9.9.9-test \"quoted\" back\\slash\nnext line"
 
-// MustMetricsAdmin starts the admin API over the agent env's store and proxy.
+// MustMetricsAdmin starts the admin API over the agent env's store, serving the
+// env's registry at /metrics.
 func MustMetricsAdmin(tb testing.TB, env *agentEnv) *httptest.Server {
 	tb.Helper()
 	h := api.NewAdmin(api.AdminConfig{
@@ -36,33 +43,57 @@ func MustMetricsAdmin(tb testing.TB, env *agentEnv) *httptest.Server {
 		Logger:    slog.New(slog.NewJSONHandler(env.logs, nil)),
 		JWTSecret: []byte("test-jwt-secret-0123456789abcdef-xyz"),
 		Now:       env.clock.Now,
-		Proxy:     env.proxy,
-		Version:   metricsTestVersion,
+		Metrics:   env.registry,
 	})
 	srv := httptest.NewServer(h)
 	tb.Cleanup(srv.Close)
 	return srv
 }
 
-// MustScrape GETs /metrics without a token and checks the answer is valid text
-// exposition format.
-func MustScrape(tb testing.TB, srv *httptest.Server) *scrape {
+// scrape is a parsed exposition, by metric family name.
+type scrape map[string]*dto.MetricFamily
+
+// MustScrape GETs /metrics without a token, as a plain client does (no content
+// negotiation: the text format), and parses it with Prometheus's own parser.
+func MustScrape(tb testing.TB, url string) scrape {
 	tb.Helper()
-	resp, err := srv.Client().Get(srv.URL + "/metrics")
+	resp, err := http.Get(url + "/metrics")
 	require.NoError(tb, err)
 	defer resp.Body.Close()
 	body, err := io.ReadAll(resp.Body)
 	require.NoError(tb, err)
 	require.Equal(tb, http.StatusOK, resp.StatusCode, "body: %s", body)
-	assert.Equal(tb, "text/plain; version=0.0.4; charset=utf-8", resp.Header.Get("Content-Type"))
-	return MustParseExposition(tb, string(body))
+	assert.True(tb, strings.HasPrefix(resp.Header.Get("Content-Type"), "text/plain; version=0.0.4"), resp.Header.Get("Content-Type"))
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(strings.NewReader(string(body)))
+	require.NoError(tb, err, "exposition:\n%s", body)
+	return families
 }
 
-func TestMetricsCountProxiedRequests(t *testing.T) {
+func (s scrape) families() []*dto.MetricFamily { return slices.Collect(maps.Values(s)) }
+
+// Value is the value of the series name{labels} (see proxytest.MetricValue).
+func (s scrape) Value(name string, labels ...string) float64 {
+	return proxytest.MetricValue(s.families(), name, labels...)
+}
+
+// Sum adds every series of name (histograms: sample counts).
+func (s scrape) Sum(name string) float64 { return proxytest.MetricSum(s.families(), name) }
+
+// HistogramSum is the sum of the observations of the histogram name (one series).
+func (s scrape) HistogramSum(name string) float64 {
+	f := s[name]
+	if f == nil || len(f.GetMetric()) == 0 {
+		return 0
+	}
+	return f.GetMetric()[0].GetHistogram().GetSampleSum()
+}
+
+func TestMetricsAfterTraffic(t *testing.T) {
 	ctx := context.Background()
 	env := MustAgentEnv(t)
 	admin := MustMetricsAdmin(t, env)
-	_, tok := env.MustKey("metered", seedPolicy, nil) // daily cap 99.00 usd
+	_, tok := env.MustKey("metered", seedPolicy, nil) // daily cap 99.00 usd, period 110.00
 	sc := env.Stripe(tok)
 	charge := func(amount int64, idem string) error {
 		p := &stripe.ChargeCreateParams{
@@ -74,10 +105,11 @@ func TestMetricsCountProxiedRequests(t *testing.T) {
 		return err
 	}
 
-	before := MustScrape(t, admin)
+	before := MustScrape(t, admin.URL)
 	assert.Equal(t, 1.0, before.Value("keybrake_build_info", "version", metricsTestVersion, "goversion", runtime.Version()),
 		"the version label survives escaping")
 	assert.Equal(t, 0.0, before.Value("keybrake_holds_unknown"))
+	assert.Equal(t, 1.0, before.Value("keybrake_keys_active"))
 
 	require.NoError(t, charge(6000, "m-1"), "allowed")
 	var se *stripe.Error
@@ -85,429 +117,189 @@ func TestMetricsCountProxiedRequests(t *testing.T) {
 	assert.Equal(t, http.StatusPaymentRequired, se.HTTPStatusCode)
 	require.NoError(t, charge(6000, "m-1"), "replayed")
 	env.fake.FailNext(proxytest.FailAfterCreate500, 1)
-	require.ErrorAs(t, charge(1000, "m-3"), &se, "Stripe answers 500: outcome unknown")
+	require.ErrorAs(t, charge(3000, "m-3"), &se, "Stripe answers 500: outcome unknown")
 	assert.Equal(t, http.StatusInternalServerError, se.HTTPStatusCode)
 	r := env.Do(http.MethodGet, "/v1/charges", "vk_not_a_key", nil)
 	require.Equal(t, http.StatusUnauthorized, r.Status)
 	env.fake.WaitIdle(t)
 
-	after := MustScrape(t, admin)
+	after := MustScrape(t, admin.URL)
 	delta := func(name string, labels ...string) float64 {
 		return after.Value(name, labels...) - before.Value(name, labels...)
 	}
 	const req = "keybrake_proxy_requests_total"
-	assert.Equal(t, 2.0, delta(req, "decision", "allowed", "code", ""), "m-1 and m-3")
-	assert.Equal(t, 1.0, delta(req, "decision", "refused", "code", "spend_cap_exceeded"))
-	assert.Equal(t, 1.0, delta(req, "decision", "replayed", "code", ""))
-	assert.Equal(t, 1.0, delta(req, "decision", "refused", "code", "vault_key_invalid"))
+	assert.Equal(t, 2.0, delta(req, "operation", "charges.create", "outcome", "allowed"), "m-1 and m-3")
+	assert.Equal(t, 1.0, delta(req, "operation", "charges.create", "outcome", "refused"))
+	assert.Equal(t, 1.0, delta(req, "operation", "charges.create", "outcome", "replayed"))
+	assert.Equal(t, 1.0, delta(req, "operation", "unclassified", "outcome", "refused"), "no valid key")
 	assert.Equal(t, 5.0, after.Sum(req)-before.Sum(req), "every request counted once")
+	assert.Equal(t, 1.0, delta("keybrake_proxy_refusals_total", "reason", "spend_cap_exceeded", "mode", "enforce"))
+	assert.Equal(t, 1.0, delta("keybrake_proxy_refusals_total", "reason", "vault_key_invalid", "mode", "enforce"))
 
-	const up = "keybrake_proxy_upstream_requests_total"
+	const up = "keybrake_upstream_request_duration_seconds"
 	assert.Equal(t, 1.0, delta(up, "kind", "forward", "status_class", "2xx"))
 	assert.Equal(t, 1.0, delta(up, "kind", "forward", "status_class", "5xx"))
 	assert.Equal(t, 2.0, after.Sum(up)-before.Sum(up), "only m-1 and m-3 reached Stripe; no lookups")
 	assert.Equal(t, 2, env.fake.Count())
-
-	const dur = "keybrake_proxy_request_duration_seconds"
-	assert.Equal(t, 5.0, delta(dur+"_count"))
-	assert.Equal(t, 5.0, delta(dur+"_bucket", "le", "+Inf"))
-	assert.Greater(t, delta(dur+"_sum"), 0.0)
+	assert.Equal(t, 5.0, delta("keybrake_proxy_request_duration_seconds"))
+	assert.Equal(t, 5.0, delta("keybrake_proxy_added_latency_seconds"))
+	assert.Greater(t, after.HistogramSum("keybrake_proxy_request_duration_seconds"),
+		after.HistogramSum("keybrake_proxy_added_latency_seconds"), "Stripe's share is not keybrake's")
+	assert.Zero(t, after.Value("keybrake_upstream_auth_failures_total"), "registered, and zero")
+	assert.Contains(t, after, "keybrake_upstream_auth_failures_total")
 
 	// Sequential requests share no transaction: a Reserve for each of m-1, m-2,
 	// the replay and m-3, a Settle for m-1 and m-3.
-	assert.Equal(t, 6.0, delta("keybrake_store_ops_total"))
-	assert.Equal(t, 6.0, delta("keybrake_store_commits_total"))
+	assert.Equal(t, 6.0, delta("keybrake_store_commit_duration_seconds"))
+	assert.Equal(t, 6.0, delta("keybrake_store_commit_batch_size"))
+	assert.Equal(t, 6.0, after.HistogramSum("keybrake_store_commit_batch_size")-before.HistogramSum("keybrake_store_commit_batch_size"),
+		"one operation per commit")
 	assert.Equal(t, 1.0, after.Value("keybrake_holds_unknown"), "m-3's hold")
 
-	for name, typ := range map[string]string{
-		"keybrake_build_info": "gauge", req: "counter", up: "counter", dur: "histogram",
-		"keybrake_store_commits_total": "counter", "keybrake_store_ops_total": "counter",
-		"keybrake_holds_unknown": "gauge",
+	// Money in the current windows, in cents: m-1 committed, m-3 held. The daily
+	// window (60 + 30 of 99) is at 90 %; the period (90 of 110) is not.
+	for _, w := range []string{"daily", "period"} {
+		assert.Equal(t, 6000.0, after.Value("keybrake_committed_minor_units", "currency", "usd", "window", w), w)
+		assert.Equal(t, 3000.0, after.Value("keybrake_held_minor_units", "currency", "usd", "window", w), w)
+	}
+	assert.Equal(t, 1.0, after.Value("keybrake_keys_near_cap", "window", "daily"))
+	assert.Equal(t, 0.0, after.Value("keybrake_keys_near_cap", "window", "period"))
+	assert.Len(t, after["keybrake_keys_near_cap"].GetMetric(), 2, "both windows are always there, for alerts")
+	assert.Positive(t, after.Value("keybrake_store_size_bytes"))
+
+	for name, typ := range map[string]dto.MetricType{
+		"keybrake_build_info": dto.MetricType_GAUGE, req: dto.MetricType_COUNTER, up: dto.MetricType_HISTOGRAM,
+		"keybrake_proxy_refusals_total":          dto.MetricType_COUNTER,
+		"keybrake_proxy_added_latency_seconds":   dto.MetricType_HISTOGRAM,
+		"keybrake_store_commit_duration_seconds": dto.MetricType_HISTOGRAM,
+		"keybrake_store_commit_batch_size":       dto.MetricType_HISTOGRAM,
+		"keybrake_holds_unknown":                 dto.MetricType_GAUGE,
+		"keybrake_keys_near_cap":                 dto.MetricType_GAUGE,
+		"keybrake_reaper_runs_total":             dto.MetricType_COUNTER,
+		"keybrake_reaper_removed_total":          dto.MetricType_COUNTER,
+		"go_goroutines":                          dto.MetricType_GAUGE,
+		"process_resident_memory_bytes":          dto.MetricType_GAUGE,
 	} {
-		assert.Equal(t, typ, after.types[name], name)
-		assert.NotEmpty(t, after.help[name], name)
+		f := after[name]
+		if assert.NotNil(t, f, name) {
+			assert.Equal(t, typ, f.GetType(), name)
+			assert.NotEmpty(t, f.GetHelp(), name)
+		}
+	}
+
+	// No label anywhere carries a key, a token or a customer: cardinality stays
+	// bounded however many keys there are.
+	for name, f := range after {
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				assert.NotContains(t, []string{"key_id", "key", "customer", "token", "name"}, l.GetName(), name)
+				assert.False(t, strings.HasPrefix(l.GetValue(), "key_") || strings.HasPrefix(l.GetValue(), "vk_"),
+					"%s: %s=%s", name, l.GetName(), l.GetValue())
+			}
+		}
 	}
 }
 
-func TestMetricsWithoutProxyAndWithoutToken(t *testing.T) {
-	env := MustAdminEnv(t) // no proxy configured
-	env.MustUpstream("default")
-	k := env.MustMint("k", "", nil, seedLegacyPolicy)
-	env.MustHold(k.ID, "a", 100, vault.SettleUnknown)
-	env.MustHold(k.ID, "b", 100, vault.SettleCommit)
+func TestMetricsReaperRuns(t *testing.T) {
+	env := MustAgentEnv(t)
+	admin := MustMetricsAdmin(t, env)
+	env.metrics.ObserveReap(3, nil)
+	env.metrics.ObserveReap(0, errors.New("disk on fire"))
+	s := MustScrape(t, admin.URL)
+	assert.Equal(t, 1.0, s.Value("keybrake_reaper_runs_total", "result", "ok"))
+	assert.Equal(t, 1.0, s.Value("keybrake_reaper_runs_total", "result", "error"))
+	assert.Equal(t, 3.0, s.Value("keybrake_reaper_removed_total"))
+}
 
+func TestMetricsWithoutRegistryAndWithoutToken(t *testing.T) {
+	env := MustAdminEnv(t)                           // no metrics configured
 	r := env.Do(http.MethodGet, "/metrics", "", nil) // checked against the OpenAPI document
 	require.Equal(t, http.StatusOK, r.Status, "no token needed")
-	s := MustParseExposition(t, string(r.Body))
-	assert.Equal(t, 1.0, s.Value("keybrake_holds_unknown"))
-	assert.Equal(t, 4.0, s.Value("keybrake_store_ops_total"), "a Reserve and a Settle per hold")
-	assert.Equal(t, 1.0, s.Value("keybrake_build_info", "version", "", "goversion", runtime.Version()))
-	for name := range s.types {
-		assert.False(t, strings.HasPrefix(name, "keybrake_proxy_"), "%s without a proxy", name)
-	}
-
+	assert.Empty(t, strings.TrimSpace(string(r.Body)), "an empty registry")
 	r = env.Do(http.MethodPost, "/metrics", "", nil)
 	assert.Equal(t, http.StatusMethodNotAllowed, r.Status)
 }
 
-func TestExpositionCheckerRejects(t *testing.T) {
-	for name, body := range map[string]string{
-		"no TYPE":              "x_total 1\n",
-		"bad metric name":      "# TYPE 1x counter\n1x 1\n",
-		"bad label name":       "# TYPE x gauge\nx{1a=\"v\"} 1\n",
-		"bad escape":           "# TYPE x gauge\nx{a=\"\\t\"} 1\n",
-		"unterminated value":   "# TYPE x gauge\nx{a=\"v} 1\n",
-		"missing newline":      "# TYPE x gauge\nx 1",
-		"bad value":            "# TYPE x gauge\nx one\n",
-		"duplicate series":     "# TYPE x gauge\nx{a=\"v\"} 1\nx{a=\"v\"} 2\n",
-		"TYPE twice":           "# TYPE x gauge\n# TYPE x gauge\nx 1\n",
-		"interleaved families": "# TYPE x gauge\n# TYPE y gauge\nx 1\ny 1\nx{a=\"b\"} 1\n",
-		"unknown type":         "# TYPE x meter\nx 1\n",
-		"histogram +Inf differs from count": "# TYPE h histogram\nh_bucket{le=\"1\"} 1\nh_bucket{le=\"+Inf\"} 2\n" +
-			"h_sum 1\nh_count 3\n",
-		"histogram not cumulative": "# TYPE h histogram\nh_bucket{le=\"1\"} 2\nh_bucket{le=\"+Inf\"} 1\nh_sum 1\nh_count 1\n",
-	} {
-		t.Run(name, func(t *testing.T) {
-			_, err := parseExposition(body)
-			assert.Error(t, err)
-		})
+func TestMetricsScrapeFailsWhenTheStoreFails(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m, err := api.NewMetrics(reg, "test")
+	require.NoError(t, err)
+	store, err := vault.Open(filepath.Join(t.TempDir(), "keybrake.db"), vault.Options{MasterKey: bytes.Repeat([]byte{1}, 32)})
+	require.NoError(t, err)
+	require.NoError(t, m.WatchStore(store))
+	logs := &adminLogBuffer{}
+	srv := httptest.NewServer(api.NewAdmin(api.AdminConfig{Store: store, Metrics: reg, Logger: slog.New(slog.NewJSONHandler(logs, nil))}))
+	t.Cleanup(srv.Close)
+	MustScrape(t, srv.URL)
+
+	require.NoError(t, store.Close())
+	resp, err := http.Get(srv.URL + "/metrics")
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	assert.Equal(t, http.StatusInternalServerError, resp.StatusCode, "Prometheus's up metric shows a broken store")
+	assert.Contains(t, logs.String(), "metrics scrape failed")
+	assert.Error(t, m.WatchStore(store), "registered once")
+}
+
+// The example alerting rules in docs/ are valid rules that name metrics keybrake
+// really exposes, with label values it really uses.
+func TestAlertRulesNameRealMetrics(t *testing.T) {
+	data, err := os.ReadFile(filepath.Join("..", "docs", "prometheus", "keybrake-alerts.yml"))
+	require.NoError(t, err)
+	var rules struct {
+		Groups []struct {
+			Name  string `yaml:"name"`
+			Rules []struct {
+				Alert       string            `yaml:"alert"`
+				Expr        string            `yaml:"expr"`
+				For         string            `yaml:"for"`
+				Labels      map[string]string `yaml:"labels"`
+				Annotations map[string]string `yaml:"annotations"`
+			} `yaml:"rules"`
+		} `yaml:"groups"`
 	}
-	_, err := parseExposition("# HELP x a \\\\ b\\n c\n# TYPE x gauge\nx{a=\"\\\\\\\"\\n\",} 1 1700000000000\n# comment\n")
-	assert.NoError(t, err, "escapes, a trailing comma, a timestamp and a plain comment are valid")
-}
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	require.NoError(t, dec.Decode(&rules))
+	require.Len(t, rules.Groups, 1)
 
-// ---- a small checker of the Prometheus text exposition format 0.0.4 ----
-
-var (
-	metricNameRE = regexp.MustCompile(`^[a-zA-Z_:][a-zA-Z0-9_:]*$`)
-	labelNameRE  = regexp.MustCompile(`^[a-zA-Z_][a-zA-Z0-9_]*$`)
-)
-
-// sample is one parsed sample line.
-type sample struct {
-	name   string
-	labels map[string]string
-	value  float64
-}
-
-// scrape is a parsed exposition.
-type scrape struct {
-	types   map[string]string // metric family → TYPE
-	help    map[string]string // metric family → HELP (unescaped)
-	samples []sample
-}
-
-// Value is the value of the series name{labels}; 0 when absent (counters leave out
-// label pairs never seen).
-func (s *scrape) Value(name string, labels ...string) float64 {
-	want := map[string]string{}
-	for i := 0; i+1 < len(labels); i += 2 {
-		want[labels[i]] = labels[i+1]
+	env := MustAgentEnv(t)
+	families, err := env.registry.Gather()
+	require.NoError(t, err)
+	series := map[string][]*dto.Metric{}
+	for _, f := range families {
+		series[f.GetName()] = f.GetMetric()
 	}
-	for _, sm := range s.samples {
-		if sm.name == name && mapsEqual(sm.labels, want) {
-			return sm.value
+	selector := regexp.MustCompile(`\b(keybrake_[a-z_]+)(\{([^}]*)\})?`)
+	matcher := regexp.MustCompile(`([a-z_]+)="([^"]*)"`)
+	alerts := map[string]bool{}
+	for _, r := range rules.Groups[0].Rules {
+		alerts[r.Alert] = true
+		assert.NotEmpty(t, r.Expr, r.Alert)
+		assert.NotEmpty(t, r.Annotations["summary"], r.Alert)
+		assert.NotEmpty(t, r.Labels["severity"], r.Alert)
+		if r.For != "" {
+			_, err := model.ParseDuration(r.For)
+			assert.NoError(t, err, r.Alert)
 		}
-	}
-	return 0
-}
-
-// Sum adds every series of name.
-func (s *scrape) Sum(name string) float64 {
-	var total float64
-	for _, sm := range s.samples {
-		if sm.name == name {
-			total += sm.value
-		}
-	}
-	return total
-}
-
-func mapsEqual(a, b map[string]string) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for k, v := range a {
-		if w, ok := b[k]; !ok || w != v {
-			return false
-		}
-	}
-	return true
-}
-
-// MustParseExposition parses body line by line, failing the test on anything the
-// text format does not allow.
-func MustParseExposition(tb testing.TB, body string) *scrape {
-	tb.Helper()
-	s, err := parseExposition(body)
-	require.NoError(tb, err, "exposition:\n%s", body)
-	return s
-}
-
-func parseExposition(body string) (*scrape, error) {
-	if !strings.HasSuffix(body, "\n") {
-		return nil, fmt.Errorf("the last line does not end in a line feed")
-	}
-	s := &scrape{types: map[string]string{}, help: map[string]string{}}
-	seen := map[string]bool{}     // series already seen
-	finished := map[string]bool{} // families whose samples are behind us
-	current := ""
-	for i, line := range strings.Split(strings.TrimSuffix(body, "\n"), "\n") {
-		fail := func(format string, args ...any) error {
-			return fmt.Errorf("line %d %q: %s", i+1, line, fmt.Sprintf(format, args...))
-		}
-		if strings.HasPrefix(line, "#") {
-			fields := strings.SplitN(strings.TrimLeft(line[1:], " \t"), " ", 3)
-			if len(fields) < 2 || (fields[0] != "HELP" && fields[0] != "TYPE") {
-				continue // a plain comment
+		for _, m := range selector.FindAllStringSubmatch(r.Expr, -1) {
+			name := m[1]
+			ms, ok := series[name]
+			if !assert.True(t, ok, "%s: %s is not a metric keybrake exposes", r.Alert, name) {
+				continue
 			}
-			name := fields[1]
-			if !metricNameRE.MatchString(name) {
-				return nil, fail("metric name %q", name)
-			}
-			text := ""
-			if len(fields) == 3 {
-				text = fields[2]
-			}
-			switch fields[0] {
-			case "HELP":
-				if _, dup := s.help[name]; dup {
-					return nil, fail("second HELP for %s", name)
+			for _, lv := range matcher.FindAllStringSubmatch(m[3], -1) {
+				found := false
+				for _, metric := range ms {
+					for _, l := range metric.GetLabel() {
+						found = found || (l.GetName() == lv[1] && l.GetValue() == lv[2])
+					}
 				}
-				h, err := unescape(text, false)
-				if err != nil {
-					return nil, fail("%v", err)
-				}
-				s.help[name] = h
-			case "TYPE":
-				if _, dup := s.types[name]; dup {
-					return nil, fail("second TYPE for %s", name)
-				}
-				if finished[name] || current == name {
-					return nil, fail("TYPE after samples of %s", name)
-				}
-				if !slices.Contains([]string{"counter", "gauge", "histogram", "summary", "untyped"}, text) {
-					return nil, fail("type %q", text)
-				}
-				s.types[name] = text
-			}
-			continue
-		}
-		sm, err := parseSample(line)
-		if err != nil {
-			return nil, fail("%v", err)
-		}
-		family := s.familyOf(sm.name)
-		if family == "" {
-			return nil, fail("no TYPE line before %s", sm.name)
-		}
-		if family != current {
-			if finished[family] {
-				return nil, fail("samples of %s are not together", family)
-			}
-			if current != "" {
-				finished[current] = true
-			}
-			current = family
-		}
-		if s.types[family] == "counter" && (sm.value < 0 || math.IsNaN(sm.value)) {
-			return nil, fail("counter %s is %v", sm.name, sm.value)
-		}
-		if strings.HasSuffix(sm.name, "_bucket") && s.types[family] == "histogram" {
-			if _, ok := sm.labels["le"]; !ok {
-				return nil, fail("bucket without le")
-			}
-		}
-		key := seriesKey(sm)
-		if seen[key] {
-			return nil, fail("duplicate series %s", key)
-		}
-		seen[key] = true
-		s.samples = append(s.samples, sm)
-	}
-	if err := s.checkHistograms(); err != nil {
-		return nil, err
-	}
-	return s, nil
-}
-
-// familyOf is the metric family a sample belongs to ("" for none declared).
-func (s *scrape) familyOf(name string) string {
-	if _, ok := s.types[name]; ok {
-		return name
-	}
-	for _, suffix := range []string{"_bucket", "_sum", "_count"} {
-		base, ok := strings.CutSuffix(name, suffix)
-		if !ok {
-			continue
-		}
-		switch s.types[base] {
-		case "histogram":
-			return base
-		case "summary":
-			if suffix != "_bucket" {
-				return base
+				assert.True(t, found, "%s: %s has no series with %s=%q", r.Alert, name, lv[1], lv[2])
 			}
 		}
 	}
-	return ""
-}
-
-// checkHistograms checks each histogram: buckets by increasing le with
-// non-decreasing counts, the last +Inf and equal to _count, and a _sum.
-func (s *scrape) checkHistograms() error {
-	for name, typ := range s.types {
-		if typ != "histogram" {
-			continue
-		}
-		type bucket struct{ le, n float64 }
-		var buckets []bucket
-		var count, sum *float64
-		for _, sm := range s.samples {
-			switch sm.name {
-			case name + "_bucket":
-				le, err := strconv.ParseFloat(sm.labels["le"], 64)
-				if err != nil {
-					return fmt.Errorf("%s: le %q", name, sm.labels["le"])
-				}
-				buckets = append(buckets, bucket{le, sm.value})
-			case name + "_count":
-				count = &sm.value
-			case name + "_sum":
-				sum = &sm.value
-			}
-		}
-		if count == nil || sum == nil || len(buckets) == 0 {
-			return fmt.Errorf("%s: buckets, _sum and _count are all required", name)
-		}
-		for i := 1; i < len(buckets); i++ {
-			if buckets[i].le <= buckets[i-1].le || buckets[i].n < buckets[i-1].n {
-				return fmt.Errorf("%s: buckets are not cumulative by increasing le", name)
-			}
-		}
-		last := buckets[len(buckets)-1]
-		if !math.IsInf(last.le, 1) || last.n != *count {
-			return fmt.Errorf("%s: the +Inf bucket (%v) must be last and equal _count (%v)", name, last.n, *count)
-		}
+	for _, want := range []string{"KeybrakeUnknownHolds", "KeybrakeUpstreamAuthFailures", "KeybrakeKeyNearCap"} {
+		assert.True(t, alerts[want], want)
 	}
-	return nil
-}
-
-// parseSample reads `name{label="value",...} value [timestamp]`.
-func parseSample(line string) (sample, error) {
-	sm := sample{labels: map[string]string{}}
-	end := strings.IndexAny(line, "{ ")
-	if end < 0 {
-		return sm, fmt.Errorf("no value")
-	}
-	sm.name = line[:end]
-	if !metricNameRE.MatchString(sm.name) {
-		return sm, fmt.Errorf("metric name %q", sm.name)
-	}
-	rest := line[end:]
-	if strings.HasPrefix(rest, "{") {
-		rest = rest[1:]
-		for !strings.HasPrefix(rest, "}") {
-			eq := strings.Index(rest, `="`)
-			if eq < 0 {
-				return sm, fmt.Errorf("label without =\"")
-			}
-			lname := rest[:eq]
-			if !labelNameRE.MatchString(lname) {
-				return sm, fmt.Errorf("label name %q", lname)
-			}
-			rest = rest[eq+2:]
-			closing := -1
-			for j := 0; j < len(rest); j++ {
-				if rest[j] == '\\' {
-					j++
-					continue
-				}
-				if rest[j] == '"' {
-					closing = j
-					break
-				}
-			}
-			if closing < 0 {
-				return sm, fmt.Errorf("unterminated label value")
-			}
-			v, err := unescape(rest[:closing], true)
-			if err != nil {
-				return sm, err
-			}
-			if _, dup := sm.labels[lname]; dup {
-				return sm, fmt.Errorf("label %s twice", lname)
-			}
-			sm.labels[lname] = v
-			rest = rest[closing+1:]
-			switch {
-			case strings.HasPrefix(rest, ","):
-				rest = rest[1:]
-			case strings.HasPrefix(rest, "}"):
-			default:
-				return sm, fmt.Errorf("expected , or } after a label")
-			}
-		}
-		rest = rest[1:]
-	}
-	fields := strings.Split(strings.TrimPrefix(rest, " "), " ")
-	if !strings.HasPrefix(rest, " ") || len(fields) < 1 || len(fields) > 2 {
-		return sm, fmt.Errorf("expected ' value [timestamp]'")
-	}
-	v, err := strconv.ParseFloat(fields[0], 64)
-	if err != nil {
-		return sm, fmt.Errorf("value %q", fields[0])
-	}
-	sm.value = v
-	if len(fields) == 2 {
-		if _, err := strconv.ParseInt(fields[1], 10, 64); err != nil {
-			return sm, fmt.Errorf("timestamp %q", fields[1])
-		}
-	}
-	return sm, nil
-}
-
-// unescape undoes the text format's escapes: \\ and \n, and \" in a label value.
-func unescape(s string, label bool) (string, error) {
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if c != '\\' {
-			if label && c == '"' {
-				return "", fmt.Errorf("unescaped quote in label value")
-			}
-			b.WriteByte(c)
-			continue
-		}
-		i++
-		if i == len(s) {
-			return "", fmt.Errorf("trailing backslash")
-		}
-		switch {
-		case s[i] == '\\':
-			b.WriteByte('\\')
-		case s[i] == 'n':
-			b.WriteByte('\n')
-		case s[i] == '"' && label:
-			b.WriteByte('"')
-		default:
-			return "", fmt.Errorf("unknown escape \\%c", s[i])
-		}
-	}
-	return b.String(), nil
-}
-
-// seriesKey identifies a series: the name and its sorted labels.
-func seriesKey(sm sample) string {
-	names := make([]string, 0, len(sm.labels))
-	for k := range sm.labels {
-		names = append(names, k)
-	}
-	sort.Strings(names)
-	var b strings.Builder
-	b.WriteString(sm.name)
-	for _, k := range names {
-		b.WriteString("|" + k + "=" + strconv.Quote(sm.labels[k]))
-	}
-	return b.String()
 }

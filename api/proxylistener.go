@@ -11,7 +11,7 @@ import (
 
 // NewProxyListener returns the proxy listener's handler: /v1/*, /v2/* (Stripe),
 // /keybrake/v1/* (agent endpoints, see agent.go), /mcp (the MCP endpoint, see
-// mcp.go), /healthz.
+// mcp.go), /healthz, /readyz.
 //
 // The Stripe routes hand the request to cfg.Stripe exactly as it arrived: echo
 // only routes on it (on the escaped path) and neither cleans nor unescapes the
@@ -49,6 +49,7 @@ func NewProxyListener(cfg ProxyConfig) http.Handler {
 		c.Response().Header().Set("Cache-Control", "no-store")
 		return c.JSON(http.StatusOK, map[string]string{"status": "ok"})
 	})
+	e.GET("/readyz", func(c echo.Context) error { return serveReadyz(c, cfg.Store, logger) })
 
 	if cfg.Store != nil && cfg.Stripe != nil {
 		newMCP(cfg, base).register(e)

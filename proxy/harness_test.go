@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/shopspring/decimal"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -38,6 +39,8 @@ type env struct {
 	Fake  *proxytest.FakeStripe
 	Proxy *proxy.Proxy
 	URL   string
+	// Metrics is the registry the proxy's collectors are registered on.
+	Metrics *prometheus.Registry
 	// Hits counts the requests that reached the proxy's listener.
 	Hits atomic.Int64
 	Logs *syncBuffer
@@ -96,7 +99,9 @@ func MustEnv(tb testing.TB, opts ...func(*envOptions)) *env {
 	}
 	upURL, err := url.Parse(up)
 	require.NoError(tb, err)
+	e.Metrics = prometheus.NewRegistry()
 	p, err := proxy.New(proxy.Config{
+		Registerer:      e.Metrics,
 		Store:           store,
 		Upstream:        upURL,
 		UpstreamTimeout: o.upstreamTimeout,

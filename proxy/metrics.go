@@ -1,25 +1,29 @@
 package proxy
 
 import (
-	"sync/atomic"
+	"net/http"
+	"strconv"
+	"strings"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 )
 
-// The proxy's counters are fixed arrays of atomics indexed by label value, so
-// counting a request costs a few atomic adds and no lock or allocation. Proxy.Stats
-// copies them out; the api package renders them for /metrics.
+// The proxy's Prometheus collectors. Every label takes its values from a fixed,
+// short list, never from a request: a key id, a customer, an amount or a path
+// never becomes a label, so the number of series stays bounded whatever callers
+// send.
 
-// metricDecisions are the decision label values, by index: the decisions of the
-// canonical log line, and "other" for a request that ended without one (a panic).
-var metricDecisions = [...]string{
+// metricOutcomes are the outcome label values: the decisions of the canonical log
+// line, and "other" for a request that ended without one (only a panic does).
+var metricOutcomes = [...]string{
 	decisionAllowed, decisionWouldRefuse, decisionRefused, decisionReplayed, decisionResumed, "other",
 }
 
-// metricCodes are the code label values, by index: "" (no refusal), every code of
+// metricReasons are the reason label values of the refusal counter: every code of
 // a keybrake refusal (the policy's reasons are among them), and "other" for a
 // reason not in this list.
-var metricCodes = [...]string{
-	"",
+var metricReasons = [...]string{
 	CodeVaultKeyInvalid, CodeVaultKeyRevoked, CodeVaultKeyExpired, CodeVaultKeyNotYetValid,
 	CodeOperationNotAllowed, CodeCustomerNotAllowed, CodeAccountNotAllowed, CodeCurrencyNotAllowed,
 	CodeAmountUnknown, CodeSpendCapExceeded, CodeRequestMalformed, CodeRequestTooLarge,
@@ -28,160 +32,166 @@ var metricCodes = [...]string{
 	"other",
 }
 
-// Kinds of upstream request.
+// Operation label values for requests whose operation is not a catalogue name.
 const (
-	upstreamForward = iota // the caller's request, forwarded
-	upstreamLookup         // keybrake's own GET of an object's amount
-	numUpstreamKinds
+	opUnclassified = "unclassified" // refused before it was classified (no key, malformed)
+	opUnknownRead  = "unknown.read"
+	opUnknownWrite = "unknown.write"
 )
 
-// metricUpstreamKinds are the kind label values, by index.
-var metricUpstreamKinds = [numUpstreamKinds]string{upstreamForward: "forward", upstreamLookup: "lookup"}
+// Kinds of upstream request, the kind label of the upstream histogram.
+const (
+	upstreamForward = "forward" // the caller's request, forwarded
+	upstreamLookup  = "lookup"  // keybrake's own GET of an object's amount
+)
 
-// metricStatusClasses are the status_class label values, by index: "error" when
-// no answer came (or its status is outside 200–599), else the class of Stripe's
-// status.
-var metricStatusClasses = [...]string{"error", "2xx", "3xx", "4xx", "5xx"}
+// Latency buckets, in seconds. Refusals take milliseconds and keybrake's own work
+// on a forwarded request (a hold and a settle, each a shared fsync) a few more;
+// Stripe typically answers in a few hundred milliseconds, at most the upstream
+// timeout (80 s by default).
+var (
+	requestBuckets = []float64{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 90}
+	addedBuckets   = []float64{0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5}
+)
 
-// durationBuckets are the upper bounds, in seconds, of the request duration
-// histogram: refusals take milliseconds, forwarded requests what Stripe takes
-// (typically a few hundred milliseconds, at most the upstream timeout).
-var durationBuckets = [...]float64{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 90}
-
-// metrics are a Proxy's counters.
+// metrics are a Proxy's collectors.
 type metrics struct {
-	requests [len(metricDecisions)][len(metricCodes)]atomic.Uint64
-	upstream [numUpstreamKinds][len(metricStatusClasses)]atomic.Uint64
-	// duration holds per-bucket (not cumulative) counts; the last is above every
-	// bound. The sum is in microseconds: an int64 of them overflows only after
-	// 290,000 years of summed request time.
-	duration    [len(durationBuckets) + 1]atomic.Uint64
-	durationSum atomic.Int64
-	// upstreamAuthFailures counts Stripe's 401 and 403 answers to keybrake's own
-	// credentials, forwards and lookups alike.
-	upstreamAuthFailures atomic.Uint64
+	requests     *prometheus.CounterVec   // operation, outcome
+	refusals     *prometheus.CounterVec   // reason, mode
+	duration     prometheus.Histogram     // arrival to end of answer
+	added        prometheus.Histogram     // duration minus the time spent waiting on Stripe
+	upstream     *prometheus.HistogramVec // kind, status_class
+	authFailures prometheus.Counter
 }
 
-// observeRequest counts one request by its canonical line's decision and reason,
-// and its duration.
-func (m *metrics) observeRequest(decision, code string, d time.Duration) {
-	m.requests[labelIndex(metricDecisions[:], decision)][labelIndex(metricCodes[:], code)].Add(1)
-	secs := d.Seconds()
-	i := 0
-	for i < len(durationBuckets) && secs > durationBuckets[i] {
-		i++
+// newMetrics builds the proxy's collectors and registers them on reg; with a nil
+// reg they count but are exposed nowhere (never the global default registry).
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	m := &metrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "keybrake_proxy_requests_total",
+			Help: "Requests through the metering proxy, by Stripe operation (catalogue names; unknown.read, unknown.write, or unclassified when refused before classification) and outcome (the decision of the canonical log line).",
+		}, []string{"operation", "outcome"}),
+		refusals: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "keybrake_proxy_refusals_total",
+			Help: "Requests keybrake refused (mode enforce) or, in report mode, would have refused (mode report), by reason: the code of the Stripe-shaped error.",
+		}, []string{"reason", "mode"}),
+		duration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "keybrake_proxy_request_duration_seconds",
+			Help:    "Time from a proxied request's arrival to the end of its answer.",
+			Buckets: requestBuckets,
+		}),
+		added: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "keybrake_proxy_added_latency_seconds",
+			Help:    "keybrake's own share of a proxied request's time: its duration minus the time spent waiting for Stripe's answers (amount lookups and the forward, up to their response headers).",
+			Buckets: addedBuckets,
+		}),
+		upstream: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "keybrake_upstream_request_duration_seconds",
+			Help:    "Requests keybrake sent to Stripe, from sending to the response headers, by kind (forward: the caller's request; lookup: keybrake reading an object's amount) and status class of the answer (error: no answer).",
+			Buckets: requestBuckets,
+		}, []string{"kind", "status_class"}),
+		authFailures: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "keybrake_upstream_auth_failures_total",
+			Help: "Stripe rejected keybrake's own upstream secret (401 or 403 to a forwarded request): the registered secret is wrong, revoked or lacks a permission.",
+		}),
 	}
-	m.duration[i].Add(1)
-	m.durationSum.Add(d.Microseconds())
-}
-
-// observeUpstream counts one upstream request of kind; status 0 means no answer.
-func (m *metrics) observeUpstream(kind, status int) {
-	class := 0
-	if status >= 200 && status < 600 {
-		class = status/100 - 1
-	}
-	m.upstream[kind][class].Add(1)
-}
-
-// labelIndex is the index of v in values, or the last index ("other") when v is
-// not there. The lists are short and most lookups hit the first few entries.
-func labelIndex(values []string, v string) int {
-	for i, s := range values {
-		if s == v {
-			return i
+	// Zero series for the label values an alert or a dashboard expects to find.
+	for _, kind := range []string{upstreamForward, upstreamLookup} {
+		for _, class := range []string{"2xx", "4xx", "5xx", "error"} {
+			m.upstream.WithLabelValues(kind, class)
 		}
 	}
-	return len(values) - 1
-}
-
-// Stats is a snapshot of a Proxy's counters since it was built. The counters are
-// read one by one, not all at one instant.
-type Stats struct {
-	// Requests counts requests by the decision and reason of their canonical log
-	// line, in a fixed order; pairs never seen are left out.
-	Requests []RequestCount
-	// Upstream counts the requests keybrake sent to Stripe, for every kind and
-	// status class (zeros included), in a fixed order.
-	Upstream []UpstreamCount
-	// Duration is the distribution of request durations, from the request's
-	// arrival to the end of its answer.
-	Duration Histogram
-	// UpstreamAuthFailures counts the times Stripe answered 401 or 403 to
-	// keybrake's own upstream credential (a wrong, rolled or restricted secret),
-	// forwarded requests and amount lookups alike.
-	UpstreamAuthFailures uint64
-}
-
-// RequestCount is the number of requests with one decision and code.
-type RequestCount struct {
-	// Decision is allowed, would_refuse, refused, replayed or resumed; "other"
-	// for a request that ended without one (only a panic does).
-	Decision string
-	// Code is the reason of the canonical log line: the refusal's code, the
-	// policy's reason of a would_refuse, upstream_unavailable when Stripe gave no
-	// answer; "" when there is none.
-	Code  string
-	Count uint64
-}
-
-// UpstreamCount is the number of upstream requests of one kind and status class.
-type UpstreamCount struct {
-	// Kind is "forward" (the caller's request) or "lookup" (keybrake reading an
-	// object's amount before forwarding).
-	Kind string
-	// StatusClass is 2xx, 3xx, 4xx or 5xx by Stripe's answer, or "error" when none
-	// came (connection failure, timeout).
-	StatusClass string
-	Count       uint64
-}
-
-// Histogram is a cumulative histogram, as Prometheus exposes one.
-type Histogram struct {
-	// Buckets count the observations at most UpperBound seconds, by increasing
-	// bound; the implicit last bucket (+Inf) is Count.
-	Buckets []Bucket
-	// Count is the number of observations; never less than any bucket's.
-	Count uint64
-	// Sum is the sum of the observations, in seconds.
-	Sum float64
-}
-
-// Bucket is one bucket of a Histogram.
-type Bucket struct {
-	UpperBound float64
-	Count      uint64
-}
-
-// Stats returns the proxy's counters. It allocates; call it per scrape, not per
-// request.
-func (p *Proxy) Stats() Stats {
-	m := &p.metrics
-	var s Stats
-	for d := range m.requests {
-		for c := range m.requests[d] {
-			if n := m.requests[d][c].Load(); n > 0 {
-				s.Requests = append(s.Requests, RequestCount{Decision: metricDecisions[d], Code: metricCodes[c], Count: n})
+	if reg != nil {
+		for _, c := range []prometheus.Collector{m.requests, m.refusals, m.duration, m.added, m.upstream, m.authFailures} {
+			if err := reg.Register(c); err != nil {
+				return nil, err
 			}
 		}
 	}
-	for k := range m.upstream {
-		for c := range m.upstream[k] {
-			s.Upstream = append(s.Upstream, UpstreamCount{
-				Kind: metricUpstreamKinds[k], StatusClass: metricStatusClasses[c], Count: m.upstream[k][c].Load(),
-			})
+	return m, nil
+}
+
+// observeRequest counts one finished request by its canonical line (operation,
+// decision, reason) and its durations.
+func (m *metrics) observeRequest(c *call, d time.Duration) {
+	outcome := labelValue(metricOutcomes[:], c.decision)
+	m.requests.WithLabelValues(operationLabel(c), outcome).Inc()
+	switch c.decision {
+	case decisionRefused:
+		m.refusals.WithLabelValues(labelValue(metricReasons[:], c.reason), "enforce").Inc()
+	case decisionWouldRefuse:
+		m.refusals.WithLabelValues(labelValue(metricReasons[:], c.reason), "report").Inc()
+	}
+	m.duration.Observe(d.Seconds())
+	m.added.Observe(max(0, d-c.upstreamWait).Seconds())
+}
+
+// observeUpstreamAuthFailure counts one answer in which Stripe rejected
+// keybrake's own secret (401/403 to a forwarded request). The pipeline calls it
+// once per such answer, next to its handling of the failure.
+func (m *metrics) observeUpstreamAuthFailure() { m.authFailures.Inc() }
+
+// operationLabel is the operation label of a request: a catalogue operation name
+// (a bounded set), else unknown.read / unknown.write (a v2 read's name comes from
+// its path, so it is not used), else unclassified.
+func operationLabel(c *call) string {
+	switch {
+	case c.cls.Known:
+		return c.cls.Operation
+	case c.cls.Operation == "":
+		return opUnclassified
+	case strings.HasSuffix(c.cls.Operation, ".read"):
+		return opUnknownRead
+	default:
+		return opUnknownWrite
+	}
+}
+
+// labelValue is v when it is one of values, else the last of them ("other").
+func labelValue(values []string, v string) string {
+	for _, s := range values {
+		if s == v {
+			return v
 		}
 	}
-	// Count is the sum of the buckets read here, so the +Inf bucket and the
-	// count always agree, as the exposition format requires.
-	var cum uint64
-	s.Duration.Buckets = make([]Bucket, len(durationBuckets))
-	for i, le := range durationBuckets {
-		cum += m.duration[i].Load()
-		s.Duration.Buckets[i] = Bucket{UpperBound: le, Count: cum}
-	}
-	s.Duration.Count = cum + m.duration[len(durationBuckets)].Load()
-	s.Duration.Sum = float64(m.durationSum.Load()) / 1e6
-	s.UpstreamAuthFailures = m.upstreamAuthFailures.Load()
-	return s
+	return values[len(values)-1]
 }
+
+// statusClass is the status_class label of an upstream answer: 2xx … 5xx, or
+// "error" when no answer came (status 0) or its status is outside 200–599.
+func statusClass(status int) string {
+	if status < 200 || status > 599 {
+		return "error"
+	}
+	return strconv.Itoa(status/100) + "xx"
+}
+
+// timedTransport times every upstream request of one kind for the upstream
+// histogram, and adds the wait to the request's call (for the added-latency
+// histogram). The time ends when the response headers arrive; reading the body
+// is not included.
+type timedTransport struct {
+	next    http.RoundTripper
+	kind    string
+	metrics *metrics
+}
+
+// RoundTrip implements http.RoundTripper. The ReverseProxy and the lookup client
+// call it on the request's own goroutine, so the call needs no lock.
+func (t *timedTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	start := time.Now()
+	resp, err := t.next.RoundTrip(req)
+	d := time.Since(start)
+	status := 0
+	if err == nil {
+		status = resp.StatusCode
+	}
+	t.metrics.upstream.WithLabelValues(t.kind, statusClass(status)).Observe(d.Seconds())
+	if c := callFrom(req.Context()); c != nil {
+		c.upstreamWait += d
+	}
+	return resp, err
+}
+
+var _ http.RoundTripper = (*timedTransport)(nil)

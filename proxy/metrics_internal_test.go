@@ -4,52 +4,60 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
-func TestMetricsLabelsAndBuckets(t *testing.T) {
-	p := &Proxy{}
-	m := &p.metrics
-	m.observeRequest(decisionRefused, CodeSpendCapExceeded, 5*time.Millisecond) // on a bound: in that bucket
-	m.observeRequest(decisionAllowed, "", 5*time.Millisecond+time.Microsecond)  // just above: the next
-	m.observeRequest("", "", 2*time.Minute)                                     // above every bound; no decision
-	m.observeRequest(decisionRefused, "not_a_code", time.Second)
+func TestMetricLabels(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m, err := newMetrics(reg)
+	require.NoError(t, err)
+
+	m.observeRequest(&call{decision: decisionRefused, reason: CodeSpendCapExceeded,
+		cls: Classification{Operation: "charges.create", Known: true}}, 5*time.Millisecond)
+	m.observeRequest(&call{decision: decisionWouldRefuse, reason: "not_a_code",
+		cls: Classification{Operation: "v2.core.things.read"}}, time.Millisecond)
+	m.observeRequest(&call{}, time.Second) // a panic: no decision, no classification
+	m.observeRequest(&call{decision: decisionAllowed, cls: Classification{Operation: "unknown.write"},
+		upstreamWait: 2 * time.Second}, time.Second) // more waiting than duration: added latency 0
+
+	assert.Equal(t, 1.0, testutil.ToFloat64(m.requests.WithLabelValues("charges.create", "refused")))
+	assert.Equal(t, 1.0, testutil.ToFloat64(m.requests.WithLabelValues("unknown.read", "would_refuse")),
+		"a v2 read's path-derived name is not a label")
+	assert.Equal(t, 1.0, testutil.ToFloat64(m.requests.WithLabelValues("unclassified", "other")))
+	assert.Equal(t, 1.0, testutil.ToFloat64(m.requests.WithLabelValues("unknown.write", "allowed")))
+	assert.Equal(t, 1.0, testutil.ToFloat64(m.refusals.WithLabelValues("spend_cap_exceeded", "enforce")))
+	assert.Equal(t, 1.0, testutil.ToFloat64(m.refusals.WithLabelValues("other", "report")))
+	assert.Equal(t, 2, testutil.CollectAndCount(m.refusals), "allowed and undecided requests are no refusals")
+
+	m.observeUpstreamAuthFailure()
+	assert.Equal(t, 1.0, testutil.ToFloat64(m.authFailures))
+	n, err := testutil.GatherAndCount(reg, "keybrake_upstream_auth_failures_total")
+	require.NoError(t, err)
+	assert.Equal(t, 1, n, "registered")
 
 	for status, class := range map[int]string{0: "error", 199: "error", 200: "2xx", 302: "3xx", 429: "4xx", 599: "5xx", 600: "error"} {
-		before := p.Stats()
-		m.observeUpstream(upstreamForward, status)
-		after := p.Stats()
-		for i, u := range after.Upstream {
-			want := before.Upstream[i].Count
-			if u.Kind == "forward" && u.StatusClass == class {
-				want++
-			}
-			assert.Equal(t, want, u.Count, "status %d: %s %s", status, u.Kind, u.StatusClass)
-		}
+		assert.Equal(t, class, statusClass(status), "status %d", status)
 	}
 
-	s := p.Stats()
-	assert.Equal(t, []RequestCount{
-		{Decision: "allowed", Code: "", Count: 1},
-		{Decision: "refused", Code: "spend_cap_exceeded", Count: 1},
-		{Decision: "refused", Code: "other", Count: 1},
-		{Decision: "other", Code: "", Count: 1},
-	}, s.Requests, "fixed order: by decision, then by code")
-	assert.Equal(t, uint64(4), s.Duration.Count)
-	assert.Equal(t, Bucket{UpperBound: 0.005, Count: 1}, s.Duration.Buckets[0])
-	assert.Equal(t, Bucket{UpperBound: 0.01, Count: 2}, s.Duration.Buckets[1])
-	assert.Equal(t, Bucket{UpperBound: 1, Count: 3}, s.Duration.Buckets[7])
-	assert.Equal(t, uint64(3), s.Duration.Buckets[len(s.Duration.Buckets)-1].Count, "2 minutes is only in +Inf")
-	assert.InDelta(t, 0.005+0.005001+120+1, s.Duration.Sum, 1e-9)
+	_, err = newMetrics(reg)
+	assert.Error(t, err, "registering twice on one registry fails instead of sharing series")
+	m, err = newMetrics(nil)
+	require.NoError(t, err, "without a registry the collectors still count")
+	m.observeUpstreamAuthFailure()
 }
 
 // BenchmarkObserveRequest is the per-request cost of the metrics.
 func BenchmarkObserveRequest(b *testing.B) {
-	var m metrics
+	m, err := newMetrics(prometheus.NewRegistry())
+	require.NoError(b, err)
+	c := &call{decision: decisionRefused, reason: CodeSpendCapExceeded, cls: Classification{Operation: "charges.create", Known: true}}
 	b.ReportAllocs()
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
-			m.observeRequest(decisionRefused, CodeSpendCapExceeded, 3*time.Millisecond)
+			m.observeRequest(c, 3*time.Millisecond)
 		}
 	})
 }

@@ -96,6 +96,9 @@ type call struct {
 	upstreamStatus  int
 	stripeRequestID string
 	err             error
+
+	// upstreamWait is the time spent waiting for Stripe's answers (timedTransport).
+	upstreamWait time.Duration
 }
 
 type callKey struct{}
@@ -171,6 +174,11 @@ func (p *Proxy) recordUnmeteredWouldRefuse(ctx context.Context, c *call) {
 func (p *Proxy) authenticate(ctx context.Context, r *http.Request, c *call) error {
 	token, err := vaultToken(r.Header)
 	if err != nil {
+		if kind := StripeKeyKind(r.Header); kind != "" {
+			p.log.LogAttrs(ctx, slog.LevelWarn, "a Stripe secret key was sent to the proxy instead of a vault key",
+				slog.String(logRequestID, c.requestID), slog.String("stripe_key_kind", kind),
+				slog.String("remote_addr", r.RemoteAddr))
+		}
 		return err
 	}
 	key, err := p.store.Authenticate(ctx, token)
@@ -197,7 +205,10 @@ func (p *Proxy) authenticate(ctx context.Context, r *http.Request, c *call) erro
 // vault_key_invalid when there is none.
 func vaultToken(h http.Header) (string, error) {
 	token, err := VaultToken(h)
-	if err != nil {
+	switch {
+	case errors.Is(err, ErrStripeSecretKey):
+		return "", refuse(CodeVaultKeyInvalid, "%s", StripeSecretKeyAdvice)
+	case err != nil:
 		return "", refuse(CodeVaultKeyInvalid, "Invalid vault key: %s. Use it as the API key of your Stripe client.", err)
 	}
 	return token, nil
@@ -205,8 +216,21 @@ func vaultToken(h http.Header) (string, error) {
 
 // VaultToken reads the vault key from "Authorization: Bearer <token>" or from the
 // user name of HTTP Basic (the password is ignored), as Stripe SDKs and curl -u
-// send it. The error says what is wrong; it never repeats the header.
+// send it. The error says what is wrong; it never repeats the header. A Stripe
+// secret or restricted key is refused with ErrStripeSecretKey.
 func VaultToken(h http.Header) (string, error) {
+	token, err := readCredential(h)
+	if err != nil {
+		return "", err
+	}
+	if isStripeSecretKey(token) {
+		return "", ErrStripeSecretKey
+	}
+	return token, nil
+}
+
+// readCredential reads the bearer token or the Basic user name.
+func readCredential(h http.Header) (string, error) {
 	vals := h.Values("Authorization")
 	switch {
 	case len(vals) == 0 || strings.TrimSpace(vals[0]) == "":
@@ -841,7 +865,7 @@ func (p *Proxy) setRemaining(ctx context.Context, h http.Header, c *call) {
 // never logs the token, the secret, the idempotency key or a body. It also counts
 // the request for /metrics, so every request is counted exactly once.
 func (p *Proxy) logCall(c *call) {
-	p.metrics.observeRequest(c.decision, c.reason, time.Since(c.began))
+	p.metrics.observeRequest(c, time.Since(c.began))
 	level := slog.LevelInfo
 	switch {
 	case c.status >= 500 || c.status == 0:

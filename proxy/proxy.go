@@ -91,7 +91,7 @@
 //     idempotency outcome, upstream status, status, duration, and the MCP tool
 //     when NewContextWithTool named one), at Error for 5xx,
 //     Warn for 4xx; never the token, the secret, the idempotency key or a body.
-//     The same place counts the request for Proxy.Stats (GET /metrics).
+//     The same place counts the request for the Prometheus metrics (metrics.go).
 //
 // # What is metered
 //
@@ -195,6 +195,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/keybrake/keybrake/vault"
 )
 
@@ -237,6 +239,9 @@ type Config struct {
 	// SecretCacheTTL is how long an unsealed upstream secret is reused (default
 	// 5s); negative disables the cache.
 	SecretCacheTTL time.Duration
+	// Registerer receives the proxy's Prometheus collectors (see metrics.go); when
+	// nil they count but are exposed nowhere.
+	Registerer prometheus.Registerer
 }
 
 // DefaultConfig returns a Config with every default filled in except Store and
@@ -287,7 +292,7 @@ type Proxy struct {
 	rp          *httputil.ReverseProxy
 	lookups     *http.Client
 	secrets     secretCache
-	metrics     metrics
+	metrics     *metrics
 }
 
 var _ http.Handler = (*Proxy)(nil)
@@ -319,6 +324,10 @@ func New(cfg Config) (*Proxy, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
+	m, err := newMetrics(cfg.Registerer)
+	if err != nil {
+		return nil, fmt.Errorf("proxy metrics: %w", err)
+	}
 	up := *cfg.Upstream
 	p := &Proxy{
 		store:       cfg.Store,
@@ -329,6 +338,7 @@ func New(cfg Config) (*Proxy, error) {
 		log:         cfg.Logger.With("component", "proxy"),
 		now:         cfg.Now,
 		secrets:     secretCache{ttl: cfg.SecretCacheTTL, entries: map[string]cachedSecret{}},
+		metrics:     m,
 	}
 	transport := cfg.Transport
 	if transport == nil {
@@ -336,14 +346,14 @@ func New(cfg Config) (*Proxy, error) {
 	}
 	p.rp = &httputil.ReverseProxy{
 		Rewrite:        p.rewrite,
-		Transport:      transport,
+		Transport:      &timedTransport{next: transport, kind: upstreamForward, metrics: m},
 		ModifyResponse: p.modifyResponse,
 		ErrorHandler:   p.errorHandler,
 		BufferPool:     newBufferPool(),
 		ErrorLog:       slog.NewLogLogger(p.log.Handler(), slog.LevelWarn),
 	}
 	p.lookups = &http.Client{
-		Transport: transport,
+		Transport: &timedTransport{next: transport, kind: upstreamLookup, metrics: m},
 		Timeout:   cfg.UpstreamTimeout,
 		CheckRedirect: func(*http.Request, []*http.Request) error {
 			return http.ErrUseLastResponse
@@ -358,6 +368,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	c := &call{start: p.now(), began: time.Now(), requestID: newRequestID(), method: r.Method,
 		tool: ToolFromContext(r.Context())}
 	defer p.logCall(c)
+	r = r.WithContext(withCall(r.Context(), c)) // amount lookups add their wait to c
 	if err := p.prepare(r.Context(), w, r, c); err != nil {
 		p.writeRefusal(w, c, err)
 		return

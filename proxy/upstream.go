@@ -151,7 +151,6 @@ func (p *Proxy) rewrite(pr *httputil.ProxyRequest) {
 // which settles it as outcome unknown.
 func (p *Proxy) modifyResponse(resp *http.Response) error {
 	c := callFrom(resp.Request.Context())
-	p.metrics.observeUpstream(upstreamForward, resp.StatusCode)
 	c.upstreamStatus = resp.StatusCode
 	c.status = resp.StatusCode
 	c.stripeRequestID = resp.Header.Get(headerRequestID)
@@ -309,7 +308,7 @@ func (e *upstreamAuthError) refusal(pending bool) *refusal {
 // last four characters), and the cached secret dropped so that a fixed one is
 // used at once.
 func (p *Proxy) upstreamAuthFailed(c *call, kind string, status int, stripeRequestID string) *upstreamAuthError {
-	p.metrics.upstreamAuthFailures.Add(1)
+	p.metrics.observeUpstreamAuthFailure()
 	p.secrets.forget(c.key.Upstream)
 	last4 := c.secret[max(0, len(c.secret)-4):]
 	p.log.LogAttrs(context.Background(), slog.LevelError,
@@ -351,10 +350,6 @@ func (p *Proxy) errorHandler(w http.ResponseWriter, r *http.Request, err error) 
 	if errors.As(err, &auth) {
 		p.writeUpstreamFailure(w, c, auth.refusal(c.idemOutcome == "resume"))
 		return
-	}
-	if c.upstreamStatus == 0 {
-		// No answer at all; an answer ModifyResponse failed on is counted already.
-		p.metrics.observeUpstream(upstreamForward, 0)
 	}
 	sent := c.connected.Load()
 	if c.record && !c.settled {
@@ -458,10 +453,8 @@ func (p *Proxy) lookup(ctx context.Context, c *call, l Lookup) (lookupResult, er
 	}
 	resp, err := p.lookups.Do(req)
 	if err != nil {
-		p.metrics.observeUpstream(upstreamLookup, 0)
 		return lookupResult{}, lookupUnavailable(c, fmt.Errorf("lookup %s: %w", l.Path, err))
 	}
-	p.metrics.observeUpstream(upstreamLookup, resp.StatusCode)
 	defer resp.Body.Close()
 	switch {
 	case isCredentialRefusal(resp.StatusCode):

@@ -69,7 +69,7 @@ func TestRolledUpstreamSecret(t *testing.T) {
 	assert.Equal(t, 1, e.Fake.Count(), "the SDK did not retry")
 	assert.Empty(t, e.Fake.Charges())
 	assertNothingHeld(t, e, key.ID)
-	assert.EqualValues(t, 1, e.Proxy.Stats().UpstreamAuthFailures)
+	assert.Equal(t, 1.0, MetricValue(t, e.Metrics, "keybrake_upstream_auth_failures_total"))
 	assert.Contains(t, e.Logs.String(), `"level":"ERROR","msg":"Stripe rejected keybrake's upstream secret`)
 
 	// Retried before the fix: forwarded again (nothing was stored), refused again.
@@ -81,7 +81,7 @@ func TestRolledUpstreamSecret(t *testing.T) {
 	// A read is refused the same way: Stripe's body never reaches the caller.
 	r = e.MustSend(t, http.MethodGet, "/v1/charges", tok, nil, "")
 	assertUpstreamAuthRefusal(t, r, "upstream_authentication_failed")
-	assert.EqualValues(t, 3, e.Proxy.Stats().UpstreamAuthFailures)
+	assert.Equal(t, 3.0, MetricValue(t, e.Metrics, "keybrake_upstream_auth_failures_total"))
 
 	_, err = e.Store.PutUpstream(ctx, "operator", "default", "stripe", rolled)
 	require.NoError(t, err)
@@ -122,7 +122,7 @@ func TestRestrictedUpstreamSecretLacksPermission(t *testing.T) {
 
 	r = e.MustSend(t, http.MethodGet, "/v1/charges", tok, nil, "")
 	assert.Equal(t, http.StatusOK, r.Status, "what the key may do passes: %s", r.Raw)
-	assert.EqualValues(t, 2, e.Proxy.Stats().UpstreamAuthFailures)
+	assert.Equal(t, 2.0, MetricValue(t, e.Metrics, "keybrake_upstream_auth_failures_total"))
 	assertNothingHeld(t, e, key.ID)
 }
 
@@ -135,7 +135,7 @@ func TestLookupWithRolledSecret(t *testing.T) {
 	r := e.Post(t, "/v1/payment_intents/"+pi+"/confirm", tok, "c1", form("payment_method", "pm_card_visa"))
 	assertUpstreamAuthRefusal(t, r, "upstream_authentication_failed")
 	assert.Equal(t, 1, e.Fake.Count(), "only the lookup reached Stripe")
-	assert.EqualValues(t, 1, e.Proxy.Stats().UpstreamAuthFailures)
+	assert.Equal(t, 1.0, MetricValue(t, e.Metrics, "keybrake_upstream_auth_failures_total"))
 }
 
 // An attempt that resumes an unknown outcome and is refused for keybrake's

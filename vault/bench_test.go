@@ -3,8 +3,12 @@ package vault
 import (
 	"context"
 	"fmt"
+	"path/filepath"
 	"sync/atomic"
 	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
 )
 
 // benchStore opens a store with durable commits and one key with room for every
@@ -81,5 +85,42 @@ func BenchmarkReserveSettle(b *testing.B) {
 					Response: &StoredResponse{Status: 200, Body: []byte(`{"id":"ch_123","object":"charge","amount":100}`)}})
 			})
 		})
+	}
+}
+
+// BenchmarkSummarizeUsage is the store's share of a /metrics scrape: the walk over
+// every key and its current windows' counters, here 10,000 active keys.
+func BenchmarkSummarizeUsage(b *testing.B) {
+	// Counters are written directly, without the ledger that would explain them:
+	// so not MustOpen, whose cleanup checks the ledger against them.
+	s, err := Open(filepath.Join(b.TempDir(), "keybrake.db"), Options{MasterKey: testMasterKey, Now: newClock(t0).Now, Logger: quietLogger()})
+	require.NoError(b, err)
+	b.Cleanup(func() { require.NoError(b, s.Close()) })
+	p := testPolicy(b, "100.00", "1000.00", "")
+	windows, err := p.Windows(t0)
+	require.NoError(b, err)
+	const keys = 10000
+	require.NoError(b, s.update(func(tx *boltTx, now time.Time) error {
+		for i := range keys {
+			id := fmt.Sprintf("key_bench%06d", i)
+			if err := putKey(tx, &keyRec{ID: id, Name: id, Upstream: "default", Policy: p, Status: KeyActive,
+				CreatedAt: now, UpdatedAt: now}); err != nil {
+				return err
+			}
+			for _, w := range windows {
+				if err := putCounter(tx, id, w.ID, counter{Committed: int64(i % 10000), CapPeak: w.Cap}); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	}))
+	ctx := context.Background()
+	b.ResetTimer()
+	for b.Loop() {
+		sum, err := s.SummarizeUsage(ctx, 90)
+		if err != nil || sum.ActiveKeys != keys {
+			b.Fatalf("summary %+v, %v", sum.ActiveKeys, err)
+		}
 	}
 }

@@ -16,7 +16,8 @@ const schemaVersion uint64 = 1
 
 // The bucket registry: every bucket the Store uses, created on Open. Key layouts:
 //
-//	meta        "schema_version" → uint64 BE; "master_key_check" → sealed constant
+//	meta        "schema_version" → uint64 BE; "master_key_check" → sealed constant;
+//	            "env_upstream/" + name → salted fingerprint (envupstream.go)
 //	upstreams   name → upstreamRec (JSON; secret sealed)
 //	keys        key id → keyRec (JSON)
 //	key_tokens  hex SHA-256 of token → key id

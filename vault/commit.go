@@ -115,7 +115,7 @@ func drain(ops <-chan *batchOp, batch []*batchOp) []*batchOp {
 }
 
 func (s *Store) runBatch(batch []*batchOp) {
-	s.batched.Add(int64(len(batch)))
+	start := time.Now()
 	err := s.db.Update(func(tx *bolt.Tx) error {
 		now := s.now()
 		for _, op := range batch {
@@ -125,7 +125,7 @@ func (s *Store) runBatch(batch []*batchOp) {
 		}
 		return nil
 	})
-	s.commits.Add(1)
+	s.observeCommit(len(batch), start)
 	if err == nil || len(batch) == 1 {
 		for _, op := range batch {
 			op.done <- translate(err)
@@ -136,9 +136,19 @@ func (s *Store) runBatch(batch []*batchOp) {
 	// only the op that fails sees the failure.
 	s.log.Warn("group commit failed; retrying its operations one by one", "ops", len(batch), "err", err)
 	for _, op := range batch {
+		start := time.Now()
 		err := s.db.Update(func(tx *bolt.Tx) error { return safeRun(op, tx, s.now()) })
-		s.commits.Add(1)
+		s.observeCommit(1, start)
 		op.done <- translate(err)
+	}
+}
+
+// observeCommit counts one write transaction of the committer and reports it to
+// the CommitObserver, if there is one.
+func (s *Store) observeCommit(ops int, start time.Time) {
+	s.commits.Add(1)
+	if s.observe != nil {
+		s.observe(ops, time.Since(start))
 	}
 }
 

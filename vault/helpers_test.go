@@ -80,12 +80,6 @@ func MustOpen(tb testing.TB, clock *testClock, opts ...func(*Options)) (*Store, 
 	return MustOpenPath(tb, path, clock, opts...), path
 }
 
-func (s *Store) isClosed() bool {
-	s.closeMu.RLock()
-	defer s.closeMu.RUnlock()
-	return s.closed
-}
-
 // MustDec parses a decimal amount.
 func MustDec(tb testing.TB, v string) *decimal.Decimal {
 	tb.Helper()

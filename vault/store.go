@@ -33,6 +33,11 @@ type Options struct {
 	Logger *slog.Logger
 	// OpenTimeout is how long Open waits for the file lock (default 5s).
 	OpenTimeout time.Duration
+	// CommitObserver, when set, is called after every write transaction of the
+	// group committer (Reserve, Settle, the claims API) with the number of
+	// operations it carried and how long it took, fsyncs included. It runs on the
+	// committer's goroutine, so it must return at once (a metrics observation).
+	CommitObserver func(ops int, d time.Duration)
 }
 
 // Defaults for Options.
@@ -66,6 +71,7 @@ func Open(path string, opts Options) (*Store, error) {
 		unknownLimit: opts.UnknownRetryLimit,
 		lease:        opts.Lease,
 		log:          opts.Logger,
+		observe:      opts.CommitObserver,
 		ops:          make(chan *batchOp, maxBatch),
 		loopDone:     make(chan struct{}),
 		reapBatch:    reapBatchSize,
@@ -139,8 +145,8 @@ type Store struct {
 	closed   bool
 	ops      chan *batchOp
 	loopDone chan struct{}
-	commits  atomic.Int64 // write transactions run by commitLoop (Stats)
-	batched  atomic.Int64 // operations those transactions carried (Stats)
+	observe  func(ops int, d time.Duration) // Options.CommitObserver; may be nil
+	commits  atomic.Int64                   // write transactions run by commitLoop
 
 	// splitReserve is a test seam: when set, Reserve decides in one (read)
 	// transaction, calls splitReserve, and writes in another. Only the mutation test

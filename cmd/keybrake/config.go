@@ -24,8 +24,13 @@ type Config struct {
 	// StripeURL is the upstream base URL; never taken from a request.
 	StripeURL string
 	// PublicURL is the proxy base URL handed out with each minted key; derived from
-	// the bound proxy address when empty.
+	// the bound proxy address (https when TLS is on) when empty.
 	PublicURL string
+	// TLSCert and TLSKey, both or neither, serve the proxy listener over TLS.
+	TLSCert, TLSKey string
+	// AdminTLSCert and AdminTLSKey, both or neither, serve the admin listener over
+	// TLS.
+	AdminTLSCert, AdminTLSKey string
 	// UpstreamTimeout bounds one upstream request.
 	UpstreamTimeout time.Duration
 	// IdempotencyTTL is how long completed idempotency records replay.
@@ -43,7 +48,8 @@ type Config struct {
 	// LeaseMargin is added to UpstreamTimeout for the lease of an in-flight claim, so
 	// a claim outlives the request that holds it.
 	LeaseMargin time.Duration
-	// OpenTimeout is how long opening the database waits for its file lock.
+	// OpenTimeout is how long opening the database waits for its file lock: short,
+	// so that a second serve on a data directory in use says so at once.
 	OpenTimeout time.Duration
 	// ReadHeaderTimeout bounds reading a request's headers on both listeners.
 	ReadHeaderTimeout time.Duration
@@ -55,6 +61,9 @@ type Config struct {
 	IdleTimeout time.Duration
 	// BootstrapTokenTTL is the lifetime of the admin token printed on first start.
 	BootstrapTokenTTL time.Duration
+	// TLSReloadCheck is how often, at most, a handshake checks whether the
+	// certificate files changed.
+	TLSReloadCheck time.Duration
 }
 
 // DefaultConfig returns the defaults documented in DESIGN.md and the README.
@@ -71,12 +80,13 @@ func DefaultConfig() Config {
 		ShutdownTimeout:   90 * time.Second,
 		ReapInterval:      5 * time.Minute,
 		LeaseMargin:       30 * time.Second,
-		OpenTimeout:       5 * time.Second,
+		OpenTimeout:       500 * time.Millisecond,
 		ReadHeaderTimeout: 10 * time.Second,
 		ReadTimeout:       60 * time.Second,
 		AdminWriteTimeout: 5 * time.Minute,
 		IdleTimeout:       120 * time.Second,
 		BootstrapTokenTTL: time.Hour,
+		TLSReloadCheck:    5 * time.Second,
 	}
 }
 
@@ -113,6 +123,14 @@ func (c Config) Validate() error {
 			errs = append(errs, fmt.Errorf("public-url: %w", err))
 		}
 	}
+	for _, p := range []struct{ flag, cert, key string }{
+		{"tls", c.TLSCert, c.TLSKey},
+		{"admin-tls", c.AdminTLSCert, c.AdminTLSKey},
+	} {
+		if (p.cert == "") != (p.key == "") {
+			errs = append(errs, fmt.Errorf("--%s-cert and --%s-key: give both or neither", p.flag, p.flag))
+		}
+	}
 	if _, err := parseLevel(c.LogLevel); err != nil {
 		errs = append(errs, fmt.Errorf("log-level: %w", err))
 	}
@@ -134,6 +152,7 @@ func (c Config) Validate() error {
 		{"admin write timeout", c.AdminWriteTimeout},
 		{"idle timeout", c.IdleTimeout},
 		{"bootstrap token ttl", c.BootstrapTokenTTL},
+		{"tls reload check", c.TLSReloadCheck},
 	} {
 		if d.v <= 0 {
 			errs = append(errs, fmt.Errorf("%s: must be positive, got %s", d.name, d.v))
@@ -176,7 +195,11 @@ func (c *Config) bindFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.Listen, "listen", c.Listen, "proxy listener address (Stripe API surface)")
 	fs.StringVar(&c.AdminListen, "admin-listen", c.AdminListen, "admin API listener address")
 	fs.StringVar(&c.StripeURL, "stripe-url", c.StripeURL, "upstream Stripe API base URL")
-	fs.StringVar(&c.PublicURL, "public-url", c.PublicURL, "proxy base URL handed out with minted keys (default: derived from --listen)")
+	fs.StringVar(&c.PublicURL, "public-url", c.PublicURL, "proxy base URL handed out with minted keys (default: derived from --listen; https with --tls-cert)")
+	fs.StringVar(&c.TLSCert, "tls-cert", c.TLSCert, "PEM certificate (chain) of the proxy listener; serves TLS 1.2+ (reloaded on SIGHUP or when the file changes)")
+	fs.StringVar(&c.TLSKey, "tls-key", c.TLSKey, "PEM private key of --tls-cert")
+	fs.StringVar(&c.AdminTLSCert, "admin-tls-cert", c.AdminTLSCert, "PEM certificate (chain) of the admin listener")
+	fs.StringVar(&c.AdminTLSKey, "admin-tls-key", c.AdminTLSKey, "PEM private key of --admin-tls-cert")
 	fs.DurationVar(&c.UpstreamTimeout, "upstream-timeout", c.UpstreamTimeout, "timeout of one upstream request")
 	fs.DurationVar(&c.IdempotencyTTL, "idempotency-ttl", c.IdempotencyTTL, "how long completed idempotency records replay")
 	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "log level: debug, info, warn, error")
@@ -222,22 +245,29 @@ func applyEnv(fs *flag.FlagSet, getenv func(string) string, flagNames map[string
 }
 
 // derivePublicURL turns a bound listener address into the base URL callers use:
-// an unspecified host (":8080", "0.0.0.0:8080", "[::]:8080") becomes localhost.
-func derivePublicURL(addr string) string { return listenerURL(addr, "localhost") }
+// an unspecified host (":8080", "0.0.0.0:8080", "[::]:8080") becomes localhost;
+// the scheme is https when the listener serves TLS.
+func derivePublicURL(addr string, tls bool) string { return listenerURL(addr, "localhost", tls) }
 
 // dialableURL turns a bound listener address into a URL this machine can dial:
 // an unspecified host becomes 127.0.0.1.
-func dialableURL(addr net.Addr) string { return listenerURL(addr.String(), "127.0.0.1") }
+func dialableURL(addr net.Addr, tls bool) string {
+	return listenerURL(addr.String(), "127.0.0.1", tls)
+}
 
-// listenerURL is the http URL of a listener address, with an unspecified host
+// listenerURL is the http(s) URL of a listener address, with an unspecified host
 // replaced by host.
-func listenerURL(addr, host string) string {
+func listenerURL(addr, host string, tls bool) string {
+	scheme := "http://"
+	if tls {
+		scheme = "https://"
+	}
 	h, port, err := net.SplitHostPort(addr)
 	if err != nil {
-		return "http://" + addr
+		return scheme + addr
 	}
 	if ip := net.ParseIP(h); h == "" || (ip != nil && ip.IsUnspecified()) {
 		h = host
 	}
-	return "http://" + net.JoinHostPort(h, port)
+	return scheme + net.JoinHostPort(h, port)
 }

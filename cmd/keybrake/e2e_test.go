@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -27,6 +28,12 @@ import (
 // (when out is not nil). It returns the status.
 func adminDo(tb testing.TB, method, u, token string, in, out any) int {
 	tb.Helper()
+	return adminDoWith(tb, http.DefaultClient, method, u, token, in, out)
+}
+
+// adminDoWith is adminDo through client.
+func adminDoWith(tb testing.TB, client *http.Client, method, u, token string, in, out any) int {
+	tb.Helper()
 	var body io.Reader
 	if in != nil {
 		b, err := json.Marshal(in)
@@ -39,7 +46,7 @@ func adminDo(tb testing.TB, method, u, token string, in, out any) int {
 	if in != nil {
 		req.Header.Set("Content-Type", "application/json")
 	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := client.Do(req)
 	require.NoError(tb, err)
 	defer resp.Body.Close()
 	data, err := io.ReadAll(resp.Body)
@@ -147,16 +154,22 @@ func TestEndToEndMintChargeAndReadUsage(t *testing.T) {
 	assertMoney(t, "35", *usage.Period.Remaining)
 	assert.Equal(t, int64(2500), fake.TotalMoved("usd"))
 
-	// serve wires the proxy and the version into /metrics (no token needed).
+	// serve wires the proxy, the store and the version into one registry served
+	// at /metrics (no token needed).
 	status, body := MustGet(t, m.AdminURL()+"/metrics", "")
 	require.Equal(t, http.StatusOK, status, string(body))
 	for _, line := range []string{
-		`keybrake_proxy_requests_total{decision="allowed",code=""} 1`,
-		`keybrake_proxy_requests_total{decision="refused",code="spend_cap_exceeded"} 1`,
-		`keybrake_proxy_upstream_requests_total{kind="forward",status_class="2xx"} 1`,
-		`keybrake_build_info{version="` + buildVersion() + `",goversion="` + runtime.Version() + `"} 1`,
+		`keybrake_proxy_requests_total{operation="charges.create",outcome="allowed"} 1`,
+		`keybrake_proxy_requests_total{operation="charges.create",outcome="refused"} 1`,
+		`keybrake_proxy_refusals_total{mode="enforce",reason="spend_cap_exceeded"} 1`,
+		`keybrake_upstream_request_duration_seconds_count{kind="forward",status_class="2xx"} 1`,
+		`keybrake_store_commit_batch_size_sum 3`, // the charge's hold and settle, the refusal's event
+		`keybrake_committed_minor_units{currency="usd",window="period"} 2500`,
+		`keybrake_holds_unknown 0`,
+		`keybrake_keys_active 1`,
+		`keybrake_build_info{goversion="` + runtime.Version() + `",version="` + buildVersion() + `"} 1`,
 	} {
-		assert.Contains(t, strings.Split(string(body), "\n"), line)
+		assert.True(t, slices.Contains(strings.Split(string(body), "\n"), line), "/metrics has %s", line)
 	}
 }
 

@@ -86,7 +86,8 @@ func TestDialableURL(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			addr, err := net.ResolveTCPAddr("tcp", tc.addr)
 			require.NoError(t, err)
-			assert.Equal(t, tc.want, dialableURL(addr))
+			assert.Equal(t, tc.want, dialableURL(addr, false))
+			assert.Equal(t, "https"+strings.TrimPrefix(tc.want, "http"), dialableURL(addr, true))
 		})
 	}
 }

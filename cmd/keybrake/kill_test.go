@@ -50,6 +50,18 @@ func MustBuildBinary(tb testing.TB) string {
 	return bin
 }
 
+// childEnviron is this process's environment without any KEYBRAKE_ or STRIPE_
+// variable, plus extra: a child's configuration is exactly what the test gives it.
+func childEnviron(extra ...string) []string {
+	var environ []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "KEYBRAKE_") && !strings.HasPrefix(kv, "STRIPE_") {
+			environ = append(environ, kv)
+		}
+	}
+	return append(environ, extra...)
+}
+
 // child is one `keybrake serve` process.
 type child struct {
 	cmd      *exec.Cmd
@@ -178,13 +190,7 @@ func TestKill9UnderLoad(t *testing.T) {
 		keyID, vaultKey = k.ID, token
 	}()
 
-	environ := []string{}
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "KEYBRAKE_") && !strings.HasPrefix(kv, "STRIPE_") {
-			environ = append(environ, kv)
-		}
-	}
-	environ = append(environ,
+	environ := childEnviron(
 		envMasterKey+"="+masterText,
 		envJWTSecret+"=kill9-jwt-secret-kill9-jwt-secret-kill9",
 		envStripeKey+"="+fake.Secret,

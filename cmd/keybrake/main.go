@@ -20,6 +20,7 @@ import (
 	// it does not depend on the host's (a distroless or scratch image may have none).
 	_ "time/tzdata"
 
+	"github.com/keybrake/keybrake/api"
 	"github.com/keybrake/keybrake/vault"
 )
 
@@ -50,6 +51,14 @@ func main() {
 		fmt.Fprintln(os.Stderr, "keybrake:", err)
 		os.Exit(exitError)
 	}
+	// SIGHUP reloads the TLS certificates (after a renewal); it never stops serve.
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	go func() {
+		for range hup {
+			_ = m.ReloadTLS() // each failure is logged; the current certificate stays
+		}
+	}()
 	err := m.Wait(ctx)
 	// A second SIGINT/SIGTERM during the graceful shutdown kills the process at once.
 	stop()
@@ -67,6 +76,7 @@ const (
 	cmdServe   = "serve"
 	cmdToken   = "token"
 	cmdBackup  = "backup"
+	cmdRekey   = "rekey"
 	cmdVersion = "version"
 	cmdHelp    = "help"
 )
@@ -84,6 +94,8 @@ type Main struct {
 	Token TokenConfig
 	// Backup is the backup subcommand's configuration.
 	Backup BackupConfig
+	// Rekey is the rekey subcommand's configuration.
+	Rekey RekeyConfig
 
 	// Stdout receives a command's output (a token, the version).
 	Stdout io.Writer
@@ -93,9 +105,12 @@ type Main struct {
 	Getenv func(string) string
 
 	logger    *slog.Logger
+	metrics   *api.Metrics
 	store     *vault.Store
 	proxyLn   net.Listener
 	adminLn   net.Listener
+	proxyTLS  *certReloader // nil without --tls-cert
+	adminTLS  *certReloader // nil without --admin-tls-cert
 	proxySrv  *http.Server
 	adminSrv  *http.Server
 	publicURL string
@@ -114,6 +129,7 @@ func NewMain() *Main {
 		Config: DefaultConfig(),
 		Token:  DefaultTokenConfig(),
 		Backup: DefaultBackupConfig(),
+		Rekey:  DefaultRekeyConfig(),
 		Stdout: os.Stdout,
 		Stderr: os.Stderr,
 		Getenv: os.Getenv,
@@ -126,6 +142,7 @@ Usage:
   keybrake serve   [flags]   run the metering proxy and the admin API
   keybrake token   [flags]   print an admin API token (JWT)
   keybrake backup  [flags]   write a consistent copy of the database
+  keybrake rekey   [flags]   re-seal the database under a new master key (server stopped)
   keybrake version           print the version
   keybrake help [command]    show help
 
@@ -149,6 +166,8 @@ func (m *Main) ParseFlags(ctx context.Context, args []string) error {
 		return m.parseToken(args)
 	case cmdBackup:
 		return m.parseBackup(args)
+	case cmdRekey:
+		return m.parseRekey(args)
 	case cmdVersion:
 		return parseArgs(m.flagSet(cmdVersion, "keybrake version"), args)
 	case cmdHelp, "-h", "-help", "--help":
@@ -189,7 +208,7 @@ func parseArgs(fs *flag.FlagSet, args []string) error {
 
 // parseServe reads serve's flags and environment.
 func (m *Main) parseServe(args []string) error {
-	fs := m.flagSet(cmdServe, "keybrake serve [flags]\n\nEach flag is also read from KEYBRAKE_<FLAG> (flag wins).\nSecrets: KEYBRAKE_MASTER_KEY (base64 of 32 bytes), KEYBRAKE_JWT_SECRET (at least 32 bytes);\ngenerated into the data directory when unset (development only).\nSTRIPE_SECRET_KEY registers or updates the upstream \"default\".")
+	fs := m.flagSet(cmdServe, "keybrake serve [flags]\n\nEach flag is also read from KEYBRAKE_<FLAG> (flag wins).\nSecrets: KEYBRAKE_MASTER_KEY (base64 of 32 bytes), KEYBRAKE_JWT_SECRET (at least 32 bytes);\ngenerated into the data directory when unset (development only).\nSTRIPE_SECRET_KEY registers the upstream \"default\" when absent or changed since the last start.")
 	m.Config.bindFlags(fs)
 	if err := parseArgs(fs, args); err != nil {
 		return err
@@ -213,6 +232,8 @@ func (m *Main) Run(ctx context.Context) error {
 		return m.runToken(ctx)
 	case cmdBackup:
 		return m.runBackup(ctx)
+	case cmdRekey:
+		return m.runRekey(ctx)
 	case cmdVersion:
 		_, err := fmt.Fprintln(m.Stdout, "keybrake", Version())
 		return err

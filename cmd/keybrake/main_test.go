@@ -163,16 +163,25 @@ func MustMintKey(tb testing.TB, s *vault.Store, name string, capDollars int64) (
 	return k, token
 }
 
-func TestServeHealthzOnBothListeners(t *testing.T) {
+func TestServeHealthzAndReadyzOnBothListeners(t *testing.T) {
 	fake := proxytest.NewFakeStripe(t, "sk_test_healthz")
-	m := MustServe(t, t.TempDir(), fake.URL, nil)
+	m := MustServe(t, t.TempDir(), fake.URL, nil) // no STRIPE_SECRET_KEY: no upstream
 
 	for name, base := range map[string]string{"proxy": m.ProxyURL(), "admin": m.AdminURL()} {
 		t.Run(name, func(t *testing.T) {
 			require.True(t, strings.HasPrefix(base, "http://127.0.0.1:"), base)
 			status, body := MustGet(t, base+"/healthz", "")
 			assert.Equal(t, http.StatusOK, status, string(body))
+			status, body = MustGet(t, base+"/readyz", "")
+			assert.Equal(t, http.StatusServiceUnavailable, status, string(body))
+			assert.Contains(t, string(body), "no upstream is registered")
 		})
+	}
+	_, err := m.Store().PutUpstream(context.Background(), "test", upstreamDefault, "stripe", fake.Secret)
+	require.NoError(t, err)
+	for _, base := range []string{m.ProxyURL(), m.AdminURL()} {
+		status, body := MustGet(t, base+"/readyz", "")
+		assert.Equal(t, http.StatusOK, status, string(body))
 	}
 	assert.Equal(t, m.ProxyURL(), m.PublicURL(), "public URL derived from the bound proxy address")
 	assert.Zero(t, fake.Count(), "health checks never reach Stripe")
@@ -276,23 +285,77 @@ func TestServeSecretsFromEnvironmentAreNotWritten(t *testing.T) {
 }
 
 func TestServeRefusesBadSecrets(t *testing.T) {
-	tests := map[string]env{
-		"master key not base64":  {envMasterKey: "not base64 !!"},
-		"master key too short":   {envMasterKey: "c2hvcnQ="},
-		"jwt secret too short":   {envJWTSecret: "short"},
-		"master key of 33 bytes": {envMasterKey: strings.Repeat("QUFB", 11)},
+	tests := map[string]struct {
+		env  env
+		want string
+	}{
+		"master key not base64":  {env{envMasterKey: "not base64 !!"}, "must be base64 of 32 bytes"},
+		"master key too short":   {env{envMasterKey: "c2hvcnQ="}, "is base64 of 5 bytes; it must be base64 of 32 bytes"},
+		"master key of 33 bytes": {env{envMasterKey: strings.Repeat("QUFB", 11)}, "must be base64 of 32 bytes"},
+		"master key in hex":      {env{envMasterKey: strings.Repeat("0f", 32)}, "looks like hex"},
+		"jwt secret too short":   {env{envJWTSecret: "short"}, "at least 32"},
 	}
-	for name, e := range tests {
+	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
-			tm := NewTestMain(e)
+			dataDir := t.TempDir()
+			tm := NewTestMain(tc.env)
 			ctx := context.Background()
-			require.NoError(t, tm.ParseFlags(ctx, []string{"serve", "--data-dir", t.TempDir(),
+			require.NoError(t, tm.ParseFlags(ctx, []string{"serve", "--data-dir", dataDir,
 				"--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"}))
 			err := tm.Run(ctx)
-			assert.Error(t, err)
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), tc.want)
+			if strings.Contains(name, "master key") {
+				assert.Contains(t, err.Error(), "openssl rand -base64 32", "says how to make one")
+			}
 			assert.NoError(t, tm.Close())
 		})
 	}
+}
+
+func TestServeRefusesADatabaseWithoutItsMasterKey(t *testing.T) {
+	fake := proxytest.NewFakeStripe(t, "sk_test_restore")
+	oldDir := t.TempDir()
+	m := MustServe(t, oldDir, fake.URL, env{envStripeKey: fake.Secret})
+	require.NoError(t, m.Close())
+	masterText := strings.TrimSpace(readFile(t, filepath.Join(oldDir, masterKeyFile)))
+
+	// A backup restored into a new data directory, without its master.key.
+	newDir := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(newDir, databaseFile), []byte(readFile(t, filepath.Join(oldDir, databaseFile))), 0o600))
+	serve := func(e env) error {
+		_, err := runCommand(e, "serve", "--data-dir", newDir, "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0",
+			"--stripe-url", fake.URL)
+		return err
+	}
+	err := serve(env{})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "there is no master key")
+	assert.Contains(t, err.Error(), "A restored backup needs the master key of the server it was taken from")
+	assert.NoFileExists(t, filepath.Join(newDir, masterKeyFile), "no key generated that could never open it")
+	assert.NoFileExists(t, filepath.Join(newDir, jwtSecretFile))
+
+	err = serve(env{envMasterKey: MustNewMasterKeyText(t)})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "was sealed with another master key than the one in KEYBRAKE_MASTER_KEY")
+	require.NoError(t, os.WriteFile(filepath.Join(newDir, masterKeyFile), []byte(MustNewMasterKeyText(t)), 0o600))
+	err = serve(env{})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "was sealed with another master key than the one in "+filepath.Join(newDir, masterKeyFile))
+
+	require.NoError(t, os.Remove(filepath.Join(newDir, masterKeyFile)))
+	assertServesWith(t, newDir, fake.URL, env{envMasterKey: masterText}, fake.Secret)
+}
+
+func TestSecondServeOnADataDirectoryInUse(t *testing.T) {
+	assert.LessOrEqual(t, DefaultConfig().OpenTimeout, time.Second, "the second serve says so within a second")
+	fake := proxytest.NewFakeStripe(t, "sk_test_twice")
+	dataDir := t.TempDir()
+	MustServe(t, dataDir, fake.URL, nil)
+	_, err := runCommand(nil, "serve", "--data-dir", dataDir, "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0",
+		"--stripe-url", fake.URL)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "another keybrake process holds "+filepath.Join(dataDir, databaseFile))
 }
 
 func TestServeFlagsAndEnvironment(t *testing.T) {
@@ -389,6 +452,7 @@ func TestParseFlagsRefuses(t *testing.T) {
 		"bad duration in the env":   {env: env{"KEYBRAKE_UPSTREAM_TIMEOUT": "soon"}, args: []string{"serve"}, wantMsg: "KEYBRAKE_UPSTREAM_TIMEOUT"},
 		"token with a bad role":     {args: []string{"token", "--role", "root"}, wantMsg: "role"},
 		"token with a negative ttl": {args: []string{"token", "--ttl", "-1h"}, wantMsg: "ttl"},
+		"token over 30 days":        {args: []string{"token", "--ttl", "721h"}, wantMsg: "pass --allow-long-ttl"},
 		"backup without out":        {args: []string{"backup"}, wantMsg: "out"},
 		"version with an argument":  {args: []string{"version", "now"}, wantMsg: "version: unexpected arguments"},
 		"token with an argument":    {args: []string{"token", "admin"}, wantMsg: "token: unexpected arguments"},
@@ -463,6 +527,14 @@ func TestTokenCommand(t *testing.T) {
 		"data directory from env": {
 			env:        env{"KEYBRAKE_DATA_DIR": fileDir},
 			wantSecret: "file-secret-file-secret-file-secret!", wantSub: "admin", wantRole: api.RoleAdmin, wantTTL: time.Hour,
+		},
+		"30 days": {
+			args:       []string{"--data-dir", fileDir, "--ttl", "720h"},
+			wantSecret: "file-secret-file-secret-file-secret!", wantSub: "admin", wantRole: api.RoleAdmin, wantTTL: MaxTokenTTL,
+		},
+		"a year, on purpose": {
+			args:       []string{"--data-dir", fileDir, "--ttl", "8760h", "--allow-long-ttl"},
+			wantSecret: "file-secret-file-secret-file-secret!", wantSub: "admin", wantRole: api.RoleAdmin, wantTTL: 8760 * time.Hour,
 		},
 	}
 	for name, tc := range tests {
@@ -549,7 +621,8 @@ func TestDerivePublicURL(t *testing.T) {
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
-			assert.Equal(t, tc.want, derivePublicURL(tc.addr))
+			assert.Equal(t, tc.want, derivePublicURL(tc.addr, false))
+			assert.Equal(t, "https"+strings.TrimPrefix(tc.want, "http"), derivePublicURL(tc.addr, true), "with TLS")
 		})
 	}
 }
@@ -600,4 +673,41 @@ func postForm(ctx context.Context, client *http.Client, u, vaultKey, idemKey str
 	defer resp.Body.Close()
 	body, err := io.ReadAll(resp.Body)
 	return resp.StatusCode, body, err
+}
+
+func TestStripeSecretKeyOnlyReplacesWhenItChanged(t *testing.T) {
+	fake := proxytest.NewFakeStripe(t, "sk_test_envfirst")
+	dataDir := t.TempDir()
+	ctx := context.Background()
+	start := func(secret string) testMain {
+		t.Helper()
+		m := MustServe(t, dataDir, fake.URL, env{envStripeKey: secret}, "--log-level", "info")
+		return m
+	}
+	secretOf := func(m testMain) string {
+		t.Helper()
+		s, err := m.Store().UpstreamSecret(ctx, upstreamDefault)
+		require.NoError(t, err)
+		return s
+	}
+
+	m := start("sk_test_envfirst")
+	assert.Contains(t, m.stderr.String(), "upstream registered from the environment")
+	// An admin replaces the secret through the API.
+	_, err := m.Store().PutUpstream(ctx, "alice", upstreamDefault, "stripe", "sk_test_adminset")
+	require.NoError(t, err)
+	require.NoError(t, m.Close())
+
+	m = start("sk_test_envfirst") // the same environment: the admin's secret stays
+	assert.Equal(t, "sk_test_adminset", secretOf(m))
+	assert.Contains(t, m.stderr.String(), "is unchanged since the last start")
+	require.NoError(t, m.Close())
+
+	m = start("sk_test_envsecond") // a new value: it replaces, with a warning
+	assert.Equal(t, "sk_test_envsecond", secretOf(m))
+	logs := m.stderr.String()
+	assert.Contains(t, logs, `"level":"WARN","msg":"the environment's value changed since the last start`)
+	for _, secret := range []string{"sk_test_envfirst", "sk_test_adminset", "sk_test_envsecond"} {
+		assert.NotContains(t, logs, secret, "no secret in the logs")
+	}
 }

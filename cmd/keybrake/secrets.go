@@ -40,21 +40,41 @@ const (
 	sourceGenerated secretSource = "generated"
 )
 
+// howToMakeMasterKey ends every master key error: the commands that make one.
+const howToMakeMasterKey = "make one with: openssl rand -base64 32 (or: head -c 32 /dev/urandom | base64)"
+
 // decodeMasterKey decodes a base64 (standard or URL alphabet, padded or not)
-// 32-byte master key.
+// 32-byte master key. Its errors say what the key must be and how to make one; a
+// key written in hex (64 hex digits, which is also valid base64 of 48 bytes) is
+// recognised as such.
 func decodeMasterKey(s string) ([]byte, error) {
 	s = strings.TrimSpace(s)
+	if len(s) == 2*masterKeyBytes && isHex(s) {
+		return nil, fmt.Errorf("the master key looks like hex; it must be base64 of 32 bytes: convert it with: echo %s | xxd -r -p | base64; or %s",
+			"<hex>", howToMakeMasterKey)
+	}
 	for _, enc := range []*base64.Encoding{base64.StdEncoding, base64.RawStdEncoding, base64.URLEncoding, base64.RawURLEncoding} {
 		b, err := enc.DecodeString(s)
 		if err != nil {
 			continue
 		}
 		if len(b) != masterKeyBytes {
-			return nil, fmt.Errorf("master key is %d bytes, want %d", len(b), masterKeyBytes)
+			return nil, fmt.Errorf("the master key is base64 of %d bytes; it must be base64 of %d bytes: %s", len(b), masterKeyBytes, howToMakeMasterKey)
 		}
 		return b, nil
 	}
-	return nil, errors.New("master key is not base64")
+	return nil, fmt.Errorf("the master key is not base64; it must be base64 of %d bytes: %s", masterKeyBytes, howToMakeMasterKey)
+}
+
+// isHex reports whether s is made of hexadecimal digits only.
+func isHex(s string) bool {
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !('0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F') {
+			return false
+		}
+	}
+	return s != ""
 }
 
 // checkJWTSecret refuses secrets too short for HS256.

@@ -13,6 +13,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/keybrake/keybrake/api"
 	"github.com/keybrake/keybrake/proxy"
 	"github.com/keybrake/keybrake/vault"
@@ -40,7 +42,7 @@ func (m *Main) runServe(ctx context.Context) error {
 	m.logger = logger
 	log := logger.With("component", "main")
 
-	masterKey, jwtSecret, err := m.loadSecrets(log)
+	masterKey, masterSrc, jwtSecret, err := m.loadSecrets(log)
 	if err != nil {
 		return err
 	}
@@ -53,6 +55,13 @@ func (m *Main) runServe(ctx context.Context) error {
 		log.Warn("the upstream is plain HTTP on a non-loopback host: the Stripe secret travels unencrypted", "stripe_url", cfg.StripeURL)
 	}
 
+	// One registry for the whole program, handed to every component.
+	registry := prometheus.NewRegistry()
+	m.metrics, err = api.NewMetrics(registry, buildVersion())
+	if err != nil {
+		return err
+	}
+
 	dbPath := filepath.Join(cfg.DataDir, databaseFile)
 	store, err := vault.Open(dbPath, vault.Options{
 		MasterKey:      masterKey,
@@ -60,11 +69,15 @@ func (m *Main) runServe(ctx context.Context) error {
 		Lease:          cfg.Lease(),
 		Logger:         logger, // each package adds its own "component"
 		OpenTimeout:    cfg.OpenTimeout,
+		CommitObserver: m.metrics.ObserveCommit,
 	})
 	if err != nil {
-		return fmt.Errorf("open store %s: %w", dbPath, err)
+		return openStoreError(dbPath, masterSrc, err)
 	}
 	m.store = store
+	if err := m.metrics.WatchStore(store); err != nil {
+		return err
+	}
 
 	if secret := m.Getenv(envStripeKey); secret != "" {
 		if err := m.registerDefaultUpstream(ctx, log, secret); err != nil {
@@ -77,9 +90,21 @@ func (m *Main) runServe(ctx context.Context) error {
 		Upstream:        upstreamURL,
 		UpstreamTimeout: cfg.UpstreamTimeout,
 		Logger:          logger,
+		Registerer:      registry,
 	})
 	if err != nil {
 		return fmt.Errorf("build proxy: %w", err)
+	}
+
+	if cfg.TLSCert != "" {
+		if m.proxyTLS, err = newCertReloader("proxy", cfg.TLSCert, cfg.TLSKey, cfg.TLSReloadCheck, log); err != nil {
+			return err
+		}
+	}
+	if cfg.AdminTLSCert != "" {
+		if m.adminTLS, err = newCertReloader("admin", cfg.AdminTLSCert, cfg.AdminTLSKey, cfg.TLSReloadCheck, log); err != nil {
+			return err
+		}
 	}
 
 	var lc net.ListenConfig
@@ -93,7 +118,15 @@ func (m *Main) runServe(ctx context.Context) error {
 	}
 	m.publicURL = cfg.PublicURL
 	if m.publicURL == "" {
-		m.publicURL = derivePublicURL(m.proxyLn.Addr().String())
+		m.publicURL = derivePublicURL(m.proxyLn.Addr().String(), m.proxyTLS != nil)
+	}
+	if m.proxyTLS == nil && exposedWithoutTLS(m.proxyLn.Addr()) {
+		log.Warn("the proxy listens beyond this machine without TLS: vault keys travel in clear; set --tls-cert and --tls-key, or terminate TLS in front of keybrake",
+			"listen", m.proxyLn.Addr().String())
+	}
+	if m.adminTLS == nil && exposedWithoutTLS(m.adminLn.Addr()) {
+		log.Warn("the admin API listens beyond this machine without TLS: admin tokens travel in clear; set --admin-tls-cert and --admin-tls-key, or keep it on 127.0.0.1",
+			"admin_listen", m.adminLn.Addr().String())
 	}
 
 	proxyHandler := api.NewProxyListener(api.ProxyConfig{
@@ -107,12 +140,11 @@ func (m *Main) runServe(ctx context.Context) error {
 		Logger:    logger,
 		JWTSecret: jwtSecret,
 		PublicURL: m.publicURL,
-		Proxy:     stripe,
-		Version:   buildVersion(),
+		Metrics:   registry,
 	})
 
-	m.proxySrv = m.newServer(proxyHandler, cfg.ProxyWriteTimeout())
-	m.adminSrv = m.newServer(adminHandler, cfg.AdminWriteTimeout)
+	m.proxySrv = m.newServer(proxyHandler, cfg.ProxyWriteTimeout(), m.proxyTLS)
+	m.adminSrv = m.newServer(adminHandler, cfg.AdminWriteTimeout, m.adminTLS)
 	m.startServing(ctx)
 
 	log.Info("keybrake serving",
@@ -120,6 +152,8 @@ func (m *Main) runServe(ctx context.Context) error {
 		"proxy", m.proxyLn.Addr().String(),
 		"admin", m.adminLn.Addr().String(),
 		"public_url", m.publicURL,
+		"proxy_tls", m.proxyTLS != nil,
+		"admin_tls", m.adminTLS != nil,
 		"stripe_url", cfg.StripeURL,
 		"data_dir", cfg.DataDir,
 	)
@@ -127,24 +161,57 @@ func (m *Main) runServe(ctx context.Context) error {
 	return nil
 }
 
-// loadSecrets creates the data directory and returns the master key and the JWT
-// secret from the environment, else the data directory, else freshly generated
-// into it. It logs where each came from, never the secret.
-func (m *Main) loadSecrets(log *slog.Logger) (masterKey, jwtSecret []byte, err error) {
+// loadSecrets creates the data directory and returns the master key (and where it
+// came from) and the JWT secret: from the environment, else the data directory,
+// else freshly generated into it. A master key is generated only for a new
+// database: a database without its key (a backup restored without master.key)
+// is refused, and nothing is generated. It logs where each came from, never the
+// secret.
+func (m *Main) loadSecrets(log *slog.Logger) (masterKey []byte, masterSrc secretSource, jwtSecret []byte, err error) {
 	dir := m.Config.DataDir
 	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, nil, fmt.Errorf("create data directory: %w", err)
+		return nil, "", nil, fmt.Errorf("create data directory: %w", err)
 	}
-	masterKey, masterSrc, err := loadOrGenerateSecret(masterKeySpec, m.Getenv, dir, log)
+	masterKey, masterSrc, err = loadSecret(masterKeySpec, m.Getenv, dir, log)
+	if errors.Is(err, errNoSecret) {
+		dbPath := filepath.Join(dir, databaseFile)
+		if fi, serr := os.Stat(dbPath); serr == nil && fi.Size() > 0 {
+			return nil, "", nil, fmt.Errorf("%s exists, but there is no master key (%s is unset and %s is missing): "+
+				"the database was sealed with a master key that is not here, and a new one would not open it. "+
+				"A restored backup needs the master key of the server it was taken from: set %s to it, or write it to %s (mode 0600)",
+				dbPath, envMasterKey, filepath.Join(dir, masterKeyFile), envMasterKey, filepath.Join(dir, masterKeyFile))
+		}
+		masterKey, masterSrc, err = loadOrGenerateSecret(masterKeySpec, m.Getenv, dir, log)
+	}
 	if err != nil {
-		return nil, nil, fmt.Errorf("master key: %w", err)
+		return nil, "", nil, fmt.Errorf("master key: %w", err)
 	}
 	jwtSecret, jwtSrc, err := loadOrGenerateSecret(jwtSecretSpec, m.Getenv, dir, log)
 	if err != nil {
-		return nil, nil, fmt.Errorf("jwt secret: %w", err)
+		return nil, "", nil, fmt.Errorf("jwt secret: %w", err)
 	}
 	log.Info("secrets loaded", "master_key", masterSrc, "jwt_secret", jwtSrc)
-	return masterKey, jwtSecret, nil
+	return masterKey, masterSrc, jwtSecret, nil
+}
+
+// openStoreError turns the store's refusal to open into what the operator should
+// do about it.
+func openStoreError(dbPath string, masterSrc secretSource, err error) error {
+	switch {
+	case errors.Is(err, vault.ErrSealed):
+		from := envMasterKey
+		if masterSrc != sourceEnv {
+			from = filepath.Join(filepath.Dir(dbPath), masterKeyFile)
+		}
+		return fmt.Errorf("%s was sealed with another master key than the one in %s: supply the key it was created with, in %s or %s "+
+			"(a restored backup needs the master key of the server it came from; after an interrupted keybrake rekey, the new key): %w",
+			dbPath, from, envMasterKey, filepath.Join(filepath.Dir(dbPath), masterKeyFile), err)
+	case errors.Is(err, vault.ErrLocked):
+		return fmt.Errorf("another keybrake process holds %s (its file lock): stop it, or give this one another --data-dir: %w", dbPath, err)
+	case errors.Is(err, vault.ErrSchemaVersion):
+		return fmt.Errorf("%s was written by a newer keybrake: run that version, or restore a backup taken before the upgrade: %w", dbPath, err)
+	}
+	return fmt.Errorf("open store %s: %w", dbPath, err)
 }
 
 // startServing starts both servers on their bound listeners and the reaper. A
@@ -159,7 +226,12 @@ func (m *Main) startServing(ctx context.Context) {
 		m.wg.Add(1)
 		go func() {
 			defer m.wg.Done()
-			if err := s.srv.Serve(s.ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			serve := s.srv.Serve
+			if s.srv.TLSConfig != nil {
+				// The certificate comes from TLSConfig.GetCertificate.
+				serve = func(ln net.Listener) error { return s.srv.ServeTLS(ln, "", "") }
+			}
+			if err := serve(s.ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 				m.serveErr <- fmt.Errorf("%s server: %w", s.name, err)
 			}
 		}()
@@ -175,11 +247,11 @@ func (m *Main) startServing(ctx context.Context) {
 }
 
 // newServer returns the server of one listener: h, tracked for Close, with the
-// configured timeouts. Requests do not inherit Run's ctx: cancelling it starts a
-// graceful shutdown in which in-flight requests finish, so their contexts must
-// outlive it.
-func (m *Main) newServer(h http.Handler, writeTimeout time.Duration) *http.Server {
-	return &http.Server{
+// configured timeouts, over TLS when certs is set. Requests do not inherit Run's
+// ctx: cancelling it starts a graceful shutdown in which in-flight requests
+// finish, so their contexts must outlive it.
+func (m *Main) newServer(h http.Handler, writeTimeout time.Duration, certs *certReloader) *http.Server {
+	srv := &http.Server{
 		Handler:           m.inflight.track(h),
 		ReadHeaderTimeout: m.Config.ReadHeaderTimeout,
 		ReadTimeout:       m.Config.ReadTimeout,
@@ -188,24 +260,31 @@ func (m *Main) newServer(h http.Handler, writeTimeout time.Duration) *http.Serve
 		MaxHeaderBytes:    1 << 20,
 		ErrorLog:          slog.NewLogLogger(m.logger.With("component", "http").Handler(), slog.LevelWarn),
 	}
+	if certs != nil {
+		srv.TLSConfig = certs.tlsConfig()
+	}
+	return srv
 }
 
-// registerDefaultUpstream registers STRIPE_SECRET_KEY as the upstream "default",
-// unless it already holds that very secret (so a restart writes no audit entry).
+// registerDefaultUpstream registers STRIPE_SECRET_KEY as the upstream "default"
+// when there is none or when the value changed since the last start (the store
+// keeps a salted fingerprint of it, never the value). An unchanged environment
+// leaves the upstream as it is, so a secret an admin changed through the API
+// survives a restart; a changed one replaces it, with a warning.
 func (m *Main) registerDefaultUpstream(ctx context.Context, log *slog.Logger, secret string) error {
-	current, err := m.store.UpstreamSecret(ctx, upstreamDefault)
-	switch {
-	case err == nil && current == secret:
-		return nil
-	case err != nil && !errors.Is(err, vault.ErrNotFound):
-		// Unreadable (e.g. sealed under another master key): replace it.
-		log.Warn("replacing unreadable upstream", "upstream", upstreamDefault, "error", err)
-	}
-	up, err := m.store.PutUpstream(ctx, actorSystem, upstreamDefault, "stripe", secret)
+	up, action, err := m.store.SyncEnvUpstream(ctx, actorSystem, upstreamDefault, "stripe", secret)
 	if err != nil {
 		return fmt.Errorf("register upstream %s from %s: %w", upstreamDefault, envStripeKey, err)
 	}
-	log.Info("upstream registered from environment", "upstream", up.Name, "secret_last4", up.SecretLast4)
+	attrs := []any{"upstream", up.Name, "secret_last4", up.SecretLast4, "variable", envStripeKey}
+	switch action {
+	case vault.EnvUpstreamRegistered:
+		log.Info("upstream registered from the environment", attrs...)
+	case vault.EnvUpstreamReplaced:
+		log.Warn("the environment's value changed since the last start: it replaced the registered upstream secret", attrs...)
+	case vault.EnvUpstreamKept:
+		log.Info("the environment's value is unchanged since the last start: the registered upstream is kept as it is", attrs...)
+	}
 	return nil
 }
 
@@ -248,6 +327,9 @@ func (m *Main) reap(ctx context.Context, log *slog.Logger) {
 	defer t.Stop()
 	for {
 		n, err := m.store.Reap(ctx)
+		if ctx.Err() == nil {
+			m.metrics.ObserveReap(n, err)
+		}
 		switch {
 		case err != nil && ctx.Err() == nil:
 			log.Error("reap failed", "error", err)
@@ -334,7 +416,7 @@ func (m *Main) ProxyURL() string {
 	if m.proxyLn == nil {
 		return ""
 	}
-	return dialableURL(m.proxyLn.Addr())
+	return dialableURL(m.proxyLn.Addr(), m.proxyTLS != nil)
 }
 
 // AdminURL is the bound admin listener's URL, dialable from this machine ("" before
@@ -343,7 +425,7 @@ func (m *Main) AdminURL() string {
 	if m.adminLn == nil {
 		return ""
 	}
-	return dialableURL(m.adminLn.Addr())
+	return dialableURL(m.adminLn.Addr(), m.adminTLS != nil)
 }
 
 // PublicURL is the proxy base URL handed out with minted keys (--public-url, or

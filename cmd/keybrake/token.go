@@ -21,7 +21,14 @@ type TokenConfig struct {
 	DataDir string
 	// JWTSecret is the signing secret (--jwt-secret, else KEYBRAKE_JWT_SECRET).
 	JWTSecret string
+	// AllowLongTTL lets TTL exceed MaxTokenTTL.
+	AllowLongTTL bool
 }
+
+// MaxTokenTTL is the longest token `keybrake token` mints without --allow-long-ttl:
+// a token cannot be revoked before it expires (only rotating KEYBRAKE_JWT_SECRET
+// invalidates it, and every other token with it).
+const MaxTokenTTL = 30 * 24 * time.Hour
 
 // DefaultTokenConfig returns token's defaults.
 func DefaultTokenConfig() TokenConfig {
@@ -42,6 +49,10 @@ func (c TokenConfig) Validate() error {
 	if c.TTL <= 0 {
 		errs = append(errs, fmt.Errorf("ttl: must be positive, got %s", c.TTL))
 	}
+	if c.TTL > MaxTokenTTL && !c.AllowLongTTL {
+		errs = append(errs, fmt.Errorf("ttl: %s is longer than 30 days (%s): a token cannot be revoked before it expires, "+
+			"only by rotating the JWT secret (which ends every token); pass --allow-long-ttl to mint it anyway", c.TTL, MaxTokenTTL))
+	}
 	if c.Sub == "" {
 		errs = append(errs, errors.New("sub: must not be empty"))
 	}
@@ -51,10 +62,11 @@ func (c TokenConfig) Validate() error {
 // parseToken reads token's flags; --jwt-secret falls back to KEYBRAKE_JWT_SECRET
 // and --data-dir to KEYBRAKE_DATA_DIR.
 func (m *Main) parseToken(args []string) error {
-	fs := m.flagSet(cmdToken, "keybrake token [--role admin|viewer] [--ttl 1h] [--sub NAME] [--data-dir DIR] [--jwt-secret SECRET]\n\nPrints an admin API token signed with --jwt-secret, else KEYBRAKE_JWT_SECRET,\nelse the jwt.secret that serve generated in the data directory.")
+	fs := m.flagSet(cmdToken, "keybrake token [--role admin|viewer] [--ttl 1h] [--sub NAME] [--data-dir DIR] [--jwt-secret SECRET]\n\nPrints an admin API token signed with --jwt-secret, else KEYBRAKE_JWT_SECRET,\nelse the jwt.secret that serve generated in the data directory. A token cannot be\nrevoked, so --ttl is capped at 30 days unless --allow-long-ttl.")
 	c := &m.Token
 	fs.StringVar(&c.Role, "role", c.Role, "role: admin or viewer")
-	fs.DurationVar(&c.TTL, "ttl", c.TTL, "how long the token is valid")
+	fs.DurationVar(&c.TTL, "ttl", c.TTL, "how long the token is valid (at most 720h = 30 days without --allow-long-ttl)")
+	fs.BoolVar(&c.AllowLongTTL, "allow-long-ttl", c.AllowLongTTL, "allow a --ttl over 30 days")
 	fs.StringVar(&c.Sub, "sub", c.Sub, "subject (who the audit log names)")
 	fs.StringVar(&c.DataDir, "data-dir", c.DataDir, "data directory holding the generated jwt.secret")
 	fs.StringVar(&c.JWTSecret, "jwt-secret", c.JWTSecret, "signing secret (visible to other local users in the process list: prefer KEYBRAKE_JWT_SECRET)")

@@ -1,0 +1,70 @@
+package api
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/labstack/echo/v4"
+
+	"github.com/keybrake/keybrake/vault"
+)
+
+// readyTimeout bounds the store checks of one readiness probe.
+const readyTimeout = 5 * time.Second
+
+// Readiness answers of GET /readyz.
+const (
+	statusReady    = "ready"
+	statusNotReady = "not_ready"
+)
+
+// readiness is the body of GET /readyz.
+type readiness struct {
+	Status string `json:"status"`
+	// Reason says why the server is not ready; empty when it is.
+	Reason string `json:"reason,omitempty"`
+}
+
+// notReadyReason returns "" when store can serve traffic: it is open and
+// writable (an empty write transaction through its group committer commits) and
+// at least one upstream is registered. Otherwise it says why, without internal
+// detail (the proxy listener is public); the detail is logged at Error.
+func notReadyReason(ctx context.Context, store *vault.Store, log *slog.Logger) string {
+	if store == nil {
+		return "no store is configured"
+	}
+	ctx, cancel := context.WithTimeout(ctx, readyTimeout)
+	defer cancel()
+	if err := store.Ping(ctx); err != nil {
+		if errors.Is(err, vault.ErrClosed) {
+			return "the store is closed"
+		}
+		log.Error("readiness: the store cannot write", slog.String(attrError, err.Error()))
+		return "the store cannot write"
+	}
+	ups, err := store.ListUpstreams(ctx)
+	if err != nil {
+		log.Error("readiness: cannot list upstreams", slog.String(attrError, err.Error()))
+		return "the store cannot be read"
+	}
+	if len(ups) == 0 {
+		return "no upstream is registered: start with STRIPE_SECRET_KEY set, or POST /api/v1/upstreams"
+	}
+	return ""
+}
+
+// serveReadyz answers GET /readyz on either listener: 200 when ready, else 503
+// with the reason. Load balancers and orchestrators poll it without a token.
+func serveReadyz(c echo.Context, store *vault.Store, log *slog.Logger) error {
+	c.Response().Header().Set("Cache-Control", "no-store")
+	if reason := notReadyReason(c.Request().Context(), store, log); reason != "" {
+		return c.JSON(http.StatusServiceUnavailable, readiness{Status: statusNotReady, Reason: reason})
+	}
+	return c.JSON(http.StatusOK, readiness{Status: statusReady})
+}
+
+// readyz handles GET /readyz on the admin listener (no token).
+func (a *admin) readyz(c echo.Context) error { return serveReadyz(c, a.store, a.log) }
