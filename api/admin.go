@@ -85,6 +85,9 @@ var adminRoutes = []adminRoute{
 	{method: http.MethodPost, path: "/api/v1/keys/:id/rotate", handler: (*admin).rotateKey},
 	{method: http.MethodGet, path: "/api/v1/keys/:id/usage", handler: (*admin).keyUsage},
 	{method: http.MethodGet, path: "/api/v1/keys/:id/events", handler: (*admin).keyEvents},
+	{method: http.MethodGet, path: "/api/v1/keys/:id/spend", handler: (*admin).keySpend},
+	{method: http.MethodGet, path: "/api/v1/usage", handler: (*admin).listUsage},
+	{method: http.MethodGet, path: "/api/v1/overview", handler: (*admin).overview},
 
 	{method: http.MethodGet, path: "/api/v1/holds", handler: (*admin).listHolds},
 	{method: http.MethodPost, path: "/api/v1/holds/:id/resolve", handler: (*admin).resolveHold},
