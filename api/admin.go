@@ -97,7 +97,8 @@ var adminRoutes = []adminRoute{
 }
 
 // NewAdmin returns the admin listener's handler: /api/v1/*, /healthz, /metrics
-// (Prometheus text format). The handler is an *echo.Echo. Every /api/v1 route but
+// (Prometheus text format), and the web dashboard under /ui/ (see UIPath). The
+// handler is an *echo.Echo. Every /api/v1 route but
 // /api/v1/openapi.json needs an admin token
 // (Authorization: Bearer <JWT>, see IssueToken); every error is
 // application/problem+json (RFC 9457).
@@ -139,6 +140,11 @@ func NewAdmin(cfg AdminConfig) http.Handler {
 			mw = append(mw, requireAdmin)
 		}
 		e.Add(r.method, r.path, handler, mw...)
+	}
+	if ui, err := loadUI(); err != nil {
+		a.log.Error("the web dashboard cannot be served", slog.String(attrError, err.Error()))
+	} else {
+		mountUI(e, ui)
 	}
 	return e
 }
