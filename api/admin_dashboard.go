@@ -151,6 +151,7 @@ type nearCapView struct {
 	Name        string    `json:"name"`
 	Window      string    `json:"window"`
 	Currency    string    `json:"currency"`
+	Timezone    string    `json:"timezone"`
 	Cap         string    `json:"cap"`
 	Committed   string    `json:"committed"`
 	Held        string    `json:"held"`
@@ -240,6 +241,7 @@ func (a *admin) overview(c echo.Context) error {
 				Name:        n.Key.Name,
 				Window:      string(n.Window.Kind),
 				Currency:    cur,
+				Timezone:    n.Key.Policy.Location().String(),
 				Cap:         policy.FormatMinor(cur, n.Window.Cap),
 				Committed:   policy.FormatMinor(cur, n.Counter.Committed),
 				Held:        policy.FormatMinor(cur, n.Counter.Held),

@@ -207,6 +207,7 @@ func TestAdminOverview(t *testing.T) {
 			Name        string    `json:"name"`
 			Window      string    `json:"window"`
 			Currency    string    `json:"currency"`
+			Timezone    string    `json:"timezone"`
 			Cap         string    `json:"cap"`
 			Committed   string    `json:"committed"`
 			Held        string    `json:"held"`
@@ -251,6 +252,7 @@ func TestAdminOverview(t *testing.T) {
 	assert.Equal(t, k.ID, got.NearCap[0].KeyID)
 	assert.Equal(t, "k", got.NearCap[0].Name)
 	assert.Equal(t, "daily", got.NearCap[0].Window)
+	assert.Equal(t, "UTC", got.NearCap[0].Timezone)
 	assert.Equal(t, "10.00", got.NearCap[0].Cap)
 	assert.Equal(t, "8.50", got.NearCap[0].Committed)
 	assert.Equal(t, "0.20", got.NearCap[0].Held)

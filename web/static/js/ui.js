@@ -62,14 +62,15 @@ export function openDialog({title, content, buttons, onSubmit}) {
       btn.addEventListener('click', () => press(b, btn));
       row.append(btn);
     }
-    // Enter in a form of the dialog presses its confirming button.
-    for (const form of [content].flat().filter((c) => c instanceof HTMLFormElement)) {
-      form.addEventListener('submit', (ev) => {
+    // Enter in a text field of the dialog presses its confirming button (a form
+    // of several fields and no submit button of its own would do nothing).
+    dlg.addEventListener('keydown', (ev) => {
+      const i = buttons.findIndex((b) => b.value);
+      if (ev.key === 'Enter' && ev.target instanceof HTMLInputElement && i >= 0) {
         ev.preventDefault();
-        const i = buttons.findIndex((b) => b.value);
-        if (i >= 0) row.children[i].click();
-      });
-    }
+        row.children[i].click();
+      }
+    });
     replace(dlg, h('h2', {id: tid}, title), h('div', {class: 'dialog-body'}, content), row);
     document.body.append(dlg);
     dlg.showModal();

@@ -45,12 +45,12 @@ export function mount(main, ctx) {
     customers: area('customers', {placeholder: 'cus_123'}),
     accounts: area('stripe_accounts', {placeholder: 'acct_123'}),
     idemMode: h('select', {name: 'idempotency_mode'},
-      h('option', {value: 'require'}, 'require: the caller sends an Idempotency-Key'),
-      h('option', {value: 'derive'}, 'derive: keybrake derives it from request fields')),
+      h('option', {value: 'require'}, 'require the caller\'s key'),
+      h('option', {value: 'derive'}, 'derive from request fields')),
     idemFields: text('idempotency_fields', {placeholder: 'customer, metadata[billing_period]'}),
     mode: h('select', {name: 'mode'},
-      h('option', {value: 'enforce'}, 'enforce: refuse what the policy does not allow'),
-      h('option', {value: 'report'}, 'report: log what would be refused, let it through (dry run)')),
+      h('option', {value: 'enforce'}, 'enforce'),
+      h('option', {value: 'report'}, 'report (dry run)')),
   };
   const zones = h('datalist', {id: 'kb-zones'}, (Intl.supportedValuesOf ? Intl.supportedValuesOf('timeZone') : ['UTC']).map((z) => h('option', {value: z})));
   const idemFieldsField = field({name: 'policy.idempotency.fields', label: 'Derive from fields', control: c.idemFields,
@@ -80,9 +80,11 @@ export function mount(main, ctx) {
         hint: 'One per line, resource.verb, * allowed. Empty: every read, and charges and payment intents with a known amount. Refunds, transfers and payouts must be named.'}),
       field({name: 'policy.customers', label: 'Customers', control: c.customers, hint: 'One per line. Empty: any.'}),
       field({name: 'policy.stripe_accounts', label: 'Connected accounts', control: c.accounts, hint: 'One per line. Empty: the platform account only.'}),
-      field({name: 'policy.idempotency.mode', label: 'Idempotency', control: c.idemMode}),
+      field({name: 'policy.idempotency.mode', label: 'Idempotency', control: c.idemMode,
+        hint: 'Require: money-moving requests must carry an Idempotency-Key. Derive: keybrake computes it from fields of the request, ignoring the caller\'s.'}),
       idemFieldsField,
-      field({name: 'policy.mode', label: 'Mode', control: c.mode})),
+      field({name: 'policy.mode', label: 'Mode', control: c.mode,
+        hint: 'Report lets through what the policy would refuse and logs it as would_refuse (caps still count).'})),
     h('div', {class: 'actions'}, submit, h('a', {class: 'button link', href: '#/keys'}, 'Cancel')));
 
   form.addEventListener('submit', async (ev) => {

@@ -38,7 +38,7 @@ export function mount(main) {
             {label: 'Committed', class: 'num', cell: (n) => n.committed},
             {label: 'Held', class: 'num', cell: (n) => n.held},
             {label: 'Cap', class: 'num', cell: (n) => money(n.cap, n.currency)},
-            {label: 'Resets', cell: (n) => timeEl(n.reset_at)},
+            {label: 'Resets', cell: (n) => timeEl(n.reset_at, n.timezone)},
           ],
           rows: ov.near_cap,
         }),
@@ -67,15 +67,19 @@ function spendCards(ov) {
   if (ov.spend.length === 0) {
     return h('div', {class: 'card'}, h('h2', null, 'Spend'), h('p', {class: 'empty'}, 'No key has spent anything yet.'));
   }
-  return ov.spend.map((c) => h('div', {class: 'card'},
-    h('h2', null, `Spend in ${c.currency.toUpperCase()}`),
-    h('dl', {class: 'facts'},
-      h('dt', null, 'Committed today'), h('dd', null, h('strong', {class: 'big-number'}, c.today.committed), ` ${c.currency.toUpperCase()}`),
-      h('dt', null, 'Held today'), h('dd', null, money(c.today.held, c.currency)),
-      h('dt', null, 'Committed this period'), h('dd', null, money(c.period.committed, c.currency)),
-      h('dt', null, 'Held this period'), h('dd', null, money(c.period.held, c.currency)),
-      h('dt', null, 'Keys in a current period'), h('dd', null, String(c.keys))),
-    h('p', {class: 'hint'}, "Today is each key's own day, in its time zone.")));
+  return ov.spend.map((c) => {
+    const cur = c.currency.toUpperCase();
+    return h('div', {class: 'card'},
+      h('h2', null, `Spend in ${cur}`),
+      h('p', null, h('strong', {class: 'big-number'}, c.today.committed), ` ${cur} committed today`),
+      h('table', {class: 'spend'},
+        h('caption', {class: 'visually-hidden'}, `Spend in ${cur}`),
+        h('thead', null, h('tr', null, h('td'), h('th', {scope: 'col'}, 'Committed'), h('th', {scope: 'col'}, 'Held'))),
+        h('tbody', null,
+          h('tr', null, h('th', {scope: 'row'}, 'Today'), h('td', null, c.today.committed), h('td', null, c.today.held)),
+          h('tr', null, h('th', {scope: 'row'}, 'This period'), h('td', null, c.period.committed), h('td', null, c.period.held)))),
+      h('p', {class: 'hint'}, `${c.keys === 1 ? '1 key' : `${c.keys} keys`} in a current billing period. Today is each key's own day, in its time zone.`));
+  });
 }
 
 function unknownCard(ov) {
