@@ -131,6 +131,30 @@ func TestDashboardInABrowser(t *testing.T) {
 	assert.Equal(t, "row-near", b.Eval(row+`.className`), "90 % of the cap stands out")
 	assert.Contains(t, b.Eval(dailyText), "90 %")
 	assert.Equal(t, "still here", b.Eval(`window.__noReload`), "the page refreshed its data, not itself")
+
+	// Two more keys, one at its cap, for the picture.
+	admin := strings.TrimSpace(MustRunCommand(t, env{}, "token", "--data-dir", dataDir))
+	for _, k := range []struct {
+		name, team string
+		cents      int64
+	}{{"vault_key_cust_77", "billing", 3000}, {"agent_run_2026_12_01", "agents", 0}} {
+		var minted struct {
+			Token string `json:"token"`
+		}
+		require.Equal(t, http.StatusCreated, adminDo(t, http.MethodPost, m.AdminURL()+"/api/v1/keys", admin, map[string]any{
+			"name": k.name, "labels": map[string]string{"team": k.team},
+			"policy": map[string]any{"vendor": "stripe", "currency": "usd", "daily_cap": "30.00", "period_cap": "500.00",
+				"timezone": "America/New_York", "expires_at": time.Now().Add(30 * 24 * time.Hour).UTC().Format(time.RFC3339)},
+		}, &minted))
+		if k.cents > 0 {
+			_, err := MustStripeClient(t, m.PublicURL(), minted.Token).V1Charges.Create(context.Background(), &stripe.ChargeCreateParams{
+				Amount: stripe.Int64(k.cents), Currency: stripe.String("usd"),
+				Source: &stripe.PaymentSourceSourceParams{Token: stripe.String("tok_visa")},
+			})
+			require.NoError(t, err)
+		}
+	}
+	b.WaitFor("the key at its cap", `document.querySelector('table.data tbody tr.row-full')?.textContent.includes('at cap')`, uiWait)
 	keyList := b.Screenshot(shots, "keys")
 	if *updateDocs {
 		data, err := os.ReadFile(keyList)
@@ -142,7 +166,7 @@ func TestDashboardInABrowser(t *testing.T) {
 	var serr *stripe.Error
 	require.ErrorAs(t, charge(1000), &serr)
 	assert.Equal(t, "spend_cap_exceeded", string(serr.Code))
-	require.Len(t, fake.Charges(), 2)
+	require.Len(t, fake.Charges(), 3)
 	b.Do(chromedp.Click(chromedp.CSS(`table.data tbody tr .key-name`)))
 	b.WaitFor("the key's page", `document.querySelector('main h1')?.textContent.startsWith('vault_key_cust_42')`, uiWait)
 	b.WaitFor("the refusal in the ledger", `!!document.querySelector('.ledger-region tr.row-refused')`, uiWait)

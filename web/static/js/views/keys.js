@@ -71,7 +71,7 @@ export function mount(main, ctx) {
         cursors.pop();
         load().then(() => announce(`Page ${cursors.length}`));
       }}, '← Previous') : null,
-      h('span', {class: 'muted'}, `Page ${cursors.length}`),
+      cursors.length > 1 || list.next_cursor ? h('span', {class: 'muted'}, `Page ${cursors.length}`) : null,
       list.next_cursor ? h('button', {type: 'button', class: 'button secondary', 'data-focus-id': 'next', onclick: () => {
         cursors.push(list.next_cursor);
         load().then(() => announce(`Page ${cursors.length}`));
