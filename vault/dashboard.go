@@ -156,40 +156,46 @@ func spendDays(p *policy.Policy, now time.Time) ([]DaySpend, error) {
 }
 
 // sumDailyDeltas adds the deltas of keyID's ledger events to the days they apply
-// to, walking the ledger newest first until an event is a day older than the
-// first day (a hold settles on the window it was placed on, even the next day; the
-// margin covers a change of time zone) or spendScanLimit events were decoded
-// (truncated).
+// to, back to the first event a day older than the first day (a hold settles on
+// the window it was placed on, even the next day; the margin covers a change of
+// time zone), at most spendScanLimit events.
 func sumDailyDeltas(tx *bolt.Tx, keyID string, days []DaySpend) (truncated bool, err error) {
 	index := make(map[string]int, len(days))
 	for i, d := range days {
 		index["day:"+d.Date] = i
 	}
-	stop := days[0].Start.Add(-24 * time.Hour)
-	prefix := append([]byte(keyID), 0)
-	scanned := 0
-	err = pageBackward(tx.Bucket(bucketEvents), prefix, append([]byte(keyID), 1), func(k, v []byte) (bool, error) {
-		if scanned == spendScanLimit {
-			truncated = true
-			return false, nil
-		}
-		scanned++
-		e, err := decodeEvent(k, v)
-		if err != nil {
-			return false, err
-		}
-		if e.Time.Before(stop) {
-			return false, nil
-		}
+	_, truncated, err = recentEvents(tx, keyID, days[0].Start.Add(-24*time.Hour), spendScanLimit, func(e Event) {
 		for _, w := range e.WindowIDs {
 			if i, ok := index[w]; ok {
 				days[i].Committed += e.CommittedDelta
 				days[i].Held += e.HeldDelta
 			}
 		}
-		return true, nil
 	})
 	return truncated, err
+}
+
+// recentEvents calls fn with keyID's ledger events at or after since, newest
+// first, at most limit of them. It returns how many it passed to fn, and whether
+// it stopped at limit with such events left.
+func recentEvents(tx *bolt.Tx, keyID string, since time.Time, limit int, fn func(Event)) (n int, truncated bool, err error) {
+	prefix := append([]byte(keyID), 0)
+	err = pageBackward(tx.Bucket(bucketEvents), prefix, append([]byte(keyID), 1), func(k, v []byte) (bool, error) {
+		e, err := decodeEvent(k, v)
+		switch {
+		case err != nil:
+			return false, err
+		case e.Time.Before(since):
+			return false, nil
+		case n == limit:
+			truncated = true
+			return false, nil
+		}
+		n++
+		fn(e)
+		return true, nil
+	})
+	return n, truncated, err
 }
 
 // OverviewOptions tune Overview; zero values take the defaults.
@@ -354,11 +360,13 @@ func overviewKeysTx(tx *bolt.Tx, now time.Time, ov *Overview, opts OverviewOptio
 				ov.NearCap = append(ov.NearCap, NearCap{Key: key, Window: w, Counter: c, Percent: pct})
 			}
 		}
-		n, err := countRefusals(tx, key.ID, ov.RefusalsSince, refusalScanLimit-scanned, refusals)
+		n, truncated, err := recentEvents(tx, key.ID, ov.RefusalsSince, refusalScanLimit-scanned, func(e Event) {
+			if e.Decision == "refused" || e.Decision == "would_refuse" {
+				refusals[[2]string{e.Decision, e.Reason}]++
+			}
+		})
 		scanned += n
-		if scanned >= refusalScanLimit {
-			ov.RefusalsTruncated = true
-		}
+		ov.RefusalsTruncated = ov.RefusalsTruncated || truncated
 		return err
 	})
 	if err != nil {
@@ -382,32 +390,6 @@ func overviewKeysTx(tx *bolt.Tx, now time.Time, ov *Overview, opts OverviewOptio
 		return cmp.Or(cmp.Compare(b.Count, a.Count), cmp.Compare(a.Decision, b.Decision), cmp.Compare(a.Reason, b.Reason))
 	})
 	return nil
-}
-
-// countRefusals adds keyID's refused and would_refuse events since since to counts
-// (by decision and reason), decoding at most limit events newest first. It returns
-// how many it decoded; when that reaches limit, the walk stopped early.
-func countRefusals(tx *bolt.Tx, keyID string, since time.Time, limit int, counts map[[2]string]int) (int, error) {
-	prefix := append([]byte(keyID), 0)
-	n := 0
-	err := pageBackward(tx.Bucket(bucketEvents), prefix, append([]byte(keyID), 1), func(k, v []byte) (bool, error) {
-		if n >= limit {
-			return false, nil
-		}
-		n++
-		e, err := decodeEvent(k, v)
-		if err != nil {
-			return false, err
-		}
-		if e.Time.Before(since) {
-			return false, nil
-		}
-		if e.Decision == "refused" || e.Decision == "would_refuse" {
-			counts[[2]string{e.Decision, e.Reason}]++
-		}
-		return true, nil
-	})
-	return n, err
 }
 
 // usedPercent is used × 100 / cap rounded down, without overflow; a cap of 0 or

@@ -109,10 +109,17 @@ func TestDailySpendSumsTheLedgerPerDay(t *testing.T) {
 	require.Len(t, rep.Days, 30)
 	assert.Equal(t, "2026-09-30", rep.Days[29].Date)
 
-	// A walk cut short says so.
+	// A walk cut short says so; one that read every event does not.
 	f.clock.Set(at(14, 12, 0))
+	all, _, err := f.s.ListEvents(ctx, id, 500, "")
+	require.NoError(t, err)
 	defer func(n int) { spendScanLimit = n }(spendScanLimit)
-	spendScanLimit = 3
+	spendScanLimit = len(all)
+	rep, err = f.s.DailySpend(ctx, id)
+	require.NoError(t, err)
+	assert.False(t, rep.Truncated)
+	assert.Equal(t, int64(2500), rep.Days[11].Committed)
+	spendScanLimit = len(all) - 1
 	rep, err = f.s.DailySpend(ctx, id)
 	require.NoError(t, err)
 	assert.True(t, rep.Truncated)

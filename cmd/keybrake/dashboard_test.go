@@ -55,20 +55,11 @@ func TestServeBannerPrintsTheDashboardAndASignInLink(t *testing.T) {
 // and numbers change, find the cap refusal in the ledger, revoke the key; then a
 // viewer, who has no mint button, and a refused token, which goes back to sign-in.
 func TestDashboardInABrowser(t *testing.T) {
-	if testing.Short() {
-		t.Skip("a browser test: -short skips it")
-	}
-	b := MustBrowser(t)
-	shots := screenshotDir(t)
-	fake := proxytest.NewFakeStripe(t, "sk_test_dashboard")
-	dataDir := t.TempDir()
-	m := MustServe(t, dataDir, fake.URL, env{envStripeKey: fake.Secret})
-	match := signInLinkRE.FindStringSubmatch(m.stderr.String())
-	require.NotNil(t, match, "first-start banner: %s", m.stderr)
-	ui := m.AdminURL() + api.UIPath
+	d := MustDashboard(t, "sk_test_dashboard")
+	b, m, fake, ui, shots := d.b, d.m, d.fake, d.ui, d.shots
 
 	// Sign in with the link: the token leaves the address bar at once.
-	b.Do(chromedp.Navigate(match[1]))
+	b.Do(chromedp.Navigate(d.signInLink))
 	b.WaitFor("the overview", `document.querySelector('main h1')?.textContent === 'Overview'`, uiWait)
 	assert.Equal(t, ui+"#/", b.Eval(`location.href`), "no token left in the address bar")
 	assert.Contains(t, b.Text(".session .who"), "bootstrap")
@@ -113,14 +104,7 @@ func TestDashboardInABrowser(t *testing.T) {
 
 	// Two charges through the proxy: the bar and its numbers follow, without a reload.
 	b.Eval(`window.__noReload = 'still here'`)
-	sc := MustStripeClient(t, m.PublicURL(), vaultKey)
-	charge := func(cents int64) error {
-		_, err := sc.V1Charges.Create(context.Background(), &stripe.ChargeCreateParams{
-			Amount: stripe.Int64(cents), Currency: stripe.String("usd"),
-			Source: &stripe.PaymentSourceSourceParams{Token: stripe.String("tok_visa")},
-		})
-		return err
-	}
+	charge := d.charger(vaultKey, "usd")
 	require.NoError(t, charge(2000))
 	b.WaitFor("20.00 committed today", dailyText+`?.includes('20.00 of 50.00 USD')`, uiWait)
 	assert.Equal(t, "40", b.Eval(dailyBar))
@@ -133,27 +117,10 @@ func TestDashboardInABrowser(t *testing.T) {
 	assert.Equal(t, "still here", b.Eval(`window.__noReload`), "the page refreshed its data, not itself")
 
 	// Two more keys, one at its cap, for the picture.
-	admin := strings.TrimSpace(MustRunCommand(t, env{}, "token", "--data-dir", dataDir))
-	for _, k := range []struct {
-		name, team string
-		cents      int64
-	}{{"vault_key_cust_77", "billing", 3000}, {"agent_run_2026_12_01", "agents", 0}} {
-		var minted struct {
-			Token string `json:"token"`
-		}
-		require.Equal(t, http.StatusCreated, adminDo(t, http.MethodPost, m.AdminURL()+"/api/v1/keys", admin, map[string]any{
-			"name": k.name, "labels": map[string]string{"team": k.team},
-			"policy": map[string]any{"vendor": "stripe", "currency": "usd", "daily_cap": "30.00", "period_cap": "500.00",
-				"timezone": "America/New_York", "expires_at": time.Now().Add(30 * 24 * time.Hour).UTC().Format(time.RFC3339)},
-		}, &minted))
-		if k.cents > 0 {
-			_, err := MustStripeClient(t, m.PublicURL(), minted.Token).V1Charges.Create(context.Background(), &stripe.ChargeCreateParams{
-				Amount: stripe.Int64(k.cents), Currency: stripe.String("usd"),
-				Source: &stripe.PaymentSourceSourceParams{Token: stripe.String("tok_visa")},
-			})
-			require.NoError(t, err)
-		}
-	}
+	nyPolicy := map[string]any{"daily_cap": "30.00", "period_cap": "500.00", "timezone": "America/New_York"}
+	_, full := d.MustMint("vault_key_cust_77", "billing", nyPolicy)
+	require.NoError(t, d.charger(full, "usd")(3000))
+	d.MustMint("agent_run_2026_12_01", "agents", nyPolicy)
 	b.WaitFor("the key at its cap", `document.querySelector('table.data tbody tr.row-full')?.textContent.includes('at cap')`, uiWait)
 	keyList := b.Screenshot(shots, "keys")
 	if *updateDocs {
@@ -212,7 +179,7 @@ func TestDashboardInABrowser(t *testing.T) {
 	b.Do(chromedp.Click(chromedp.CSS(".sign-out")))
 	b.WaitFor("the sign-in page", `!!document.querySelector('form.signin-form')`, uiWait)
 	assert.Contains(t, b.Text("main"), "You signed out.")
-	viewer := strings.TrimSpace(MustRunCommand(t, env{}, "token", "--data-dir", dataDir, "--role", "viewer", "--sub", "vera"))
+	viewer := strings.TrimSpace(MustRunCommand(t, env{}, "token", "--data-dir", d.dataDir, "--role", "viewer", "--sub", "vera"))
 	b.Do(
 		chromedp.SendKeys(chromedp.CSS(`textarea[name="token"]`), viewer),
 		chromedp.Click(chromedp.CSS(`form.signin-form button[type="submit"]`)),
@@ -241,43 +208,19 @@ func TestDashboardInABrowser(t *testing.T) {
 // unknown holds (resolved from the page), the cap editor and the mint form's
 // errors, by keyboard where a user would type.
 func TestDashboardOverviewHoldsAndKeyboardInABrowser(t *testing.T) {
-	if testing.Short() {
-		t.Skip("a browser test: -short skips it")
-	}
-	b := MustBrowser(t)
-	shots := screenshotDir(t)
-	fake := proxytest.NewFakeStripe(t, "sk_test_holds")
-	dataDir := t.TempDir()
-	m := MustServe(t, dataDir, fake.URL, env{envStripeKey: fake.Secret})
-	match := signInLinkRE.FindStringSubmatch(m.stderr.String())
-	require.NotNil(t, match, "first-start banner: %s", m.stderr)
-	ui := m.AdminURL() + api.UIPath
-	admin := strings.TrimSpace(MustRunCommand(t, env{}, "token", "--data-dir", dataDir))
+	d := MustDashboard(t, "sk_test_holds")
+	b, m, fake, ui, shots := d.b, d.m, d.fake, d.ui, d.shots
 
 	// A key that spent 12.00, has 30.00 whose outcome is unknown, and was refused once.
-	var minted struct {
-		ID    string `json:"id"`
-		Token string `json:"token"`
-	}
-	require.Equal(t, http.StatusCreated, adminDo(t, http.MethodPost, m.AdminURL()+"/api/v1/keys", admin, map[string]any{
-		"name": "agent_run_7", "labels": map[string]string{"team": "agents"},
-		"policy": map[string]any{"vendor": "stripe", "currency": "eur", "daily_cap": "50.00", "per_request_cap": "35.00",
-			"timezone": "Europe/Paris", "expires_at": time.Now().Add(20 * 24 * time.Hour).UTC().Format(time.RFC3339)},
-	}, &minted))
-	sc := MustStripeClient(t, m.PublicURL(), minted.Token)
-	charge := func(cents int64) error {
-		_, err := sc.V1Charges.Create(context.Background(), &stripe.ChargeCreateParams{
-			Amount: stripe.Int64(cents), Currency: stripe.String("eur"),
-			Source: &stripe.PaymentSourceSourceParams{Token: stripe.String("tok_visa")},
-		})
-		return err
-	}
+	keyID, vaultKey := d.MustMint("agent_run_7", "agents", map[string]any{"currency": "eur", "daily_cap": "50.00",
+		"per_request_cap": "35.00", "timezone": "Europe/Paris"})
+	charge := d.charger(vaultKey, "eur")
 	require.NoError(t, charge(1200))
 	fake.FailNext(proxytest.FailBefore500, 1)
 	require.Error(t, charge(3000), "Stripe answered 500: the outcome is unknown")
 	require.Error(t, charge(4000), "over the per-request cap")
 
-	b.Do(chromedp.Navigate(match[1]))
+	b.Do(chromedp.Navigate(d.signInLink))
 	b.WaitFor("the overview", `!!document.querySelector('.card-alert')`, uiWait)
 	overview := b.Text("main")
 	assert.Contains(t, overview, "Spend in EUR")
@@ -302,7 +245,7 @@ func TestDashboardOverviewHoldsAndKeyboardInABrowser(t *testing.T) {
 
 	// The key's caps, edited by keyboard: a bad value is shown in the dialog, a
 	// good one saved; Escape closes a dialog and gives the focus back.
-	b.Do(chromedp.Navigate(ui + "#/keys/" + minted.ID))
+	b.Do(chromedp.Navigate(ui + "#/keys/" + keyID))
 	b.WaitFor("the key", `!!document.querySelector('button[data-action="edit-caps"]')`, uiWait)
 	assert.Contains(t, b.Eval(`document.querySelector('.usage-region [data-window=daily]').textContent`), "12.00 of 50.00 EUR",
 		"the released hold no longer counts")
@@ -359,4 +302,65 @@ func TestDashboardOverviewHoldsAndKeyboardInABrowser(t *testing.T) {
 	b.Screenshot(shots, "upstreams")
 
 	b.AssertNoConsoleErrors(m.AdminURL() + "/api/v1/")
+}
+
+// dashboardEnv is a real `keybrake serve` in this process with a fake Stripe as
+// its upstream, and a headless browser, not signed in yet.
+type dashboardEnv struct {
+	b          *testBrowser
+	m          testMain
+	fake       *proxytest.FakeStripe
+	dataDir    string
+	ui         string // the dashboard's URL
+	signInLink string // from the first-start banner
+	shots      string // where screenshots go
+	admin      string // an admin token for the API
+}
+
+// MustDashboard starts keybrake (its upstream a fake Stripe accepting secret) and a
+// browser; browser tests are skipped with -short.
+func MustDashboard(t *testing.T, secret string) *dashboardEnv {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("a browser test: -short skips it")
+	}
+	d := &dashboardEnv{b: MustBrowser(t), shots: screenshotDir(t), fake: proxytest.NewFakeStripe(t, secret), dataDir: t.TempDir()}
+	d.m = MustServe(t, d.dataDir, d.fake.URL, env{envStripeKey: d.fake.Secret})
+	match := signInLinkRE.FindStringSubmatch(d.m.stderr.String())
+	require.NotNil(t, match, "first-start banner: %s", d.m.stderr)
+	d.signInLink = match[1]
+	d.ui = d.m.AdminURL() + api.UIPath
+	d.admin = strings.TrimSpace(MustRunCommand(t, env{}, "token", "--data-dir", d.dataDir))
+	return d
+}
+
+// MustMint mints a key through the admin API with a policy of stripe, usd unless
+// policy says otherwise, valid for 20 days, plus policy's members, and the label
+// team. It returns the key's id and token.
+func (d *dashboardEnv) MustMint(name, team string, policy map[string]any) (id, token string) {
+	d.b.tb.Helper()
+	p := map[string]any{"vendor": "stripe", "expires_at": time.Now().Add(20 * 24 * time.Hour).UTC().Format(time.RFC3339)}
+	for k, v := range policy {
+		p[k] = v
+	}
+	var minted struct {
+		ID    string `json:"id"`
+		Token string `json:"token"`
+	}
+	require.Equal(d.b.tb, http.StatusCreated, adminDo(d.b.tb, http.MethodPost, d.m.AdminURL()+"/api/v1/keys", d.admin,
+		map[string]any{"name": name, "labels": map[string]string{"team": team}, "policy": p}, &minted))
+	return minted.ID, minted.Token
+}
+
+// charger returns a func that charges cents in currency through keybrake with
+// stripe-go and the vault key.
+func (d *dashboardEnv) charger(vaultKey, currency string) func(cents int64) error {
+	sc := MustStripeClient(d.b.tb, d.m.PublicURL(), vaultKey)
+	return func(cents int64) error {
+		_, err := sc.V1Charges.Create(context.Background(), &stripe.ChargeCreateParams{
+			Amount: stripe.Int64(cents), Currency: stripe.String(currency),
+			Source: &stripe.PaymentSourceSourceParams{Token: stripe.String("tok_visa")},
+		})
+		return err
+	}
 }
