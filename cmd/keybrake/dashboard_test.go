@@ -118,7 +118,7 @@ func TestDashboardInABrowser(t *testing.T) {
 
 	// Two more keys, one at its cap, for the picture.
 	nyPolicy := map[string]any{"daily_cap": "30.00", "period_cap": "500.00", "timezone": "America/New_York"}
-	_, full := d.MustMint("vault_key_cust_77", "billing", nyPolicy)
+	fullID, full := d.MustMint("vault_key_cust_77", "billing", nyPolicy)
 	require.NoError(t, d.charger(full, "usd")(3000))
 	d.MustMint("agent_run_2026_12_01", "agents", nyPolicy)
 	b.WaitFor("the key at its cap", `document.querySelector('table.data tbody tr.row-full')?.textContent.includes('at cap')`, uiWait)
@@ -190,6 +190,9 @@ func TestDashboardInABrowser(t *testing.T) {
 	assert.Equal(t, "false", b.Eval(`String(!!document.querySelector('[data-action="mint"]'))`), "a viewer has no mint button")
 	b.Do(chromedp.Navigate(ui + "#/mint"))
 	b.WaitFor("the refusal", `document.querySelector('main h1')?.textContent === 'Admins only'`, uiWait)
+	b.Do(chromedp.Navigate(ui + "#/keys/" + fullID))
+	b.WaitFor("an active key's page", `document.querySelector('main h1')?.textContent.startsWith('vault_key_cust_77')`, uiWait)
+	assert.Equal(t, "false", b.Eval(`String(!!document.querySelector('[data-action]'))`), "a viewer has no revoke, rotate or edit button")
 
 	// A token the API refuses ends the session: back to sign-in, with the reason.
 	forged, err := api.IssueToken([]byte("another-secret-another-secret-0123456789"), "mallory", api.RoleAdmin, time.Hour, time.Now())
@@ -274,6 +277,29 @@ func TestDashboardOverviewHoldsAndKeyboardInABrowser(t *testing.T) {
 	b.WaitFor("the new cap", `document.querySelector('.usage-region [data-window=daily]')?.textContent.includes('12.00 of 80.00 EUR')`, uiWait)
 	assert.Contains(t, b.Text(".notice-region"), "The caps are saved.")
 
+	// An event that came through the MCP endpoint names its tool in the ledger.
+	// (The event's tool field is optional; this page's answers are rewritten so
+	// that one has it.)
+	assert.Equal(t, "false", b.Eval(`String(!!document.querySelector('.ledger-region th')?.parentElement.textContent.includes('MCP tool'))`))
+	b.Eval(`(() => {
+		const orig = window.fetch;
+		window.fetch = async (url, opts) => {
+			const r = await orig(url, opts);
+			if (!String(url).includes('/events')) return r;
+			const data = await r.json();
+			data.events[0].tool = 'create_charge';
+			return new Response(JSON.stringify(data), {status: r.status, headers: r.headers});
+		};
+		return 'patched';
+	})()`)
+	b.WaitFor("the MCP tool column", `[...document.querySelectorAll('.ledger-region th')].some((th) => th.textContent === 'MCP tool')`, uiWait)
+	assert.Equal(t, "create_charge", b.Text(`.ledger-region tbody tr:first-child td[data-label="MCP tool"]`))
+
+	// An API error is a message, not a blank page.
+	b.Do(chromedp.Navigate(ui + "#/keys/key_nope"))
+	b.WaitFor("the error", `document.querySelector('main [role=alert]')?.textContent.includes('No such key')`, uiWait)
+	assert.Contains(t, b.Text("main [role=alert]"), "404")
+
 	// The mint form: every control has a label; the API's errors land on their fields.
 	b.Do(chromedp.Navigate(ui + "#/mint"))
 	b.WaitFor("the mint form", `!!document.querySelector('form.mint-form')`, uiWait)
@@ -300,6 +326,14 @@ func TestDashboardOverviewHoldsAndKeyboardInABrowser(t *testing.T) {
 	assert.Contains(t, b.Text("table.data"), "••••"+fake.Secret[len(fake.Secret)-4:])
 	assert.NotContains(t, b.Text("main"), fake.Secret, "the secret never comes back")
 	b.Screenshot(shots, "upstreams")
+
+	// A token that expires while the page is open sends the user back to sign in.
+	short := strings.TrimSpace(MustRunCommand(t, env{}, "token", "--data-dir", d.dataDir, "--ttl", "2s"))
+	b.Eval(`sessionStorage.setItem('keybrake.token', '` + short + `'); 'ok'`)
+	b.Do(chromedp.Reload())
+	b.WaitFor("the upstreams", `!!document.querySelector('table.data tbody tr')`, uiWait)
+	b.WaitFor("back to sign-in", `!!document.querySelector('form.signin-form')`, uiWait)
+	assert.Contains(t, b.Text("main"), "Your token has expired")
 
 	b.AssertNoConsoleErrors(m.AdminURL() + "/api/v1/")
 }

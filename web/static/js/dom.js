@@ -157,6 +157,21 @@ export function table({caption, columns, rows, empty, rowClass, captionHidden = 
       columns.map((c) => h('td', {'data-label': c.label, class: c.class}, c.cell(row))))))));
 }
 
+// changes returns a function that reports whether the value it is given differs
+// from the one it was given last: a periodic refresh that brings nothing new
+// leaves the page alone (open details, focus, selection). reset forgets the last.
+export function changes() {
+  let last;
+  const changed = (value) => {
+    const s = JSON.stringify(value);
+    if (s === last) return false;
+    last = s;
+    return true;
+  };
+  changed.reset = () => { last = undefined; };
+  return changed;
+}
+
 // keepFocus re-renders a region and puts the keyboard focus back on the element
 // with the same data-focus-id, so that a periodic refresh does not lose the
 // user's place.

@@ -2,7 +2,7 @@
 // (for admins) buttons that resolve each as committed or released.
 
 import {get, post, query, pathId} from '../api.js';
-import {h, replace, table, timeEl, money, ago, announce, keepFocus} from '../dom.js';
+import {h, replace, table, timeEl, money, ago, announce, keepFocus, changes} from '../dom.js';
 import {errorBox, confirm, message} from '../ui.js';
 
 // MAX_PAGES bounds how many pages of 500 the page reads (unknown holds are rare:
@@ -21,6 +21,8 @@ export function mount(main, ctx) {
         h('strong', null, 'committed'), '. If there is none, or it failed, resolve as ', h('strong', null, 'released'), '.')),
     notice, region);
 
+  const changed = changes();
+
   async function load() {
     const holds = [];
     let cursor = '';
@@ -38,9 +40,11 @@ export function mount(main, ctx) {
       }
     } catch (err) {
       replace(region, errorBox(err, 'The holds could not be loaded'));
+      changed.reset();
       return;
     }
     holds.sort((a, b) => a.created_at.localeCompare(b.created_at));
+    if (!changed([holds, truncated])) return;
     keepFocus(region, () => replace(region,
       truncated ? message('warn', h('p', null, `Only the newest ${holds.length} are listed.`)) : null,
       table({

@@ -3,7 +3,7 @@
 // its token and revoke it.
 
 import {get, post, request, pathId, query} from '../api.js';
-import {h, replace, section, table, timeEl, statusBadge, labelChips, money, badge, id, keepFocus, announce} from '../dom.js';
+import {h, replace, section, table, timeEl, statusBadge, labelChips, money, badge, id, keepFocus, announce, changes} from '../dom.js';
 import {errorBox, confirm, openDialog, field, showErrors, tokenPanel, message} from '../ui.js';
 import {usageBar} from '../money.js';
 import {spendChart} from '../chart.js';
@@ -39,7 +39,7 @@ export function mount(main, ctx) {
   let events = [];
   let nextCursor = '';
   let pagesLoaded = 1;
-  let lastSnapshot = '';
+  const changed = changes();
   let refreshFailed = false;
   let lastSpend = null;
   // drawChart draws the chart for the width it has, keeping its table open if it was.
@@ -197,11 +197,7 @@ export function mount(main, ctx) {
       refreshFailed = false;
     }
     if (withAudit) loadAudit();
-    // A refresh that brings nothing new leaves the page as it is (open details,
-    // focus, selection).
-    const snapshot = JSON.stringify([key, spend, first]);
-    if (snapshot === lastSnapshot) return;
-    lastSnapshot = snapshot;
+    if (!changed([key, spend, first])) return;
     renderHead();
     renderUsage();
     lastSpend = spend;

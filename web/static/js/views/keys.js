@@ -3,7 +3,7 @@
 // stand out.
 
 import {get, query} from '../api.js';
-import {h, replace, table, timeEl, statusBadge, labelChips, keepFocus, id, announce} from '../dom.js';
+import {h, replace, table, timeEl, statusBadge, labelChips, keepFocus, id, announce, changes} from '../dom.js';
 import {errorBox, field} from '../ui.js';
 import {usageBar, windowState} from '../money.js';
 
@@ -44,7 +44,7 @@ export function mount(main, ctx) {
       ctx.isAdmin ? h('a', {class: 'button primary', href: '#/mint', 'data-action': 'mint'}, 'Mint a key') : null),
     form, listRegion, pager);
 
-  let lastSnapshot = '';
+  const changed = changes();
 
   async function load() {
     const cursor = cursors[cursors.length - 1];
@@ -59,12 +59,10 @@ export function mount(main, ctx) {
     } catch (err) {
       replace(listRegion, errorBox(err, 'The keys could not be loaded'));
       replace(pager);
-      lastSnapshot = '';
+      changed.reset();
       return;
     }
-    const snapshot = JSON.stringify([cursors, list, [...usage.values()]]);
-    if (snapshot === lastSnapshot) return;
-    lastSnapshot = snapshot;
+    if (!changed([cursors, list, [...usage.values()]])) return;
     keepFocus(listRegion, () => replace(listRegion, keyTable(list.keys, usage, filters)));
     keepFocus(pager, () => replace(pager,
       cursors.length > 1 ? h('button', {type: 'button', class: 'button secondary', 'data-focus-id': 'prev', onclick: () => {

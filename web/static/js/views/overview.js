@@ -1,14 +1,16 @@
 // The overview: what an operator opens first.
 
 import {get} from '../api.js';
-import {h, replace, section, table, timeEl, money, badge, ago} from '../dom.js';
+import {h, replace, section, table, timeEl, money, badge, ago, changes} from '../dom.js';
 import {errorBox} from '../ui.js';
 import {NEAR} from '../money.js';
 
 export function mount(main) {
   document.title = 'Overview · keybrake';
+  const asOf = h('span');
   const body = h('div', {class: 'overview'}, h('p', {class: 'loading'}, 'Loading…'));
   main.append(h('h1', null, 'Overview'), body);
+  const changed = changes();
 
   async function load() {
     let ov;
@@ -16,10 +18,13 @@ export function mount(main) {
       ov = await get('/overview');
     } catch (err) {
       replace(body, errorBox(err, 'The overview could not be loaded'));
+      changed.reset();
       return;
     }
+    replace(asOf, timeEl(ov.time));
+    if (!changed({...ov, time: null})) return;
     replace(body,
-      h('p', {class: 'asof muted'}, 'As of ', timeEl(ov.time), '. Keys: ',
+      h('p', {class: 'asof muted'}, 'As of ', asOf, '. Keys: ',
         h('a', {href: '#/keys?status=active'}, `${ov.keys.active} active`), ', ',
         h('a', {href: '#/keys?status=revoked'}, `${ov.keys.revoked} revoked`), ', ',
         h('a', {href: '#/keys?status=expired'}, `${ov.keys.expired} expired`), '.'),

@@ -81,5 +81,5 @@ export function mount(main, ctx) {
   }
 
   load();
-  return {refresh: load};
+  return {};
 }
