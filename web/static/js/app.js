@@ -32,14 +32,15 @@ const main = document.getElementById('main');
 const nav = document.querySelector('.main-nav');
 const who = document.querySelector('.session');
 
-let current = null; // {view instance, route key}
+let current = null; // the open page: {refresh?, unmount?}
 let refreshing = false;
 
 // parseHash splits "#/keys?status=active" into its path and query.
+// Any other fragment (an in-page anchor) is the overview.
 function parseHash() {
-  const raw = location.hash.replace(/^#/, '');
+  const raw = location.hash.startsWith('#/') ? location.hash.slice(1) : '/';
   const [path, qs = ''] = raw.split('?');
-  return {path: decodeURIComponent(path), query: new URLSearchParams(qs), raw};
+  return {path, query: new URLSearchParams(qs)};
 }
 
 // navigate goes to a dashboard route ("/keys/key_x").
@@ -66,7 +67,7 @@ function renderHeader() {
 }
 
 async function mountCurrent() {
-  if (current && current.instance.unmount) current.instance.unmount();
+  if (current && current.unmount) current.unmount();
   current = null;
   for (const dlg of document.querySelectorAll('dialog')) dlg.remove();
   renderHeader();
@@ -75,14 +76,17 @@ async function mountCurrent() {
   main.replaceChildren();
   if (!session.token()) {
     document.title = 'Sign in · keybrake';
-    current = {instance: signin.mount(main, ctx), key: 'signin'};
+    current = signin.mount(main, ctx);
     return;
   }
   const route = routes.find((r) => r.pattern.test(path));
-  if (!route) {
+  const notFound = () => {
     document.title = 'Not found · keybrake';
     replace(main, h('h1', null, 'Page not found'),
       h('p', null, 'There is no such page. ', h('a', {href: '#/'}, 'Go to the overview.')));
+  };
+  if (!route) {
+    notFound();
     return;
   }
   if (route.admin && !ctx.isAdmin) {
@@ -92,21 +96,29 @@ async function mountCurrent() {
         h('a', {href: '#/keys'}, 'Back to the keys.')));
     return;
   }
-  const params = path.match(route.pattern).slice(1).map(decodeURIComponent);
+  let params;
   try {
-    const instance = route.view.mount(main, {...ctx, params});
-    current = {instance, key: path};
+    params = path.match(route.pattern).slice(1).map(decodeURIComponent);
+  } catch {
+    params = null; // a malformed escape in the address
+  }
+  if (!params) {
+    notFound();
+    return;
+  }
+  try {
+    current = route.view.mount(main, {...ctx, params});
   } catch (err) {
     main.append(errorBox(err, 'This page failed'));
   }
 }
 
 async function refresh() {
-  if (refreshing || document.hidden || !current || !current.instance.refresh) return;
+  if (refreshing || document.hidden || !current || !current.refresh) return;
   if (document.querySelector('dialog[open]')) return; // do not move things under an open dialog
   refreshing = true;
   try {
-    await current.instance.refresh();
+    await current.refresh();
   } finally {
     refreshing = false;
   }
@@ -134,6 +146,11 @@ async function signInFromFragment() {
 }
 
 async function start() {
+  // The skip link moves the focus without touching the fragment, which is the route.
+  document.querySelector('.skip-link').addEventListener('click', (ev) => {
+    ev.preventDefault();
+    main.focus();
+  });
   who.querySelector('.sign-out').addEventListener('click', () => {
     session.end('You signed out.');
     announce('Signed out.');
@@ -141,8 +158,7 @@ async function start() {
   await signInFromFragment();
   session.onChange(() => mountCurrent());
   window.addEventListener('hashchange', () => {
-    if (!location.hash.startsWith('#/') && location.hash !== '') return; // in-page anchors (skip link)
-    mountCurrent().then(() => main.focus({preventScroll: false}));
+    mountCurrent().then(() => main.focus());
   });
   session.resume();
   await mountCurrent();

@@ -43,7 +43,7 @@ export function mount(main, ctx) {
       changed.reset();
       return;
     }
-    holds.sort((a, b) => a.created_at.localeCompare(b.created_at));
+    holds.sort((a, b) => new Date(a.created_at) - new Date(b.created_at));
     if (!changed([holds, truncated])) return;
     keepFocus(region, () => replace(region,
       truncated ? message('warn', h('p', null, `Only the newest ${holds.length} are listed.`)) : null,

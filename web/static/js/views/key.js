@@ -165,7 +165,7 @@ export function mount(main, ctx) {
         entries.push(...page.entries.filter((e) => e.target === keyId));
         cursor = page.next_cursor;
         const last = page.entries[page.entries.length - 1];
-        if (!cursor || (last && key && last.time < key.created_at)) break;
+        if (!cursor || (last && key && new Date(last.time) < new Date(key.created_at))) break;
       }
     } catch (err) {
       replace(auditRegion, errorBox(err, 'The audit trail could not be loaded'));
