@@ -57,12 +57,8 @@ func MustBrowser(tb testing.TB) *testBrowser {
 	tb.Helper()
 	path := findBrowser()
 	if path == "" {
-		const msg = "no Chromium or Chrome found (looked for chromium, chromium-browser, google-chrome on PATH and $" +
-			envBrowser + "); install the Debian package chromium to run the dashboard's browser tests"
-		if os.Getenv("CI") == "true" {
-			tb.Fatal(msg)
-		}
-		tb.Skip(msg + " (set CI=true to make this fatal)")
+		browserUnavailable(tb, "no Chromium or Chrome found (looked for chromium, chromium-browser, google-chrome on PATH and $"+
+			envBrowser+"); install the Debian package chromium to run the dashboard's browser tests")
 	}
 	opts := append(chromedp.DefaultExecAllocatorOptions[:],
 		chromedp.ExecPath(path),
@@ -95,8 +91,19 @@ func MustBrowser(tb testing.TB) *testBrowser {
 			b.mu.Unlock()
 		}
 	}()
-	b.Do(chromedp.EmulateViewport(1280, 800))
+	if err := chromedp.Do(bctx, chromedp.EmulateViewport(1280, 800)); err != nil {
+		browserUnavailable(tb, fmt.Sprintf("%s does not start: %v", path, err))
+	}
 	return b
+}
+
+// browserUnavailable skips the test, or fails it when CI=true.
+func browserUnavailable(tb testing.TB, msg string) {
+	tb.Helper()
+	if os.Getenv("CI") == "true" {
+		tb.Fatal(msg)
+	}
+	tb.Skip(msg + " (set CI=true to make this fatal)")
 }
 
 // Do runs actions, failing the test on an error.
