@@ -91,6 +91,7 @@ func TestDashboardInABrowser(t *testing.T) {
 	require.True(t, strings.HasPrefix(vaultKey, "vk_"), vaultKey)
 	assert.Contains(t, b.Text(".token-panel"), m.PublicURL(), "the base URL for the SDKs")
 	assert.Contains(t, b.Text(".token-panel"), "stripe.NewClient")
+	b.Screenshot(shots, "minted")
 
 	// The key list shows it, with empty bars.
 	b.Do(chromedp.Navigate(ui + "#/keys"))
@@ -179,6 +180,7 @@ func TestDashboardInABrowser(t *testing.T) {
 	b.Do(chromedp.Click(chromedp.CSS(".sign-out")))
 	b.WaitFor("the sign-in page", `!!document.querySelector('form.signin-form')`, uiWait)
 	assert.Contains(t, b.Text("main"), "You signed out.")
+	b.Screenshot(shots, "signin")
 	viewer := strings.TrimSpace(MustRunCommand(t, env{}, "token", "--data-dir", d.dataDir, "--role", "viewer", "--sub", "vera"))
 	b.Do(
 		chromedp.SendKeys(chromedp.CSS(`textarea[name="token"]`), viewer),
