@@ -210,9 +210,8 @@ func (m *Main) registerDefaultUpstream(ctx context.Context, log *slog.Logger, se
 
 // bootstrapBanner prints a short-lived admin token, a dashboard sign-in link that
 // carries it and the URLs to Stderr while the store holds no vault key yet, so a
-// new user can log in at once. It goes to
-// Stderr directly, not through the logger, so it does not land in log pipelines
-// as a structured record.
+// new user can log in at once. It goes to Stderr directly, not through the
+// logger, so it does not land in log pipelines as a structured record.
 func (m *Main) bootstrapBanner(ctx context.Context, log *slog.Logger, jwtSecret []byte) {
 	keys, _, err := m.store.ListKeys(ctx, vault.KeyFilter{Limit: 1})
 	if err != nil {
