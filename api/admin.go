@@ -83,6 +83,9 @@ var adminRoutes = []adminRoute{
 	{method: http.MethodPost, path: "/api/v1/keys/:id/rotate", handler: (*admin).rotateKey},
 	{method: http.MethodGet, path: "/api/v1/keys/:id/usage", handler: (*admin).keyUsage},
 	{method: http.MethodGet, path: "/api/v1/keys/:id/events", handler: (*admin).keyEvents},
+	{method: http.MethodGet, path: "/api/v1/keys/:id/spend", handler: (*admin).keySpend},
+	{method: http.MethodGet, path: "/api/v1/usage", handler: (*admin).listUsage},
+	{method: http.MethodGet, path: "/api/v1/overview", handler: (*admin).overview},
 
 	{method: http.MethodGet, path: "/api/v1/holds", handler: (*admin).listHolds},
 	{method: http.MethodPost, path: "/api/v1/holds/:id/resolve", handler: (*admin).resolveHold},
@@ -92,7 +95,8 @@ var adminRoutes = []adminRoute{
 }
 
 // NewAdmin returns the admin listener's handler: /api/v1/*, /healthz, /readyz,
-// /metrics (Prometheus). The handler is an *echo.Echo. Every /api/v1 route but
+// /metrics (Prometheus), and the web dashboard under /ui/ (see UIPath). The
+// handler is an *echo.Echo. Every /api/v1 route but
 // /api/v1/openapi.json needs an admin token
 // (Authorization: Bearer <JWT>, see IssueToken); every error is
 // application/problem+json (RFC 9457).
@@ -137,6 +141,11 @@ func NewAdmin(cfg AdminConfig) http.Handler {
 			mw = append(mw, requireAdmin)
 		}
 		e.Add(r.method, r.path, handler, mw...)
+	}
+	if ui, err := loadUI(); err != nil {
+		a.log.Error("the web dashboard cannot be served", slog.String(attrError, err.Error()))
+	} else {
+		mountUI(e, ui)
 	}
 	return e
 }

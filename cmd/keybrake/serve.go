@@ -288,10 +288,10 @@ func (m *Main) registerDefaultUpstream(ctx context.Context, log *slog.Logger, se
 	return nil
 }
 
-// bootstrapBanner prints a short-lived admin token and the URLs to Stderr while the
-// store holds no vault key yet, so a new user can log in at once. It goes to
-// Stderr directly, not through the logger, so it does not land in log pipelines
-// as a structured record.
+// bootstrapBanner prints a short-lived admin token, a dashboard sign-in link that
+// carries it and the URLs to Stderr while the store holds no vault key yet, so a
+// new user can log in at once. It goes to Stderr directly, not through the
+// logger, so it does not land in log pipelines as a structured record.
 func (m *Main) bootstrapBanner(ctx context.Context, log *slog.Logger, jwtSecret []byte) {
 	keys, _, err := m.store.ListKeys(ctx, vault.KeyFilter{Limit: 1})
 	if err != nil {
@@ -307,17 +307,22 @@ func (m *Main) bootstrapBanner(ctx context.Context, log *slog.Logger, jwtSecret 
 		log.Warn("cannot issue the first-start admin token", "error", err)
 		return
 	}
+	// The sign-in link carries the token in the URL fragment, which browsers never
+	// send to a server (nor in a Referer): only the dashboard's script reads it.
+	dashboard := m.AdminURL() + api.UIPath
 	fmt.Fprintf(m.Stderr, `
 keybrake: no vault keys yet. An admin token, valid for %s:
 
     %s
 
+  Dashboard:             %s
+  Sign-in link:          %s#token=%s
   Admin API:             %s/api/v1
   Proxy for Stripe SDKs: %s
 
 Mint more tokens with: keybrake token --role admin --data-dir %s
 
-`, ttl, token, m.AdminURL(), m.publicURL, m.Config.DataDir)
+`, ttl, token, dashboard, dashboard, token, m.AdminURL(), m.publicURL, m.Config.DataDir)
 }
 
 // reap removes expired idempotency records and counters now and then every

@@ -1,0 +1,351 @@
+// A key: its usage, spend per day over the billing period, policy, ledger (with
+// the refusals easy to find) and audit trail; admins may edit its caps, rotate
+// its token and revoke it.
+
+import {get, post, request, pathId, query} from '../api.js';
+import {h, replace, section, table, timeEl, statusBadge, labelChips, money, badge, id, keepFocus, announce, changes} from '../dom.js';
+import {errorBox, confirm, openDialog, field, showErrors, tokenPanel, message} from '../ui.js';
+import {usageBar} from '../money.js';
+import {spendChart} from '../chart.js';
+
+const LEDGER_PAGE = 50;
+const AUDIT_PAGES = 5;
+
+export function mount(main, ctx) {
+  const [keyId] = ctx.params;
+  const enc = pathId(keyId);
+  const head = h('div', {class: 'key-head'}, h('p', {class: 'loading'}, 'Loading…'));
+  const notice = h('div', {class: 'notice-region'});
+  const usageRegion = h('div', {class: 'usage-region'});
+  const chartRegion = h('div', {class: 'chart-region'});
+  const policyRegion = h('div');
+  const ledgerRegion = h('div', {class: 'ledger-region'});
+  const auditRegion = h('div');
+  const refusalsOnly = h('input', {type: 'checkbox', id: id('refusals-only')});
+  const ledgerTools = h('div', {class: 'ledger-tools'},
+    h('label', {class: 'check'}, refusalsOnly, ' Refusals only'));
+  const more = h('div', {class: 'more'});
+
+  main.append(
+    h('p', {class: 'crumbs'}, h('a', {href: '#/keys'}, 'Keys'), ' › ', h('span', {class: 'crumb-id'}, keyId)),
+    head, notice,
+    section('Usage', usageRegion),
+    section('Spend per day this billing period', chartRegion),
+    section('Ledger', h('p', {class: 'hint'}, 'Every metered request, newest first: what keybrake decided and why, and what Stripe answered.'), ledgerTools, ledgerRegion, more),
+    section('Policy', policyRegion),
+    section('Audit trail', h('p', {class: 'hint'}, 'Who changed this key, and how.'), auditRegion));
+
+  let key = null;
+  let events = [];
+  let nextCursor = '';
+  let pagesLoaded = 1;
+  const changed = changes();
+  let refreshFailed = false;
+  let lastSpend = null;
+  // drawChart draws the chart for the width it has, keeping its table open if it was.
+  const drawChart = () => {
+    const open = chartRegion.querySelector('details')?.open;
+    keepFocus(chartRegion, () => replace(chartRegion, spendChart(lastSpend, chartRegion.clientWidth)));
+    if (open) chartRegion.querySelector('details').open = true;
+  };
+  // The chart is drawn for the width it has: redraw it when that changes.
+  let resizeTimer = 0;
+  const onResize = () => {
+    clearTimeout(resizeTimer);
+    resizeTimer = setTimeout(() => {
+      if (lastSpend) drawChart();
+    }, 150);
+  };
+  window.addEventListener('resize', onResize);
+
+  refusalsOnly.addEventListener('change', () => renderLedger());
+
+  function renderHead() {
+    document.title = `${key.name} · keybrake`;
+    const live = key.status === 'active';
+    keepFocus(head, () => replace(head,
+      h('div', {class: 'page-head'},
+        h('h1', null, key.name, ' ', statusBadge(key.status)),
+        ctx.isAdmin && key.status !== 'revoked' ? h('div', {class: 'actions'},
+          live ? h('button', {type: 'button', class: 'button secondary', 'data-action': 'edit-caps', 'data-focus-id': 'edit-caps', onclick: editCaps}, 'Edit caps') : null,
+          h('button', {type: 'button', class: 'button secondary', 'data-action': 'rotate', 'data-focus-id': 'rotate', onclick: rotate}, 'Rotate token'),
+          h('button', {type: 'button', class: 'button danger', 'data-action': 'revoke', 'data-focus-id': 'revoke', onclick: revoke}, 'Revoke')) : null),
+      h('dl', {class: 'meta'},
+        meta('Id', h('code', null, key.id)),
+        meta('Token', h('code', null, `${key.token_prefix}…`)),
+        meta('Upstream', key.upstream),
+        meta('Labels', labelChips(key.labels)),
+        meta('Created', timeEl(key.created_at, key.policy.timezone)),
+        key.revoked_at ? meta('Revoked', timeEl(key.revoked_at, key.policy.timezone)) : null,
+        meta('Expires', timeEl(key.policy.expires_at, key.policy.timezone)))));
+  }
+
+  function renderUsage() {
+    const u = key.usage;
+    const tz = key.policy.timezone;
+    replace(usageRegion, h('div', {class: 'usage-grid'},
+      h('div', {class: 'usage-block', 'data-window': 'daily'},
+        h('h3', null, 'Today'), usageBar(u.daily, u.currency, 'Daily'),
+        h('p', {class: 'hint'}, 'Resets ', timeEl(u.daily.reset_at, tz))),
+      h('div', {class: 'usage-block', 'data-window': 'period'},
+        h('h3', null, 'Billing period'), usageBar(u.period, u.currency, 'Period'),
+        h('p', {class: 'hint'}, timeEl(u.period.start, tz), ' to ', timeEl(u.period.end, tz))),
+      h('div', {class: 'usage-block'},
+        h('h3', null, 'Per request'),
+        h('p', null, u.per_request.cap === null ? h('span', {class: 'muted'}, 'no cap') : money(u.per_request.cap, u.currency)))));
+  }
+
+  function renderPolicy() {
+    const p = key.policy;
+    const list = (xs, none) => (xs && xs.length ? h('ul', {class: 'plain'}, xs.map((x) => h('li', null, h('code', null, x)))) : h('span', {class: 'muted'}, none));
+    replace(policyRegion, h('dl', {class: 'facts'},
+      h('dt', null, 'Currency'), h('dd', null, p.currency.toUpperCase()),
+      h('dt', null, 'Daily cap'), h('dd', null, p.daily_cap ? money(p.daily_cap, p.currency) : h('span', {class: 'muted'}, 'none')),
+      h('dt', null, 'Period cap'), h('dd', null, p.period_cap ? money(p.period_cap, p.currency) : h('span', {class: 'muted'}, 'none')),
+      h('dt', null, 'Per-request cap'), h('dd', null, p.per_request_cap ? money(p.per_request_cap, p.currency) : h('span', {class: 'muted'}, 'none')),
+      h('dt', null, 'Time zone'), h('dd', null, p.timezone),
+      h('dt', null, 'Period'), h('dd', null, timeEl(p.period_start, p.timezone), ' to ', timeEl(p.expires_at, p.timezone)),
+      h('dt', null, 'Operations'), h('dd', null, list(p.operations, 'the defaults: every read, and charges and payment intents with a known amount')),
+      h('dt', null, 'Customers'), h('dd', null, list(p.customers, 'any')),
+      h('dt', null, 'Connected accounts'), h('dd', null, list(p.stripe_accounts, 'none (the platform account only)')),
+      h('dt', null, 'Idempotency'), h('dd', null, p.idempotency.mode,
+        p.idempotency.fields?.length ? [' from ', p.idempotency.fields.map((f) => h('code', null, f)).reduce((a, b) => [a, ', ', b])] : null),
+      h('dt', null, 'Mode'), h('dd', null, p.mode === 'report' ? badge('report: refusals are logged, not enforced', 'warn') : 'enforce')));
+  }
+
+  function renderLedger() {
+    const shown = refusalsOnly.checked ? events.filter(isRefusal) : events;
+    const refusals = events.filter(isRefusal).length;
+    const hasTool = events.some((e) => e.tool);
+    const columns = [
+      {label: 'Time', cell: (e) => timeEl(e.time, key.policy.timezone)},
+      {label: 'Operation', cell: (e) => h('code', null, e.operation || '—')},
+      hasTool ? {label: 'MCP tool', cell: (e) => (e.tool ? h('code', null, e.tool) : h('span', {class: 'muted'}, '—'))} : null,
+      {label: 'Decision', cell: (e) => decisionBadge(e)},
+      {label: 'Reason', cell: (e) => (e.reason ? h('code', null, e.reason) : h('span', {class: 'muted'}, '—'))},
+      {label: 'Amount', class: 'num', cell: (e) => money(e.amount, e.currency)},
+      {label: 'Stripe status', class: 'num', cell: (e) => (e.upstream_status ? String(e.upstream_status) : h('span', {class: 'muted'}, '—'))},
+      {label: 'Stripe request', cell: (e) => (e.stripe_request_id ? h('code', null, e.stripe_request_id) : h('span', {class: 'muted'}, '—'))},
+      {label: 'Hold', cell: (e) => (e.hold_state ? e.hold_state : h('span', {class: 'muted'}, '—'))},
+    ].filter(Boolean);
+    keepFocus(ledgerRegion, () => replace(ledgerRegion,
+      h('p', {class: 'ledger-summary'}, refusals > 0
+        ? badge(`${refusals} refused on this page`, 'bad') : h('span', {class: 'muted'}, 'No refusal on this page.')),
+      table({
+        caption: 'Ledger',
+        empty: refusalsOnly.checked ? 'No refusal among the events loaded.' : 'No metered request yet.',
+        columns,
+        rows: shown,
+        rowClass: (e) => (isRefusal(e) ? 'row-refused' : null),
+      })));
+    replace(more, nextCursor ? h('button', {type: 'button', class: 'button secondary', onclick: loadMore}, 'Load older events') : null);
+  }
+
+  async function loadMore() {
+    try {
+      const page = await get(`/keys/${enc}/events${query({limit: LEDGER_PAGE, cursor: nextCursor})}`);
+      events = events.concat(page.events);
+      nextCursor = page.next_cursor || '';
+      pagesLoaded += 1;
+      renderLedger();
+      announce(`${page.events.length} older events loaded.`);
+    } catch (err) {
+      replace(more, errorBox(err, 'Older events could not be loaded'));
+    }
+  }
+
+  async function loadAudit() {
+    const entries = [];
+    let cursor = '';
+    try {
+      // The audit log is newest first across all keys; this key's entries end
+      // with its minting.
+      for (let i = 0; i < AUDIT_PAGES; i += 1) {
+        const page = await get(`/audit${query({limit: 200, cursor})}`);
+        entries.push(...page.entries.filter((e) => e.target === keyId));
+        cursor = page.next_cursor;
+        const last = page.entries[page.entries.length - 1];
+        if (!cursor || (last && key && new Date(last.time) < new Date(key.created_at))) break;
+      }
+    } catch (err) {
+      replace(auditRegion, errorBox(err, 'The audit trail could not be loaded'));
+      return;
+    }
+    replace(auditRegion, auditTable(entries, key?.policy?.timezone));
+  }
+
+  async function load({withAudit} = {}) {
+    let spend;
+    let first;
+    try {
+      [key, spend, first] = await Promise.all([
+        get(`/keys/${enc}`),
+        get(`/keys/${enc}/spend`),
+        pagesLoaded === 1 ? get(`/keys/${enc}/events${query({limit: LEDGER_PAGE})}`) : null,
+      ]);
+    } catch (err) {
+      if (!key) {
+        replace(head, errorBox(err, err.status === 404 ? 'No such key' : 'The key could not be loaded'));
+      } else {
+        replace(notice, errorBox(err, 'The key could not be refreshed'));
+        refreshFailed = true;
+      }
+      return;
+    }
+    if (refreshFailed) {
+      replace(notice);
+      refreshFailed = false;
+    }
+    if (withAudit) loadAudit();
+    if (!changed([key, spend, first])) return;
+    renderHead();
+    renderUsage();
+    lastSpend = spend;
+    drawChart();
+    renderPolicy();
+    if (first) {
+      events = first.events;
+      nextCursor = first.next_cursor || '';
+      renderLedger();
+    }
+  }
+
+  async function revoke() {
+    const ok = await confirm({
+      title: `Revoke ${key.name}?`,
+      content: [h('p', null, 'The next request with this key is refused (401 vault_key_revoked), at once and for good. A revoked key cannot be restored.'),
+        h('p', null, 'Its usage and ledger are kept.')],
+      action: 'Revoke the key',
+      danger: true,
+    });
+    if (!ok) return;
+    try {
+      await post(`/keys/${enc}/revoke`);
+      announce(`${key.name} revoked.`);
+      replace(notice, message('success', h('p', null, `${key.name} is revoked.`)));
+    } catch (err) {
+      replace(notice, errorBox(err, 'The key was not revoked'));
+    }
+    await load({withAudit: true});
+  }
+
+  async function rotate() {
+    const ok = await confirm({
+      title: `Rotate the token of ${key.name}?`,
+      content: h('p', null, 'The key gets a new token, shown once; the old token stops working at once. Usage and policy stay.'),
+      action: 'Rotate the token',
+      danger: true,
+    });
+    if (!ok) return;
+    try {
+      const rotated = await post(`/keys/${enc}/rotate`);
+      replace(notice, tokenPanel({key: rotated, title: 'The new token'}));
+      announce('Token rotated. Copy the new token now.');
+    } catch (err) {
+      replace(notice, errorBox(err, 'The token was not rotated'));
+    }
+    await load({withAudit: true});
+    notice.querySelector('input.token')?.focus();
+  }
+
+  async function editCaps() {
+    const p = key.policy;
+    const input = (name, value) => h('input', {name, type: 'text', inputmode: 'decimal', value: value || '', autocomplete: 'off', spellcheck: 'false'});
+    const daily = input('daily_cap', p.daily_cap);
+    const period = input('period_cap', p.period_cap);
+    const perRequest = input('per_request_cap', p.per_request_cap);
+    const cur = p.currency.toUpperCase();
+    const form = h('form', {class: 'form', method: 'post', novalidate: true},
+      h('p', {class: 'hint'}, `Amounts in ${cur}; leave a field empty to remove that cap (at least one cap must remain). Usage is never reset.`),
+      field({name: 'policy.daily_cap', label: `Daily cap (${cur})`, control: daily}),
+      field({name: 'policy.period_cap', label: `Period cap (${cur})`, control: period}),
+      field({name: 'policy.per_request_cap', label: `Per-request cap (${cur})`, control: perRequest}));
+    const save = async () => {
+      const val = (el) => (el.value.trim() === '' ? null : el.value.trim());
+      try {
+        await request('PATCH', `/keys/${enc}`, {policy: {daily_cap: val(daily), period_cap: val(period), per_request_cap: val(perRequest)}},
+          {contentType: 'application/merge-patch+json'});
+        return true;
+      } catch (err) {
+        if (err.status === 401) return true; // signed out: the page goes to sign-in
+        showErrors(form, err, 'The caps were not changed');
+        return false;
+      }
+    };
+    const saved = await openDialog({
+      title: `Edit the caps of ${key.name}`,
+      content: form,
+      buttons: [{label: 'Cancel', value: false, kind: 'secondary'}, {label: 'Save caps', value: true, kind: 'primary'}],
+      onSubmit: save,
+    });
+    if (!saved) return;
+    announce('Caps saved.');
+    replace(notice, message('success', h('p', null, 'The caps are saved.')));
+    await load({withAudit: true});
+  }
+
+  load({withAudit: true});
+  return {refresh: () => load(), unmount: () => window.removeEventListener('resize', onResize)};
+}
+
+// meta is one term of a key's header.
+function meta(term, ...value) {
+  return h('div', null, h('dt', null, term), h('dd', null, ...value));
+}
+
+function isRefusal(e) {
+  return e.decision === 'refused' || e.decision === 'would_refuse';
+}
+
+function decisionBadge(e) {
+  switch (e.decision) {
+    case 'refused': return badge('refused', 'bad');
+    case 'would_refuse': return badge('would refuse', 'warn');
+    case 'allowed': return badge('allowed', 'ok');
+    case 'settled': return badge('settled', 'info');
+    case 'resolved': return badge('resolved', 'info');
+    default: return badge(e.decision || '?', 'muted');
+  }
+}
+
+// auditTable lists audit entries with their changes.
+export function auditTable(entries, timeZone) {
+  return table({
+    caption: 'Audit trail',
+    empty: 'No change recorded.',
+    columns: [
+      {label: 'Time', cell: (e) => timeEl(e.time, timeZone)},
+      {label: 'Who', cell: (e) => e.actor},
+      {label: 'Action', cell: (e) => h('code', null, e.action)},
+      {label: 'Target', cell: (e) => (e.target.startsWith('key_') ? h('a', {href: `#/keys/${encodeURIComponent(e.target)}`}, h('code', null, e.target)) : h('code', null, e.target))},
+      {label: 'Change', cell: (e) => changeDetails(e)},
+    ],
+    rows: entries,
+  });
+}
+
+// changeDetails shows what an audit entry changed: the fields that differ, with
+// the full before and after documents on demand.
+function changeDetails(e) {
+  let summary;
+  if (e.before === null && e.after !== null) summary = 'created';
+  else if (e.after === null && e.before !== null) summary = 'deleted';
+  else {
+    const diffs = diff(e.before, e.after);
+    summary = diffs.length ? diffs.slice(0, 3).join(', ') + (diffs.length > 3 ? '…' : '') : 'no change';
+  }
+  return h('details', null,
+    h('summary', null, summary),
+    h('div', {class: 'before-after'},
+      h('div', null, h('h4', null, 'Before'), h('pre', null, h('code', null, JSON.stringify(e.before, null, 2)))),
+      h('div', null, h('h4', null, 'After'), h('pre', null, h('code', null, JSON.stringify(e.after, null, 2))))));
+}
+
+// diff names the leaves that differ between two JSON documents.
+function diff(a, b, path = '') {
+  if (JSON.stringify(a) === JSON.stringify(b)) return [];
+  const obj = (x) => x && typeof x === 'object' && !Array.isArray(x);
+  if (!obj(a) || !obj(b)) return [path || 'everything'];
+  const keys = new Set([...Object.keys(a), ...Object.keys(b)]);
+  return [...keys].sort().flatMap((k) => diff(a[k], b[k], path ? `${path}.${k}` : k));
+}
