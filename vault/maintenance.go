@@ -168,11 +168,12 @@ func deadCounter(tx *bolt.Tx, now time.Time, k, v []byte) (bool, func(tx *bolt.T
 	return c.Held == 0, nil, nil
 }
 
-// deadObject: metered-object totals untouched for ObjectRetention.
+// deadObject: money-object records untouched for ObjectRetention whose exposure
+// is all settled (live exposure is money held: never reaped).
 func deadObject(tx *bolt.Tx, now time.Time, k, v []byte) (bool, func(tx *bolt.Tx) error, error) {
 	var o objectRec
 	if err := decodeJSON(k, v, &o); err != nil {
 		return false, nil, err
 	}
-	return now.Sub(o.UpdatedAt) > ObjectRetention, nil, nil
+	return len(o.Parts) == 0 && now.Sub(o.UpdatedAt) > ObjectRetention, nil, nil
 }

@@ -61,6 +61,7 @@
 // Settle (only of an in_progress record):
 //
 //	commit   → completed, hold "committed": held −= hold, committed += Amount
+//	           (against a money object: see "Money objects")
 //	release  → completed, hold "released":  held −= hold
 //	unknown  → unknown, hold "unknown" (still counted as held); a stored 5xx
 //	           answer is kept but a retry is resumed, never replayed
@@ -74,6 +75,37 @@
 // completed with a synthetic answer that a retry replays: 409, type
 // idempotency_error, code idempotency_key_resolved, Stripe-Should-Retry: false,
 // saying what the operator decided (keybrake never saw Stripe's object).
+//
+// # Money objects
+//
+// Stripe moves money through objects that outlive a request: a PaymentIntent
+// created now and confirmed later in a browser, an authorisation captured in
+// pieces, a Checkout Session paid later, an invoice Stripe collects by itself. For
+// each such object a key created or acted on, the objects bucket keeps what the key
+// counted for it: the money committed for it, and its live exposure — the most it
+// can still move that the key answers for — as parts, each held on the windows of
+// the request that placed it (exactly like a hold, so it counts against the caps
+// where it was placed, and settles there even days later). A commit with an
+// ObjectID:
+//
+//	1. takes Amount from the object's parts, oldest first (money counted at
+//	   creation or at a raise is not counted again when it moves), then from the
+//	   request's hold;
+//	2. keeps what is left of the hold as a new part (Object.Expose: the object can
+//	   still move it), or releases it;
+//	3. releases every part when Stripe's answer proves the object can move no more
+//	   money (Object.Terminal: cancelled, expired, voided, fully captured);
+//	4. writes one "exposure" event (reason "commit" or "release") per part it
+//	   changed, on that part's windows.
+//
+// Amount may exceed hold + exposure only as an overrun (AllowOverrun): Stripe
+// reported that the request moved more than keybrake held, because the object was
+// changed outside keybrake between the amount lookup and the request. The money has
+// moved, so it is booked, and the excess is recorded as the event's allowance;
+// every other commit above what was held is refused (ErrInvalid). ObserveObject
+// applies an answer that was not a metered request's own (a read, a cancel, a
+// deletion) the same way, committing at most the exposure. Refunds and other money
+// going out are ordinary commits: they never give exposure or budget back.
 //
 // # Ledger and audit
 //
@@ -92,7 +124,8 @@
 //     holds; in_progress and unknown records are never reaped;
 //   - daily counters with nothing held, 48 h after the latest moment their day can
 //     end in any time zone; period counters stay;
-//   - metered-object totals ObjectRetention (35 days) after their last change.
+//   - money-object records ObjectRetention (35 days) after their last change, once
+//     they have no live exposure (live exposure is held money and is never reaped).
 //
 // Events and audit entries are the ledger and are kept. Reap works in transactions
 // of at most 1,000 deletions.
@@ -101,15 +134,20 @@
 //
 // committed + held ≤ cap holds for every window as long as the cap is enforced
 // and never lowered: every hold is placed by Decide against the counters in the
-// same transaction. Three things can legitimately break it, and the counter
-// records them: a commit above its hold (the money moved; the excess is added to
-// the window's allowance), a report-mode hold past the cap (its excess is added
-// too), and a cap lowered after holds were placed (each counter remembers the
-// highest cap in force when a hold was placed on it). So CheckInvariant checks,
-// for every window counter:
+// same transaction, exposure is only ever a hold kept or moved between held and
+// committed on its own windows, and a commit never exceeds what was held for it.
+// Three things can legitimately break it, and the counter and the ledger record
+// them: an overrun commit (Stripe moved more than was held, see "Money objects";
+// the excess is added to the window's allowance), a report-mode hold past the cap
+// (its excess is added too), and a cap lowered after holds were placed (each
+// counter remembers the highest cap in force when a hold was placed on it). So
+// CheckInvariant checks, for every window counter:
 //
-//   - held equals the sum of its live holds (held or unknown), and held and
-//     committed equal the sums of the ledger's deltas;
+//   - held equals the sum of its live holds (held or unknown) and of the live
+//     exposure parts placed on it, and held and committed equal the sums of the
+//     ledger's deltas;
+//   - the allowance equals the sum of the ledger's allowance deltas (each one an
+//     overrun or a report-mode hold past the cap), so no other excess can hide in it;
 //   - committed is at least the sum of its committed holds (settled holds are
 //     reaped with their records);
 //   - committed + held ≤ max(current cap, highest cap at placement) + allowance,
@@ -279,6 +317,10 @@ type Event struct {
 	// counters (minor units). Summed over a key's ledger they equal its counters.
 	HeldDelta      int64
 	CommittedDelta int64
+	// AllowanceDeltas, when set, are aligned with WindowIDs: what the event let
+	// each window exceed its cap by (a report-mode hold past a cap, an overrun
+	// commit). Summed over a key's ledger they equal the counters' allowance.
+	AllowanceDeltas []int64
 }
 
 // AuditEntry records one admin change. Before/After are JSON documents without any
