@@ -140,7 +140,24 @@ type route struct {
 	op     string
 	dir    Direction
 	money  moneyFunc
+	object objectRole // which money object the money is counted on
 }
+
+// objectRole says which Stripe money object a route's money is counted on
+// (Classification.Target and Creates); the money function may refine it.
+type objectRole int
+
+const (
+	objectNone    objectRole = iota // the money moves at once
+	objectCreated                   // the object Stripe's answer creates
+	objectPath                      // the object named by the path's first id
+)
+
+// creates marks rt as creating a money object.
+func creates(rt route) route { rt.object = objectCreated; return rt }
+
+// onPath marks rt as counting its money on the path's object.
+func onPath(rt route) route { rt.object = objectPath; return rt }
 
 // namespaces are the v1 path prefixes whose resource is "<ns>.<next segment>".
 var namespaces = map[string]bool{
@@ -204,9 +221,9 @@ func buildCatalogue() []route {
 	w := func(path, op string) route { return r(path, op, DirectionNone, nil) }
 	return []route{
 		// Charges.
-		r("/v1/charges", "charges.create", DirectionIn, requestAmount("amount")),
+		creates(r("/v1/charges", "charges.create", DirectionIn, requestAmount("amount"))),
 		w("/v1/charges/{id}", "charges.update"),
-		r("/v1/charges/{id}/capture", "charges.capture", DirectionIn, optionalAmount("amount", "/v1/charges/", "amount")),
+		onPath(r("/v1/charges/{id}/capture", "charges.capture", DirectionIn, optionalAmount("amount", "/v1/charges/", "amount"))),
 		r("/v1/charges/{id}/refund", "refunds.create", DirectionOut, optionalAmount("amount", "/v1/charges/", "amount")),
 		r("/v1/charges/{id}/refunds", "refunds.create", DirectionOut, optionalAmount("amount", "/v1/charges/", "amount")),
 		w("/v1/charges/{id}/refunds/{id}", "refunds.update"),
@@ -214,11 +231,11 @@ func buildCatalogue() []route {
 		w("/v1/charges/{id}/dispute/close", "disputes.close"),
 
 		// PaymentIntents.
-		r("/v1/payment_intents", "payment_intents.create", DirectionIn, requestAmount("amount")),
-		r("/v1/payment_intents/{id}", "payment_intents.update", DirectionIn, paymentIntentUpdate),
-		r("/v1/payment_intents/{id}/confirm", "payment_intents.confirm", DirectionIn, optionalAmount("amount_to_confirm", "/v1/payment_intents/", "amount")),
-		r("/v1/payment_intents/{id}/capture", "payment_intents.capture", DirectionIn, optionalAmount("amount_to_capture", "/v1/payment_intents/", "amount_capturable")),
-		r("/v1/payment_intents/{id}/increment_authorization", "payment_intents.increment_authorization", DirectionIn, newTotal("amount", "/v1/payment_intents/", "amount")),
+		creates(r("/v1/payment_intents", "payment_intents.create", DirectionIn, requestAmount("amount"))),
+		onPath(r("/v1/payment_intents/{id}", "payment_intents.update", DirectionIn, paymentIntentUpdate)),
+		onPath(r("/v1/payment_intents/{id}/confirm", "payment_intents.confirm", DirectionIn, optionalAmount("amount_to_confirm", "/v1/payment_intents/", "amount"))),
+		onPath(r("/v1/payment_intents/{id}/capture", "payment_intents.capture", DirectionIn, optionalAmount("amount_to_capture", "/v1/payment_intents/", "amount_capturable"))),
+		onPath(r("/v1/payment_intents/{id}/increment_authorization", "payment_intents.increment_authorization", DirectionIn, newTotal("amount", "/v1/payment_intents/", "amount"))),
 		w("/v1/payment_intents/{id}/cancel", "payment_intents.cancel"),
 		w("/v1/payment_intents/{id}/apply_customer_balance", "payment_intents.apply_customer_balance"),
 		w("/v1/payment_intents/{id}/verify_microdeposits", "payment_intents.verify_microdeposits"),
@@ -244,8 +261,8 @@ func buildCatalogue() []route {
 		w("/v1/application_fees/{id}/refunds/{id}", "application_fee_refunds.update"),
 
 		// Invoicing.
-		r("/v1/invoiceitems", "invoiceitems.create", DirectionIn, invoiceItemCreate),
-		r("/v1/invoiceitems/{id}", "invoiceitems.update", DirectionIn, invoiceItemUpdate),
+		creates(r("/v1/invoiceitems", "invoiceitems.create", DirectionIn, invoiceItemCreate)),
+		onPath(r("/v1/invoiceitems/{id}", "invoiceitems.update", DirectionIn, invoiceItemUpdate)),
 		w("/v1/invoices", "invoices.create"),
 		w("/v1/invoices/create_preview", "invoices.create_preview"),
 		w("/v1/invoices/{id}", "invoices.update"),
@@ -257,11 +274,11 @@ func buildCatalogue() []route {
 		w("/v1/invoices/{id}/update_lines", "invoices.update_lines"),
 		w("/v1/invoices/{id}/remove_lines", "invoices.remove_lines"),
 		w("/v1/invoices/{id}/lines/{id}", "invoices.update_lines"),
-		r("/v1/invoices/{id}/pay", "invoices.pay", DirectionIn, lookupOnly("/v1/invoices/", "amount_remaining")),
+		onPath(r("/v1/invoices/{id}/pay", "invoices.pay", DirectionIn, lookupOnly("/v1/invoices/", "amount_remaining"))),
 
 		// Checkout and payment links.
-		r("/v1/checkout/sessions", "checkout.sessions.create", DirectionIn, checkoutSessionCreate),
-		r("/v1/checkout/sessions/{id}", "checkout.sessions.update", DirectionIn, checkoutSessionUpdate),
+		creates(r("/v1/checkout/sessions", "checkout.sessions.create", DirectionIn, checkoutSessionCreate)),
+		onPath(r("/v1/checkout/sessions/{id}", "checkout.sessions.update", DirectionIn, checkoutSessionUpdate)),
 		w("/v1/checkout/sessions/{id}/expire", "checkout.sessions.expire"),
 		w("/v1/payment_links", "payment_links.create"),
 		w("/v1/payment_links/{id}", "payment_links.update"),
@@ -412,11 +429,17 @@ func classify(method, path string, params *Params) (Classification, error) {
 		return c, nil
 	}
 	c.MovesMoney, c.Direction = true, rt.dir
+	switch rt.object {
+	case objectCreated:
+		c.Creates = true
+	case objectPath:
+		c.Target = ids[0]
+	}
 	if err := rt.money(&catRequest{params: params, ids: ids}, &c); err != nil {
 		return Classification{}, err
 	}
 	if !c.MovesMoney {
-		c.Direction = DirectionNone
+		c.Direction, c.Target, c.Creates = DirectionNone, "", false
 	}
 	return c, nil
 }

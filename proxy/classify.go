@@ -107,6 +107,17 @@ type Classification struct {
 	Customer string
 	// ObjectID is the first id in the path, if any ("pi_123").
 	ObjectID string
+	// Target is the existing money object the request's money is counted on (see
+	// "Money objects" in the package documentation): the path's PaymentIntent,
+	// Charge or invoice item of a confirm, a capture or a raise, the invoice of
+	// invoices.pay or of its lines, or the invoice an invoice item is added to.
+	Target string
+	// Creates is true when the request creates a money object that can move money
+	// after the request (a PaymentIntent, an uncaptured Charge, a Checkout Session,
+	// a pending invoice item): Stripe's answer names it, and what it has not moved
+	// yet stays counted as its exposure. A money-moving request with neither Target
+	// nor Creates moves its money at once (transfers, refunds, payouts, …).
+	Creates bool
 }
 
 // Classify maps method + canonical path + params to an operation and its amount.

@@ -44,6 +44,8 @@ func wantOf(c proxy.Classification) proxytest.CatalogueWant {
 		NewTotal:    c.NewTotal,
 		Customer:    c.Customer,
 		ObjectID:    c.ObjectID,
+		Target:      c.Target,
+		Creates:     c.Creates,
 	}
 	if c.Lookup != nil {
 		w.Lookup = &proxytest.CaseLookup{Path: c.Lookup.Path, Field: c.Lookup.Field}

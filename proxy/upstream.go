@@ -161,6 +161,9 @@ func (p *Proxy) modifyResponse(resp *http.Response) error {
 	}
 	ctx := resp.Request.Context()
 	if !c.record {
+		if err := p.observeUnrecorded(ctx, c, resp); err != nil {
+			return err
+		}
 		if resp.StatusCode >= 200 && resp.StatusCode < 300 {
 			p.setRemaining(ctx, resp.Header, c)
 		}
@@ -196,7 +199,9 @@ func (p *Proxy) modifyResponse(resp *http.Response) error {
 	switch {
 	case code >= 200 && code < 300:
 		sr.Outcome = vault.SettleCommit
-		sr.Amount, sr.ObjectID = c.commitAmount(body)
+		if c.metered {
+			c.settleAnswer(&sr, decodeObject(body))
+		}
 	case code == http.StatusConflict:
 		// idempotency_key_in_use: Stripe is executing an earlier attempt under this
 		// upstream key (a transport resend, a lapsed lease), which may move the
@@ -213,12 +218,43 @@ func (p *Proxy) modifyResponse(resp *http.Response) error {
 		sr.Outcome = vault.SettleUnknown
 	case code >= 400 && code < 500:
 		sr.Outcome = vault.SettleRelease
+		// A 4xx whose body shows a money object the request created anyway (a
+		// declined PaymentIntent) is not "nothing happened".
+		c.keepCreatedObject(&sr, body)
 	default:
 		sr.Outcome = vault.SettleUnknown
 	}
 	p.settle(ctx, c, sr, "")
+	if c.overrun > 0 {
+		p.log.LogAttrs(ctx, slog.LevelWarn, "Stripe moved more than keybrake held: the object changed at Stripe between the lookup and the request",
+			slog.String(logRequestID, c.requestID), slog.String(logKeyID, c.key.ID), slog.String(logOperation, c.cls.Operation),
+			slog.String("object_id", sr.ObjectID), slog.Int64("overrun", c.overrun))
+	}
 	if code >= 200 && code < 300 {
+		if sr.Object == (vault.ObjectSettle{}) {
+			p.observe(ctx, c, body)
+		}
 		p.setRemaining(ctx, resp.Header, c)
+	}
+	return nil
+}
+
+// observeUnrecorded reads the answer to a request that keeps no record (a read, a
+// deletion, a write without an idempotency key) when it may show a money object
+// the key has exposure on, and applies it (see observe). The body is read into
+// memory (at most the response limit) and handed on unchanged.
+func (p *Proxy) observeUnrecorded(ctx context.Context, c *call, resp *http.Response) error {
+	if resp.StatusCode < 200 || resp.StatusCode >= 300 || !observable(c) {
+		return nil
+	}
+	body, err := io.ReadAll(io.LimitReader(resp.Body, p.maxResponse+1))
+	_ = resp.Body.Close()
+	if err != nil {
+		return fmt.Errorf("read upstream answer: %w", err)
+	}
+	resp.Body = io.NopCloser(bytes.NewReader(body))
+	if int64(len(body)) <= p.maxResponse {
+		p.observe(ctx, c, body)
 	}
 	return nil
 }
@@ -234,30 +270,6 @@ func stripeErrorType(body []byte) string {
 		return ""
 	}
 	return e.Error.Type
-}
-
-// commitAmount reads the answer of a 2xx: the amount to commit and the object id.
-func (c *call) commitAmount(body []byte) (int64, string) {
-	amount := c.amount
-	var obj map[string]json.RawMessage
-	if err := json.Unmarshal(body, &obj); err != nil {
-		return amount, ""
-	}
-	var id string
-	if raw, ok := obj["id"]; ok {
-		_ = json.Unmarshal(raw, &id)
-	}
-	if c.reportKey != "" {
-		if raw, ok := obj[c.reportKey]; ok {
-			if n, err := strconv.ParseInt(string(raw), 10, 64); err == nil && n >= 0 {
-				amount = max(0, n-c.base)
-			}
-		}
-	}
-	if !c.metered {
-		amount = 0
-	}
-	return amount, id
 }
 
 // errorHandler answers when Stripe gave no usable answer: timeout → 504, anything
@@ -319,6 +331,10 @@ func (p *Proxy) settle(ctx context.Context, c *call, sr vault.SettleRequest, not
 type lookupResult struct {
 	amount   int64
 	currency string
+	// moved is what the looked-up object has moved so far, when it is a money
+	// object (see moneyKinds).
+	moved      int64
+	movedKnown bool
 }
 
 // lookup GETs the object at Stripe with the real secret and the call's account
@@ -363,14 +379,18 @@ func (p *Proxy) lookup(ctx context.Context, c *call, l Lookup) (lookupResult, er
 	return parseLookup(body, l.Field)
 }
 
-// parseLookup reads the non-negative integer at field (dots for nesting) and the
-// top-level "currency" of a Stripe object.
+// parseLookup reads the non-negative integer at field (dots for nesting), the
+// top-level "currency" of a Stripe object and, for a money object, what it has
+// moved so far.
 func parseLookup(body []byte, field string) (lookupResult, error) {
 	var obj map[string]json.RawMessage
 	if err := json.Unmarshal(body, &obj); err != nil {
 		return lookupResult{}, fmt.Errorf("lookup answer: %w", err)
 	}
 	var res lookupResult
+	if kind, ok := moneyKinds[jsonObject(obj).str("object")]; ok {
+		res.moved, res.movedKnown = kind.moved(obj)
+	}
 	if raw, ok := obj["currency"]; ok {
 		if err := json.Unmarshal(raw, &res.currency); err != nil {
 			return lookupResult{}, fmt.Errorf("lookup currency: %w", err)

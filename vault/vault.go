@@ -88,15 +88,15 @@
 // where it was placed, and settles there even days later). A commit with an
 // ObjectID:
 //
-//	1. takes Amount from the object's parts, oldest first (money counted at
-//	   creation or at a raise is not counted again when it moves), then from the
-//	   request's hold;
-//	2. keeps what is left of the hold as a new part (Object.Expose: the object can
-//	   still move it), or releases it;
-//	3. releases every part when Stripe's answer proves the object can move no more
-//	   money (Object.Terminal: cancelled, expired, voided, fully captured);
-//	4. writes one "exposure" event (reason "commit" or "release") per part it
-//	   changed, on that part's windows.
+//  1. takes Amount from the object's parts, oldest first (money counted at
+//     creation or at a raise is not counted again when it moves), then from the
+//     request's hold;
+//  2. keeps what is left of the hold as a new part (Object.Expose: the object can
+//     still move it), or releases it;
+//  3. releases every part when Stripe's answer proves the object can move no more
+//     money (Object.Terminal: cancelled, expired, voided, fully captured);
+//  4. writes one "exposure" event (reason "commit" or "release") per part it
+//     changed, on that part's windows.
 //
 // Amount may exceed hold + exposure only as an overrun (AllowOverrun): Stripe
 // reported that the request moved more than keybrake held, because the object was

@@ -104,6 +104,8 @@ type Charge struct {
 	Captured       bool
 	PaymentIntent  string
 	IdempotencyKey string
+	// Foreign is set for a charge made outside the API (AddCharge, AddAuthorization).
+	Foreign bool
 }
 
 // PaymentIntent is a PaymentIntent the fake created.
@@ -118,6 +120,9 @@ type PaymentIntent struct {
 	CaptureMethod    string
 	LatestCharge     string
 	IdempotencyKey   string
+	// Foreign is set for a PaymentIntent made outside keybrake (AddPaymentIntent,
+	// AddAuthorization): only the money it really moves counts in TotalMoved.
+	Foreign bool
 }
 
 // Refund is a refund the fake created.
@@ -316,24 +321,29 @@ func copyAll[T any](list []*T) []T {
 	return out
 }
 
-// TotalCharged returns the sum of the amounts of every charge created in currency
-// (directly or by confirming a PaymentIntent), captured or not.
+// TotalCharged returns the sum of the amounts of every charge created through the
+// API in currency (directly or by confirming a PaymentIntent), captured or not;
+// charges made outside it (AddCharge, AddAuthorization) are left out.
 func (f *FakeStripe) TotalCharged(currency string) int64 {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	var t int64
 	for _, c := range f.charges {
-		if c.Currency == currency {
+		if c.Currency == currency && !c.Foreign {
 			t += c.Amount
 		}
 	}
 	return t
 }
 
-// TotalMoved returns, in currency, what keybrake must have metered for the objects
-// the fake created: charges created directly, PaymentIntents at creation (plus every
-// raise of their amount), and refunds. Confirming or capturing an existing
-// PaymentIntent adds nothing. A cap invariant check compares this with the cap.
+// TotalMoved returns, in currency, what keybrake must have counted for the objects
+// the fake created: charges created directly, PaymentIntents created through the
+// API at creation (plus every raise of their amount, whether or not their
+// confirmation was declined: they stay confirmable), every capture or payment of a
+// PaymentIntent or charge made outside the API (AddPaymentIntent, AddAuthorization,
+// AddCharge), and refunds. Confirming or capturing a PaymentIntent created through the API adds
+// nothing, and what it will never move (cancelled, or finally captured for less)
+// is taken out again. A cap invariant check compares this with the cap.
 func (f *FakeStripe) TotalMoved(currency string) int64 {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -347,9 +357,33 @@ func (f *FakeStripe) AddPaymentIntent(amount int64, currency, customer string) s
 	defer f.mu.Unlock()
 	f.seq++
 	pi := &PaymentIntent{ID: fmt.Sprintf("pi_fake%06d", f.seq), Amount: amount, Currency: currency,
-		Customer: customer, Status: "requires_confirmation", CaptureMethod: "automatic"}
+		Customer: customer, Status: "requires_confirmation", CaptureMethod: "automatic", Foreign: true}
 	f.pis = append(f.pis, pi)
 	return pi.ID
+}
+
+// AddAuthorization creates, as if outside keybrake (by the merchant, or through
+// Checkout), a PaymentIntent with capture_method=manual that is authorised for
+// amount and awaits capture (status requires_capture), with multicapture
+// available: a capture with final_capture=false keeps the rest capturable.
+func (f *FakeStripe) AddAuthorization(amount int64, currency, customer string) string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.seq++
+	pi := &PaymentIntent{ID: fmt.Sprintf("pi_fake%06d", f.seq), Amount: amount, Currency: currency,
+		Customer: customer, Status: "requires_capture", CaptureMethod: "manual", AmountCapturable: amount, Foreign: true}
+	c := f.newChargeLocked(amount, currency, customer, false, pi.ID, "")
+	c.Foreign = true
+	pi.LatestCharge = c.ID
+	f.pis = append(f.pis, pi)
+	return pi.ID
+}
+
+// PaymentIntents returns copies of the PaymentIntents, in creation order.
+func (f *FakeStripe) PaymentIntents() []PaymentIntent {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return copyAll(f.pis)
 }
 
 // AddPrice creates a one-time price of unitAmount in currency (GET /v1/prices/{id}
@@ -369,6 +403,7 @@ func (f *FakeStripe) AddCharge(amount int64, currency, customer string, captured
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	c := f.newChargeLocked(amount, currency, customer, captured, "", "")
+	c.Foreign = true
 	return c.ID
 }
 
@@ -672,10 +707,16 @@ func declined(p url.Values) bool {
 	return p.Get("source") == "tok_chargeDeclined" || p.Get("payment_method") == "pm_card_chargeDeclined"
 }
 
-func declinedAnswer() answer {
-	b, _ := json.Marshal(map[string]any{"error": map[string]any{
-		"type": "card_error", "code": "card_declined", "decline_code": "generic_decline",
-		"message": "Your card was declined."}})
+// declinedAnswer is Stripe's 402 for a declined card. A decline while confirming a
+// PaymentIntent carries the PaymentIntent in error.payment_intent (status
+// requires_payment_method: it still exists and can be confirmed again).
+func declinedAnswer(pi *PaymentIntent) answer {
+	e := map[string]any{"type": "card_error", "code": "card_declined", "decline_code": "generic_decline",
+		"message": "Your card was declined."}
+	if pi != nil {
+		e["payment_intent"] = piJSON(pi)
+	}
+	b, _ := json.Marshal(map[string]any{"error": e})
 	return answer{http.StatusPaymentRequired, b}
 }
 
@@ -720,6 +761,8 @@ func (f *FakeStripe) route(method, path string, p url.Values, idemKey string) an
 			return f.capturePI(rest[0], p)
 		case "increment_authorization":
 			return f.incrementPI(rest[0], p)
+		case "cancel":
+			return f.cancelPI(rest[0])
 		}
 	case res == "refunds" && len(rest) == 0 && method == http.MethodPost:
 		return f.createRefund(p)
@@ -808,7 +851,7 @@ func (f *FakeStripe) createCharge(p url.Values, idemKey string) answer {
 		return *bad
 	}
 	if declined(p) {
-		return declinedAnswer()
+		return declinedAnswer(nil)
 	}
 	captured := p.Get("capture") != "false"
 	c := f.newChargeLocked(amount, cur, p.Get("customer"), captured, "", idemKey)
@@ -835,6 +878,9 @@ func (f *FakeStripe) captureCharge(id string, p url.Values) answer {
 		return paramErr("amount", "Amount must be no more than the authorized amount.")
 	}
 	c.Captured, c.AmountCaptured = true, amount
+	if c.Foreign {
+		f.moved[c.Currency] += amount
+	}
 	return okJSON(chargeJSON(c))
 }
 
@@ -889,6 +935,8 @@ func (f *FakeStripe) updatePI(id string, p url.Values) answer {
 			amount = pi.Amount
 		}
 		switch {
+		case pi.Foreign:
+			// Only the money it moves counts (receiveLocked).
 		case cur != pi.Currency:
 			// A new currency: the whole amount is new money in it.
 			f.moved[cur] += amount
@@ -919,7 +967,8 @@ func (f *FakeStripe) confirmPI(id string, p url.Values) answer {
 
 func (f *FakeStripe) confirmLocked(pi *PaymentIntent, p url.Values) answer {
 	if declined(p) {
-		return declinedAnswer()
+		pi.Status = "requires_payment_method"
+		return declinedAnswer(pi)
 	}
 	manual := pi.CaptureMethod == "manual"
 	c := f.newChargeLocked(pi.Amount, pi.Currency, pi.Customer, !manual, pi.ID, "")
@@ -927,9 +976,19 @@ func (f *FakeStripe) confirmLocked(pi *PaymentIntent, p url.Values) answer {
 	if manual {
 		pi.Status, pi.AmountCapturable = "requires_capture", pi.Amount
 	} else {
-		pi.Status, pi.AmountReceived = "succeeded", pi.Amount
+		f.receiveLocked(pi, pi.Amount)
+		pi.Status = "succeeded"
 	}
 	return answer{status: http.StatusOK}
+}
+
+// receiveLocked books money received on pi (a capture or an automatic
+// confirmation).
+func (f *FakeStripe) receiveLocked(pi *PaymentIntent, amount int64) {
+	pi.AmountReceived += amount
+	if pi.Foreign {
+		f.moved[pi.Currency] += amount
+	}
 }
 
 func (f *FakeStripe) capturePI(id string, p url.Values) answer {
@@ -950,11 +1009,42 @@ func (f *FakeStripe) capturePI(id string, p url.Values) answer {
 	if amount > pi.AmountCapturable {
 		return paramErr("amount_to_capture", "Amount to capture exceeds the capturable amount.")
 	}
-	pi.Status, pi.AmountReceived, pi.AmountCapturable = "succeeded", amount, 0
+	// Multicapture: final_capture=false keeps the rest capturable (the status stays
+	// requires_capture); a final capture releases what is left.
+	f.receiveLocked(pi, amount)
+	pi.AmountCapturable -= amount
+	if p.Get("final_capture") != "false" {
+		pi.Status, pi.AmountCapturable = "succeeded", 0
+		f.forgoLocked(pi)
+	}
 	if c := f.charge(pi.LatestCharge); c != nil {
-		c.Captured, c.AmountCaptured = true, amount
+		c.AmountCaptured += amount
+		c.Captured = pi.Status == "succeeded"
 	}
 	return okJSON(piJSON(pi))
+}
+
+func (f *FakeStripe) cancelPI(id string) answer {
+	pi := f.pi(id)
+	if pi == nil {
+		return notFound("No such payment_intent: '" + id + "'")
+	}
+	switch pi.Status {
+	case "succeeded", "canceled", "processing":
+		return paramErr("payment_intent", "You cannot cancel this PaymentIntent because it has a status of "+pi.Status+".")
+	}
+	pi.Status, pi.AmountCapturable = "canceled", 0
+	f.forgoLocked(pi)
+	return okJSON(piJSON(pi))
+}
+
+// forgoLocked takes what a PaymentIntent created through the API will now never
+// move (cancelled, or finally captured for less) out of TotalMoved: keybrake
+// releases it.
+func (f *FakeStripe) forgoLocked(pi *PaymentIntent) {
+	if !pi.Foreign {
+		f.moved[pi.Currency] -= pi.Amount - pi.AmountReceived
+	}
 }
 
 func (f *FakeStripe) incrementPI(id string, p url.Values) answer {
@@ -972,7 +1062,9 @@ func (f *FakeStripe) incrementPI(id string, p url.Values) answer {
 	if amount < pi.Amount {
 		return paramErr("amount", "The new amount must be greater than the current amount.")
 	}
-	f.moved[pi.Currency] += amount - pi.Amount
+	if !pi.Foreign {
+		f.moved[pi.Currency] += amount - pi.Amount
+	}
 	pi.Amount, pi.AmountCapturable = amount, amount
 	if c := f.charge(pi.LatestCharge); c != nil {
 		c.Amount = amount

@@ -295,6 +295,8 @@ type CatalogueWant struct {
 	Lookup      *CaseLookup `json:"lookup,omitempty"`
 	Customer    string      `json:"customer,omitempty"`
 	ObjectID    string      `json:"object_id,omitempty"`
+	Target      string      `json:"target,omitempty"`
+	Creates     bool        `json:"creates,omitempty"`
 	Error       string      `json:"error,omitempty"`
 }
 

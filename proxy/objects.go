@@ -1,0 +1,272 @@
+package proxy
+
+import (
+	"context"
+	"encoding/json"
+	"log/slog"
+	"strconv"
+
+	"github.com/keybrake/keybrake/vault"
+)
+
+// Money objects: how Stripe's answers about the objects that outlive a request
+// (see "Money objects" in the package documentation) are read.
+
+// jsonObject is a Stripe object decoded one level deep.
+type jsonObject map[string]json.RawMessage
+
+// decodeObject decodes a JSON object, nil when body is not one.
+func decodeObject(body []byte) jsonObject {
+	var o jsonObject
+	if json.Unmarshal(body, &o) != nil {
+		return nil
+	}
+	return o
+}
+
+func (o jsonObject) str(field string) string {
+	var s string
+	if raw, ok := o[field]; ok {
+		_ = json.Unmarshal(raw, &s)
+	}
+	return s
+}
+
+// int reads a non-negative integer field.
+func (o jsonObject) int(field string) (int64, bool) {
+	raw, ok := o[field]
+	if !ok {
+		return 0, false
+	}
+	n, err := strconv.ParseInt(string(raw), 10, 64)
+	if err != nil || n < 0 {
+		return 0, false
+	}
+	return n, true
+}
+
+func (o jsonObject) isTrue(field string) bool { return string(o[field]) == "true" }
+
+func (o jsonObject) object(field string) jsonObject {
+	raw, ok := o[field]
+	if !ok {
+		return nil
+	}
+	return decodeObject(raw)
+}
+
+// moneyKind says how to read one kind of Stripe money object (its "object" value).
+type moneyKind struct {
+	// moved is the object's cumulative money moved; ok is false when the kind
+	// moves no money by itself (an invoice item is collected by its invoice).
+	moved func(o jsonObject) (n int64, ok bool)
+	// terminal reports that the object can move no more money.
+	terminal func(o jsonObject) bool
+}
+
+func statusIn(statuses ...string) func(jsonObject) bool {
+	return func(o jsonObject) bool {
+		if o.isTrue("deleted") {
+			return true
+		}
+		st := o.str("status")
+		for _, s := range statuses {
+			if st == s {
+				return true
+			}
+		}
+		return false
+	}
+}
+
+func intField(field string) func(jsonObject) (int64, bool) {
+	return func(o jsonObject) (int64, bool) { return o.int(field) }
+}
+
+// moneyKinds are the objects whose answers keybrake reads. A PaymentIntent moves
+// amount_received and is done once succeeded or cancelled (a final capture leaves it
+// succeeded, releasing what was not captured); a Charge moves amount_captured and
+// is done once captured, failed, or refunded uncaptured (an expired authorisation);
+// an invoice moves amount_paid and is done once paid, void or deleted; a Checkout
+// Session moves amount_total once paid and is done once expired or complete and
+// paid; an invoice item moves nothing by itself and is done once deleted.
+var moneyKinds = map[string]moneyKind{
+	"payment_intent": {moved: intField("amount_received"), terminal: statusIn("succeeded", "canceled")},
+	"charge": {moved: intField("amount_captured"), terminal: func(o jsonObject) bool {
+		return o.isTrue("captured") || o.str("status") == "failed" || o.isTrue("refunded")
+	}},
+	"invoice": {moved: intField("amount_paid"), terminal: statusIn("paid", "void")},
+	"checkout.session": {
+		moved: func(o jsonObject) (int64, bool) {
+			if o.str("payment_status") != "paid" {
+				return 0, true
+			}
+			return o.int("amount_total")
+		},
+		terminal: func(o jsonObject) bool {
+			st, ps := o.str("status"), o.str("payment_status")
+			return st == "expired" || (st == "complete" && ps != "unpaid")
+		},
+	},
+	"invoiceitem": {moved: func(jsonObject) (int64, bool) { return 0, false }, terminal: statusIn()},
+}
+
+// moneyObject is what one answer says about a money object.
+type moneyObject struct {
+	id         string
+	kind       moneyKind
+	moved      int64
+	movedKnown bool
+	terminal   bool
+}
+
+// readMoneyObject reads o as a money object in currency (an object in another
+// currency, or of a kind keybrake does not read, gives ok false; a deleted object
+// carries no currency).
+func readMoneyObject(o jsonObject, currency string) (moneyObject, bool) {
+	kind, ok := moneyKinds[o.str("object")]
+	id := o.str("id")
+	if !ok || !isID(id) {
+		return moneyObject{}, false
+	}
+	if cur := o.str("currency"); cur != currency && !(cur == "" && o.isTrue("deleted")) {
+		return moneyObject{}, false
+	}
+	m := moneyObject{id: id, kind: kind, terminal: kind.terminal(o)}
+	m.moved, m.movedKnown = kind.moved(o)
+	return m, true
+}
+
+// countedObject is the object a metered request's money is counted on, and what
+// the answer o says about it: the created object when the request creates one, the
+// target otherwise; "" when the money moved at once.
+func (c *call) countedObject(o jsonObject) (id string, m moneyObject, read bool) {
+	switch {
+	case c.cls.Target != "":
+		id = c.cls.Target
+	case c.cls.Creates:
+		id = o.str("id")
+		if !isID(id) {
+			return "", moneyObject{}, false
+		}
+	default:
+		return "", moneyObject{}, false
+	}
+	m, read = readMoneyObject(o, c.currency)
+	return id, m, read && m.id == id
+}
+
+// settleAnswer fills the commit of a metered request from Stripe's answer o (a 2xx
+// body, or the object a 4xx body shows was created). A request whose money moves
+// at once commits its hold. On a money object it commits what the object moved
+// since the key last saw it (at least 0), keeps the rest of the hold as the
+// object's exposure, and releases everything when the answer shows the object can
+// move no more money. An answer keybrake cannot read commits the hold and keeps the
+// object's exposure as it was.
+func (c *call) settleAnswer(sr *vault.SettleRequest, o jsonObject) {
+	sr.ObjectID = o.str("id")
+	sr.Amount = c.amount
+	id, m, read := c.countedObject(o)
+	if id == "" {
+		if !isID(sr.ObjectID) {
+			sr.ObjectID = ""
+		}
+		return
+	}
+	sr.ObjectID = id
+	sr.Object = vault.ObjectSettle{Created: c.cls.Creates && c.cls.Target == "", Expose: true}
+	if !read {
+		return
+	}
+	sr.Object.Terminal = m.terminal
+	if !m.movedKnown {
+		// It moves no money by itself (an invoice item), or the answer is about
+		// another object of the target (an invoice line): nothing moved now.
+		sr.Amount = 0
+		return
+	}
+	sr.Object.Moved, sr.Object.MovedKnown = m.moved, true
+	sr.Amount = max(0, m.moved-c.movedBefore())
+	// What the answer says moved is the truth: if it is more than was held (the
+	// object changed at Stripe between keybrake's lookup and this request), it is
+	// booked as an overrun.
+	sr.AllowOverrun = true
+	c.overrun = max(0, sr.Amount-c.amount-c.exposure.Held)
+}
+
+// movedBefore is what the counted object had moved before this request: nothing
+// for an object it creates; for one the key created, what the key last saw (money
+// moved on it outside the key is still the key's to count); for another, what
+// the lookup just before the request saw.
+func (c *call) movedBefore() int64 {
+	switch {
+	case c.cls.Creates && c.cls.Target == "":
+		return 0
+	case c.exposure.Own && c.exposure.MovedSeen:
+		return c.exposure.Moved
+	case c.looked != nil && c.looked.movedKnown:
+		return c.looked.moved
+	}
+	return c.exposure.Moved
+}
+
+// keepCreatedObject turns the settle of a 4xx into a commit when the error body
+// shows that the request created a money object anyway (a PaymentIntent created
+// with confirm=true whose payment was declined: error.payment_intent, status
+// requires_payment_method, still confirmable with its client_secret). Its money
+// stays counted as the object's exposure until Stripe shows it moved or cannot.
+func (c *call) keepCreatedObject(sr *vault.SettleRequest, body []byte) {
+	if !c.metered || !c.cls.Creates || c.cls.Target != "" {
+		return
+	}
+	e := decodeObject(body).object("error")
+	for field := range e {
+		o := e.object(field)
+		if _, ok := readMoneyObject(o, c.currency); ok {
+			sr.Outcome = vault.SettleCommit
+			c.settleAnswer(sr, o)
+			return
+		}
+	}
+}
+
+// observe applies an answer that settled no money object of its own — a read, a
+// cancel, an expiry, a deletion, an unmetered update — to the key's exposure on
+// the object it shows: money it moved is committed, a terminal state releases the
+// rest. A failure is logged: the exposure then simply stays counted.
+func (p *Proxy) observe(ctx context.Context, c *call, body []byte) {
+	m, ok := readMoneyObject(decodeObject(body), c.key.Policy.EffectiveCurrency())
+	if !ok {
+		return
+	}
+	_, err := p.store.ObserveObject(ctx, c.key.ID, m.id, vault.Observation{
+		Operation: c.cls.Operation, Moved: m.moved, MovedKnown: m.movedKnown, Terminal: m.terminal,
+	})
+	if err != nil {
+		p.log.LogAttrs(ctx, slog.LevelError, "observing a money object failed; its exposure stays counted",
+			slog.String(logRequestID, c.requestID), slog.String(logKeyID, c.key.ID), slog.Any(logError, err))
+	}
+}
+
+// observable reports whether an answer to c may show a money object worth
+// reading: a single object of a money resource, not a list.
+func observable(c *call) bool {
+	if c.cls.ObjectID == "" {
+		return false
+	}
+	switch resourceOfOperation(c.cls.Operation) {
+	case "payment_intents", "charges", "invoices", "invoiceitems", "checkout.sessions":
+		return true
+	}
+	return false
+}
+
+// resourceOfOperation is the resource part of "resource.verb".
+func resourceOfOperation(op string) string {
+	for i := len(op) - 1; i >= 0; i-- {
+		if op[i] == '.' {
+			return op[:i]
+		}
+	}
+	return op
+}
