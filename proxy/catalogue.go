@@ -150,14 +150,18 @@ type objectRole int
 const (
 	objectNone    objectRole = iota // the money moves at once
 	objectCreated                   // the object Stripe's answer creates
-	objectPath                      // the object named by the path's first id
+	objectPath                      // money moves on the object named by the path's first id
+	objectAdded                     // new lines are added to the path's object
 )
 
 // creates marks rt as creating a money object.
 func creates(rt route) route { rt.object = objectCreated; return rt }
 
-// onPath marks rt as counting its money on the path's object.
+// onPath marks rt as moving money on the path's object.
 func onPath(rt route) route { rt.object = objectPath; return rt }
+
+// addsTo marks rt as adding lines to the path's object.
+func addsTo(rt route) route { rt.object = objectAdded; return rt }
 
 // namespaces are the v1 path prefixes whose resource is "<ns>.<next segment>".
 var namespaces = map[string]bool{
@@ -263,17 +267,17 @@ func buildCatalogue() []route {
 		// Invoicing.
 		creates(r("/v1/invoiceitems", "invoiceitems.create", DirectionIn, invoiceItemCreate)),
 		onPath(r("/v1/invoiceitems/{id}", "invoiceitems.update", DirectionIn, invoiceItemUpdate)),
-		w("/v1/invoices", "invoices.create"),
+		r("/v1/invoices", "invoices.create", DirectionIn, invoiceSettings),
 		w("/v1/invoices/create_preview", "invoices.create_preview"),
-		w("/v1/invoices/{id}", "invoices.update"),
+		r("/v1/invoices/{id}", "invoices.update", DirectionIn, invoiceSettings),
 		w("/v1/invoices/{id}/finalize", "invoices.finalize"),
 		w("/v1/invoices/{id}/send", "invoices.send"),
 		w("/v1/invoices/{id}/void", "invoices.void"),
 		w("/v1/invoices/{id}/mark_uncollectible", "invoices.mark_uncollectible"),
-		w("/v1/invoices/{id}/add_lines", "invoices.add_lines"),
-		w("/v1/invoices/{id}/update_lines", "invoices.update_lines"),
+		addsTo(r("/v1/invoices/{id}/add_lines", "invoices.add_lines", DirectionIn, invoiceLines(true, false))),
+		addsTo(r("/v1/invoices/{id}/update_lines", "invoices.update_lines", DirectionIn, invoiceLines(false, false))),
 		w("/v1/invoices/{id}/remove_lines", "invoices.remove_lines"),
-		w("/v1/invoices/{id}/lines/{id}", "invoices.update_lines"),
+		addsTo(r("/v1/invoices/{id}/lines/{id}", "invoices.update_lines", DirectionIn, invoiceLines(false, true))),
 		onPath(r("/v1/invoices/{id}/pay", "invoices.pay", DirectionIn, lookupOnly("/v1/invoices/", "amount_remaining"))),
 
 		// Checkout and payment links.
@@ -434,6 +438,8 @@ func classify(method, path string, params *Params) (Classification, error) {
 		c.Creates = true
 	case objectPath:
 		c.Target = ids[0]
+	case objectAdded:
+		c.Target, c.Creates = ids[0], true
 	}
 	if err := rt.money(&catRequest{params: params, ids: ids}, &c); err != nil {
 		return Classification{}, err
@@ -728,7 +734,14 @@ func settle(c *Classification, amount int64, amountOK bool, currency string, lk 
 
 // unknownAmount marks a money-moving request whose amount cannot be known.
 func unknownAmount(c *Classification) {
-	c.Amount, c.AmountKnown, c.NewTotal, c.Lookup = 0, false, false, nil
+	c.Amount, c.AmountKnown, c.NewTotal, c.Lookup, c.Prices = 0, false, false, nil, nil
+}
+
+// unknownBecause marks a money-moving request whose amount cannot be known, and
+// says why (the refusal repeats it).
+func unknownBecause(c *Classification, why string) {
+	unknownAmount(c)
+	c.Unknown = why
 }
 
 // requestAmount: amount and currency from the request (creates).
@@ -847,28 +860,21 @@ func refundCreate(r *catRequest, c *Classification) error {
 
 // pricing is the unit price × quantity of an invoice item or line item.
 type pricing struct {
-	amount   int64
-	known    bool   // amount is exact
-	currency string // from price_data[currency], "" when absent
-	price    string // stored price id when priced by reference
-	quantity int64
-	qtyExact bool // quantity is an exact integer (quantity_decimal may not be)
+	amount    int64
+	known     bool   // amount is exact
+	currency  string // from price_data[currency], "" when absent
+	unit      int64  // the unit amount, when given
+	unitKnown bool   // the unit amount is given and has no fractional minor units
+	quantity  int64
+	qtyExact  bool // quantity is an exact integer (quantity_decimal may not be)
+	qtyGiven  bool // quantity or quantity_decimal is in the request
 }
 
 // unitPricing reads one way of pricing under prefix ("" or "line_items[0]"): the
 // unit_amount[_decimal] fields given in fields, × quantity. n counts how many ways
 // were given (more than one is ambiguous).
 func unitPricing(p *Params, prefix string, fields []string) (pr pricing, n int, err error) {
-	key := func(k string) string {
-		if prefix == "" {
-			return k
-		}
-		name, rest, _ := strings.Cut(k, "[")
-		if rest != "" {
-			rest = "[" + rest
-		}
-		return prefix + "[" + name + "]" + rest
-	}
+	key := func(k string) string { return nested(prefix, k) }
 	pr.quantity = 1
 	q, hasQ, err := minorParam(p, key("quantity"))
 	if err != nil {
@@ -879,7 +885,7 @@ func unitPricing(p *Params, prefix string, fields []string) (pr pricing, n int, 
 		return pr, 0, err
 	}
 	qtyExact := !(hasQ && hasQD) && (!hasQD || qdIntegral)
-	pr.qtyExact = qtyExact
+	pr.qtyExact, pr.qtyGiven = qtyExact, hasQ || hasQD
 	switch {
 	case hasQ:
 		pr.quantity = q
@@ -913,6 +919,7 @@ func unitPricing(p *Params, prefix string, fields []string) (pr pricing, n int, 
 	} else if ok {
 		pr.currency = cur
 	}
+	pr.unit, pr.unitKnown = unit, pr.known && n == 1
 	pr.known = pr.known && qtyExact
 	if pr.known {
 		if pr.amount, err = mulMinor(unit, pr.quantity); err != nil {
@@ -922,101 +929,17 @@ func unitPricing(p *Params, prefix string, fields []string) (pr pricing, n int, 
 	return pr, n, nil
 }
 
-// itemPrice is what an invoice item request says about its amount.
-type itemPrice struct {
-	amount   int64   // exact when exact
-	exact    bool    // amount is exact from the request (the currency may still be "")
-	currency string  // "currency" or price_data[currency]; "" when absent
-	lookup   *Lookup // a stored price with quantity 1
-	present  bool    // the request names an amount, a quantity or a pricing
-}
-
-// invoiceItemAmount computes an invoice item's amount from its request.
-func invoiceItemAmount(p *Params) (itemPrice, error) {
-	var ip itemPrice
-	cur, _, err := currencyParam(p, "currency")
-	if err != nil {
-		return ip, err
+// nested is key k under prefix: nested("lines[0]", "price_data[currency]") is
+// "lines[0][price_data][currency]"; an empty prefix leaves k as it is.
+func nested(prefix, k string) string {
+	if prefix == "" {
+		return k
 	}
-	amt, hasAmount, err := minorParam(p, "amount")
-	if err != nil {
-		return ip, err
+	name, rest, _ := strings.Cut(k, "[")
+	if rest != "" {
+		rest = "[" + rest
 	}
-	pr, n, err := unitPricing(p, "", []string{"unit_amount", "unit_amount_decimal", "price_data[unit_amount]", "price_data[unit_amount_decimal]"})
-	if err != nil {
-		return ip, err
-	}
-	price, hasPrice, err := idParam(p, "price")
-	if err != nil {
-		return ip, err
-	}
-	pprice, hasPPrice, err := idParam(p, "pricing[price]")
-	if err != nil {
-		return ip, err
-	}
-	if pr.currency != "" {
-		if cur != "" && cur != pr.currency {
-			return ip, formErr("currency %q and price_data[currency] %q differ", cur, pr.currency)
-		}
-		cur = pr.currency
-	}
-	ip.currency = cur
-	n += boolInt(hasAmount) + boolInt(hasPrice) + boolInt(hasPPrice)
-	ip.present = n > 0 || p.Has("quantity") || p.Has("quantity_decimal") || p.Has("pricing")
-	if hasPPrice {
-		price = pprice
-	}
-	switch {
-	case n != 1:
-		// No pricing, or more than one: Stripe refuses or picks one; keybrake does not guess.
-	case hasAmount:
-		ip.amount, ip.exact = amt, true
-	case hasPrice || hasPPrice:
-		if pr.quantity == 1 && pr.qtyExact {
-			ip.lookup = &Lookup{Path: "/v1/prices/" + price, Field: "unit_amount"}
-		}
-	default:
-		ip.amount, ip.exact = pr.amount, pr.known
-	}
-	return ip, nil
-}
-
-// invoiceItemCreate: see the catalogue documentation.
-func invoiceItemCreate(r *catRequest, c *Classification) error {
-	ip, err := invoiceItemAmount(r.params)
-	if err != nil {
-		return err
-	}
-	c.Currency = ip.currency
-	switch {
-	case ip.exact && ip.currency != "":
-		c.Amount, c.AmountKnown = ip.amount, true
-	case ip.lookup != nil:
-		c.Lookup = ip.lookup
-	default:
-		unknownAmount(c)
-	}
-	return nil
-}
-
-// invoiceItemUpdate: a change of amount, quantity or pricing is a new total; the
-// item keeps its currency unless the request names one.
-func invoiceItemUpdate(r *catRequest, c *Classification) error {
-	ip, err := invoiceItemAmount(r.params)
-	if err != nil {
-		return err
-	}
-	switch {
-	case !ip.present:
-		c.MovesMoney = false
-	case ip.exact:
-		c.Amount, c.AmountKnown, c.NewTotal, c.Currency = ip.amount, true, true, ip.currency
-		c.Lookup = &Lookup{Path: "/v1/invoiceitems/" + r.ids[0], Field: "amount"}
-	default:
-		c.Currency = ip.currency
-		unknownAmount(c)
-	}
-	return nil
+	return prefix + "[" + name + "]" + rest
 }
 
 // checkoutSessionCreate: see the catalogue documentation.
@@ -1048,6 +971,7 @@ func checkoutSessionCreate(r *catRequest, c *Classification) error {
 	known := (!hasMode || mode == "payment") && len(items) > 0 &&
 		!p.Has("optional_items") && !isTrue(p, "automatic_tax[enabled]") && !p.Has("subscription_data")
 	var total int64
+	var prices []PriceRef
 	for _, k := range items {
 		li := "line_items[" + k + "]"
 		pr, n, err := unitPricing(p, li, []string{"price_data[unit_amount]", "price_data[unit_amount_decimal]"})
@@ -1060,11 +984,27 @@ func checkoutSessionCreate(r *catRequest, c *Classification) error {
 			}
 			cur = pr.currency
 		}
+		price, hasPrice, err := idParam(p, li+"[price]")
+		if err != nil {
+			return err
+		}
 		// li[amount] is the ad-hoc price of API versions before 2022-08-01: beside
 		// price_data, which of the two Stripe reads is not guessed.
-		if n != 1 || !pr.known || p.Has(li+"[price]") || p.Has(li+"[amount]") ||
+		if n+boolInt(hasPrice) != 1 || p.Has(li+"[amount]") ||
 			isTrue(p, li+"[adjustable_quantity][enabled]") ||
 			p.Has(li+"[tax_rates]") || p.Has(li+"[dynamic_tax_rates]") {
+			known = false
+			continue
+		}
+		if hasPrice {
+			if !pr.qtyExact {
+				known = false
+				continue
+			}
+			prices = append(prices, PriceRef{ID: price, Quantity: pr.quantity})
+			continue
+		}
+		if !pr.known {
 			known = false
 			continue
 		}
@@ -1102,11 +1042,11 @@ func checkoutSessionCreate(r *catRequest, c *Classification) error {
 		return err
 	}
 	c.Currency = cur
-	if !known || cur == "" {
+	if !known || (cur == "" && len(prices) == 0) {
 		unknownAmount(c)
 		return nil
 	}
-	c.Amount, c.AmountKnown = total, true
+	c.Amount, c.AmountKnown, c.Prices = total, true, prices
 	return nil
 }
 

@@ -3,8 +3,10 @@ package proxy
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"log/slog"
 	"strconv"
+	"strings"
 
 	"github.com/keybrake/keybrake/vault"
 )
@@ -46,6 +48,53 @@ func (o jsonObject) int(field string) (int64, bool) {
 }
 
 func (o jsonObject) isTrue(field string) bool { return string(o[field]) == "true" }
+
+// path is the raw value at a dotted path ("pricing.unit_amount_decimal"); a
+// missing or null value gives ok false.
+func (o jsonObject) path(dotted string) (json.RawMessage, bool) {
+	cur := o
+	for {
+		name, rest, nested := strings.Cut(dotted, ".")
+		raw, ok := cur[name]
+		if !ok || string(raw) == "null" {
+			return nil, false
+		}
+		if !nested {
+			return raw, true
+		}
+		if cur = decodeObject(raw); cur == nil {
+			return nil, false
+		}
+		dotted = rest
+	}
+}
+
+// factor reads the first of fields that is present: an integer, or a decimal
+// string without fractional minor units ("1500", "1500.000").
+func (o jsonObject) factor(fields []string) (int64, error) {
+	for _, f := range fields {
+		raw, ok := o.path(f)
+		if !ok {
+			continue
+		}
+		s := string(raw)
+		if strings.HasPrefix(s, `"`) {
+			if err := json.Unmarshal(raw, &s); err != nil {
+				return 0, fmt.Errorf("lookup field %q: %w", f, err)
+			}
+		}
+		ip, fp, _ := strings.Cut(s, ".")
+		if !isDigits(ip) || (fp != "" && !isDigits(fp)) || strings.Trim(fp, "0") != "" || len(ip) > maxMoneyDigits {
+			return 0, fmt.Errorf("lookup field %q: %q is not a whole number of minor units", f, clip(s))
+		}
+		n, err := strconv.ParseInt(ip, 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("lookup field %q: %w", f, err)
+		}
+		return n, nil
+	}
+	return 0, fmt.Errorf("lookup: none of %v present", fields)
+}
 
 func (o jsonObject) object(field string) jsonObject {
 	raw, ok := o[field]
@@ -137,23 +186,17 @@ func readMoneyObject(o jsonObject, currency string) (moneyObject, bool) {
 	return m, true
 }
 
-// countedObject is the object a metered request's money is counted on, and what
-// the answer o says about it: the created object when the request creates one, the
-// target otherwise; "" when the money moved at once.
-func (c *call) countedObject(o jsonObject) (id string, m moneyObject, read bool) {
+// countedID is the object a metered request's money is counted on: the target, or
+// the object the answer o shows the request created; "" when the money moved at
+// once.
+func (c *call) countedID(o jsonObject) string {
 	switch {
 	case c.cls.Target != "":
-		id = c.cls.Target
-	case c.cls.Creates:
-		id = o.str("id")
-		if !isID(id) {
-			return "", moneyObject{}, false
-		}
-	default:
-		return "", moneyObject{}, false
+		return c.cls.Target
+	case c.cls.Creates && isID(o.str("id")):
+		return o.str("id")
 	}
-	m, read = readMoneyObject(o, c.currency)
-	return id, m, read && m.id == id
+	return ""
 }
 
 // settleAnswer fills the commit of a metered request from Stripe's answer o (a 2xx
@@ -161,29 +204,31 @@ func (c *call) countedObject(o jsonObject) (id string, m moneyObject, read bool)
 // at once commits its hold. On a money object it commits what the object moved
 // since the key last saw it (at least 0), keeps the rest of the hold as the
 // object's exposure, and releases everything when the answer shows the object can
-// move no more money. An answer keybrake cannot read commits the hold and keeps the
-// object's exposure as it was.
+// move no more money. An answer about something else (a new invoice line) moved
+// nothing yet; an answer keybrake cannot read at all commits the hold and keeps
+// the object's exposure as it was.
 func (c *call) settleAnswer(sr *vault.SettleRequest, o jsonObject) {
-	sr.ObjectID = o.str("id")
 	sr.Amount = c.amount
-	id, m, read := c.countedObject(o)
+	if id := o.str("id"); isID(id) {
+		sr.ObjectID = id
+	}
+	id := c.countedID(o)
 	if id == "" {
-		if !isID(sr.ObjectID) {
-			sr.ObjectID = ""
-		}
 		return
 	}
 	sr.ObjectID = id
 	sr.Object = vault.ObjectSettle{Created: c.cls.Creates && c.cls.Target == "", Expose: true}
-	if !read {
+	if o.str("object") == "" {
+		return
+	}
+	sr.Amount = 0
+	m, read := readMoneyObject(o, c.currency)
+	if !read || m.id != id {
 		return
 	}
 	sr.Object.Terminal = m.terminal
 	if !m.movedKnown {
-		// It moves no money by itself (an invoice item), or the answer is about
-		// another object of the target (an invoice line): nothing moved now.
-		sr.Amount = 0
-		return
+		return // it moves no money by itself (an invoice item)
 	}
 	sr.Object.Moved, sr.Object.MovedKnown = m.moved, true
 	sr.Amount = max(0, m.moved-c.movedBefore())

@@ -528,6 +528,9 @@ func (p *Proxy) resolveAmount(ctx context.Context, c *call) error {
 			return nil
 		}
 		if cls.Lookup == nil {
+			if cls.Unknown != "" {
+				return refuse(CodeAmountUnknown, "The amount of this %s request cannot be known before it reaches Stripe: %s.", cls.Operation, cls.Unknown)
+			}
 			return refuse(CodeAmountUnknown, "The amount of this %s request cannot be known before it reaches Stripe.", cls.Operation)
 		}
 		res, err := p.lookup(ctx, c, *cls.Lookup)
@@ -546,12 +549,29 @@ func (p *Proxy) resolveAmount(ctx context.Context, c *call) error {
 		}
 		c.exposure = exp
 	}
+	prices, pricesCurrency, err := p.priceTotal(ctx, c)
+	if err != nil {
+		return err
+	}
+	if amount, err = addMinor(amount, prices); err != nil {
+		return malformed(err, "The request's amount is too large.")
+	}
 	switch {
 	case cls.AmountKnown && cls.NewTotal:
 		// Always looked up: the object's currency decides whether its current
 		// total counts at all.
 		if err := lookup(); err != nil {
 			return err
+		}
+		if len(cls.Lookup.Factors) > 0 {
+			// The update changes one factor; the object keeps the other.
+			n, err := mulMinor(cls.Amount, c.looked.factor)
+			if err == nil {
+				amount, err = addMinor(n, prices)
+			}
+			if err != nil {
+				return malformed(err, "The request's new total is too large.")
+			}
 		}
 		// The current total is not this key's to count, unless the key created
 		// the object: then its exposure already counts it.
@@ -568,10 +588,14 @@ func (p *Proxy) resolveAmount(ctx context.Context, c *call) error {
 		amount = max(0, amount-base)
 	case cls.AmountKnown:
 		// An object the money is counted on is read too: what it has moved so far
-		// tells what this request moves.
-		if currency == "" || (cls.Target != "" && cls.Lookup != nil) {
+		// tells what this request moves, and its currency is the request's.
+		if (currency == "" && (cls.Lookup != nil || pricesCurrency == "")) || (cls.Target != "" && cls.Lookup != nil) {
 			if err := lookup(); err != nil {
 				return err
+			}
+			if currency != "" && c.looked.currency != "" && c.looked.currency != currency {
+				return refuse(CodeAmountUnknown, "The %s request names currency %s but acts on an object in %s.",
+					cls.Operation, currency, clip(c.looked.currency))
 			}
 		}
 	default:
@@ -588,13 +612,23 @@ func (p *Proxy) resolveAmount(ctx context.Context, c *call) error {
 				cls.Operation, currency, clip(c.looked.currency))
 		}
 	}
-	if currency == "" {
-		if c.looked == nil || c.looked.currency == "" {
-			return refuse(CodeAmountUnknown, "The currency of this %s request cannot be known.", cls.Operation)
-		}
+	if currency == "" && c.looked != nil {
 		currency = c.looked.currency
 	}
-	if cls.Target != "" && !cls.NewTotal {
+	if currency == "" {
+		currency = pricesCurrency
+	}
+	if currency == "" {
+		return refuse(CodeAmountUnknown, "The currency of this %s request cannot be known.", cls.Operation)
+	}
+	if pricesCurrency != "" && pricesCurrency != currency {
+		return refuse(CodeAmountUnknown, "The %s request uses a stored price in %s, not in %s.", cls.Operation, pricesCurrency, currency)
+	}
+	switch {
+	case cls.Target != "" && cls.Creates:
+		// Lines added to an object: new money on top of what it counts.
+		c.objectTotal = c.exposure.Committed + c.exposure.Held + amount
+	case cls.Target != "" && !cls.NewTotal:
 		// Money moved on an object: what its exposure already counts (its
 		// creation, a raise) is not counted again; anything beyond is, in full.
 		c.objectTotal = c.exposure.Committed + max(c.exposure.Held, amount)

@@ -335,22 +335,34 @@ type lookupResult struct {
 	// object (see moneyKinds).
 	moved      int64
 	movedKnown bool
+	// factor is the value of Lookup.Factors.
+	factor int64
 }
 
 // lookup GETs the object at Stripe with the real secret and the call's account
-// headers and reads the integer field l.Field and "currency".
+// headers and reads the integer field l.Field, "currency" and l.Factors.
 func (p *Proxy) lookup(ctx context.Context, c *call, l Lookup) (lookupResult, error) {
-	if !strings.HasPrefix(l.Path, "/v1/") || strings.ContainsAny(l.Path, "?#%") || strings.Contains(l.Path, "..") {
-		return lookupResult{}, fmt.Errorf("lookup path %q refused", l.Path)
+	body, err := p.fetch(ctx, c, l.Path)
+	if err != nil {
+		return lookupResult{}, err
+	}
+	return parseLookup(body, l)
+}
+
+// fetch GETs path at Stripe with the real secret and the call's Stripe-Account,
+// Stripe-Context and Stripe-Version, and returns the body of a 200.
+func (p *Proxy) fetch(ctx context.Context, c *call, path string) ([]byte, error) {
+	if !strings.HasPrefix(path, "/v1/") || strings.ContainsAny(path, "?#%") || strings.Contains(path, "..") {
+		return nil, fmt.Errorf("lookup path %q refused", path)
 	}
 	u := *p.upstream
-	u.Path = strings.TrimSuffix(p.upstream.Path, "/") + l.Path
+	u.Path = strings.TrimSuffix(p.upstream.Path, "/") + path
 	u.RawPath, u.RawQuery, u.Fragment = "", "", ""
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.timeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.String(), nil)
 	if err != nil {
-		return lookupResult{}, fmt.Errorf("lookup request: %w", err)
+		return nil, fmt.Errorf("lookup request: %w", err)
 	}
 	req.Header.Set("Authorization", "Bearer "+c.secret)
 	if c.account != "" {
@@ -365,30 +377,30 @@ func (p *Proxy) lookup(ctx context.Context, c *call, l Lookup) (lookupResult, er
 	resp, err := p.lookups.Do(req)
 	if err != nil {
 		p.metrics.observeUpstream(upstreamLookup, 0)
-		return lookupResult{}, fmt.Errorf("lookup %s: %w", l.Path, err)
+		return nil, fmt.Errorf("lookup %s: %w", path, err)
 	}
 	p.metrics.observeUpstream(upstreamLookup, resp.StatusCode)
 	defer resp.Body.Close()
 	body, err := io.ReadAll(io.LimitReader(resp.Body, p.maxResponse))
 	if err != nil {
-		return lookupResult{}, fmt.Errorf("lookup %s: read: %w", l.Path, err)
+		return nil, fmt.Errorf("lookup %s: read: %w", path, err)
 	}
 	if resp.StatusCode != http.StatusOK {
-		return lookupResult{}, fmt.Errorf("lookup %s: status %d", l.Path, resp.StatusCode)
+		return nil, fmt.Errorf("lookup %s: status %d", path, resp.StatusCode)
 	}
-	return parseLookup(body, l.Field)
+	return body, nil
 }
 
-// parseLookup reads the non-negative integer at field (dots for nesting), the
-// top-level "currency" of a Stripe object and, for a money object, what it has
-// moved so far.
-func parseLookup(body []byte, field string) (lookupResult, error) {
-	var obj map[string]json.RawMessage
-	if err := json.Unmarshal(body, &obj); err != nil {
-		return lookupResult{}, fmt.Errorf("lookup answer: %w", err)
+// parseLookup reads the non-negative integer at l.Field (dots for nesting), the
+// top-level "currency" of a Stripe object, the factor l.Factors names and, for a
+// money object, what it has moved so far.
+func parseLookup(body []byte, l Lookup) (lookupResult, error) {
+	obj := decodeObject(body)
+	if obj == nil {
+		return lookupResult{}, errors.New("lookup answer is not a JSON object")
 	}
 	var res lookupResult
-	if kind, ok := moneyKinds[jsonObject(obj).str("object")]; ok {
+	if kind, ok := moneyKinds[obj.str("object")]; ok {
 		res.moved, res.movedKnown = kind.moved(obj)
 	}
 	if raw, ok := obj["currency"]; ok {
@@ -399,28 +411,18 @@ func parseLookup(body []byte, field string) (lookupResult, error) {
 			return lookupResult{}, fmt.Errorf("lookup currency %q not supported", clip(res.currency))
 		}
 	}
-	parts := strings.Split(field, ".")
-	cur := obj
-	for i, part := range parts {
-		raw, ok := cur[part]
-		if !ok {
-			return lookupResult{}, fmt.Errorf("lookup field %q missing", field)
-		}
-		if i == len(parts)-1 {
-			s := string(raw)
-			if s == "" || strings.TrimLeft(s, "0123456789") != "" {
-				return lookupResult{}, fmt.Errorf("lookup field %q is not a non-negative integer", field)
-			}
-			n, err := strconv.ParseInt(s, 10, 64)
-			if err != nil {
-				return lookupResult{}, fmt.Errorf("lookup field %q: %w", field, err)
-			}
-			res.amount = n
-			break
-		}
-		cur = nil
-		if err := json.Unmarshal(raw, &cur); err != nil || cur == nil {
-			return lookupResult{}, fmt.Errorf("lookup field %q: not an object at %q", field, part)
+	raw, ok := obj.path(l.Field)
+	if !ok {
+		return lookupResult{}, fmt.Errorf("lookup field %q missing", l.Field)
+	}
+	n, err := strconv.ParseInt(string(raw), 10, 64)
+	if err != nil || n < 0 || strings.TrimLeft(string(raw), "0123456789") != "" {
+		return lookupResult{}, fmt.Errorf("lookup field %q is not a non-negative integer", l.Field)
+	}
+	res.amount = n
+	if len(l.Factors) > 0 {
+		if res.factor, err = obj.factor(l.Factors); err != nil {
+			return lookupResult{}, err
 		}
 	}
 	return res, nil

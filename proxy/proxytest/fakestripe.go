@@ -176,6 +176,8 @@ type FakeStripe struct {
 	refunds   []*Refund
 	customers map[string]map[string]any
 	prices    map[string]map[string]any
+	invoices  []*Invoice
+	items     []*InvoiceItem
 	moved     map[string]int64
 }
 
@@ -732,6 +734,9 @@ func (f *FakeStripe) route(method, path string, p url.Values, idemKey string) an
 		}
 	}
 	res, rest := seg[1], seg[2:]
+	if a, ok := f.routeInvoicing(method, res, rest, p); ok {
+		return a
+	}
 	switch {
 	case res == "charges" && len(rest) == 0 && method == http.MethodPost:
 		return f.createCharge(p, idemKey)
