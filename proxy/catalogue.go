@@ -284,18 +284,18 @@ func buildCatalogue() []route {
 		creates(r("/v1/checkout/sessions", "checkout.sessions.create", DirectionIn, checkoutSessionCreate)),
 		onPath(r("/v1/checkout/sessions/{id}", "checkout.sessions.update", DirectionIn, checkoutSessionUpdate)),
 		w("/v1/checkout/sessions/{id}/expire", "checkout.sessions.expire"),
-		w("/v1/payment_links", "payment_links.create"),
-		w("/v1/payment_links/{id}", "payment_links.update"),
+		r("/v1/payment_links", "payment_links.create", DirectionIn, paymentLinkCreate),
+		r("/v1/payment_links/{id}", "payment_links.update", DirectionIn, paymentLinkUpdate),
 
 		// Subscriptions (money later: renewals are never seen by keybrake).
-		w("/v1/subscriptions", "subscriptions.create"),
-		w("/v1/subscriptions/{id}", "subscriptions.update"),
-		w("/v1/subscriptions/{id}/resume", "subscriptions.resume"),
+		r("/v1/subscriptions", "subscriptions.create", DirectionIn, subscriptionCreate),
+		r("/v1/subscriptions/{id}", "subscriptions.update", DirectionIn, subscriptionChange),
+		r("/v1/subscriptions/{id}/resume", "subscriptions.resume", DirectionIn, subscriptionChange),
 		w("/v1/subscriptions/{id}/migrate", "subscriptions.migrate"),
-		w("/v1/subscription_items", "subscription_items.create"),
-		w("/v1/subscription_items/{id}", "subscription_items.update"),
-		w("/v1/subscription_schedules", "subscription_schedules.create"),
-		w("/v1/subscription_schedules/{id}", "subscription_schedules.update"),
+		r("/v1/subscription_items", "subscription_items.create", DirectionIn, subscriptionChange),
+		r("/v1/subscription_items/{id}", "subscription_items.update", DirectionIn, subscriptionChange),
+		r("/v1/subscription_schedules", "subscription_schedules.create", DirectionIn, scheduleWrite),
+		r("/v1/subscription_schedules/{id}", "subscription_schedules.update", DirectionIn, scheduleWrite),
 		w("/v1/subscription_schedules/{id}/cancel", "subscription_schedules.cancel"),
 		w("/v1/subscription_schedules/{id}/release", "subscription_schedules.release"),
 
@@ -307,9 +307,9 @@ func buildCatalogue() []route {
 		w("/v1/setup_intents/{id}/verify_microdeposits", "setup_intents.verify_microdeposits"),
 
 		// Customers.
-		w("/v1/customers", "customers.create"),
-		w("/v1/customers/{id}", "customers.update"),
-		w("/v1/customers/{id}/balance_transactions", "customers.create_balance_transaction"),
+		r("/v1/customers", "customers.create", DirectionIn, customerBalance(true)),
+		r("/v1/customers/{id}", "customers.update", DirectionIn, customerBalance(false)),
+		r("/v1/customers/{id}/balance_transactions", "customers.create_balance_transaction", DirectionIn, balanceTransaction),
 		w("/v1/customers/{id}/balance_transactions/{id}", "customers.update_balance_transaction"),
 		w("/v1/customers/{id}/sources", "customers.create_source"),
 		w("/v1/customers/{id}/sources/{id}", "customers.update_source"),
@@ -953,65 +953,21 @@ func checkoutSessionCreate(r *catRequest, c *Classification) error {
 	if err != nil {
 		return err
 	}
-	items := p.Keys("line_items")
-	if p.Has("line_items") && items == nil {
-		return formErr("parameter line_items must be indexed (line_items[0][…])")
-	}
-	for _, k := range items {
-		if !isDigits(k) {
-			return formErr("parameter line_items[%s] is not indexed by a number", clipText(k))
-		}
-	}
 	if hasMode && mode == "setup" && !p.Has("line_items") {
 		c.MovesMoney = false
 		return nil
 	}
 	// subscription_data[items] starts a subscription in API versions that had no
 	// mode: renewals are never seen.
-	known := (!hasMode || mode == "payment") && len(items) > 0 &&
+	known := (!hasMode || mode == "payment") && p.Has("line_items") &&
 		!p.Has("optional_items") && !isTrue(p, "automatic_tax[enabled]") && !p.Has("subscription_data")
-	var total int64
-	var prices []PriceRef
-	for _, k := range items {
-		li := "line_items[" + k + "]"
-		pr, n, err := unitPricing(p, li, []string{"price_data[unit_amount]", "price_data[unit_amount_decimal]"})
-		if err != nil {
-			return err
-		}
-		if pr.currency != "" {
-			if cur != "" && cur != pr.currency {
-				return formErr("line item currencies differ (%q, %q)", cur, pr.currency)
-			}
-			cur = pr.currency
-		}
-		price, hasPrice, err := idParam(p, li+"[price]")
-		if err != nil {
-			return err
-		}
-		// li[amount] is the ad-hoc price of API versions before 2022-08-01: beside
-		// price_data, which of the two Stripe reads is not guessed.
-		if n+boolInt(hasPrice) != 1 || p.Has(li+"[amount]") ||
-			isTrue(p, li+"[adjustable_quantity][enabled]") ||
-			p.Has(li+"[tax_rates]") || p.Has(li+"[dynamic_tax_rates]") {
-			known = false
-			continue
-		}
-		if hasPrice {
-			if !pr.qtyExact {
-				known = false
-				continue
-			}
-			prices = append(prices, PriceRef{ID: price, Quantity: pr.quantity})
-			continue
-		}
-		if !pr.known {
-			known = false
-			continue
-		}
-		if total, err = addMinor(total, pr.amount); err != nil {
-			return err
-		}
+	lines, err := readLines(p, "line_items", cur)
+	if err != nil {
+		return err
 	}
+	known = known && lines.known
+	cur = lines.currency
+	total := lines.amount
 	var shipping int64
 	for _, k := range p.Keys("shipping_options") {
 		so := "shipping_options[" + k + "][shipping_rate_data][fixed_amount]"
@@ -1042,12 +998,74 @@ func checkoutSessionCreate(r *catRequest, c *Classification) error {
 		return err
 	}
 	c.Currency = cur
-	if !known || (cur == "" && len(prices) == 0) {
+	if !known || (cur == "" && len(lines.prices) == 0) {
 		unknownAmount(c)
 		return nil
 	}
-	c.Amount, c.AmountKnown, c.Prices = total, true, prices
+	c.Amount, c.AmountKnown, c.Prices = total, true, lines.prices
 	return nil
+}
+
+// lineTotal is what a list of line items adds up to.
+type lineTotal struct {
+	amount   int64      // the lines priced by price_data
+	prices   []PriceRef // the lines priced by a stored price
+	currency string     // the currency stated so far
+	known    bool       // every line could be priced
+	count    int
+}
+
+// readLines reads the line items under name ("line_items", "items",
+// "add_invoice_items"), each priced by price_data[unit_amount] (or an integral
+// price_data[unit_amount_decimal]) × quantity, or by a stored price × quantity
+// (quantity 1 when absent). A line priced another way or by more than one way
+// (line_items[i][amount], the ad-hoc price of API versions before 2022-08-01, is
+// not guessed against price_data; a legacy plan is not looked up), with an
+// adjustable quantity, with tax rates or with a fractional quantity leaves the
+// total unknown. cur is the currency stated so far; line currencies that differ
+// from it are malformed.
+func readLines(p *Params, name, cur string) (lineTotal, error) {
+	lt := lineTotal{currency: cur, known: true}
+	keys := p.Keys(name)
+	if p.Has(name) && keys == nil {
+		return lt, formErr("parameter %s must be indexed (%s[0][…])", name, name)
+	}
+	for _, k := range keys {
+		if !isDigits(k) {
+			return lt, formErr("parameter %s[%s] is not indexed by a number", name, clipText(k))
+		}
+		li := name + "[" + k + "]"
+		pr, n, err := unitPricing(p, li, []string{"price_data[unit_amount]", "price_data[unit_amount_decimal]"})
+		if err != nil {
+			return lt, err
+		}
+		if pr.currency != "" {
+			if lt.currency != "" && lt.currency != pr.currency {
+				return lt, formErr("line item currencies differ (%q, %q)", lt.currency, pr.currency)
+			}
+			lt.currency = pr.currency
+		}
+		price, hasPrice, err := idParam(p, li+"[price]")
+		if err != nil {
+			return lt, err
+		}
+		lt.count++
+		switch {
+		case n+boolInt(hasPrice) != 1 || p.Has(li+"[amount]") || p.Has(li+"[plan]") ||
+			isTrue(p, li+"[adjustable_quantity][enabled]") ||
+			hasValue(p, li+"[tax_rates]") || hasValue(p, li+"[dynamic_tax_rates]"):
+			lt.known = false
+		case hasPrice && pr.qtyExact:
+			lt.prices = append(lt.prices, PriceRef{ID: price, Quantity: pr.quantity})
+		case hasPrice || !pr.known:
+			lt.known = false
+		default:
+			if lt.amount, err = addMinor(lt.amount, pr.amount); err != nil {
+				return lt, err
+			}
+		}
+	}
+	return lt, nil
 }
 
 // checkoutSessionUpdate: changing line items changes the amount in ways keybrake

@@ -49,6 +49,9 @@ type Lookup struct {
 	// The field must be an integer, or a decimal string without fractional minor
 	// units.
 	Factors []string
+	// Signed: Field may be negative (a customer's credit balance), and then
+	// counts as 0.
+	Signed bool
 }
 
 // PriceRef is a stored price a request uses: its unit_amount × Quantity is part of
@@ -56,6 +59,9 @@ type Lookup struct {
 type PriceRef struct {
 	ID       string
 	Quantity int64
+	// OneTime: a recurring price is refused (on a Payment Link it would start a
+	// subscription whose renewals keybrake never sees).
+	OneTime bool
 }
 
 // Direction says which way a money-moving request moves money, seen from the

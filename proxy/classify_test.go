@@ -48,10 +48,10 @@ func wantOf(c proxy.Classification) proxytest.CatalogueWant {
 		Creates:     c.Creates,
 	}
 	if c.Lookup != nil {
-		w.Lookup = &proxytest.CaseLookup{Path: c.Lookup.Path, Field: c.Lookup.Field, Factors: c.Lookup.Factors}
+		w.Lookup = &proxytest.CaseLookup{Path: c.Lookup.Path, Field: c.Lookup.Field, Factors: c.Lookup.Factors, Signed: c.Lookup.Signed}
 	}
 	for _, p := range c.Prices {
-		w.Prices = append(w.Prices, proxytest.CasePrice{ID: p.ID, Quantity: p.Quantity})
+		w.Prices = append(w.Prices, proxytest.CasePrice{ID: p.ID, Quantity: p.Quantity, OneTime: p.OneTime})
 	}
 	return w
 }

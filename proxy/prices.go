@@ -34,8 +34,13 @@ func (p *Proxy) priceTotal(ctx context.Context, c *call) (int64, string, error) 
 		pr, ok := seen[ref.ID]
 		if !ok {
 			body, err := p.fetch(ctx, c, "/v1/prices/"+ref.ID)
+			var o jsonObject
 			if err == nil {
-				pr.unit, pr.currency, err = priceUnit(decodeObject(body))
+				o = decodeObject(body)
+				pr.unit, pr.currency, err = priceUnit(o)
+			}
+			if err == nil && ref.OneTime && o.str("type") == "recurring" {
+				err = errors.New("a recurring price starts a subscription whose renewals keybrake never sees")
 			}
 			if err != nil {
 				rf := refuse(CodeAmountUnknown, "The amount of this %s request could not be read from its stored price %s: %s.",

@@ -415,9 +415,16 @@ func parseLookup(body []byte, l Lookup) (lookupResult, error) {
 	if !ok {
 		return lookupResult{}, fmt.Errorf("lookup field %q missing", l.Field)
 	}
-	n, err := strconv.ParseInt(string(raw), 10, 64)
-	if err != nil || n < 0 || strings.TrimLeft(string(raw), "0123456789") != "" {
+	digits := string(raw)
+	if l.Signed {
+		digits = strings.TrimPrefix(digits, "-")
+	}
+	n, err := strconv.ParseInt(digits, 10, 64)
+	if err != nil || n < 0 || strings.TrimLeft(digits, "0123456789") != "" {
 		return lookupResult{}, fmt.Errorf("lookup field %q is not a non-negative integer", l.Field)
+	}
+	if digits != string(raw) {
+		n = 0 // a credit
 	}
 	res.amount = n
 	if len(l.Factors) > 0 {

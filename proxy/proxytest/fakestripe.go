@@ -737,6 +737,9 @@ func (f *FakeStripe) route(method, path string, p url.Values, idemKey string) an
 	if a, ok := f.routeInvoicing(method, res, rest, p); ok {
 		return a
 	}
+	if a, ok := f.routeBilling(method, res, rest, p); ok {
+		return a
+	}
 	switch {
 	case res == "charges" && len(rest) == 0 && method == http.MethodPost:
 		return f.createCharge(p, idemKey)

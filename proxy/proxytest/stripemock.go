@@ -306,12 +306,14 @@ type CaseLookup struct {
 	Path    string   `json:"path"`
 	Field   string   `json:"field"`
 	Factors []string `json:"factors,omitempty"`
+	Signed  bool     `json:"signed,omitempty"`
 }
 
 // CasePrice is one expected stored price of a CatalogueWant.
 type CasePrice struct {
 	ID       string `json:"id"`
 	Quantity int64  `json:"quantity"`
+	OneTime  bool   `json:"one_time,omitempty"`
 }
 
 // MalformedCase is one entry of testdata/malformed/cases.json: a request the full
