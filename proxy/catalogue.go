@@ -141,6 +141,9 @@ type route struct {
 	dir    Direction
 	money  moneyFunc
 	object objectRole // which money object the money is counted on
+	// why says why a write that takes money-named parameters moves no money
+	// (checked against Stripe's OpenAPI description by the tests).
+	why string
 }
 
 // objectRole says which Stripe money object a route's money is counted on
@@ -223,6 +226,12 @@ func buildCatalogue() []route {
 		return route{method: "POST", segs: strings.Split(strings.TrimPrefix(path, "/"), "/"), op: op, dir: dir, money: money}
 	}
 	w := func(path, op string) route { return r(path, op, DirectionNone, nil) }
+	// n is a write whose money-named parameters move no money, and why.
+	n := func(path, op, why string) route { rt := w(path, op); rt.why = why; return rt }
+	const (
+		catalogWhy = "a price, plan or product is a catalogue entry: the charges, invoices and subscriptions that use it are metered when they do"
+		mandateWhy = "it saves a payment method and charges nothing; a mandate's amount limits later payments, each its own request"
+	)
 	return []route{
 		// Charges.
 		creates(r("/v1/charges", "charges.create", DirectionIn, requestAmount("amount"))),
@@ -241,8 +250,8 @@ func buildCatalogue() []route {
 		onPath(r("/v1/payment_intents/{id}/capture", "payment_intents.capture", DirectionIn, optionalAmount("amount_to_capture", "/v1/payment_intents/", "amount_capturable"))),
 		onPath(r("/v1/payment_intents/{id}/increment_authorization", "payment_intents.increment_authorization", DirectionIn, newTotal("amount", "/v1/payment_intents/", "amount"))),
 		w("/v1/payment_intents/{id}/cancel", "payment_intents.cancel"),
-		w("/v1/payment_intents/{id}/apply_customer_balance", "payment_intents.apply_customer_balance"),
-		w("/v1/payment_intents/{id}/verify_microdeposits", "payment_intents.verify_microdeposits"),
+		onPath(r("/v1/payment_intents/{id}/apply_customer_balance", "payment_intents.apply_customer_balance", DirectionIn, optionalAmount("amount", "/v1/payment_intents/", "amount"))),
+		onPath(r("/v1/payment_intents/{id}/verify_microdeposits", "payment_intents.verify_microdeposits", DirectionIn, lookupOnly("/v1/payment_intents/", "amount"))),
 
 		// Refunds.
 		r("/v1/refunds", "refunds.create", DirectionOut, refundCreate),
@@ -268,10 +277,10 @@ func buildCatalogue() []route {
 		creates(r("/v1/invoiceitems", "invoiceitems.create", DirectionIn, invoiceItemCreate)),
 		onPath(r("/v1/invoiceitems/{id}", "invoiceitems.update", DirectionIn, invoiceItemUpdate)),
 		r("/v1/invoices", "invoices.create", DirectionIn, invoiceSettings),
-		w("/v1/invoices/create_preview", "invoices.create_preview"),
+		n("/v1/invoices/create_preview", "invoices.create_preview", "a preview shows an invoice without creating one or charging anything"),
 		r("/v1/invoices/{id}", "invoices.update", DirectionIn, invoiceSettings),
-		w("/v1/invoices/{id}/finalize", "invoices.finalize"),
-		w("/v1/invoices/{id}/send", "invoices.send"),
+		onPath(r("/v1/invoices/{id}/finalize", "invoices.finalize", DirectionIn, lookupOnly("/v1/invoices/", "amount_remaining"))),
+		onPath(r("/v1/invoices/{id}/send", "invoices.send", DirectionIn, lookupOnly("/v1/invoices/", "amount_remaining"))),
 		w("/v1/invoices/{id}/void", "invoices.void"),
 		w("/v1/invoices/{id}/mark_uncollectible", "invoices.mark_uncollectible"),
 		addsTo(r("/v1/invoices/{id}/add_lines", "invoices.add_lines", DirectionIn, invoiceLines(true, false))),
@@ -300,9 +309,9 @@ func buildCatalogue() []route {
 		w("/v1/subscription_schedules/{id}/release", "subscription_schedules.release"),
 
 		// SetupIntents.
-		w("/v1/setup_intents", "setup_intents.create"),
-		w("/v1/setup_intents/{id}", "setup_intents.update"),
-		w("/v1/setup_intents/{id}/confirm", "setup_intents.confirm"),
+		n("/v1/setup_intents", "setup_intents.create", mandateWhy),
+		n("/v1/setup_intents/{id}", "setup_intents.update", mandateWhy),
+		n("/v1/setup_intents/{id}/confirm", "setup_intents.confirm", mandateWhy),
 		w("/v1/setup_intents/{id}/cancel", "setup_intents.cancel"),
 		w("/v1/setup_intents/{id}/verify_microdeposits", "setup_intents.verify_microdeposits"),
 
@@ -319,24 +328,24 @@ func buildCatalogue() []route {
 		w("/v1/customers/{id}/funding_instructions", "customers.create_funding_instructions"),
 
 		// Catalog.
-		w("/v1/prices", "prices.create"),
+		n("/v1/prices", "prices.create", catalogWhy),
 		w("/v1/prices/{id}", "prices.update"),
-		w("/v1/products", "products.create"),
+		n("/v1/products", "products.create", catalogWhy),
 		w("/v1/products/{id}", "products.update"),
-		w("/v1/plans", "plans.create"),
+		n("/v1/plans", "plans.create", catalogWhy),
 		w("/v1/plans/{id}", "plans.update"),
-		w("/v1/coupons", "coupons.create"),
+		n("/v1/coupons", "coupons.create", "a coupon lowers what later charges collect; it moves no money"),
 		w("/v1/coupons/{id}", "coupons.update"),
 
 		// PaymentMethods.
-		w("/v1/payment_methods", "payment_methods.create"),
+		n("/v1/payment_methods", "payment_methods.create", mandateWhy),
 		w("/v1/payment_methods/{id}", "payment_methods.update"),
 		w("/v1/payment_methods/{id}/attach", "payment_methods.attach"),
 		w("/v1/payment_methods/{id}/detach", "payment_methods.detach"),
 
 		// Connect.
-		w("/v1/accounts", "accounts.create"),
-		w("/v1/accounts/{id}", "accounts.update"),
+		n("/v1/accounts", "accounts.create", "business_profile revenue figures describe the connected account's business; nothing is charged"),
+		n("/v1/accounts/{id}", "accounts.update", "business_profile revenue figures describe the connected account's business; nothing is charged"),
 		w("/v1/accounts/{id}/reject", "accounts.reject"),
 		w("/v1/accounts/{id}/login_links", "accounts.create_login_link"),
 		w("/v1/accounts/{id}/external_accounts", "accounts.create_external_account"),
@@ -1109,6 +1118,9 @@ type Route struct {
 	// classify as moving none, e.g. a PaymentIntent update without amount).
 	MovesMoney bool
 	Direction  Direction
+	// Unmetered says why a write that moves no money may take parameters named
+	// like money (a coupon's amount_off, a price's unit_amount).
+	Unmetered string
 }
 
 // Routes returns the catalogue's POST entries in table order.
@@ -1121,6 +1133,7 @@ func Routes() []Route {
 			Operation:  rt.op,
 			MovesMoney: rt.money != nil,
 			Direction:  rt.dir,
+			Unmetered:  rt.why,
 		})
 	}
 	return out

@@ -274,10 +274,15 @@ func invoiceLines(add bool, single bool) moneyFunc {
 // invoiceSettings: invoices.create and invoices.update move no money by
 // themselves (the invoice collects items and lines, each counted when added), but
 // automatic tax and default tax rates make Stripe collect more than they add up
-// to, by an amount keybrake cannot bound: refused.
+// to, by an amount keybrake cannot bound, and drawing in the customer's pending
+// items adds an amount keybrake cannot know before the answer: refused.
 func invoiceSettings(r *catRequest, c *Classification) error {
 	if isTrue(r.params, "automatic_tax[enabled]") || hasValue(r.params, "default_tax_rates") {
 		unknownBecause(c, "automatic tax and default tax rates make Stripe collect more than the invoice's lines, by an amount keybrake cannot bound")
+		return nil
+	}
+	if isValue(r.params, "pending_invoice_items_behavior", "include") {
+		unknownBecause(c, "it draws in the customer's pending invoice items, whose total keybrake cannot know before Stripe answers; add the items to the invoice instead")
 		return nil
 	}
 	c.MovesMoney = false
