@@ -183,7 +183,7 @@ func invoiceItemUpdate(r *catRequest, c *Classification) error {
 		return nil
 	}
 	switch {
-	case ip.ways == 1 && !ip.byAmount && ip.price == "" && ip.unitKnown:
+	case ip.ways == 1 && !ip.byAmount && ip.price == "" && ip.unitKnown && !ip.qtyGiven:
 		// A new unit amount: the item keeps its quantity.
 		lk.Factors = itemQuantityFactors
 		c.Amount = ip.unit

@@ -22,13 +22,9 @@ import (
 // piWith is the fake's PaymentIntent id.
 func piWith(t *testing.T, e *env, id string) proxytest.PaymentIntent {
 	t.Helper()
-	for _, pi := range e.Fake.PaymentIntents() {
-		if pi.ID == id {
-			return pi
-		}
-	}
-	t.Fatalf("no PaymentIntent %s at the fake", id)
-	return proxytest.PaymentIntent{}
+	pi, ok := e.Fake.PaymentIntent(id)
+	require.True(t, ok, "no PaymentIntent %s at the fake", id)
+	return pi
 }
 
 // Hole: a multicapture of an authorisation the key did not create was metered as

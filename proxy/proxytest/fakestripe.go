@@ -176,6 +176,7 @@ type FakeStripe struct {
 	refunds   []*Refund
 	customers map[string]map[string]any
 	prices    map[string]map[string]any
+	piByID    map[string]*PaymentIntent
 	invoices  []*Invoice
 	items     []*InvoiceItem
 	moved     map[string]int64
@@ -190,6 +191,7 @@ func NewFakeStripe(tb testing.TB, secret string) *FakeStripe {
 		idem:      map[string]*idemEntry{},
 		customers: map[string]map[string]any{},
 		prices:    map[string]map[string]any{},
+		piByID:    map[string]*PaymentIntent{},
 		moved:     map[string]int64{},
 	}
 	f.idle = sync.NewCond(&f.mu)
@@ -360,7 +362,7 @@ func (f *FakeStripe) AddPaymentIntent(amount int64, currency, customer string) s
 	f.seq++
 	pi := &PaymentIntent{ID: fmt.Sprintf("pi_fake%06d", f.seq), Amount: amount, Currency: currency,
 		Customer: customer, Status: "requires_confirmation", CaptureMethod: "automatic", Foreign: true}
-	f.pis = append(f.pis, pi)
+	f.addPILocked(pi)
 	return pi.ID
 }
 
@@ -377,7 +379,7 @@ func (f *FakeStripe) AddAuthorization(amount int64, currency, customer string) s
 	c := f.newChargeLocked(amount, currency, customer, false, pi.ID, "")
 	c.Foreign = true
 	pi.LatestCharge = c.ID
-	f.pis = append(f.pis, pi)
+	f.addPILocked(pi)
 	return pi.ID
 }
 
@@ -829,13 +831,21 @@ func (f *FakeStripe) charge(id string) *Charge {
 	return nil
 }
 
-func (f *FakeStripe) pi(id string) *PaymentIntent {
-	for _, p := range f.pis {
-		if p.ID == id {
-			return p
-		}
+func (f *FakeStripe) pi(id string) *PaymentIntent { return f.piByID[id] }
+
+func (f *FakeStripe) addPILocked(pi *PaymentIntent) {
+	f.pis = append(f.pis, pi)
+	f.piByID[pi.ID] = pi
+}
+
+// PaymentIntent returns a copy of the PaymentIntent id.
+func (f *FakeStripe) PaymentIntent(id string) (PaymentIntent, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if pi := f.piByID[id]; pi != nil {
+		return *pi, true
 	}
-	return nil
+	return PaymentIntent{}, false
 }
 
 func (f *FakeStripe) newChargeLocked(amount int64, currency, customer string, captured bool, pi, idemKey string) *Charge {
@@ -910,7 +920,7 @@ func (f *FakeStripe) createPI(p url.Values, idemKey string) answer {
 	if p.Get("payment_method") != "" {
 		pi.Status = "requires_confirmation"
 	}
-	f.pis = append(f.pis, pi)
+	f.addPILocked(pi)
 	f.moved[cur] += amount
 	if p.Get("confirm") == "true" {
 		if a := f.confirmLocked(pi, p); a.status != http.StatusOK {
