@@ -67,42 +67,70 @@ package proxy
 //   - transfer_reversals.create / application_fee_refunds.create /
 //     payouts.reverse: amount if given, else the transfer's / fee's / payout's
 //     "amount" (again the full amount).
-//   - invoices.pay: Lookup "amount_remaining" (also with paid_out_of_band: it
-//     overcounts rather than guess).
+//   - payment_intents.apply_customer_balance: amount if given, else Lookup
+//     "amount"; payment_intents.verify_microdeposits: Lookup "amount" (the
+//     verification lets the PaymentIntent debit the account, like a confirmation).
+//   - invoices.pay, invoices.finalize, invoices.send: Lookup "amount_remaining"
+//     (also with paid_out_of_band: it overcounts rather than guess); each moves
+//     money on the invoice (Target), so what its lines already hold is not counted
+//     again, and pay commits the answer's amount_paid.
 //   - invoiceitems.create: "amount"; or unit_amount × quantity; or
 //     price_data[unit_amount] × quantity; or unit_amount_decimal /
 //     price_data[unit_amount_decimal] × quantity when the decimal has no fractional
 //     minor units (else amount unknown); quantity defaults to 1, quantity_decimal
 //     counts when it is integral (else amount unknown). ("unit_amount" and "price"
 //     are older API versions' names, still read because Stripe-Version can select
-//     them.) A stored price (pricing[price], or "price") with quantity 1 is looked
-//     up (Lookup of /v1/prices/{id} field "unit_amount", which a tiered or metered
-//     price lacks: then the lookup fails and the request is refused); with another
-//     quantity it is amount unknown, because a Lookup cannot carry a multiplier.
-//     More than one way of pricing in one request, or no currency (the customer's
-//     default would apply): amount unknown. Taxes and discounts applied at invoice
-//     time are not included.
+//     them.) A stored price (pricing[price], or "price") × an exact quantity is a
+//     PriceRef, looked up at /v1/prices/{id} (a tiered, metered or custom-amount
+//     price is refused there). More than one way of pricing in one request, no
+//     currency (the customer's default would apply), or tax_rates: amount unknown.
+//     With "invoice" the item is added to that invoice (Target, Creates) and its
+//     currency is the invoice's; without it, it creates a pending item. Discounts
+//     applied at invoice time are not included (they only lower the amount).
 //   - invoiceitems.update that touches amount, quantity or pricing: the new total
-//     when it can be computed (NewTotal, Lookup "amount"), else amount unknown.
+//     (NewTotal, Lookup "amount"). A unit amount alone keeps the item's quantity
+//     and a quantity alone its unit amount: the other factor is read at Stripe
+//     (Lookup.Factors), never taken as 1. A stored price without its quantity, a
+//     fractional quantity or tax_rates: amount unknown.
+//   - invoices.add_lines, invoices.update_lines, /v1/invoices/{id}/lines/{line}:
+//     lines priced like invoice items, added to the invoice (Target, Creates): a
+//     new line adds its amount, a repriced line its whole new total (one line
+//     cannot be looked up, so what it was is not subtracted), a line attaching a
+//     pending item nothing; a line changing one factor of unit × quantity, or
+//     carrying tax: amount unknown. Lookup of the invoice for its currency.
+//   - invoices.create / invoices.update: no money, but automatic tax, default tax
+//     rates and pending_invoice_items_behavior=include are amount unknown.
 //   - checkout.sessions.create: mode payment (or no mode): the sum over
 //     line_items[i] of price_data[unit_amount] (or an integral
-//     price_data[unit_amount_decimal]) × quantity (default 1), plus the most
-//     expensive shipping option (shipping_rate_data[fixed_amount][amount]). Amount
-//     unknown (fail closed) when a line item uses a stored price or a legacy
-//     line_items[i][amount] (older API versions' ad-hoc price), when quantities are
-//     adjustable, when line items carry tax rates, when automatic tax is enabled,
-//     when optional_items are offered, when a shipping option is a stored rate, when
-//     there are no line items, and for mode=subscription or any subscription_data
-//     (renewals happen without any request keybrake sees, so the first period is
-//     not the exposure; older API versions subscribe without a mode). Currencies
-//     that differ between line items, shipping and the "currency" parameter are
-//     malformed. mode=setup without line items moves no money.
+//     price_data[unit_amount_decimal]) × quantity (default 1), or a stored price ×
+//     quantity (a PriceRef), plus the most expensive shipping option
+//     (shipping_rate_data[fixed_amount][amount]). Amount unknown (fail closed)
+//     when a line item uses a legacy line_items[i][amount] (older API versions'
+//     ad-hoc price), when quantities are adjustable, when line items carry tax
+//     rates, when automatic tax is enabled, when optional_items are offered, when a
+//     shipping option is a stored rate, when there are no line items, and for
+//     mode=subscription or any subscription_data (renewals happen without any
+//     request keybrake sees, so the first period is not the exposure; older API
+//     versions subscribe without a mode). Currencies that differ between line
+//     items, shipping and the "currency" parameter are malformed. mode=setup
+//     without line items moves no money.
 //   - checkout.sessions.update with line_items: amount unknown; otherwise no money.
+//   - subscriptions.create: one period of its items and add_invoice_items, priced
+//     like Checkout line items (see recurring.go); subscription changes that
+//     invoice at once are amount unknown, add_invoice_items are metered;
+//     subscription_schedules that set phases: amount unknown.
+//   - payment_links.create: line items × restrictions[completed_sessions][limit]
+//     (stored prices must be one-time), amount unknown without a limit.
+//   - customers.update with a positive balance: the new total (NewTotal, Lookup
+//     "balance", a credit counting as 0); customers.create with one: amount
+//     unknown; customers.create_balance_transaction with a positive amount: that
+//     amount. Credits move no money.
 //   - Named writes that move money later or not at all (MovesMoney false, must be
-//     named in a policy): invoices.create/update/finalize/send/void/…,
-//     subscriptions.*, subscription_items.*, subscription_schedules.*,
-//     payment_links.*, setup_intents.*, customers.*, prices.*, products.*,
-//     payment_methods.* (attach, detach), accounts.*, disputes.*, cancels.
+//     named in a policy): invoices.void/mark_uncollectible/remove_lines,
+//     subscriptions.migrate, setup_intents.*, the rest of customers.*, prices.*,
+//     products.*, plans.*, coupons.*, payment_methods.*, accounts.*, disputes.*,
+//     cancels. Those that take money-named parameters say why they move no money
+//     (route.why; the tests check Stripe's OpenAPI description against it).
 //
 // Parameters are read as ParseForm documents (duplicates, ambiguous keys and bad
 // encodings never get here); Get of a key that holds a hash or an array fails, so
