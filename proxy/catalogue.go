@@ -986,10 +986,6 @@ func checkoutSessionCreate(r *catRequest, c *Classification) error {
 	if p.IsContainer("mode") {
 		return formErr("parameter mode must be a single value")
 	}
-	cur, _, err := currencyParam(p, "currency")
-	if err != nil {
-		return err
-	}
 	if hasMode && mode == "setup" && !p.Has("line_items") {
 		c.MovesMoney = false
 		return nil
@@ -998,12 +994,12 @@ func checkoutSessionCreate(r *catRequest, c *Classification) error {
 	// mode: renewals are never seen.
 	known := (!hasMode || mode == "payment") && p.Has("line_items") &&
 		!p.Has("optional_items") && !isTrue(p, "automatic_tax[enabled]") && !p.Has("subscription_data")
-	lines, err := readLines(p, "line_items", cur)
+	lines, err := requestLines(p, "line_items")
 	if err != nil {
 		return err
 	}
 	known = known && lines.known
-	cur = lines.currency
+	cur := lines.currency
 	total := lines.amount
 	var shipping int64
 	for _, k := range p.Keys("shipping_options") {
@@ -1043,13 +1039,34 @@ func checkoutSessionCreate(r *catRequest, c *Classification) error {
 	return nil
 }
 
+// requestLines reads the request's "currency" and the line items under each of
+// names (see readLines), and adds them up.
+func requestLines(p *Params, names ...string) (lineTotal, error) {
+	cur, _, err := currencyParam(p, "currency")
+	if err != nil {
+		return lineTotal{}, err
+	}
+	all := lineTotal{currency: cur, known: true}
+	for _, name := range names {
+		lt, err := readLines(p, name, all.currency)
+		if err != nil {
+			return all, err
+		}
+		if all.amount, err = addMinor(all.amount, lt.amount); err != nil {
+			return all, err
+		}
+		all.prices = append(all.prices, lt.prices...)
+		all.currency, all.known = lt.currency, all.known && lt.known
+	}
+	return all, nil
+}
+
 // lineTotal is what a list of line items adds up to.
 type lineTotal struct {
 	amount   int64      // the lines priced by price_data
 	prices   []PriceRef // the lines priced by a stored price
 	currency string     // the currency stated so far
 	known    bool       // every line could be priced
-	count    int
 }
 
 // readLines reads the line items under name ("line_items", "items",
@@ -1086,7 +1103,6 @@ func readLines(p *Params, name, cur string) (lineTotal, error) {
 		if err != nil {
 			return lt, err
 		}
-		lt.count++
 		switch {
 		case n+boolInt(hasPrice) != 1 || p.Has(li+"[amount]") || p.Has(li+"[plan]") ||
 			isTrue(p, li+"[adjustable_quantity][enabled]") ||

@@ -21,32 +21,20 @@ import (
 // legacy plans).
 func subscriptionCreate(r *catRequest, c *Classification) error {
 	p := r.params
-	cur, _, err := currencyParam(p, "currency")
+	lines, err := requestLines(p, "items", "add_invoice_items")
 	if err != nil {
 		return err
 	}
-	items, err := readLines(p, "items", cur)
-	if err != nil {
-		return err
-	}
-	extra, err := readLines(p, "add_invoice_items", items.currency)
-	if err != nil {
-		return err
-	}
-	c.Currency = extra.currency
+	c.Currency = lines.currency
 	switch {
 	case isTrue(p, "automatic_tax[enabled]") || hasValue(p, "default_tax_rates"):
 		unknownBecause(c, "automatic tax and tax rates make Stripe collect more, by an amount keybrake cannot bound")
 	case p.Has("backdate_start_date"):
 		unknownBecause(c, "a backdated subscription bills the periods since its start at once")
-	case items.count == 0 || !items.known || !extra.known:
+	case !p.Has("items") || !lines.known:
 		unknownBecause(c, "every item needs a per-unit price (a stored price or price_data) and a whole quantity, and no tax rates")
 	default:
-		amount, err := addMinor(items.amount, extra.amount)
-		if err != nil {
-			return err
-		}
-		c.Amount, c.AmountKnown, c.Prices = amount, true, append(items.prices, extra.prices...)
+		c.Amount, c.AmountKnown, c.Prices = lines.amount, true, lines.prices
 	}
 	return nil
 }
@@ -68,11 +56,7 @@ func subscriptionChange(r *catRequest, c *Classification) error {
 		c.MovesMoney = false
 		return nil
 	}
-	cur, _, err := currencyParam(p, "currency")
-	if err != nil {
-		return err
-	}
-	extra, err := readLines(p, "add_invoice_items", cur)
+	extra, err := requestLines(p, "add_invoice_items")
 	if err != nil {
 		return err
 	}
@@ -113,11 +97,7 @@ func paymentLinkCreate(r *catRequest, c *Classification) error {
 	if err != nil {
 		return err
 	}
-	cur, _, err := currencyParam(p, "currency")
-	if err != nil {
-		return err
-	}
-	lines, err := readLines(p, "line_items", cur)
+	lines, err := requestLines(p, "line_items")
 	if err != nil {
 		return err
 	}
@@ -129,7 +109,7 @@ func paymentLinkCreate(r *catRequest, c *Classification) error {
 	case isTrue(p, "automatic_tax[enabled]") || p.Has("shipping_options") || p.Has("subscription_data"):
 		unknownBecause(c, "tax, shipping rates and subscriptions make a Payment Link collect more than its line items")
 		return nil
-	case lines.count == 0 || !lines.known:
+	case !p.Has("line_items") || !lines.known:
 		unknownBecause(c, "every line item needs a per-unit price (a stored price or price_data), a fixed whole quantity, and no tax rates")
 		return nil
 	}
@@ -209,25 +189,14 @@ func balanceTransaction(r *catRequest, c *Classification) error {
 
 // signedMinorParam reads an integer money field that may be negative (a credit).
 func signedMinorParam(p *Params, key string) (int64, bool, error) {
-	if p.IsContainer(key) {
-		return 0, false, formErr("parameter %s must be a single integer", key)
+	if v, ok := p.Get(key); ok && strings.HasPrefix(v, "-") {
+		n, err := parseMinor(v[1:])
+		if err != nil {
+			return 0, false, fmt.Errorf("parameter %s: %w", key, err)
+		}
+		return -n, true, nil
 	}
-	v, ok := p.Get(key)
-	if !ok {
-		return 0, false, nil
-	}
-	digits, negative := v, false
-	if rest, cut := strings.CutPrefix(v, "-"); cut {
-		digits, negative = rest, true
-	}
-	n, err := parseMinor(digits)
-	if err != nil {
-		return 0, false, fmt.Errorf("parameter %s: %w", key, err)
-	}
-	if negative {
-		n = -n
-	}
-	return n, true, nil
+	return minorParam(p, key)
 }
 
 // isValue reports whether key is the single value want.

@@ -15,14 +15,7 @@ import (
 // AddRecurringPrice creates a per-unit monthly price of unitAmount in currency and
 // returns its id.
 func (f *FakeStripe) AddRecurringPrice(unitAmount int64, currency string) string {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.seq++
-	id := fmt.Sprintf("price_fake%06d", f.seq)
-	f.prices[id] = map[string]any{"id": id, "object": "price", "unit_amount": unitAmount, "currency": currency,
-		"type": "recurring", "billing_scheme": "per_unit",
-		"recurring": map[string]any{"interval": "month", "interval_count": 1, "usage_type": "licensed"}}
-	return id
+	return f.addPrice(unitAmount, currency, map[string]any{"interval": "month", "interval_count": 1, "usage_type": "licensed"})
 }
 
 // AddCustomer creates a customer with a currency and a balance of 0 and returns

@@ -319,17 +319,11 @@ func (f *FakeStripe) updateItem(it *InvoiceItem, p url.Values, prefix string) *a
 // quantity of 1), or a unit amount (unit_amount_decimal, price_data[unit_amount])
 // and "quantity"; what is not named keeps its value from unit and qty.
 func linePrice(p url.Values, prefix string, unit, qty int64) (int64, int64, *answer) {
-	key := func(k string) string {
-		if prefix == "" {
-			return k
-		}
-		name, rest, _ := strings.Cut(k, "[")
-		if rest != "" {
-			rest = "[" + rest
-		}
-		return prefix + "[" + name + "]" + rest
+	key := func(k string) string { return k }
+	if prefix != "" {
+		p, key = under(p, prefix), func(k string) string { return prefix + "[" + strings.Replace(k, "[", "][", 1) + "]" }
 	}
-	if v := p.Get(key("amount")); v != "" {
+	if v := p.Get("amount"); v != "" {
 		n, err := strconv.ParseInt(v, 10, 64)
 		if err != nil || n < 0 {
 			a := paramErr(key("amount"), "Invalid integer: "+v)
@@ -338,7 +332,7 @@ func linePrice(p url.Values, prefix string, unit, qty int64) (int64, int64, *ans
 		return n, 1, nil
 	}
 	for _, k := range []string{"unit_amount_decimal", "price_data[unit_amount]", "price_data[unit_amount_decimal]"} {
-		if v := p.Get(key(k)); v != "" {
+		if v := p.Get(k); v != "" {
 			n, err := strconv.ParseInt(strings.TrimSuffix(v, ".0"), 10, 64)
 			if err != nil || n < 0 {
 				a := paramErr(key(k), "Invalid amount: "+v)
@@ -347,7 +341,7 @@ func linePrice(p url.Values, prefix string, unit, qty int64) (int64, int64, *ans
 			unit = n
 		}
 	}
-	if v := p.Get(key("quantity")); v != "" {
+	if v := p.Get("quantity"); v != "" {
 		n, err := strconv.ParseInt(v, 10, 64)
 		if err != nil || n < 0 {
 			a := paramErr(key("quantity"), "Invalid integer: "+v)
@@ -356,6 +350,24 @@ func linePrice(p url.Values, prefix string, unit, qty int64) (int64, int64, *ans
 		qty = n
 	}
 	return unit, qty, nil
+}
+
+// under returns the parameters nested under prefix with the prefix taken off:
+// under(p, "lines[0]") turns lines[0][price_data][currency] into
+// price_data[currency].
+func under(p url.Values, prefix string) url.Values {
+	out := url.Values{}
+	for k, vs := range p {
+		rest, ok := strings.CutPrefix(k, prefix+"[")
+		if !ok {
+			continue
+		}
+		name, tail, ok := strings.Cut(rest, "]")
+		if ok {
+			out[name+tail] = vs
+		}
+	}
+	return out
 }
 
 // indexed returns the prefixes "name[0]", "name[1]", … present in p, in order.

@@ -393,12 +393,21 @@ func (f *FakeStripe) PaymentIntents() []PaymentIntent {
 // AddPrice creates a one-time price of unitAmount in currency (GET /v1/prices/{id}
 // answers it) and returns its id.
 func (f *FakeStripe) AddPrice(unitAmount int64, currency string) string {
+	return f.addPrice(unitAmount, currency, nil)
+}
+
+// addPrice creates a per-unit price, recurring when recurring is not nil.
+func (f *FakeStripe) addPrice(unitAmount int64, currency string, recurring map[string]any) string {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.seq++
 	id := fmt.Sprintf("price_fake%06d", f.seq)
-	f.prices[id] = map[string]any{"id": id, "object": "price", "unit_amount": unitAmount, "currency": currency,
+	pr := map[string]any{"id": id, "object": "price", "unit_amount": unitAmount, "currency": currency,
 		"type": "one_time", "billing_scheme": "per_unit"}
+	if recurring != nil {
+		pr["type"], pr["recurring"] = "recurring", recurring
+	}
+	f.prices[id] = pr
 	return id
 }
 
