@@ -163,7 +163,6 @@ var moneyKinds = map[string]moneyKind{
 // moneyObject is what one answer says about a money object.
 type moneyObject struct {
 	id         string
-	kind       moneyKind
 	moved      int64
 	movedKnown bool
 	terminal   bool
@@ -181,7 +180,7 @@ func readMoneyObject(o jsonObject, currency string) (moneyObject, bool) {
 	if cur := o.str("currency"); cur != currency && !(cur == "" && o.isTrue("deleted")) {
 		return moneyObject{}, false
 	}
-	m := moneyObject{id: id, kind: kind, terminal: kind.terminal(o)}
+	m := moneyObject{id: id, terminal: kind.terminal(o)}
 	m.moved, m.movedKnown = kind.moved(o)
 	return m, true
 }
@@ -299,19 +298,10 @@ func observable(c *call) bool {
 	if c.cls.ObjectID == "" {
 		return false
 	}
-	switch resourceOfOperation(c.cls.Operation) {
+	op := c.cls.Operation
+	switch op[:max(0, strings.LastIndexByte(op, '.'))] {
 	case "payment_intents", "charges", "invoices", "invoiceitems", "checkout.sessions":
 		return true
 	}
 	return false
-}
-
-// resourceOfOperation is the resource part of "resource.verb".
-func resourceOfOperation(op string) string {
-	for i := len(op) - 1; i >= 0; i-- {
-		if op[i] == '.' {
-			return op[:i]
-		}
-	}
-	return op
 }

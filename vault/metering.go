@@ -271,7 +271,9 @@ func (s *Store) settleTx(tx *bolt.Tx, now time.Time, req *SettleRequest) (dom er
 	hold := rec.Hold
 	var obj *objectRec
 	if req.Outcome == SettleCommit {
-		if req.ObjectID != "" && hold != nil {
+		// A commit that says nothing about its object (money that moved at once)
+		// is only recorded in the ledger with the object's id.
+		if req.ObjectID != "" && hold != nil && req.Object != (ObjectSettle{}) {
 			if obj, _, err = getObject(tx, req.KeyID, req.ObjectID); err != nil {
 				return nil, err
 			}

@@ -304,13 +304,15 @@ func TestSettleErrorsAndObjects(t *testing.T) {
 	_, ok, err := f.s.ObjectExposure(ctx, id, "pi_1")
 	require.NoError(t, err)
 	assert.False(t, ok)
-	MustSettle(t, f.s, SettleRequest{KeyID: id, IdempotencyKey: "a", Outcome: SettleCommit, Amount: 500, ObjectID: "pi_1"})
+	MustSettle(t, f.s, SettleRequest{KeyID: id, IdempotencyKey: "a", Outcome: SettleCommit, Amount: 500, ObjectID: "pi_1",
+		Object: ObjectSettle{Terminal: true}})
 	MustReserve(t, f.s, charge(id, "b", 300))
-	MustSettle(t, f.s, SettleRequest{KeyID: id, IdempotencyKey: "b", Outcome: SettleCommit, Amount: 300, ObjectID: "pi_1"})
+	MustSettle(t, f.s, SettleRequest{KeyID: id, IdempotencyKey: "b", Outcome: SettleCommit, Amount: 300, ObjectID: "pi_1",
+		Object: ObjectSettle{Terminal: true}})
 	exp, ok, err := f.s.ObjectExposure(ctx, id, "pi_1")
 	require.NoError(t, err)
 	assert.True(t, ok)
-	assert.Equal(t, Exposure{Committed: 800}, exp)
+	assert.Equal(t, Exposure{Committed: 800, Closed: true}, exp)
 	_, ok, err = f.s.ObjectExposure(ctx, "key_other", "pi_1")
 	require.NoError(t, err)
 	assert.False(t, ok, "object totals are per key")
@@ -326,6 +328,12 @@ func TestSettleErrorsAndObjects(t *testing.T) {
 	assert.Equal(t, int64(-300), e.HeldDelta)
 	assert.Equal(t, int64(300), e.CommittedDelta)
 	assert.Equal(t, HoldCommitted, e.HoldState)
+
+	MustReserve(t, f.s, charge(id, "c", 100))
+	MustSettle(t, f.s, SettleRequest{KeyID: id, IdempotencyKey: "c", Outcome: SettleCommit, Amount: 100, ObjectID: "re_1"})
+	_, ok, err = f.s.ObjectExposure(ctx, id, "re_1")
+	require.NoError(t, err)
+	assert.False(t, ok, "money that moved at once keeps no object record")
 }
 
 func TestHoldStaysOnItsDay(t *testing.T) {
@@ -500,7 +508,8 @@ func TestReap(t *testing.T) {
 	f := newMeteringFixture(t)
 	id := f.key.ID
 	MustReserve(t, f.s, charge(id, "old", 100))
-	MustSettle(t, f.s, SettleRequest{KeyID: id, IdempotencyKey: "old", Outcome: SettleCommit, Amount: 100, ObjectID: "pi_old"})
+	MustSettle(t, f.s, SettleRequest{KeyID: id, IdempotencyKey: "old", Outcome: SettleCommit, Amount: 100, ObjectID: "pi_old",
+		Object: ObjectSettle{Terminal: true}})
 	MustReserve(t, f.s, charge(id, "unknown", 200))
 	MustSettle(t, f.s, SettleRequest{KeyID: id, IdempotencyKey: "unknown", Outcome: SettleUnknown})
 

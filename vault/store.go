@@ -531,8 +531,9 @@ type SettleRequest struct {
 	Response        *StoredResponse
 	UpstreamStatus  int
 	StripeRequestID string
-	// ObjectID is the Stripe object the request created or acted on. A commit with
-	// an ObjectID is settled against that money object (Object says how).
+	// ObjectID is the Stripe object the request created or acted on (recorded in
+	// the settle event). A commit whose Object is set is settled against that
+	// money object (Object says how).
 	ObjectID string
 	Object   ObjectSettle
 	// AllowOverrun lets a commit exceed the hold plus the object's exposure: Stripe

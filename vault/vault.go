@@ -111,9 +111,11 @@
 //
 // Every metered Reserve writes an event (allowed, would_refuse or refused) and
 // every Settle of a hold a settle event (decision "settled", reason = outcome);
-// ResolveHold writes "resolved"; RecordEvent appends a moneyless "would_refuse"
-// for a request report mode let through without a hold. Each event carries the windows it touched and its
-// HeldDelta and CommittedDelta, so a key's ledger sums to its counters. Every admin
+// ResolveHold writes "resolved"; every change of a money object's exposure writes
+// "exposure" (reason "commit" or "release", on the part's windows); RecordEvent
+// appends a moneyless "would_refuse" for a request report mode let through
+// without a hold. Each event carries the windows it touched and its HeldDelta,
+// CommittedDelta and AllowanceDeltas, so a key's ledger sums to its counters. Every admin
 // write (PutUpstream, DeleteUpstream, MintKey, UpdateKey, RevokeKey, RotateKey,
 // ResolveHold) writes an audit entry in the same transaction, with JSON views of
 // before and after that never contain a secret, a token or a token hash.
