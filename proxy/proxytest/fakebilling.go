@@ -60,7 +60,7 @@ func (f *FakeStripe) routeBilling(method, res string, rest []string, p url.Value
 		if !ok {
 			return notFound("No such customer: '" + rest[0] + "'"), true
 		}
-		amount, _, bad := signedParam(p, "amount")
+		amount, bad := signedParam(p, "amount")
 		if bad != nil {
 			return *bad, true
 		}
@@ -127,17 +127,13 @@ func (f *FakeStripe) createSubscription(p url.Values) answer {
 		"currency": cur, "customer": nullable(p.Get("customer"))})
 }
 
-// signedParam reads an integer that may be negative.
-func signedParam(p url.Values, name string) (int64, bool, *answer) {
+// signedParam reads a required integer that may be negative.
+func signedParam(p url.Values, name string) (int64, *answer) {
 	v := p.Get(name)
-	if v == "" {
-		a := paramErr(name, "Missing required param: "+name+".")
-		return 0, false, &a
-	}
 	n, err := strconv.ParseInt(v, 10, 64)
 	if err != nil {
 		a := paramErr(name, "Invalid integer: "+v)
-		return 0, false, &a
+		return 0, &a
 	}
-	return n, true, nil
+	return n, nil
 }
