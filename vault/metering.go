@@ -310,7 +310,7 @@ func (s *Store) settleTx(tx *bolt.Tx, now time.Time, req *SettleRequest) (dom er
 		rec.State, rec.LeaseUntil, rec.Fresh, rec.CompletedAt = RecordCompleted, time.Time{}, false, now
 		rec.Response, rec.RequestID = resp, req.StripeRequestID
 		switch {
-		case obj != nil:
+		case obj != nil: // a commit with a hold, against a money object
 			if err := commitObject(tx, now, req, hold, obj, ev); err != nil {
 				return nil, err
 			}
@@ -380,31 +380,28 @@ func commitObject(tx *bolt.Tx, now time.Time, req *SettleRequest, hold *holdRec,
 	amount, ch := req.Amount, req.Object
 	fromParts := min(amount, obj.held())
 	changes := obj.commit(fromParts)
+	held := hold.Amount
+	fromHold := min(amount-fromParts, held)
+	over := amount - fromParts - fromHold
 	var toPart int64
-	if hold != nil {
-		held := hold.Amount
-		fromHold := min(amount-fromParts, held)
-		over := amount - fromParts - fromHold
-		if ch.Expose && !ch.Terminal {
-			toPart = held - fromHold
-		}
-		hold.State, hold.Amount, hold.SettledAt = HoldCommitted, fromHold+over, now
-		ev.HeldDelta, ev.CommittedDelta = -held+toPart, fromHold+over
-		ev.AllowanceDeltas = sameForEach(hold.WindowIDs, over)
-		if err := addToWindows(tx, hold.KeyID, hold.WindowIDs, -held+toPart, fromHold+over, over); err != nil {
-			return err
-		}
-		if obj.Currency == "" {
-			obj.Currency = hold.Currency
-		}
+	if ch.Expose && !ch.Terminal {
+		toPart = held - fromHold
 	}
-	ev.Amount = amount
+	hold.State, hold.Amount, hold.SettledAt = HoldCommitted, fromHold+over, now
+	ev.Amount, ev.HeldDelta, ev.CommittedDelta = amount, -held+toPart, fromHold+over
+	ev.AllowanceDeltas = sameForEach(hold.WindowIDs, over)
+	if err := addToWindows(tx, hold.KeyID, hold.WindowIDs, -held+toPart, fromHold+over, over); err != nil {
+		return err
+	}
 	if ch.Terminal {
 		changes = append(changes, obj.releaseAll()...)
 		obj.Closed = true
 	} else if toPart > 0 {
 		obj.addPart(hold.ID, hold.WindowIDs, toPart, now)
 		obj.Closed = false
+	}
+	if obj.Currency == "" {
+		obj.Currency = hold.Currency
 	}
 	obj.Amount += amount
 	obj.Own = obj.Own || ch.Created
