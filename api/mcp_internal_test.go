@@ -38,11 +38,11 @@ func TestMCPToolOperations(t *testing.T) {
 		"list_products":         {"products.read", false},
 		"create_price":          {"prices.create", false},
 		"list_prices":           {"prices.read", false},
-		"create_payment_link":   {"payment_links.create", false},
+		"create_payment_link":   {"payment_links.create", true},
 		"create_invoice":        {"invoices.create", false},
 		"list_invoices":         {"invoices.read", false},
 		"create_invoice_item":   {"invoiceitems.create", true},
-		"finalize_invoice":      {"invoices.finalize", false},
+		"finalize_invoice":      {"invoices.finalize", true},
 		"retrieve_balance":      {"balance.read", false},
 		"create_refund":         {"refunds.create", true},
 		"create_payment_intent": {"payment_intents.create", true},
@@ -136,7 +136,8 @@ func TestMCPToolRequests(t *testing.T) {
 			`{"price": "price_1", "quantity": 3, "redirect_url": "https://example.com/x?a=1", "idempotency_key": "pl-1"}`,
 			toolCall{method: "POST", path: "/v1/payment_links", idempotencyKey: "pl-1", params: url.Values{
 				"line_items[0][price]": {"price_1"}, "line_items[0][quantity]": {"3"},
-				"after_completion[type]": {"redirect"}, "after_completion[redirect][url]": {"https://example.com/x?a=1"}}}},
+				"after_completion[type]": {"redirect"}, "after_completion[redirect][url]": {"https://example.com/x?a=1"},
+				"restrictions[completed_sessions][limit]": {"1"}}}},
 		"payment intent keeps big integers exact": {"create_payment_intent",
 			`{"amount": 999999999999, "currency": "usd", "metadata": {"order": "42", "b": "x"}, "confirm": false}`,
 			toolCall{method: "POST", path: "/v1/payment_intents", params: url.Values{

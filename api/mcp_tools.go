@@ -123,8 +123,10 @@ var mcpTools = mustTools([]*toolSpec{
 			limitArg(),
 		}},
 	{name: "create_payment_link", title: "Create payment link", method: http.MethodPost, path: "/v1/payment_links",
-		desc: "Create a payment link for a price. The customer pays it later in a browser: that payment " +
-			"makes no API request, so keybrake cannot cap it.",
+		desc: "Create a payment link for a price. The customer pays it later in a browser, with no API request " +
+			"keybrake could see, so keybrake creates the link payable once (restrictions.completed_sessions.limit = 1) " +
+			"and counts price × quantity against the caps when the link is created.",
+		fixed: url.Values{"restrictions[completed_sessions][limit]": {"1"}},
 		args: []toolArg{
 			{name: "price", kind: argID, required: true, param: "line_items[0][price]",
 				desc: "The ID of the price to create the payment link for."},

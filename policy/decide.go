@@ -170,12 +170,19 @@ type Usage map[string]Counter
 // Request is what Decide needs to know about a request. Amount is in minor units of
 // Currency; Currency is "" for requests that move no money. Account is the
 // Stripe-Account / Stripe-Context value, "" for the platform.
+//
+// ObjectTotal is what the money object the request creates or acts on can move in
+// all once the request is done (a PaymentIntent's new total after a raise, every
+// capture of one authorisation through the key): the per-request cap bounds what
+// one money object can move, so it is checked against max(Amount, ObjectTotal).
+// The daily and period caps are checked against Amount, the money the request adds.
 type Request struct {
-	Operation string
-	Amount    int64
-	Currency  string
-	Customer  string
-	Account   string
+	Operation   string
+	Amount      int64
+	Currency    string
+	Customer    string
+	Account     string
+	ObjectTotal int64
 }
 
 // Reason is a machine-readable refusal reason. The values are the proxy's error codes.
@@ -224,8 +231,8 @@ type Decision struct {
 // Decide says whether req may place a hold of req.Amount on every window of p at now,
 // given the current usage. Checks, in order: expired (now ≥ ExpiresAt), not yet valid
 // (now < PeriodStart), account, operation, customer, currency (when req.Currency != ""),
-// per-request cap, daily cap, period cap — a cap is exceeded when
-// committed + held + amount > cap. Report mode relaxes only operation, customer,
+// per-request cap (against max(Amount, ObjectTotal)), daily cap, period cap — a
+// window cap is exceeded when committed + held + amount > cap. Report mode relaxes only operation, customer,
 // currency and cap refusals (Allowed=true, WouldRefuse=true); expiry, not-yet-valid
 // and account refusals are never relaxed.
 //
@@ -288,15 +295,22 @@ func Decide(p *Policy, usage Usage, req Request, now time.Time) Decision {
 		}
 	}
 
-	if req.Amount > 0 {
-		if capMinor, ok := p.PerRequestCapMinor(); ok && req.Amount > capMinor {
-			d := refuse(ReasonCapExceeded, fmt.Sprintf("per-request cap of %s %s would be exceeded: %s requested",
-				FormatMinor(cur, capMinor), cur, FormatMinor(cur, req.Amount)))
-			d.Cap, d.Limit, d.Requested, d.Remaining = WindowPerRequest, capMinor, req.Amount, capMinor
+	if perObject := max(req.Amount, req.ObjectTotal); perObject > 0 {
+		if capMinor, ok := p.PerRequestCapMinor(); ok && perObject > capMinor {
+			msg := fmt.Sprintf("per-request cap of %s %s would be exceeded: %s requested",
+				FormatMinor(cur, capMinor), cur, FormatMinor(cur, perObject))
+			if perObject > req.Amount {
+				msg = fmt.Sprintf("per-request cap of %s %s would be exceeded: the payment would move %s in all (%s more now)",
+					FormatMinor(cur, capMinor), cur, FormatMinor(cur, perObject), FormatMinor(cur, req.Amount))
+			}
+			d := refuse(ReasonCapExceeded, msg)
+			d.Cap, d.Limit, d.Requested, d.Remaining = WindowPerRequest, capMinor, perObject, capMinor
 			if note(d) {
 				return *first
 			}
 		}
+	}
+	if req.Amount > 0 {
 		for _, w := range windows {
 			if !w.HasCap {
 				continue

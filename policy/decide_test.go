@@ -111,6 +111,19 @@ func TestDecideCapMessage(t *testing.T) {
 		assert.Equal(t, "per-request cap of 50.00 usd would be exceeded: 50.01 requested", d.Message)
 		assert.True(t, Decide(p, nil, Request{Operation: "charges.create", Amount: 5000, Currency: "usd"}, now).Allowed)
 	})
+	t.Run("per request bounds the payment object, not the increment", func(t *testing.T) {
+		p := MustPolicy(t, `{"vendor":"stripe","per_request_cap":"50","expires_at":"2026-10-01T00:00:00Z"}`, mintTime)
+		raise := Request{Operation: "payment_intents.update", Amount: 1000, Currency: "usd", ObjectTotal: 6000}
+		d := Decide(p, nil, raise, now)
+		require.False(t, d.Allowed, "a 10.00 raise of a 50.00 payment to 60.00")
+		assert.Equal(t, WindowPerRequest, d.Cap)
+		assert.Equal(t, int64(6000), d.Requested)
+		assert.Equal(t, "per-request cap of 50.00 usd would be exceeded: the payment would move 60.00 in all (10.00 more now)", d.Message)
+		raise.ObjectTotal = 5000
+		assert.True(t, Decide(p, nil, raise, now).Allowed)
+		lowered := Request{Operation: "payment_intents.update", Currency: "usd", ObjectTotal: 7000}
+		assert.False(t, Decide(p, nil, lowered, now).Allowed, "a total above the cap is refused even when nothing is added")
+	})
 }
 
 func TestDecideBoundaries(t *testing.T) {

@@ -67,42 +67,70 @@ package proxy
 //   - transfer_reversals.create / application_fee_refunds.create /
 //     payouts.reverse: amount if given, else the transfer's / fee's / payout's
 //     "amount" (again the full amount).
-//   - invoices.pay: Lookup "amount_remaining" (also with paid_out_of_band: it
-//     overcounts rather than guess).
+//   - payment_intents.apply_customer_balance: amount if given, else Lookup
+//     "amount"; payment_intents.verify_microdeposits: Lookup "amount" (the
+//     verification lets the PaymentIntent debit the account, like a confirmation).
+//   - invoices.pay, invoices.finalize, invoices.send: Lookup "amount_remaining"
+//     (also with paid_out_of_band: it overcounts rather than guess); each moves
+//     money on the invoice (Target), so what its lines already hold is not counted
+//     again, and pay commits the answer's amount_paid.
 //   - invoiceitems.create: "amount"; or unit_amount × quantity; or
 //     price_data[unit_amount] × quantity; or unit_amount_decimal /
 //     price_data[unit_amount_decimal] × quantity when the decimal has no fractional
 //     minor units (else amount unknown); quantity defaults to 1, quantity_decimal
 //     counts when it is integral (else amount unknown). ("unit_amount" and "price"
 //     are older API versions' names, still read because Stripe-Version can select
-//     them.) A stored price (pricing[price], or "price") with quantity 1 is looked
-//     up (Lookup of /v1/prices/{id} field "unit_amount", which a tiered or metered
-//     price lacks: then the lookup fails and the request is refused); with another
-//     quantity it is amount unknown, because a Lookup cannot carry a multiplier.
-//     More than one way of pricing in one request, or no currency (the customer's
-//     default would apply): amount unknown. Taxes and discounts applied at invoice
-//     time are not included.
+//     them.) A stored price (pricing[price], or "price") × an exact quantity is a
+//     PriceRef, looked up at /v1/prices/{id} (a tiered, metered or custom-amount
+//     price is refused there). More than one way of pricing in one request, no
+//     currency (the customer's default would apply), or tax_rates: amount unknown.
+//     With "invoice" the item is added to that invoice (Target, Creates) and its
+//     currency is the invoice's; without it, it creates a pending item. Discounts
+//     applied at invoice time are not included (they only lower the amount).
 //   - invoiceitems.update that touches amount, quantity or pricing: the new total
-//     when it can be computed (NewTotal, Lookup "amount"), else amount unknown.
+//     (NewTotal, Lookup "amount"). A unit amount alone keeps the item's quantity
+//     and a quantity alone its unit amount: the other factor is read at Stripe
+//     (Lookup.Factors), never taken as 1. A stored price without its quantity, a
+//     fractional quantity or tax_rates: amount unknown.
+//   - invoices.add_lines, invoices.update_lines, /v1/invoices/{id}/lines/{line}:
+//     lines priced like invoice items, added to the invoice (Target, Creates): a
+//     new line adds its amount, a repriced line its whole new total (one line
+//     cannot be looked up, so what it was is not subtracted), a line attaching a
+//     pending item nothing; a line changing one factor of unit × quantity, or
+//     carrying tax: amount unknown. Lookup of the invoice for its currency.
+//   - invoices.create / invoices.update: no money, but automatic tax, default tax
+//     rates and pending_invoice_items_behavior=include are amount unknown.
 //   - checkout.sessions.create: mode payment (or no mode): the sum over
 //     line_items[i] of price_data[unit_amount] (or an integral
-//     price_data[unit_amount_decimal]) × quantity (default 1), plus the most
-//     expensive shipping option (shipping_rate_data[fixed_amount][amount]). Amount
-//     unknown (fail closed) when a line item uses a stored price or a legacy
-//     line_items[i][amount] (older API versions' ad-hoc price), when quantities are
-//     adjustable, when line items carry tax rates, when automatic tax is enabled,
-//     when optional_items are offered, when a shipping option is a stored rate, when
-//     there are no line items, and for mode=subscription or any subscription_data
-//     (renewals happen without any request keybrake sees, so the first period is
-//     not the exposure; older API versions subscribe without a mode). Currencies
-//     that differ between line items, shipping and the "currency" parameter are
-//     malformed. mode=setup without line items moves no money.
+//     price_data[unit_amount_decimal]) × quantity (default 1), or a stored price ×
+//     quantity (a PriceRef), plus the most expensive shipping option
+//     (shipping_rate_data[fixed_amount][amount]). Amount unknown (fail closed)
+//     when a line item uses a legacy line_items[i][amount] (older API versions'
+//     ad-hoc price), when quantities are adjustable, when line items carry tax
+//     rates, when automatic tax is enabled, when optional_items are offered, when a
+//     shipping option is a stored rate, when there are no line items, and for
+//     mode=subscription or any subscription_data (renewals happen without any
+//     request keybrake sees, so the first period is not the exposure; older API
+//     versions subscribe without a mode). Currencies that differ between line
+//     items, shipping and the "currency" parameter are malformed. mode=setup
+//     without line items moves no money.
 //   - checkout.sessions.update with line_items: amount unknown; otherwise no money.
+//   - subscriptions.create: one period of its items and add_invoice_items, priced
+//     like Checkout line items (see recurring.go); subscription changes that
+//     invoice at once are amount unknown, add_invoice_items are metered;
+//     subscription_schedules that set phases: amount unknown.
+//   - payment_links.create: line items × restrictions[completed_sessions][limit]
+//     (stored prices must be one-time), amount unknown without a limit.
+//   - customers.update with a positive balance: the new total (NewTotal, Lookup
+//     "balance", a credit counting as 0); customers.create with one: amount
+//     unknown; customers.create_balance_transaction with a positive amount: that
+//     amount. Credits move no money.
 //   - Named writes that move money later or not at all (MovesMoney false, must be
-//     named in a policy): invoices.create/update/finalize/send/void/…,
-//     subscriptions.*, subscription_items.*, subscription_schedules.*,
-//     payment_links.*, setup_intents.*, customers.*, prices.*, products.*,
-//     payment_methods.* (attach, detach), accounts.*, disputes.*, cancels.
+//     named in a policy): invoices.void/mark_uncollectible/remove_lines,
+//     subscriptions.migrate, setup_intents.*, the rest of customers.*, prices.*,
+//     products.*, plans.*, coupons.*, payment_methods.*, accounts.*, disputes.*,
+//     cancels. Those that take money-named parameters say why they move no money
+//     (route.why; the tests check Stripe's OpenAPI description against it).
 //
 // Parameters are read as ParseForm documents (duplicates, ambiguous keys and bad
 // encodings never get here); Get of a key that holds a hash or an array fails, so
@@ -140,7 +168,31 @@ type route struct {
 	op     string
 	dir    Direction
 	money  moneyFunc
+	object objectRole // which money object the money is counted on
+	// why says why a write that takes money-named parameters moves no money
+	// (checked against Stripe's OpenAPI description by the tests).
+	why string
 }
+
+// objectRole says which Stripe money object a route's money is counted on
+// (Classification.Target and Creates); the money function may refine it.
+type objectRole int
+
+const (
+	objectNone    objectRole = iota // the money moves at once
+	objectCreated                   // the object Stripe's answer creates
+	objectPath                      // money moves on the object named by the path's first id
+	objectAdded                     // new lines are added to the path's object
+)
+
+// creates marks rt as creating a money object.
+func creates(rt route) route { rt.object = objectCreated; return rt }
+
+// onPath marks rt as moving money on the path's object.
+func onPath(rt route) route { rt.object = objectPath; return rt }
+
+// addsTo marks rt as adding lines to the path's object.
+func addsTo(rt route) route { rt.object = objectAdded; return rt }
 
 // namespaces are the v1 path prefixes whose resource is "<ns>.<next segment>".
 var namespaces = map[string]bool{
@@ -202,11 +254,17 @@ func buildCatalogue() []route {
 		return route{method: "POST", segs: strings.Split(strings.TrimPrefix(path, "/"), "/"), op: op, dir: dir, money: money}
 	}
 	w := func(path, op string) route { return r(path, op, DirectionNone, nil) }
+	// n is a write whose money-named parameters move no money, and why.
+	n := func(path, op, why string) route { rt := w(path, op); rt.why = why; return rt }
+	const (
+		catalogWhy = "a price, plan or product is a catalogue entry: the charges, invoices and subscriptions that use it are metered when they do"
+		mandateWhy = "it saves a payment method and charges nothing; a mandate's amount limits later payments, each its own request"
+	)
 	return []route{
 		// Charges.
-		r("/v1/charges", "charges.create", DirectionIn, requestAmount("amount")),
+		creates(r("/v1/charges", "charges.create", DirectionIn, requestAmount("amount"))),
 		w("/v1/charges/{id}", "charges.update"),
-		r("/v1/charges/{id}/capture", "charges.capture", DirectionIn, optionalAmount("amount", "/v1/charges/", "amount")),
+		onPath(r("/v1/charges/{id}/capture", "charges.capture", DirectionIn, optionalAmount("amount", "/v1/charges/", "amount"))),
 		r("/v1/charges/{id}/refund", "refunds.create", DirectionOut, optionalAmount("amount", "/v1/charges/", "amount")),
 		r("/v1/charges/{id}/refunds", "refunds.create", DirectionOut, optionalAmount("amount", "/v1/charges/", "amount")),
 		w("/v1/charges/{id}/refunds/{id}", "refunds.update"),
@@ -214,14 +272,14 @@ func buildCatalogue() []route {
 		w("/v1/charges/{id}/dispute/close", "disputes.close"),
 
 		// PaymentIntents.
-		r("/v1/payment_intents", "payment_intents.create", DirectionIn, requestAmount("amount")),
-		r("/v1/payment_intents/{id}", "payment_intents.update", DirectionIn, paymentIntentUpdate),
-		r("/v1/payment_intents/{id}/confirm", "payment_intents.confirm", DirectionIn, optionalAmount("amount_to_confirm", "/v1/payment_intents/", "amount")),
-		r("/v1/payment_intents/{id}/capture", "payment_intents.capture", DirectionIn, optionalAmount("amount_to_capture", "/v1/payment_intents/", "amount_capturable")),
-		r("/v1/payment_intents/{id}/increment_authorization", "payment_intents.increment_authorization", DirectionIn, newTotal("amount", "/v1/payment_intents/", "amount")),
+		creates(r("/v1/payment_intents", "payment_intents.create", DirectionIn, requestAmount("amount"))),
+		onPath(r("/v1/payment_intents/{id}", "payment_intents.update", DirectionIn, paymentIntentUpdate)),
+		onPath(r("/v1/payment_intents/{id}/confirm", "payment_intents.confirm", DirectionIn, optionalAmount("amount_to_confirm", "/v1/payment_intents/", "amount"))),
+		onPath(r("/v1/payment_intents/{id}/capture", "payment_intents.capture", DirectionIn, optionalAmount("amount_to_capture", "/v1/payment_intents/", "amount_capturable"))),
+		onPath(r("/v1/payment_intents/{id}/increment_authorization", "payment_intents.increment_authorization", DirectionIn, newTotal("amount", "/v1/payment_intents/", "amount"))),
 		w("/v1/payment_intents/{id}/cancel", "payment_intents.cancel"),
-		w("/v1/payment_intents/{id}/apply_customer_balance", "payment_intents.apply_customer_balance"),
-		w("/v1/payment_intents/{id}/verify_microdeposits", "payment_intents.verify_microdeposits"),
+		onPath(r("/v1/payment_intents/{id}/apply_customer_balance", "payment_intents.apply_customer_balance", DirectionIn, optionalAmount("amount", "/v1/payment_intents/", "amount"))),
+		onPath(r("/v1/payment_intents/{id}/verify_microdeposits", "payment_intents.verify_microdeposits", DirectionIn, lookupOnly("/v1/payment_intents/", "amount"))),
 
 		// Refunds.
 		r("/v1/refunds", "refunds.create", DirectionOut, refundCreate),
@@ -244,51 +302,51 @@ func buildCatalogue() []route {
 		w("/v1/application_fees/{id}/refunds/{id}", "application_fee_refunds.update"),
 
 		// Invoicing.
-		r("/v1/invoiceitems", "invoiceitems.create", DirectionIn, invoiceItemCreate),
-		r("/v1/invoiceitems/{id}", "invoiceitems.update", DirectionIn, invoiceItemUpdate),
-		w("/v1/invoices", "invoices.create"),
-		w("/v1/invoices/create_preview", "invoices.create_preview"),
-		w("/v1/invoices/{id}", "invoices.update"),
-		w("/v1/invoices/{id}/finalize", "invoices.finalize"),
-		w("/v1/invoices/{id}/send", "invoices.send"),
+		creates(r("/v1/invoiceitems", "invoiceitems.create", DirectionIn, invoiceItemCreate)),
+		onPath(r("/v1/invoiceitems/{id}", "invoiceitems.update", DirectionIn, invoiceItemUpdate)),
+		r("/v1/invoices", "invoices.create", DirectionIn, invoiceSettings),
+		n("/v1/invoices/create_preview", "invoices.create_preview", "a preview shows an invoice without creating one or charging anything"),
+		r("/v1/invoices/{id}", "invoices.update", DirectionIn, invoiceSettings),
+		onPath(r("/v1/invoices/{id}/finalize", "invoices.finalize", DirectionIn, lookupOnly("/v1/invoices/", "amount_remaining"))),
+		onPath(r("/v1/invoices/{id}/send", "invoices.send", DirectionIn, lookupOnly("/v1/invoices/", "amount_remaining"))),
 		w("/v1/invoices/{id}/void", "invoices.void"),
 		w("/v1/invoices/{id}/mark_uncollectible", "invoices.mark_uncollectible"),
-		w("/v1/invoices/{id}/add_lines", "invoices.add_lines"),
-		w("/v1/invoices/{id}/update_lines", "invoices.update_lines"),
+		addsTo(r("/v1/invoices/{id}/add_lines", "invoices.add_lines", DirectionIn, invoiceLines(true, false))),
+		addsTo(r("/v1/invoices/{id}/update_lines", "invoices.update_lines", DirectionIn, invoiceLines(false, false))),
 		w("/v1/invoices/{id}/remove_lines", "invoices.remove_lines"),
-		w("/v1/invoices/{id}/lines/{id}", "invoices.update_lines"),
-		r("/v1/invoices/{id}/pay", "invoices.pay", DirectionIn, lookupOnly("/v1/invoices/", "amount_remaining")),
+		addsTo(r("/v1/invoices/{id}/lines/{id}", "invoices.update_lines", DirectionIn, invoiceLines(false, true))),
+		onPath(r("/v1/invoices/{id}/pay", "invoices.pay", DirectionIn, lookupOnly("/v1/invoices/", "amount_remaining"))),
 
 		// Checkout and payment links.
-		r("/v1/checkout/sessions", "checkout.sessions.create", DirectionIn, checkoutSessionCreate),
-		r("/v1/checkout/sessions/{id}", "checkout.sessions.update", DirectionIn, checkoutSessionUpdate),
+		creates(r("/v1/checkout/sessions", "checkout.sessions.create", DirectionIn, checkoutSessionCreate)),
+		onPath(r("/v1/checkout/sessions/{id}", "checkout.sessions.update", DirectionIn, checkoutSessionUpdate)),
 		w("/v1/checkout/sessions/{id}/expire", "checkout.sessions.expire"),
-		w("/v1/payment_links", "payment_links.create"),
-		w("/v1/payment_links/{id}", "payment_links.update"),
+		r("/v1/payment_links", "payment_links.create", DirectionIn, paymentLinkCreate),
+		r("/v1/payment_links/{id}", "payment_links.update", DirectionIn, paymentLinkUpdate),
 
 		// Subscriptions (money later: renewals are never seen by keybrake).
-		w("/v1/subscriptions", "subscriptions.create"),
-		w("/v1/subscriptions/{id}", "subscriptions.update"),
-		w("/v1/subscriptions/{id}/resume", "subscriptions.resume"),
+		r("/v1/subscriptions", "subscriptions.create", DirectionIn, subscriptionCreate),
+		r("/v1/subscriptions/{id}", "subscriptions.update", DirectionIn, subscriptionChange),
+		r("/v1/subscriptions/{id}/resume", "subscriptions.resume", DirectionIn, subscriptionChange),
 		w("/v1/subscriptions/{id}/migrate", "subscriptions.migrate"),
-		w("/v1/subscription_items", "subscription_items.create"),
-		w("/v1/subscription_items/{id}", "subscription_items.update"),
-		w("/v1/subscription_schedules", "subscription_schedules.create"),
-		w("/v1/subscription_schedules/{id}", "subscription_schedules.update"),
+		r("/v1/subscription_items", "subscription_items.create", DirectionIn, subscriptionChange),
+		r("/v1/subscription_items/{id}", "subscription_items.update", DirectionIn, subscriptionChange),
+		r("/v1/subscription_schedules", "subscription_schedules.create", DirectionIn, scheduleWrite),
+		r("/v1/subscription_schedules/{id}", "subscription_schedules.update", DirectionIn, scheduleWrite),
 		w("/v1/subscription_schedules/{id}/cancel", "subscription_schedules.cancel"),
 		w("/v1/subscription_schedules/{id}/release", "subscription_schedules.release"),
 
 		// SetupIntents.
-		w("/v1/setup_intents", "setup_intents.create"),
-		w("/v1/setup_intents/{id}", "setup_intents.update"),
-		w("/v1/setup_intents/{id}/confirm", "setup_intents.confirm"),
+		n("/v1/setup_intents", "setup_intents.create", mandateWhy),
+		n("/v1/setup_intents/{id}", "setup_intents.update", mandateWhy),
+		n("/v1/setup_intents/{id}/confirm", "setup_intents.confirm", mandateWhy),
 		w("/v1/setup_intents/{id}/cancel", "setup_intents.cancel"),
 		w("/v1/setup_intents/{id}/verify_microdeposits", "setup_intents.verify_microdeposits"),
 
 		// Customers.
-		w("/v1/customers", "customers.create"),
-		w("/v1/customers/{id}", "customers.update"),
-		w("/v1/customers/{id}/balance_transactions", "customers.create_balance_transaction"),
+		r("/v1/customers", "customers.create", DirectionIn, customerBalance(true)),
+		r("/v1/customers/{id}", "customers.update", DirectionIn, customerBalance(false)),
+		r("/v1/customers/{id}/balance_transactions", "customers.create_balance_transaction", DirectionIn, balanceTransaction),
 		w("/v1/customers/{id}/balance_transactions/{id}", "customers.update_balance_transaction"),
 		w("/v1/customers/{id}/sources", "customers.create_source"),
 		w("/v1/customers/{id}/sources/{id}", "customers.update_source"),
@@ -298,24 +356,24 @@ func buildCatalogue() []route {
 		w("/v1/customers/{id}/funding_instructions", "customers.create_funding_instructions"),
 
 		// Catalog.
-		w("/v1/prices", "prices.create"),
+		n("/v1/prices", "prices.create", catalogWhy),
 		w("/v1/prices/{id}", "prices.update"),
-		w("/v1/products", "products.create"),
+		n("/v1/products", "products.create", catalogWhy),
 		w("/v1/products/{id}", "products.update"),
-		w("/v1/plans", "plans.create"),
+		n("/v1/plans", "plans.create", catalogWhy),
 		w("/v1/plans/{id}", "plans.update"),
-		w("/v1/coupons", "coupons.create"),
+		n("/v1/coupons", "coupons.create", "a coupon lowers what later charges collect; it moves no money"),
 		w("/v1/coupons/{id}", "coupons.update"),
 
 		// PaymentMethods.
-		w("/v1/payment_methods", "payment_methods.create"),
+		n("/v1/payment_methods", "payment_methods.create", mandateWhy),
 		w("/v1/payment_methods/{id}", "payment_methods.update"),
 		w("/v1/payment_methods/{id}/attach", "payment_methods.attach"),
 		w("/v1/payment_methods/{id}/detach", "payment_methods.detach"),
 
 		// Connect.
-		w("/v1/accounts", "accounts.create"),
-		w("/v1/accounts/{id}", "accounts.update"),
+		n("/v1/accounts", "accounts.create", "business_profile revenue figures describe the connected account's business; nothing is charged"),
+		n("/v1/accounts/{id}", "accounts.update", "business_profile revenue figures describe the connected account's business; nothing is charged"),
 		w("/v1/accounts/{id}/reject", "accounts.reject"),
 		w("/v1/accounts/{id}/login_links", "accounts.create_login_link"),
 		w("/v1/accounts/{id}/external_accounts", "accounts.create_external_account"),
@@ -412,11 +470,19 @@ func classify(method, path string, params *Params) (Classification, error) {
 		return c, nil
 	}
 	c.MovesMoney, c.Direction = true, rt.dir
+	switch rt.object {
+	case objectCreated:
+		c.Creates = true
+	case objectPath:
+		c.Target = ids[0]
+	case objectAdded:
+		c.Target, c.Creates = ids[0], true
+	}
 	if err := rt.money(&catRequest{params: params, ids: ids}, &c); err != nil {
 		return Classification{}, err
 	}
 	if !c.MovesMoney {
-		c.Direction = DirectionNone
+		c.Direction, c.Target, c.Creates = DirectionNone, "", false
 	}
 	return c, nil
 }
@@ -705,7 +771,14 @@ func settle(c *Classification, amount int64, amountOK bool, currency string, lk 
 
 // unknownAmount marks a money-moving request whose amount cannot be known.
 func unknownAmount(c *Classification) {
-	c.Amount, c.AmountKnown, c.NewTotal, c.Lookup = 0, false, false, nil
+	c.Amount, c.AmountKnown, c.NewTotal, c.Lookup, c.Prices = 0, false, false, nil, nil
+}
+
+// unknownBecause marks a money-moving request whose amount cannot be known, and
+// says why (the refusal repeats it).
+func unknownBecause(c *Classification, why string) {
+	unknownAmount(c)
+	c.Unknown = why
 }
 
 // requestAmount: amount and currency from the request (creates).
@@ -824,28 +897,21 @@ func refundCreate(r *catRequest, c *Classification) error {
 
 // pricing is the unit price × quantity of an invoice item or line item.
 type pricing struct {
-	amount   int64
-	known    bool   // amount is exact
-	currency string // from price_data[currency], "" when absent
-	price    string // stored price id when priced by reference
-	quantity int64
-	qtyExact bool // quantity is an exact integer (quantity_decimal may not be)
+	amount    int64
+	known     bool   // amount is exact
+	currency  string // from price_data[currency], "" when absent
+	unit      int64  // the unit amount, when given
+	unitKnown bool   // the unit amount is given and has no fractional minor units
+	quantity  int64
+	qtyExact  bool // quantity is an exact integer (quantity_decimal may not be)
+	qtyGiven  bool // quantity or quantity_decimal is in the request
 }
 
 // unitPricing reads one way of pricing under prefix ("" or "line_items[0]"): the
 // unit_amount[_decimal] fields given in fields, × quantity. n counts how many ways
 // were given (more than one is ambiguous).
 func unitPricing(p *Params, prefix string, fields []string) (pr pricing, n int, err error) {
-	key := func(k string) string {
-		if prefix == "" {
-			return k
-		}
-		name, rest, _ := strings.Cut(k, "[")
-		if rest != "" {
-			rest = "[" + rest
-		}
-		return prefix + "[" + name + "]" + rest
-	}
+	key := func(k string) string { return nested(prefix, k) }
 	pr.quantity = 1
 	q, hasQ, err := minorParam(p, key("quantity"))
 	if err != nil {
@@ -856,7 +922,7 @@ func unitPricing(p *Params, prefix string, fields []string) (pr pricing, n int, 
 		return pr, 0, err
 	}
 	qtyExact := !(hasQ && hasQD) && (!hasQD || qdIntegral)
-	pr.qtyExact = qtyExact
+	pr.qtyExact, pr.qtyGiven = qtyExact, hasQ || hasQD
 	switch {
 	case hasQ:
 		pr.quantity = q
@@ -890,6 +956,7 @@ func unitPricing(p *Params, prefix string, fields []string) (pr pricing, n int, 
 	} else if ok {
 		pr.currency = cur
 	}
+	pr.unit, pr.unitKnown = unit, pr.known && n == 1
 	pr.known = pr.known && qtyExact
 	if pr.known {
 		if pr.amount, err = mulMinor(unit, pr.quantity); err != nil {
@@ -899,101 +966,17 @@ func unitPricing(p *Params, prefix string, fields []string) (pr pricing, n int, 
 	return pr, n, nil
 }
 
-// itemPrice is what an invoice item request says about its amount.
-type itemPrice struct {
-	amount   int64   // exact when exact
-	exact    bool    // amount is exact from the request (the currency may still be "")
-	currency string  // "currency" or price_data[currency]; "" when absent
-	lookup   *Lookup // a stored price with quantity 1
-	present  bool    // the request names an amount, a quantity or a pricing
-}
-
-// invoiceItemAmount computes an invoice item's amount from its request.
-func invoiceItemAmount(p *Params) (itemPrice, error) {
-	var ip itemPrice
-	cur, _, err := currencyParam(p, "currency")
-	if err != nil {
-		return ip, err
+// nested is key k under prefix: nested("lines[0]", "price_data[currency]") is
+// "lines[0][price_data][currency]"; an empty prefix leaves k as it is.
+func nested(prefix, k string) string {
+	if prefix == "" {
+		return k
 	}
-	amt, hasAmount, err := minorParam(p, "amount")
-	if err != nil {
-		return ip, err
+	name, rest, _ := strings.Cut(k, "[")
+	if rest != "" {
+		rest = "[" + rest
 	}
-	pr, n, err := unitPricing(p, "", []string{"unit_amount", "unit_amount_decimal", "price_data[unit_amount]", "price_data[unit_amount_decimal]"})
-	if err != nil {
-		return ip, err
-	}
-	price, hasPrice, err := idParam(p, "price")
-	if err != nil {
-		return ip, err
-	}
-	pprice, hasPPrice, err := idParam(p, "pricing[price]")
-	if err != nil {
-		return ip, err
-	}
-	if pr.currency != "" {
-		if cur != "" && cur != pr.currency {
-			return ip, formErr("currency %q and price_data[currency] %q differ", cur, pr.currency)
-		}
-		cur = pr.currency
-	}
-	ip.currency = cur
-	n += boolInt(hasAmount) + boolInt(hasPrice) + boolInt(hasPPrice)
-	ip.present = n > 0 || p.Has("quantity") || p.Has("quantity_decimal") || p.Has("pricing")
-	if hasPPrice {
-		price = pprice
-	}
-	switch {
-	case n != 1:
-		// No pricing, or more than one: Stripe refuses or picks one; keybrake does not guess.
-	case hasAmount:
-		ip.amount, ip.exact = amt, true
-	case hasPrice || hasPPrice:
-		if pr.quantity == 1 && pr.qtyExact {
-			ip.lookup = &Lookup{Path: "/v1/prices/" + price, Field: "unit_amount"}
-		}
-	default:
-		ip.amount, ip.exact = pr.amount, pr.known
-	}
-	return ip, nil
-}
-
-// invoiceItemCreate: see the catalogue documentation.
-func invoiceItemCreate(r *catRequest, c *Classification) error {
-	ip, err := invoiceItemAmount(r.params)
-	if err != nil {
-		return err
-	}
-	c.Currency = ip.currency
-	switch {
-	case ip.exact && ip.currency != "":
-		c.Amount, c.AmountKnown = ip.amount, true
-	case ip.lookup != nil:
-		c.Lookup = ip.lookup
-	default:
-		unknownAmount(c)
-	}
-	return nil
-}
-
-// invoiceItemUpdate: a change of amount, quantity or pricing is a new total; the
-// item keeps its currency unless the request names one.
-func invoiceItemUpdate(r *catRequest, c *Classification) error {
-	ip, err := invoiceItemAmount(r.params)
-	if err != nil {
-		return err
-	}
-	switch {
-	case !ip.present:
-		c.MovesMoney = false
-	case ip.exact:
-		c.Amount, c.AmountKnown, c.NewTotal, c.Currency = ip.amount, true, true, ip.currency
-		c.Lookup = &Lookup{Path: "/v1/invoiceitems/" + r.ids[0], Field: "amount"}
-	default:
-		c.Currency = ip.currency
-		unknownAmount(c)
-	}
-	return nil
+	return prefix + "[" + name + "]" + rest
 }
 
 // checkoutSessionCreate: see the catalogue documentation.
@@ -1003,52 +986,21 @@ func checkoutSessionCreate(r *catRequest, c *Classification) error {
 	if p.IsContainer("mode") {
 		return formErr("parameter mode must be a single value")
 	}
-	cur, _, err := currencyParam(p, "currency")
-	if err != nil {
-		return err
-	}
-	items := p.Keys("line_items")
-	if p.Has("line_items") && items == nil {
-		return formErr("parameter line_items must be indexed (line_items[0][…])")
-	}
-	for _, k := range items {
-		if !isDigits(k) {
-			return formErr("parameter line_items[%s] is not indexed by a number", clipText(k))
-		}
-	}
 	if hasMode && mode == "setup" && !p.Has("line_items") {
 		c.MovesMoney = false
 		return nil
 	}
 	// subscription_data[items] starts a subscription in API versions that had no
 	// mode: renewals are never seen.
-	known := (!hasMode || mode == "payment") && len(items) > 0 &&
+	known := (!hasMode || mode == "payment") && p.Has("line_items") &&
 		!p.Has("optional_items") && !isTrue(p, "automatic_tax[enabled]") && !p.Has("subscription_data")
-	var total int64
-	for _, k := range items {
-		li := "line_items[" + k + "]"
-		pr, n, err := unitPricing(p, li, []string{"price_data[unit_amount]", "price_data[unit_amount_decimal]"})
-		if err != nil {
-			return err
-		}
-		if pr.currency != "" {
-			if cur != "" && cur != pr.currency {
-				return formErr("line item currencies differ (%q, %q)", cur, pr.currency)
-			}
-			cur = pr.currency
-		}
-		// li[amount] is the ad-hoc price of API versions before 2022-08-01: beside
-		// price_data, which of the two Stripe reads is not guessed.
-		if n != 1 || !pr.known || p.Has(li+"[price]") || p.Has(li+"[amount]") ||
-			isTrue(p, li+"[adjustable_quantity][enabled]") ||
-			p.Has(li+"[tax_rates]") || p.Has(li+"[dynamic_tax_rates]") {
-			known = false
-			continue
-		}
-		if total, err = addMinor(total, pr.amount); err != nil {
-			return err
-		}
+	lines, err := requestLines(p, "line_items")
+	if err != nil {
+		return err
 	}
+	known = known && lines.known
+	cur := lines.currency
+	total := lines.amount
 	var shipping int64
 	for _, k := range p.Keys("shipping_options") {
 		so := "shipping_options[" + k + "][shipping_rate_data][fixed_amount]"
@@ -1079,12 +1031,94 @@ func checkoutSessionCreate(r *catRequest, c *Classification) error {
 		return err
 	}
 	c.Currency = cur
-	if !known || cur == "" {
+	if !known || (cur == "" && len(lines.prices) == 0) {
 		unknownAmount(c)
 		return nil
 	}
-	c.Amount, c.AmountKnown = total, true
+	c.Amount, c.AmountKnown, c.Prices = total, true, lines.prices
 	return nil
+}
+
+// requestLines reads the request's "currency" and the line items under each of
+// names (see readLines), and adds them up.
+func requestLines(p *Params, names ...string) (lineTotal, error) {
+	cur, _, err := currencyParam(p, "currency")
+	if err != nil {
+		return lineTotal{}, err
+	}
+	all := lineTotal{currency: cur, known: true}
+	for _, name := range names {
+		lt, err := readLines(p, name, all.currency)
+		if err != nil {
+			return all, err
+		}
+		if all.amount, err = addMinor(all.amount, lt.amount); err != nil {
+			return all, err
+		}
+		all.prices = append(all.prices, lt.prices...)
+		all.currency, all.known = lt.currency, all.known && lt.known
+	}
+	return all, nil
+}
+
+// lineTotal is what a list of line items adds up to.
+type lineTotal struct {
+	amount   int64      // the lines priced by price_data
+	prices   []PriceRef // the lines priced by a stored price
+	currency string     // the currency stated so far
+	known    bool       // every line could be priced
+}
+
+// readLines reads the line items under name ("line_items", "items",
+// "add_invoice_items"), each priced by price_data[unit_amount] (or an integral
+// price_data[unit_amount_decimal]) × quantity, or by a stored price × quantity
+// (quantity 1 when absent). A line priced another way or by more than one way
+// (line_items[i][amount], the ad-hoc price of API versions before 2022-08-01, is
+// not guessed against price_data; a legacy plan is not looked up), with an
+// adjustable quantity, with tax rates or with a fractional quantity leaves the
+// total unknown. cur is the currency stated so far; line currencies that differ
+// from it are malformed.
+func readLines(p *Params, name, cur string) (lineTotal, error) {
+	lt := lineTotal{currency: cur, known: true}
+	keys := p.Keys(name)
+	if p.Has(name) && keys == nil {
+		return lt, formErr("parameter %s must be indexed (%s[0][…])", name, name)
+	}
+	for _, k := range keys {
+		if !isDigits(k) {
+			return lt, formErr("parameter %s[%s] is not indexed by a number", name, clipText(k))
+		}
+		li := name + "[" + k + "]"
+		pr, n, err := unitPricing(p, li, []string{"price_data[unit_amount]", "price_data[unit_amount_decimal]"})
+		if err != nil {
+			return lt, err
+		}
+		if pr.currency != "" {
+			if lt.currency != "" && lt.currency != pr.currency {
+				return lt, formErr("line item currencies differ (%q, %q)", lt.currency, pr.currency)
+			}
+			lt.currency = pr.currency
+		}
+		price, hasPrice, err := idParam(p, li+"[price]")
+		if err != nil {
+			return lt, err
+		}
+		switch {
+		case n+boolInt(hasPrice) != 1 || p.Has(li+"[amount]") || p.Has(li+"[plan]") ||
+			isTrue(p, li+"[adjustable_quantity][enabled]") ||
+			hasValue(p, li+"[tax_rates]") || hasValue(p, li+"[dynamic_tax_rates]"):
+			lt.known = false
+		case hasPrice && pr.qtyExact:
+			lt.prices = append(lt.prices, PriceRef{ID: price, Quantity: pr.quantity})
+		case hasPrice || !pr.known:
+			lt.known = false
+		default:
+			if lt.amount, err = addMinor(lt.amount, pr.amount); err != nil {
+				return lt, err
+			}
+		}
+	}
+	return lt, nil
 }
 
 // checkoutSessionUpdate: changing line items changes the amount in ways keybrake
@@ -1128,6 +1162,9 @@ type Route struct {
 	// classify as moving none, e.g. a PaymentIntent update without amount).
 	MovesMoney bool
 	Direction  Direction
+	// Unmetered says why a write that moves no money may take parameters named
+	// like money (a coupon's amount_off, a price's unit_amount).
+	Unmetered string
 }
 
 // Routes returns the catalogue's POST entries in table order.
@@ -1140,6 +1177,7 @@ func Routes() []Route {
 			Operation:  rt.op,
 			MovesMoney: rt.money != nil,
 			Direction:  rt.dir,
+			Unmetered:  rt.why,
 		})
 	}
 	return out

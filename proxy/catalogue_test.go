@@ -78,7 +78,7 @@ func TestStripeGoRequests(t *testing.T) {
 				_, err := sc.V1Charges.Create(ctx, p)
 				return err
 			},
-			want: proxy.Classification{Operation: "charges.create", Known: true, MovesMoney: true, Direction: proxy.DirectionIn, Amount: 2000, Currency: "usd", AmountKnown: true, Customer: "cus_123"},
+			want: proxy.Classification{Operation: "charges.create", Known: true, MovesMoney: true, Direction: proxy.DirectionIn, Amount: 2000, Currency: "usd", AmountKnown: true, Customer: "cus_123", Creates: true},
 		},
 		{
 			name: "charge capture without amount",
@@ -86,7 +86,7 @@ func TestStripeGoRequests(t *testing.T) {
 				_, err := sc.V1Charges.Capture(ctx, "ch_3NxAbC", &stripe.ChargeCaptureParams{})
 				return err
 			},
-			want: proxy.Classification{Operation: "charges.capture", Known: true, MovesMoney: true, Direction: proxy.DirectionIn, Lookup: &proxy.Lookup{Path: "/v1/charges/ch_3NxAbC", Field: "amount"}, ObjectID: "ch_3NxAbC"},
+			want: proxy.Classification{Operation: "charges.capture", Known: true, MovesMoney: true, Direction: proxy.DirectionIn, Lookup: &proxy.Lookup{Path: "/v1/charges/ch_3NxAbC", Field: "amount"}, ObjectID: "ch_3NxAbC", Target: "ch_3NxAbC"},
 		},
 		{
 			name: "payment intent create jpy",
@@ -97,7 +97,7 @@ func TestStripeGoRequests(t *testing.T) {
 				})
 				return err
 			},
-			want: proxy.Classification{Operation: "payment_intents.create", Known: true, MovesMoney: true, Direction: proxy.DirectionIn, Amount: 1000, Currency: "jpy", AmountKnown: true},
+			want: proxy.Classification{Operation: "payment_intents.create", Known: true, MovesMoney: true, Direction: proxy.DirectionIn, Amount: 1000, Currency: "jpy", AmountKnown: true, Creates: true},
 		},
 		{
 			name: "payment intent increment authorization",
@@ -105,7 +105,7 @@ func TestStripeGoRequests(t *testing.T) {
 				_, err := sc.V1PaymentIntents.IncrementAuthorization(ctx, "pi_123", &stripe.PaymentIntentIncrementAuthorizationParams{Amount: stripe.Int64(3000)})
 				return err
 			},
-			want: proxy.Classification{Operation: "payment_intents.increment_authorization", Known: true, MovesMoney: true, Direction: proxy.DirectionIn, Amount: 3000, AmountKnown: true, NewTotal: true, Lookup: &proxy.Lookup{Path: "/v1/payment_intents/pi_123", Field: "amount"}, ObjectID: "pi_123"},
+			want: proxy.Classification{Operation: "payment_intents.increment_authorization", Known: true, MovesMoney: true, Direction: proxy.DirectionIn, Amount: 3000, AmountKnown: true, NewTotal: true, Lookup: &proxy.Lookup{Path: "/v1/payment_intents/pi_123", Field: "amount"}, ObjectID: "pi_123", Target: "pi_123"},
 		},
 		{
 			name: "refund of a payment intent",
@@ -124,7 +124,7 @@ func TestStripeGoRequests(t *testing.T) {
 				})
 				return err
 			},
-			want: proxy.Classification{Operation: "invoiceitems.create", Known: true, MovesMoney: true, Direction: proxy.DirectionIn, Amount: 3750, Currency: "kwd", AmountKnown: true, Customer: "cus_123"},
+			want: proxy.Classification{Operation: "invoiceitems.create", Known: true, MovesMoney: true, Direction: proxy.DirectionIn, Amount: 3750, Currency: "kwd", AmountKnown: true, Customer: "cus_123", Creates: true},
 		},
 		{
 			name: "invoice item with unit_amount_decimal",
@@ -135,7 +135,7 @@ func TestStripeGoRequests(t *testing.T) {
 				})
 				return err
 			},
-			want: proxy.Classification{Operation: "invoiceitems.create", Known: true, MovesMoney: true, Direction: proxy.DirectionIn, Amount: 100000, Currency: "isk", AmountKnown: true, Customer: "cus_123"},
+			want: proxy.Classification{Operation: "invoiceitems.create", Known: true, MovesMoney: true, Direction: proxy.DirectionIn, Amount: 100000, Currency: "isk", AmountKnown: true, Customer: "cus_123", Creates: true},
 		},
 		{
 			name: "checkout session with price data",
@@ -150,7 +150,7 @@ func TestStripeGoRequests(t *testing.T) {
 				})
 				return err
 			},
-			want: proxy.Classification{Operation: "checkout.sessions.create", Known: true, MovesMoney: true, Direction: proxy.DirectionIn, Amount: 4500, Currency: "usd", AmountKnown: true},
+			want: proxy.Classification{Operation: "checkout.sessions.create", Known: true, MovesMoney: true, Direction: proxy.DirectionIn, Amount: 4500, Currency: "usd", AmountKnown: true, Creates: true},
 		},
 		{
 			name: "invoice pay",
@@ -158,7 +158,7 @@ func TestStripeGoRequests(t *testing.T) {
 				_, err := sc.V1Invoices.Pay(ctx, "in_123", &stripe.InvoicePayParams{})
 				return err
 			},
-			want: proxy.Classification{Operation: "invoices.pay", Known: true, MovesMoney: true, Direction: proxy.DirectionIn, Lookup: &proxy.Lookup{Path: "/v1/invoices/in_123", Field: "amount_remaining"}, ObjectID: "in_123"},
+			want: proxy.Classification{Operation: "invoices.pay", Known: true, MovesMoney: true, Direction: proxy.DirectionIn, Lookup: &proxy.Lookup{Path: "/v1/invoices/in_123", Field: "amount_remaining"}, ObjectID: "in_123", Target: "in_123"},
 		},
 		{
 			name: "customer read",

@@ -42,6 +42,26 @@ func (p *Params) Pairs() []Pair {
 type Lookup struct {
 	Path  string // e.g. "/v1/payment_intents/pi_123"
 	Field string // e.g. "amount", "amount_capturable", "amount_remaining"
+	// Factors, when set, names the field of the object (the first of these that is
+	// present and not null) that Classification.Amount multiplies to make the new
+	// total: an update that changes one factor of unit × quantity keeps the other
+	// (an invoice item updated with only unit_amount_decimal keeps its quantity).
+	// The field must be an integer, or a decimal string without fractional minor
+	// units.
+	Factors []string
+	// Signed: Field may be negative (a customer's credit balance), and then
+	// counts as 0.
+	Signed bool
+}
+
+// PriceRef is a stored price a request uses: its unit_amount × Quantity is part of
+// the request's amount.
+type PriceRef struct {
+	ID       string
+	Quantity int64
+	// OneTime: a recurring price is refused (on a Payment Link it would start a
+	// subscription whose renewals keybrake never sees).
+	OneTime bool
 }
 
 // Direction says which way a money-moving request moves money, seen from the
@@ -76,6 +96,12 @@ const (
 //  5. AmountKnown false, Lookup nil: the amount cannot be known; refuse with
 //     amount_unknown. Amount is 0.
 //
+// Prices (with AmountKnown) adds, to the Amount the request states, each stored
+// price's unit_amount × quantity, looked up at /v1/prices/{id}; the currency is
+// then the prices' when Currency is "" and no Lookup says it. A price that is not
+// a per-unit, licensed price with a unit_amount, or is in another currency, refuses
+// the request with amount_unknown.
+//
 // A failed lookup (non-2xx, missing or non-integer field, missing or malformed
 // currency) must be refused with amount_unknown as well.
 type Classification struct {
@@ -101,12 +127,33 @@ type Classification struct {
 	// Lookup, when non-nil, says where to read the amount, the current total or the
 	// currency at Stripe (see the type documentation).
 	Lookup *Lookup
+	// Prices are stored prices whose amounts add to Amount (see the type
+	// documentation).
+	Prices []PriceRef
+	// Unknown says why the amount of a money-moving request cannot be known, when
+	// there is more to say than that the request does not state it.
+	Unknown string
 	// Customer is the customer the request names: the "customer" parameter, or the
 	// id in a /v1/customers/{id}/… path ("" when none is named). For requests on an
 	// existing object (capture, confirm, refund) the customer lives at Stripe.
 	Customer string
 	// ObjectID is the first id in the path, if any ("pi_123").
 	ObjectID string
+	// Target is the existing money object the request's money is counted on (see
+	// "Money objects" in the package documentation): the path's PaymentIntent,
+	// Charge or invoice item of a confirm, a capture or a raise, the invoice of
+	// invoices.pay or of its lines, or the invoice an invoice item is added to.
+	Target string
+	// Creates is true when the request creates money that can move after it: a new
+	// money object when Target is "" (a PaymentIntent, an uncaptured Charge, a
+	// Checkout Session, a pending invoice item: Stripe's answer names it), or new
+	// lines on Target (an invoice item added to an invoice, invoice lines). What has
+	// not moved yet stays counted as the object's exposure. With Target but not
+	// Creates, the request moves money on Target (a confirm, a capture, paying an
+	// invoice), and what Target's exposure already counts is not counted again. A
+	// money-moving request with neither moves its money at once (transfers,
+	// refunds, payouts, …).
+	Creates bool
 }
 
 // Classify maps method + canonical path + params to an operation and its amount.

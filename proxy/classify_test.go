@@ -44,9 +44,14 @@ func wantOf(c proxy.Classification) proxytest.CatalogueWant {
 		NewTotal:    c.NewTotal,
 		Customer:    c.Customer,
 		ObjectID:    c.ObjectID,
+		Target:      c.Target,
+		Creates:     c.Creates,
 	}
 	if c.Lookup != nil {
-		w.Lookup = &proxytest.CaseLookup{Path: c.Lookup.Path, Field: c.Lookup.Field}
+		w.Lookup = &proxytest.CaseLookup{Path: c.Lookup.Path, Field: c.Lookup.Field, Factors: c.Lookup.Factors, Signed: c.Lookup.Signed}
+	}
+	for _, p := range c.Prices {
+		w.Prices = append(w.Prices, proxytest.CasePrice{ID: p.ID, Quantity: p.Quantity, OneTime: p.OneTime})
 	}
 	return w
 }
@@ -92,8 +97,11 @@ func TestClassificationInvariants(t *testing.T) {
 				assert.True(t, got.AmountKnown)
 				assert.NotNil(t, got.Lookup)
 			}
-			if got.AmountKnown && got.Lookup == nil {
+			if got.AmountKnown && got.Lookup == nil && got.Prices == nil {
 				assert.NotEmpty(t, got.Currency, "an exact amount needs a currency")
+			}
+			if got.Prices != nil {
+				assert.True(t, got.AmountKnown, "stored prices add to a stated amount")
 			}
 			if !got.AmountKnown {
 				assert.Zero(t, got.Amount)

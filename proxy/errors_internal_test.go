@@ -103,7 +103,7 @@ func TestParseLookup(t *testing.T) {
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
-			got, err := parseLookup([]byte(tc.body), tc.field)
+			got, err := parseLookup([]byte(tc.body), Lookup{Field: tc.field})
 			if tc.wantErr {
 				assert.Error(t, err)
 				return
@@ -111,6 +111,41 @@ func TestParseLookup(t *testing.T) {
 			require.NoError(t, err)
 			assert.Equal(t, tc.amount, got.amount)
 			assert.Equal(t, tc.currency, got.currency)
+		})
+	}
+}
+
+// An update that changes one factor of unit × quantity reads the other from the
+// object: an integer, or a decimal string with no fractional minor units, in the
+// first of the named fields that is present and not null.
+func TestParseLookupFactors(t *testing.T) {
+	item := `{"object":"invoiceitem","amount":10000,"currency":"usd","quantity":10000,"quantity_decimal":"10000.000","pricing":{"unit_amount_decimal":null},"unit_amount_decimal":"1"}`
+	cases := map[string]struct {
+		body    string
+		factors []string
+		want    int64
+		wantErr bool
+	}{
+		"quantity_decimal first":  {item, itemQuantityFactors, 10000, false},
+		"null skipped":            {item, itemUnitFactors, 1, false},
+		"integer":                 {`{"amount":5,"quantity":5}`, []string{"quantity"}, 5, false},
+		"fractional":              {`{"amount":5,"quantity_decimal":"2.5"}`, itemQuantityFactors, 0, true},
+		"none present":            {`{"amount":5}`, itemUnitFactors, 0, true},
+		"negative":                {`{"amount":5,"quantity":-2}`, []string{"quantity"}, 0, true},
+		"not a number":            {`{"amount":5,"quantity":"lots"}`, []string{"quantity"}, 0, true},
+		"too many digits":         {`{"amount":5,"quantity":"1234567890123"}`, []string{"quantity"}, 0, true},
+		"nested pricing, new API": {`{"amount":5,"pricing":{"unit_amount_decimal":"250.0000"}}`, itemUnitFactors, 250, false},
+		"fractional unit refuses": {`{"amount":5,"pricing":{"unit_amount_decimal":"250.5"}}`, itemUnitFactors, 0, true},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			got, err := parseLookup([]byte(tc.body), Lookup{Field: "amount", Factors: tc.factors})
+			if tc.wantErr {
+				assert.Error(t, err)
+				return
+			}
+			require.NoError(t, err)
+			assert.Equal(t, tc.want, got.factor)
 		})
 	}
 }

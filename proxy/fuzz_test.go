@@ -49,6 +49,16 @@ func FuzzProxyRequest(f *testing.F) {
 	f.Add("POST", "/v1/charges/../payouts", form+"Idempotency-Key: h", []byte("amount=1&currency=usd"))
 	f.Add("PATCH", "/v1/charges", form, []byte("amount=1"))
 	f.Add("POST", "/v2/core/accounts", "Content-Type: application/json", []byte(`{"a":1}`))
+	// Captures, raises and lines: money moved or added on an existing object.
+	f.Add("POST", "/v1/payment_intents/pi_x/capture", form+"Idempotency-Key: i", []byte("amount_to_capture=500&final_capture=false"))
+	f.Add("POST", "/v1/payment_intents/pi_x/capture", form+"Idempotency-Key: j", []byte("amount_to_capture=500&amount_to_capture=50000"))
+	f.Add("POST", "/v1/payment_intents/pi_x", form+"Idempotency-Key: k", []byte("amount=9000"))
+	f.Add("POST", "/v1/payment_intents/pi_x/increment_authorization", form+"Idempotency-Key: l", []byte("amount=9000"))
+	f.Add("POST", "/v1/payment_intents/pi_x/cancel", form, []byte(""))
+	f.Add("POST", "/v1/invoiceitems/ii_x", form+"Idempotency-Key: m", []byte("unit_amount_decimal=5000"))
+	f.Add("POST", "/v1/invoices/in_x/add_lines", form+"Idempotency-Key: n", []byte("lines[0][amount]=500&lines[1][price_data][currency]=usd&lines[1][price_data][unit_amount]=5&lines[1][quantity]=3"))
+	f.Add("POST", "/v1/invoices/in_x/lines/il_x", form+"Idempotency-Key: o", []byte("quantity=3"))
+	f.Add("POST", "/v1/subscriptions/sub_x", form+"Idempotency-Key: p", []byte("proration_behavior=always_invoice"))
 	for _, c := range proxytest.MalformedCases(f) {
 		if c.PadTo > 0 || c.BodyBase64 != "" {
 			continue

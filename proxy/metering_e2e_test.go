@@ -26,8 +26,10 @@ func usage(t *testing.T, e *env, keyID string) (committed, held int64) {
 	return 0, 0
 }
 
-// A PaymentIntent is metered at creation; raising it meters the difference;
-// confirming and capturing it through the same key adds nothing; a refund counts.
+// A PaymentIntent is counted at creation (held as its exposure: its client_secret
+// can confirm it without keybrake); raising it holds the difference; confirming
+// it authorises without moving money; the capture turns the exposure into
+// committed money without counting it twice; a refund counts.
 func TestPaymentIntentMeteredOnce(t *testing.T) {
 	ctx := context.Background()
 	e := MustEnv(t)
@@ -40,27 +42,30 @@ func TestPaymentIntentMeteredOnce(t *testing.T) {
 	pi, err := sc.V1PaymentIntents.Create(ctx, create)
 	require.NoError(t, err)
 	c, h := usage(t, e, key.ID)
-	assert.EqualValues(t, 3000, c, "metered at creation: the client_secret can confirm it")
-	assert.Zero(t, h)
+	assert.Zero(t, c)
+	assert.EqualValues(t, 3000, h, "counted at creation: the client_secret can confirm it")
 
 	up := &stripe.PaymentIntentUpdateParams{Amount: stripe.Int64(4500)}
 	up.SetIdempotencyKey("pi-raise")
 	_, err = sc.V1PaymentIntents.Update(ctx, pi.ID, up)
 	require.NoError(t, err)
-	c, _ = usage(t, e, key.ID)
-	assert.EqualValues(t, 4500, c, "the raise meters only the difference")
+	_, h = usage(t, e, key.ID)
+	assert.EqualValues(t, 4500, h, "the raise holds only the difference")
 
 	conf := &stripe.PaymentIntentConfirmParams{}
 	conf.SetIdempotencyKey("pi-confirm")
 	_, err = sc.V1PaymentIntents.Confirm(ctx, pi.ID, conf)
 	require.NoError(t, err)
+	c, h = usage(t, e, key.ID)
+	assert.Zero(t, c, "an authorisation moves no money yet")
+	assert.EqualValues(t, 4500, h)
 	capt := &stripe.PaymentIntentCaptureParams{}
 	capt.SetIdempotencyKey("pi-capture")
 	captured, err := sc.V1PaymentIntents.Capture(ctx, pi.ID, capt)
 	require.NoError(t, err)
 	assert.EqualValues(t, 4500, captured.AmountReceived)
 	c, h = usage(t, e, key.ID)
-	assert.EqualValues(t, 4500, c, "confirm and capture of a metered PaymentIntent add nothing")
+	assert.EqualValues(t, 4500, c, "the capture commits the exposure, not a second amount")
 	assert.Zero(t, h)
 
 	ref := &stripe.RefundCreateParams{PaymentIntent: stripe.String(pi.ID), Amount: stripe.Int64(1000)}

@@ -197,7 +197,7 @@ func TestReportModeRelaxesPolicyDecisions(t *testing.T) {
 			assert.Equal(t, []string{tc.reason}, wouldRefuseEvents(t, e.Store, key.ID),
 				"a would_refuse event records what enforcing would have refused")
 			daily, _ := keyUsage(t, e.Store, key.ID)
-			assert.Equal(t, tc.amount, daily.Committed, "metered like any other request")
+			assert.Equal(t, tc.amount, daily.Committed+daily.Held, "metered like any other request")
 
 			var line map[string]any
 			for _, l := range e.Logs.LogLines(t) {

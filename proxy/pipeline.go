@@ -72,11 +72,13 @@ type call struct {
 	secret string
 
 	// metering
-	metered   bool
-	amount    int64 // the hold (minor units)
-	currency  string
-	base      int64  // already metered for the object through this key
-	reportKey string // field of a 2xx answer that reports the amount that moved
+	metered     bool
+	amount      int64 // the hold (minor units)
+	currency    string
+	objectTotal int64          // what the money object can move in all (per-request cap)
+	exposure    vault.Exposure // the key's exposure on cls.Target before the request
+	looked      *lookupResult  // the lookup made before forwarding, if any
+	overrun     int64          // what Stripe reported moved beyond hold + exposure
 
 	// idempotency
 	idemKey     string // effective key (caller's or derived); "" when nothing is recorded
@@ -592,30 +594,21 @@ func (c *call) policyRequest(amount int64, currency string) policy.Request {
 
 // ---- 4. amounts ----
 
-// meteredAgainstObject says whether op acts on an object whose amount may already
-// be metered through the key (by its creation or an earlier raise), and which
-// field of Stripe's 2xx answer reports the amount that really moved.
-func meteredAgainstObject(op string) (reportField string, ok bool) {
-	switch op {
-	case "payment_intents.confirm":
-		return "", true
-	case "payment_intents.capture":
-		return "amount_received", true
-	case "charges.capture":
-		return "amount_captured", true
-	}
-	return "", false
-}
-
+// resolveAmount works out the hold of a money-moving request (see "What is
+// metered"): the amount it can move, less what the key already counts as the
+// exposure of the money object it acts on, and the object's total for the
+// per-request cap.
 func (p *Proxy) resolveAmount(ctx context.Context, c *call) error {
 	cls := c.cls
 	amount, currency := cls.Amount, cls.Currency
-	var looked *lookupResult
 	lookup := func() error {
-		if looked != nil {
+		if c.looked != nil {
 			return nil
 		}
 		if cls.Lookup == nil {
+			if cls.Unknown != "" {
+				return refuse(CodeAmountUnknown, "The amount of this %s request cannot be known before it reaches Stripe: %s.", cls.Operation, cls.Unknown)
+			}
 			return refuse(CodeAmountUnknown, "The amount of this %s request cannot be known before it reaches Stripe.", cls.Operation)
 		}
 		res, err := p.lookup(ctx, c, *cls.Lookup)
@@ -628,18 +621,22 @@ func (p *Proxy) resolveAmount(ctx context.Context, c *call) error {
 			rf.cause = err
 			return rf
 		}
-		looked = &res
+		c.looked = &res
 		return nil
 	}
-	reportKey, againstObject := meteredAgainstObject(cls.Operation)
-	var base int64
-	var baseKnown bool
-	if (againstObject || cls.NewTotal) && cls.ObjectID != "" {
-		m, ok, err := p.store.ObjectAmount(ctx, c.key.ID, cls.ObjectID)
+	if cls.Target != "" {
+		exp, _, err := p.store.ObjectExposure(ctx, c.key.ID, cls.Target)
 		if err != nil {
-			return internalError(fmt.Errorf("object amount %s: %w", cls.ObjectID, err))
+			return internalError(fmt.Errorf("object exposure %s: %w", cls.Target, err))
 		}
-		base, baseKnown = m, ok
+		c.exposure = exp
+	}
+	prices, pricesCurrency, err := p.priceTotal(ctx, c)
+	if err != nil {
+		return err
+	}
+	if amount, err = addMinor(amount, prices); err != nil {
+		return malformed(err, "The request's amount is too large.")
 	}
 	switch {
 	case cls.AmountKnown && cls.NewTotal:
@@ -648,45 +645,78 @@ func (p *Proxy) resolveAmount(ctx context.Context, c *call) error {
 		if err := lookup(); err != nil {
 			return err
 		}
-		if !baseKnown {
-			base = looked.amount
+		if len(cls.Lookup.Factors) > 0 {
+			// The update changes one factor; the object keeps the other.
+			n, err := mulMinor(cls.Amount, c.looked.factor)
+			if err == nil {
+				amount, err = addMinor(n, prices)
+			}
+			if err != nil {
+				return malformed(err, "The request's new total is too large.")
+			}
 		}
-		if currency != "" && looked.currency != "" && looked.currency != currency {
+		// The current total is not this key's to count, unless the key created
+		// the object: then its exposure already counts it.
+		base := c.looked.amount
+		if c.exposure.Own {
+			base = c.exposure.Held
+		}
+		if currency != "" && c.looked.currency != "" && c.looked.currency != currency {
 			// A new currency: the current total is in another currency's minor
 			// units, and the whole new total is new money.
 			base = 0
 		}
+		c.objectTotal = amount
+		amount = max(0, amount-base)
 	case cls.AmountKnown:
-		if currency == "" {
+		// An object the money is counted on is read too: what it has moved so far
+		// tells what this request moves, and its currency is the request's.
+		if (currency == "" && (cls.Lookup != nil || pricesCurrency == "")) || (cls.Target != "" && cls.Lookup != nil) {
 			if err := lookup(); err != nil {
 				return err
+			}
+			if currency != "" && c.looked.currency != "" && c.looked.currency != currency {
+				return refuse(CodeAmountUnknown, "The %s request names currency %s but acts on an object in %s.",
+					cls.Operation, currency, clip(c.looked.currency))
 			}
 		}
 	default:
 		if err := lookup(); err != nil {
 			return err
 		}
-		amount = looked.amount
-		if currency != "" && looked.currency != "" && looked.currency != currency &&
+		amount = c.looked.amount
+		if currency != "" && c.looked.currency != "" && c.looked.currency != currency &&
 			cls.Operation != "payment_intents.update" {
 			// The amount is the object's, so it is in the object's currency (a
 			// stored price); only a PaymentIntent update changes the currency of
 			// the amount it keeps. Keybrake does not guess which one Stripe uses.
 			return refuse(CodeAmountUnknown, "The %s request names currency %s but its amount comes from an object in %s.",
-				cls.Operation, currency, clip(looked.currency))
+				cls.Operation, currency, clip(c.looked.currency))
 		}
+	}
+	if currency == "" && c.looked != nil {
+		currency = c.looked.currency
 	}
 	if currency == "" {
-		if looked == nil || looked.currency == "" {
-			return refuse(CodeAmountUnknown, "The currency of this %s request cannot be known.", cls.Operation)
-		}
-		currency = looked.currency
+		currency = pricesCurrency
 	}
-	if againstObject || cls.NewTotal {
-		c.base = base
-		amount = max(0, amount-base)
+	if currency == "" {
+		return refuse(CodeAmountUnknown, "The currency of this %s request cannot be known.", cls.Operation)
 	}
-	c.amount, c.currency, c.reportKey = amount, currency, reportKey
+	if pricesCurrency != "" && pricesCurrency != currency {
+		return refuse(CodeAmountUnknown, "The %s request uses a stored price in %s, not in %s.", cls.Operation, pricesCurrency, currency)
+	}
+	switch {
+	case cls.Target != "" && cls.Creates:
+		// Lines added to an object: new money on top of what it counts.
+		c.objectTotal = c.exposure.Committed + c.exposure.Held + amount
+	case cls.Target != "" && !cls.NewTotal:
+		// Money moved on an object: what its exposure already counts (its
+		// creation, a raise) is not counted again; anything beyond is, in full.
+		c.objectTotal = c.exposure.Committed + max(c.exposure.Held, amount)
+		amount = max(0, amount-c.exposure.Held)
+	}
+	c.amount, c.currency = amount, currency
 	return nil
 }
 
@@ -734,8 +764,9 @@ func (p *Proxy) reserve(ctx context.Context, c *call) error {
 		Metered:        c.metered,
 		Tool:           c.tool,
 	}
+	req.Request.ObjectTotal = c.objectTotal
 	if !c.metered {
-		req.Request.Amount, req.Request.Currency = 0, ""
+		req.Request.Amount, req.Request.Currency, req.Request.ObjectTotal = 0, "", 0
 	}
 	res, err := p.store.Reserve(ctx, req)
 	switch {

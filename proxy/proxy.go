@@ -57,8 +57,12 @@
 //     rewrite). Every upstream request
 //     runs under UpstreamTimeout, detached from the caller's connection so that
 //     Stripe's answer is recorded even when the caller has gone.
-//  7. Settle in ONE Store.Settle from ModifyResponse or ErrorHandler: 2xx commit,
-//     4xx release, but: 429 abandons (nothing executed; the answer is passed on and
+//  7. Settle in ONE Store.Settle from ModifyResponse or ErrorHandler: 2xx commit
+//     (against the money object the request created or acted on, from Stripe's
+//     answer: see "Money objects"), 4xx release — unless the 4xx body shows a money
+//     object the request created anyway (error.payment_intent of a declined
+//     creation): then a commit of nothing that keeps the hold as that object's
+//     exposure — but: 429 abandons (nothing executed; the answer is passed on and
 //     the record is left as it was before this attempt); 409 idempotency_key_in_use
 //     means Stripe is executing an earlier attempt under the same upstream key, and
 //     a resumed request answered with an idempotency_error means Stripe knows the
@@ -70,18 +74,20 @@
 //     may repeat the key) is never passed on: the caller gets 502 api_error
 //     upstream_authentication_failed (401) or upstream_permission_denied (403),
 //     Stripe-Should-Retry: false, the failure is logged at Error and counted
-//     (Stats.UpstreamAuthFailures), and the cached secret is dropped so that the
-//     operator's fix applies at once. A lookup answered 401 or 403 is refused
-//     the same way rather than as amount_unknown. 5xx or no answer: outcome
-//     unknown, the hold stays — unless the request provably never left: the
-//     transport never got a connection (refused, DNS or TLS handshake failure,
-//     a timeout while connecting; net/http/httptrace's GotConn fires before the
-//     first byte is written), so nothing executed and the attempt is abandoned
-//     like a 429; the answer says it is safe to retry (or, for a resumed
-//     request, that the first attempt's outcome is still unknown). If Settle
-//     itself fails after Stripe answered, the caller still gets Stripe's answer
-//     and the failure is logged at Error; the record stays in_progress and
-//     becomes unknown at the next start (fail closed).
+//     (keybrake_upstream_auth_failures_total), and the cached secret is dropped
+//     so that the operator's fix applies at once. A lookup answered 401 or 403 is
+//     refused the same way rather than as amount_unknown. 5xx or no answer:
+//     outcome unknown, the hold stays — unless the request provably never left:
+//     the transport never got a connection (refused, DNS or TLS handshake
+//     failure, a timeout while connecting; net/http/httptrace's GotConn fires
+//     before the first byte is written), so nothing executed and the attempt is
+//     abandoned like a 429; the answer says it is safe to retry (or, for a
+//     resumed request, that the first attempt's outcome is still unknown). If
+//     Settle itself fails after Stripe answered, the caller still gets Stripe's
+//     answer and the failure is logged at Error; the record stays in_progress
+//     and becomes unknown at the next start (fail closed). Any other 2xx answer
+//     that shows a money object (a read, a cancel, a deletion, an unmetered
+//     write) is applied to the key's exposure on it (Store.ObserveObject).
 //  8. Respond: Stripe's answer byte for byte plus Keybrake-Remaining-Daily and
 //     Keybrake-Remaining-Period (decimal strings in the policy currency; a window
 //     without a cap has no header) on every 2xx; Set-Cookie is dropped, and the
@@ -102,37 +108,70 @@
 //     unit_amount × quantity, …);
 //   - otherwise by a lookup: keybrake GETs the object at Stripe with the real secret
 //     and the same Stripe-Account / Stripe-Context / Stripe-Version, and reads the
-//     integer field the catalogue names and "currency". A lookup that fails (a
-//     4xx, field missing or not a non-negative integer, bad currency) refuses the
-//     request with 403 amount_unknown; keybrake never guesses. One that Stripe
-//     does not answer (no answer, 429, 5xx) refuses it with 502/504
-//     upstream_unavailable (nothing was sent: safe to retry), and one answered 401
-//     or 403 as a refusal of keybrake's secret (step 7). A lookup is also
-//     made when only the currency is unknown (a capture or refund with an amount).
-//   - payment_intents.confirm, payment_intents.capture and charges.capture of an
-//     object already metered through the same vault key (Store.ObjectAmount) hold
-//     only what is not metered yet: max(0, amount − metered). On success the commit
-//     is max(0, reported − metered) where Stripe reports the real amount
-//     (amount_captured for charges.capture, amount_received for
-//     payment_intents.capture), else the hold. A partial capture therefore never
-//     gives back what the creation committed: keybrake errs on the side of counting.
-//   - payment_intents.update and increment_authorization with a new total hold
-//     new_total − already metered through this key, or new_total − the current
-//     total looked up at Stripe when the object was not metered through this key
-//     (its earlier amount was never this key's to count). The object is always
-//     looked up: when the request names a currency other than the object's, the
-//     whole new total is held (the current total is in another currency).
+//     integer field the catalogue names, "currency", and what a money object has
+//     moved so far. Stored prices (Classification.Prices) are looked up the same
+//     way. A lookup that fails (a 4xx, field missing or not a non-negative
+//     integer, bad currency, a price keybrake cannot bound) refuses the request
+//     with 403 amount_unknown; keybrake never guesses. One that Stripe does not
+//     answer (no answer, 429, 5xx) refuses it with 502/504 upstream_unavailable
+//     (nothing was sent: safe to retry), and one answered 401 or 403 as a
+//     refusal of keybrake's secret (step 7). A lookup is also made when only the
+//     currency is unknown (a capture or refund with an amount), and for every
+//     request that moves money on an existing object.
 //   - An amount read from an object (a stored price) is in that object's
 //     currency: a request naming another currency is refused with amount_unknown
 //     (but a PaymentIntent update that changes only the currency, which re-meters
 //     the whole amount in the new one).
-//   - Every 2xx commit records the object id from the answer's "id", so a later
-//     confirm or capture of it is not counted twice.
+//
+// # Money objects
+//
+// Money is metered per money object, not per request (the vault documents the
+// store side). Each money-moving request is one of three kinds
+// (Classification.Target and Creates):
+//
+//   - it creates a money object that can move money after it (a PaymentIntent, an
+//     uncaptured Charge, a Checkout Session, a pending invoice item), or adds lines
+//     to one (invoice items and lines added to an invoice): its amount is held, and
+//     on Stripe's answer what the object has not moved yet stays held as the
+//     object's exposure, on the windows the request was placed on;
+//   - it moves money on an existing object (confirm, capture, paying or finalising
+//     an invoice): it holds its amount less the key's exposure on the object, so
+//     money counted at creation is not counted again, and money the key moves on
+//     an object it did not create is counted in full, each capture of a
+//     multicapture by its own amount. A raise (payment_intents.update,
+//     increment_authorization, invoiceitems.update: NewTotal) holds the new total
+//     less the key's exposure — less the current total at Stripe for an object
+//     the key did not create;
+//   - neither: its money moves at once (refunds, transfers, payouts, subscriptions,
+//     customer balances) and the hold is committed.
+//
+// On an object, Stripe's answer decides: what it moved since the key last saw it
+// (amount_received, amount_captured, amount_paid, a paid Checkout Session's
+// amount_total; see moneyKinds) is committed, taken from the exposure first; the
+// rest of the hold stays exposure; an answer that shows the object can move no more
+// money (cancelled, succeeded, captured, expired, paid, void, deleted) releases it.
+// An answer about another object (an invoice line) moves nothing yet; an answer
+// keybrake cannot read commits the hold. When the answer shows that more moved than
+// was held (the object changed at Stripe between the lookup and the request), the
+// excess is committed as a recorded overrun (vault.SettleRequest.AllowOverrun) and
+// logged at Warn: the only commit above a hold.
+//
+// A 4xx is not always "nothing happened": a creation whose error body carries the
+// object it created (error.payment_intent of a declined confirm=true) keeps its
+// hold as that object's exposure. Every other 2xx answer under the key that shows a
+// money object — a read, a cancel, an expiry, a void, a deletion — is applied to the
+// key's exposure on it, so exposure is freed by acting on the object through
+// keybrake (payment_intents.cancel, checkout.sessions.expire, invoices.void,
+// DELETE /v1/invoiceitems/{id}) or by reading it once Stripe shows it settled.
+//
+// The per-request cap bounds what one money object can move
+// (policy.Request.ObjectTotal): a raise's new total, and for a request that moves
+// money on an object, everything the key has committed and holds on it.
 //
 // keybrake meters only what passes through it: subscription renewals, invoices
-// finalised by auto_advance, Checkout Sessions and Payment Links paid later move
-// money without any request it could see (the catalogue refuses what it cannot
-// price: amount_unknown).
+// Stripe collects by itself, Checkout Sessions and Payment Links paid later move
+// money without any request it could see; what cannot be bounded before
+// forwarding is refused (amount_unknown, with the reason in the message).
 //
 // # Idempotency
 //

@@ -103,8 +103,8 @@ func TestPaymentIntentCurrencyChangeIsMeteredInFull(t *testing.T) {
 	r = e.Post(t, "/v1/payment_intents/"+id, tok, "u2", form("amount", "5000", "currency", "usd"))
 	require.Equal(t, http.StatusOK, r.Status, "%s", r.Raw)
 	c, h := usage(t, e, key.ID)
-	assert.EqualValues(t, 5000, c, "the new total in the new currency is metered")
-	assert.Zero(t, h)
+	assert.Zero(t, c, "nothing has moved yet")
+	assert.EqualValues(t, 5000, h, "the new total in the new currency is counted as the PaymentIntent's exposure")
 }
 
 // /v1/accounts/{id}/… acts on that connected account as a Stripe-Account header

@@ -169,6 +169,9 @@ func (p *Proxy) modifyResponse(resp *http.Response) error {
 	}
 	ctx := resp.Request.Context()
 	if !c.record {
+		if err := p.observeUnrecorded(ctx, c, resp); err != nil {
+			return err
+		}
 		if resp.StatusCode >= 200 && resp.StatusCode < 300 {
 			p.setRemaining(ctx, resp.Header, c)
 		}
@@ -204,7 +207,9 @@ func (p *Proxy) modifyResponse(resp *http.Response) error {
 	switch {
 	case code >= 200 && code < 300:
 		sr.Outcome = vault.SettleCommit
-		sr.Amount, sr.ObjectID = c.commitAmount(body)
+		if c.metered {
+			c.settleAnswer(&sr, decodeObject(body))
+		}
 	case code == http.StatusConflict:
 		// idempotency_key_in_use: Stripe is executing an earlier attempt under this
 		// upstream key (a transport resend, a lapsed lease), which may move the
@@ -221,12 +226,43 @@ func (p *Proxy) modifyResponse(resp *http.Response) error {
 		sr.Outcome = vault.SettleUnknown
 	case code >= 400 && code < 500:
 		sr.Outcome = vault.SettleRelease
+		// A 4xx whose body shows a money object the request created anyway (a
+		// declined PaymentIntent) is not "nothing happened".
+		c.keepCreatedObject(&sr, body)
 	default:
 		sr.Outcome = vault.SettleUnknown
 	}
 	p.settle(ctx, c, sr, "")
+	if c.overrun > 0 {
+		p.log.LogAttrs(ctx, slog.LevelWarn, "Stripe moved more than keybrake held: the object changed at Stripe between the lookup and the request",
+			slog.String(logRequestID, c.requestID), slog.String(logKeyID, c.key.ID), slog.String(logOperation, c.cls.Operation),
+			slog.String("object_id", sr.ObjectID), slog.Int64("overrun", c.overrun))
+	}
 	if code >= 200 && code < 300 {
+		if sr.Object == (vault.ObjectSettle{}) {
+			p.observe(ctx, c, body)
+		}
 		p.setRemaining(ctx, resp.Header, c)
+	}
+	return nil
+}
+
+// observeUnrecorded reads the answer to a request that keeps no record (a read, a
+// deletion, a write without an idempotency key) when it may show a money object
+// the key has exposure on, and applies it (see observe). The body is read into
+// memory (at most the response limit) and handed on unchanged.
+func (p *Proxy) observeUnrecorded(ctx context.Context, c *call, resp *http.Response) error {
+	if resp.StatusCode < 200 || resp.StatusCode >= 300 || !observable(c) {
+		return nil
+	}
+	body, err := io.ReadAll(io.LimitReader(resp.Body, p.maxResponse+1))
+	_ = resp.Body.Close()
+	if err != nil {
+		return fmt.Errorf("read upstream answer: %w", err)
+	}
+	resp.Body = io.NopCloser(bytes.NewReader(body))
+	if int64(len(body)) <= p.maxResponse {
+		p.observe(ctx, c, body)
 	}
 	return nil
 }
@@ -242,30 +278,6 @@ func stripeErrorType(body []byte) string {
 		return ""
 	}
 	return e.Error.Type
-}
-
-// commitAmount reads the answer of a 2xx: the amount to commit and the object id.
-func (c *call) commitAmount(body []byte) (int64, string) {
-	amount := c.amount
-	var obj map[string]json.RawMessage
-	if err := json.Unmarshal(body, &obj); err != nil {
-		return amount, ""
-	}
-	var id string
-	if raw, ok := obj["id"]; ok {
-		_ = json.Unmarshal(raw, &id)
-	}
-	if c.reportKey != "" {
-		if raw, ok := obj[c.reportKey]; ok {
-			if n, err := strconv.ParseInt(string(raw), 10, 64); err == nil && n >= 0 {
-				amount = max(0, n-c.base)
-			}
-		}
-	}
-	if !c.metered {
-		amount = 0
-	}
-	return amount, id
 }
 
 // isCredentialRefusal reports whether Stripe's status judges keybrake's own
@@ -422,24 +434,41 @@ func (p *Proxy) settle(ctx context.Context, c *call, sr vault.SettleRequest, not
 type lookupResult struct {
 	amount   int64
 	currency string
+	// moved is what the looked-up object has moved so far, when it is a money
+	// object (see moneyKinds).
+	moved      int64
+	movedKnown bool
+	// factor is the value of Lookup.Factors.
+	factor int64
 }
 
 // lookup GETs the object at Stripe with the real secret and the call's account
-// headers and reads the integer field l.Field and "currency". When Stripe refuses
-// keybrake's secret or gives no answer (none, 429, 5xx), the error is the
-// *refusal to answer with; any other error means the amount cannot be known.
+// headers and reads the integer field l.Field, "currency" and l.Factors. When
+// Stripe refuses keybrake's secret or gives no answer (none, 429, 5xx), the error
+// is the *refusal to answer with; any other error means the amount cannot be
+// known.
 func (p *Proxy) lookup(ctx context.Context, c *call, l Lookup) (lookupResult, error) {
-	if !strings.HasPrefix(l.Path, "/v1/") || strings.ContainsAny(l.Path, "?#%") || strings.Contains(l.Path, "..") {
-		return lookupResult{}, fmt.Errorf("lookup path %q refused", l.Path)
+	body, err := p.fetch(ctx, c, l.Path)
+	if err != nil {
+		return lookupResult{}, err
+	}
+	return parseLookup(body, l)
+}
+
+// fetch GETs path at Stripe with the real secret and the call's Stripe-Account,
+// Stripe-Context and Stripe-Version, and returns the body of a 200.
+func (p *Proxy) fetch(ctx context.Context, c *call, path string) ([]byte, error) {
+	if !strings.HasPrefix(path, "/v1/") || strings.ContainsAny(path, "?#%") || strings.Contains(path, "..") {
+		return nil, fmt.Errorf("lookup path %q refused", path)
 	}
 	u := *p.upstream
-	u.Path = strings.TrimSuffix(p.upstream.Path, "/") + l.Path
+	u.Path = strings.TrimSuffix(p.upstream.Path, "/") + path
 	u.RawPath, u.RawQuery, u.Fragment = "", "", ""
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.timeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.String(), nil)
 	if err != nil {
-		return lookupResult{}, fmt.Errorf("lookup request: %w", err)
+		return nil, fmt.Errorf("lookup request: %w", err)
 	}
 	req.Header.Set("Authorization", "Bearer "+c.secret)
 	if c.account != "" {
@@ -453,23 +482,23 @@ func (p *Proxy) lookup(ctx context.Context, c *call, l Lookup) (lookupResult, er
 	}
 	resp, err := p.lookups.Do(req)
 	if err != nil {
-		return lookupResult{}, lookupUnavailable(c, fmt.Errorf("lookup %s: %w", l.Path, err))
+		return nil, lookupUnavailable(c, fmt.Errorf("lookup %s: %w", path, err))
 	}
 	defer resp.Body.Close()
 	switch {
 	case isCredentialRefusal(resp.StatusCode):
-		return lookupResult{}, p.upstreamAuthFailed(c, "lookup", resp.StatusCode, resp.Header.Get(headerRequestID)).refusal(false)
+		return nil, p.upstreamAuthFailed(c, "lookup", resp.StatusCode, resp.Header.Get(headerRequestID)).refusal(false)
 	case resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode >= 500:
-		return lookupResult{}, lookupUnavailable(c, fmt.Errorf("lookup %s: status %d", l.Path, resp.StatusCode))
+		return nil, lookupUnavailable(c, fmt.Errorf("lookup %s: status %d", path, resp.StatusCode))
 	}
 	body, err := io.ReadAll(io.LimitReader(resp.Body, p.maxResponse))
 	if err != nil {
-		return lookupResult{}, lookupUnavailable(c, fmt.Errorf("lookup %s: read: %w", l.Path, err))
+		return nil, lookupUnavailable(c, fmt.Errorf("lookup %s: read: %w", path, err))
 	}
 	if resp.StatusCode != http.StatusOK {
-		return lookupResult{}, fmt.Errorf("lookup %s: status %d", l.Path, resp.StatusCode)
+		return nil, fmt.Errorf("lookup %s: status %d", path, resp.StatusCode)
 	}
-	return parseLookup(body, l.Field)
+	return body, nil
 }
 
 // lookupUnavailable is the refusal of a request whose amount lookup Stripe did
@@ -492,14 +521,18 @@ func isTimeout(err error) bool {
 	return errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout())
 }
 
-// parseLookup reads the non-negative integer at field (dots for nesting) and the
-// top-level "currency" of a Stripe object.
-func parseLookup(body []byte, field string) (lookupResult, error) {
-	var obj map[string]json.RawMessage
-	if err := json.Unmarshal(body, &obj); err != nil {
-		return lookupResult{}, fmt.Errorf("lookup answer: %w", err)
+// parseLookup reads the non-negative integer at l.Field (dots for nesting), the
+// top-level "currency" of a Stripe object, the factor l.Factors names and, for a
+// money object, what it has moved so far.
+func parseLookup(body []byte, l Lookup) (lookupResult, error) {
+	obj := decodeObject(body)
+	if obj == nil {
+		return lookupResult{}, errors.New("lookup answer is not a JSON object")
 	}
 	var res lookupResult
+	if kind, ok := moneyKinds[obj.str("object")]; ok {
+		res.moved, res.movedKnown = kind.moved(obj)
+	}
 	if raw, ok := obj["currency"]; ok {
 		if err := json.Unmarshal(raw, &res.currency); err != nil {
 			return lookupResult{}, fmt.Errorf("lookup currency: %w", err)
@@ -508,28 +541,25 @@ func parseLookup(body []byte, field string) (lookupResult, error) {
 			return lookupResult{}, fmt.Errorf("lookup currency %q not supported", clip(res.currency))
 		}
 	}
-	parts := strings.Split(field, ".")
-	cur := obj
-	for i, part := range parts {
-		raw, ok := cur[part]
-		if !ok {
-			return lookupResult{}, fmt.Errorf("lookup field %q missing", field)
-		}
-		if i == len(parts)-1 {
-			s := string(raw)
-			if s == "" || strings.TrimLeft(s, "0123456789") != "" {
-				return lookupResult{}, fmt.Errorf("lookup field %q is not a non-negative integer", field)
-			}
-			n, err := strconv.ParseInt(s, 10, 64)
-			if err != nil {
-				return lookupResult{}, fmt.Errorf("lookup field %q: %w", field, err)
-			}
-			res.amount = n
-			break
-		}
-		cur = nil
-		if err := json.Unmarshal(raw, &cur); err != nil || cur == nil {
-			return lookupResult{}, fmt.Errorf("lookup field %q: not an object at %q", field, part)
+	raw, ok := obj.path(l.Field)
+	if !ok {
+		return lookupResult{}, fmt.Errorf("lookup field %q missing", l.Field)
+	}
+	digits := string(raw)
+	if l.Signed {
+		digits = strings.TrimPrefix(digits, "-")
+	}
+	n, err := strconv.ParseInt(digits, 10, 64)
+	if err != nil || n < 0 || strings.TrimLeft(digits, "0123456789") != "" {
+		return lookupResult{}, fmt.Errorf("lookup field %q is not a non-negative integer", l.Field)
+	}
+	if digits != string(raw) {
+		n = 0 // a credit
+	}
+	res.amount = n
+	if len(l.Factors) > 0 {
+		if res.factor, err = obj.factor(l.Factors); err != nil {
+			return lookupResult{}, err
 		}
 	}
 	return res, nil

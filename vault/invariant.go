@@ -35,7 +35,7 @@ func (s *Store) CheckInvariant(ctx context.Context) error {
 	return errors.Join(append([]error{ErrInvariant}, problems...)...)
 }
 
-type sums struct{ held, committed int64 }
+type sums struct{ held, committed, allowance int64 }
 
 func checkInvariantTx(tx *bolt.Tx, now time.Time) ([]error, error) {
 	var problems []error
@@ -80,6 +80,30 @@ func checkInvariantTx(tx *bolt.Tx, now time.Time) ([]error, error) {
 		return nil, err
 	}
 
+	// Live exposure of money objects is held on its windows like a hold.
+	err = tx.Bucket(bucketObjects).ForEach(func(k, v []byte) error {
+		keyID, objectID, _ := splitNul(k)
+		var o objectRec
+		if err := decodeJSON(k, v, &o); err != nil {
+			return err
+		}
+		if o.Amount < 0 {
+			bad("object %s of %s has negative committed amount %d", objectID, keyID, o.Amount)
+		}
+		for _, p := range o.Parts {
+			if p.Amount <= 0 {
+				bad("object %s of %s has an exposure part of %d", objectID, keyID, p.Amount)
+			}
+			for _, w := range p.WindowIDs {
+				live[string(counterKey(keyID, w))] += p.Amount
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+
 	// The hold index lists every hold once, with its state.
 	indexed := 0
 	err = tx.Bucket(bucketHoldIndex).ForEach(func(k, v []byte) error {
@@ -104,11 +128,17 @@ func checkInvariantTx(tx *bolt.Tx, now time.Time) ([]error, error) {
 		if err != nil {
 			return err
 		}
-		for _, w := range e.WindowIDs {
+		if e.AllowanceDeltas != nil && len(e.AllowanceDeltas) != len(e.WindowIDs) {
+			bad("event %s has %d allowance deltas for %d windows", e.ID, len(e.AllowanceDeltas), len(e.WindowIDs))
+		}
+		for i, w := range e.WindowIDs {
 			ck := string(counterKey(e.KeyID, w))
 			sm := ledger[ck]
 			sm.held += e.HeldDelta
 			sm.committed += e.CommittedDelta
+			if i < len(e.AllowanceDeltas) {
+				sm.allowance += e.AllowanceDeltas[i]
+			}
 			ledger[ck] = sm
 		}
 		return nil
@@ -134,6 +164,11 @@ func checkInvariantTx(tx *bolt.Tx, now time.Time) ([]error, error) {
 		}
 		if l := ledger[ck]; c.Held != l.held || c.Committed != l.committed {
 			bad("counter %s: committed %d held %d but the ledger sums to committed %d held %d", ck, c.Committed, c.Held, l.committed, l.held)
+		}
+		// Allowance only ever comes from report-mode holds past a cap and overrun
+		// commits, each recorded in the ledger.
+		if l := ledger[ck]; c.Allowance != l.allowance {
+			bad("counter %s: allowance %d but the ledger excuses %d", ck, c.Allowance, l.allowance)
 		}
 		// Committed holds are reaped with their records, so they can only sum lower.
 		if c.Committed < committedHolds[ck] {

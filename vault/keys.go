@@ -240,11 +240,11 @@ func carryDailyUsage(tx *bolt.Tx, now time.Time, rec *keyRec, p *policy.Policy) 
 		return nil
 	}
 	c.Committed += carry
+	var excused int64
 	if newDay.HasCap {
 		c.CapPeak = max(c.CapPeak, newDay.Cap)
-		if over := c.Committed + c.Held - c.CapPeak - c.Allowance; over > 0 {
-			c.Allowance += over
-		}
+		excused = max(0, c.Committed+c.Held-c.CapPeak-c.Allowance)
+		c.Allowance += excused
 	} else {
 		c.Uncapped = true
 	}
@@ -254,6 +254,7 @@ func carryDailyUsage(tx *bolt.Tx, now time.Time, rec *keyRec, p *policy.Policy) 
 	return putEvent(tx, &Event{
 		Time: now, KeyID: rec.ID, Operation: "key.update", Amount: carry, Currency: p.EffectiveCurrency(),
 		Decision: "carried", Reason: "timezone_changed", WindowIDs: []string{newDay.ID}, CommittedDelta: carry,
+		AllowanceDeltas: []int64{excused},
 	})
 }
 

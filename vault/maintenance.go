@@ -215,11 +215,12 @@ func latestCounterDay(tx *bolt.Tx, keyID string) (time.Time, bool) {
 	return counterDay(window)
 }
 
-// deadObject: metered-object totals untouched for ObjectRetention.
+// deadObject: money-object records untouched for ObjectRetention whose exposure
+// is all settled (live exposure is money held: never reaped).
 func deadObject(tx *bolt.Tx, now time.Time, k, v []byte) (bool, func(tx *bolt.Tx) error, error) {
 	var o objectRec
 	if err := decodeJSON(k, v, &o); err != nil {
 		return false, nil, err
 	}
-	return now.Sub(o.UpdatedAt) > ObjectRetention, nil, nil
+	return len(o.Parts) == 0 && now.Sub(o.UpdatedAt) > ObjectRetention, nil, nil
 }

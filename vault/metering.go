@@ -186,7 +186,8 @@ func applyReserve(tx *bolt.Tx, pl *reservePlan) error {
 	}
 	if pl.newHold {
 		amount := r.Hold.Amount
-		for _, w := range pl.windows {
+		var excused []int64
+		for i, w := range pl.windows {
 			c, _, err := getCounter(tx, r.KeyID, w.ID)
 			if err != nil {
 				return err
@@ -194,9 +195,14 @@ func applyReserve(tx *bolt.Tx, pl *reservePlan) error {
 			if w.HasCap {
 				c.CapPeak = max(c.CapPeak, w.Cap)
 				if pl.res.Decision.WouldRefuse {
-					// Report mode lets this hold pass the cap: excuse what it adds beyond.
+					// Report mode lets this hold pass the cap: excuse what it adds
+					// beyond, and say so in the ledger.
 					if over := c.Committed + c.Held + amount - w.Cap; over > 0 {
-						c.Allowance += min(over, amount)
+						if excused == nil {
+							excused = make([]int64, len(pl.windows))
+						}
+						excused[i] = min(over, amount)
+						c.Allowance += excused[i]
 					}
 				}
 			} else {
@@ -206,6 +212,9 @@ func applyReserve(tx *bolt.Tx, pl *reservePlan) error {
 			if err := putCounter(tx, r.KeyID, w.ID, c); err != nil {
 				return err
 			}
+		}
+		if pl.event != nil {
+			pl.event.AllowanceDeltas = excused
 		}
 	}
 	return nil
@@ -243,8 +252,11 @@ func (s *Store) settleTx(tx *bolt.Tx, now time.Time, req *SettleRequest) (dom er
 	default:
 		return fmt.Errorf("settle outcome %q: %w", req.Outcome, ErrInvalid), nil
 	}
-	if req.Amount < 0 {
+	if req.Amount < 0 || req.Object.Moved < 0 {
 		return fmt.Errorf("settle: negative amount: %w", ErrInvalid), nil
+	}
+	if req.ObjectID == "" && req.Object != (ObjectSettle{}) {
+		return fmt.Errorf("settle: an object change without an object id: %w", ErrInvalid), nil
 	}
 	rec, err := getRecord(tx, req.KeyID, req.IdempotencyKey)
 	if err != nil {
@@ -257,6 +269,26 @@ func (s *Store) settleTx(tx *bolt.Tx, now time.Time, req *SettleRequest) (dom er
 		return fmt.Errorf("idempotency record of key %s is %s: %w", req.KeyID, rec.State, ErrConflict), nil
 	}
 	hold := rec.Hold
+	var obj *objectRec
+	if req.Outcome == SettleCommit {
+		// A commit that says nothing about its object (money that moved at once)
+		// is only recorded in the ledger with the object's id.
+		if req.ObjectID != "" && hold != nil && req.Object != (ObjectSettle{}) {
+			if obj, _, err = getObject(tx, req.KeyID, req.ObjectID); err != nil {
+				return nil, err
+			}
+		}
+		var avail int64
+		if hold != nil {
+			avail = hold.Amount
+		}
+		if obj != nil {
+			avail += obj.held()
+		}
+		if req.Amount > avail && (!req.AllowOverrun || hold == nil) {
+			return fmt.Errorf("settle: commit of %d above the %d held for it: %w", req.Amount, avail, ErrInvalid), nil
+		}
+	}
 
 	// From here on, only writes.
 	var resp *responseRec
@@ -278,27 +310,25 @@ func (s *Store) settleTx(tx *bolt.Tx, now time.Time, req *SettleRequest) (dom er
 	case SettleCommit, SettleRelease:
 		rec.State, rec.LeaseUntil, rec.Fresh, rec.CompletedAt = RecordCompleted, time.Time{}, false, now
 		rec.Response, rec.RequestID = resp, req.StripeRequestID
-		if hold != nil {
-			held := hold.Amount
-			ev.HeldDelta = -held
-			hold.SettledAt = now
-			if req.Outcome == SettleCommit {
-				hold.State, hold.Amount = HoldCommitted, req.Amount
-				ev.CommittedDelta, ev.Amount = req.Amount, req.Amount
-				// A commit above the hold is booked (the money moved) and excused.
-				if err := addToWindows(tx, hold.KeyID, hold.WindowIDs, -held, req.Amount, max(0, req.Amount-held)); err != nil {
-					return nil, err
-				}
-				if req.ObjectID != "" {
-					if err := addObjectAmount(tx, now, req.KeyID, req.ObjectID, req.Amount); err != nil {
-						return nil, err
-					}
-				}
-			} else {
-				hold.State = HoldReleased
-				if err := addToWindows(tx, hold.KeyID, hold.WindowIDs, -held, 0, 0); err != nil {
-					return nil, err
-				}
+		switch {
+		case obj != nil: // a commit with a hold, against a money object
+			if err := commitObject(tx, now, req, hold, obj, ev); err != nil {
+				return nil, err
+			}
+		case hold != nil && req.Outcome == SettleCommit:
+			// At most the hold (checked above), unless an allowed overrun.
+			held, over := hold.Amount, max(0, req.Amount-hold.Amount)
+			hold.State, hold.Amount, hold.SettledAt = HoldCommitted, req.Amount, now
+			ev.HeldDelta, ev.CommittedDelta, ev.Amount = -held, req.Amount, req.Amount
+			ev.AllowanceDeltas = sameForEach(hold.WindowIDs, over)
+			if err := addToWindows(tx, hold.KeyID, hold.WindowIDs, -held, req.Amount, over); err != nil {
+				return nil, err
+			}
+		case hold != nil:
+			ev.HeldDelta = -hold.Amount
+			hold.State, hold.SettledAt = HoldReleased, now
+			if err := addToWindows(tx, hold.KeyID, hold.WindowIDs, -hold.Amount, 0, 0); err != nil {
+				return nil, err
 			}
 		}
 	case SettleUnknown:
@@ -343,22 +373,59 @@ func (s *Store) settleTx(tx *bolt.Tx, now time.Time, req *SettleRequest) (dom er
 	return nil, nil
 }
 
-func addObjectAmount(tx *bolt.Tx, now time.Time, keyID, objectID string, amount int64) error {
-	b := tx.Bucket(bucketObjects)
-	k := idemKey(keyID, objectID)
-	var o objectRec
-	if _, err := getJSON(b, k, &o); err != nil {
+// commitObject books a commit against the money object obj (see Store.Settle):
+// Amount comes from the object's exposure first, then from the request's hold, then
+// (an allowed overrun) beyond both; the rest of the hold becomes exposure or is
+// released. It fills ev, the settle event of the request's hold.
+func commitObject(tx *bolt.Tx, now time.Time, req *SettleRequest, hold *holdRec, obj *objectRec, ev *Event) error {
+	amount, ch := req.Amount, req.Object
+	fromParts := min(amount, obj.held())
+	changes := obj.commit(fromParts)
+	held := hold.Amount
+	fromHold := min(amount-fromParts, held)
+	over := amount - fromParts - fromHold
+	var toPart int64
+	if ch.Expose && !ch.Terminal {
+		toPart = held - fromHold
+	}
+	hold.State, hold.Amount, hold.SettledAt = HoldCommitted, fromHold+over, now
+	ev.Amount, ev.HeldDelta, ev.CommittedDelta = amount, -held+toPart, fromHold+over
+	ev.AllowanceDeltas = sameForEach(hold.WindowIDs, over)
+	if err := addToWindows(tx, hold.KeyID, hold.WindowIDs, -held+toPart, fromHold+over, over); err != nil {
 		return err
 	}
-	o.Amount += amount
-	o.UpdatedAt = now
-	return putJSON(b, k, &o)
+	if ch.Terminal {
+		changes = append(changes, obj.releaseAll()...)
+		obj.Closed = true
+	} else if toPart > 0 {
+		obj.addPart(hold.ID, hold.WindowIDs, toPart, now)
+		obj.Closed = false
+	}
+	if obj.Currency == "" {
+		obj.Currency = hold.Currency
+	}
+	obj.Amount += amount
+	obj.Own = obj.Own || ch.Created
+	if ch.MovedKnown {
+		obj.Moved, obj.MovedSeen = ch.Moved, true
+	}
+	obj.UpdatedAt = now
+	if err := putObject(tx, req.KeyID, req.ObjectID, obj); err != nil {
+		return err
+	}
+	return applyPartChanges(tx, now, req.KeyID, req.ObjectID, ev.Operation, obj.Currency, changes)
 }
 
-func objectAmountTx(tx *bolt.Tx, keyID, objectID string) (int64, bool, error) {
-	var o objectRec
-	ok, err := getJSON(tx.Bucket(bucketObjects), idemKey(keyID, objectID), &o)
-	return o.Amount, ok, err
+// sameForEach is n for each of ids, or nil when n is 0 (events leave it out).
+func sameForEach(ids []string, n int64) []int64 {
+	if n == 0 {
+		return nil
+	}
+	out := make([]int64, len(ids))
+	for i := range out {
+		out[i] = n
+	}
+	return out
 }
 
 // resolvedResponse is what a retry of a request resolved by an operator replays:

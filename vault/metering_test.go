@@ -227,7 +227,7 @@ func TestSettle(t *testing.T) {
 			want: want{RecordCompleted, HoldCommitted, policy.Counter{Committed: 3000}, true}},
 		"commit less (captured part)": {req: SettleRequest{Outcome: SettleCommit, Amount: 1200},
 			want: want{RecordCompleted, HoldCommitted, policy.Counter{Committed: 1200}, true}},
-		"commit more than held, past the cap": {req: SettleRequest{Outcome: SettleCommit, Amount: 11000},
+		"commit more than held, past the cap (an allowed overrun)": {req: SettleRequest{Outcome: SettleCommit, Amount: 11000, AllowOverrun: true},
 			want: want{RecordCompleted, HoldCommitted, policy.Counter{Committed: 11000}, true}},
 		"release": {req: SettleRequest{Outcome: SettleRelease, Response: &StoredResponse{Status: 402}},
 			want: want{RecordCompleted, HoldReleased, policy.Counter{}, true}},
@@ -296,18 +296,24 @@ func TestSettleErrorsAndObjects(t *testing.T) {
 	MustReserve(t, f.s, charge(id, "a", 500))
 	assert.ErrorIs(t, f.s.Settle(ctx, SettleRequest{KeyID: id, IdempotencyKey: "a", Outcome: "maybe"}), ErrInvalid)
 	assert.ErrorIs(t, f.s.Settle(ctx, SettleRequest{KeyID: id, IdempotencyKey: "a", Outcome: SettleCommit, Amount: -5}), ErrInvalid)
+	assert.ErrorIs(t, f.s.Settle(ctx, SettleRequest{KeyID: id, IdempotencyKey: "a", Outcome: SettleCommit, Amount: 501}), ErrInvalid,
+		"a commit above its hold is refused unless it is an allowed overrun")
+	assert.ErrorIs(t, f.s.Settle(ctx, SettleRequest{KeyID: id, IdempotencyKey: "a", Outcome: SettleCommit,
+		Object: ObjectSettle{Expose: true}}), ErrInvalid, "an object change needs an object id")
 
-	_, ok, err := f.s.ObjectAmount(ctx, id, "pi_1")
+	_, ok, err := f.s.ObjectExposure(ctx, id, "pi_1")
 	require.NoError(t, err)
 	assert.False(t, ok)
-	MustSettle(t, f.s, SettleRequest{KeyID: id, IdempotencyKey: "a", Outcome: SettleCommit, Amount: 500, ObjectID: "pi_1"})
+	MustSettle(t, f.s, SettleRequest{KeyID: id, IdempotencyKey: "a", Outcome: SettleCommit, Amount: 500, ObjectID: "pi_1",
+		Object: ObjectSettle{Terminal: true}})
 	MustReserve(t, f.s, charge(id, "b", 300))
-	MustSettle(t, f.s, SettleRequest{KeyID: id, IdempotencyKey: "b", Outcome: SettleCommit, Amount: 300, ObjectID: "pi_1"})
-	amount, ok, err := f.s.ObjectAmount(ctx, id, "pi_1")
+	MustSettle(t, f.s, SettleRequest{KeyID: id, IdempotencyKey: "b", Outcome: SettleCommit, Amount: 300, ObjectID: "pi_1",
+		Object: ObjectSettle{Terminal: true}})
+	exp, ok, err := f.s.ObjectExposure(ctx, id, "pi_1")
 	require.NoError(t, err)
 	assert.True(t, ok)
-	assert.Equal(t, int64(800), amount)
-	_, ok, err = f.s.ObjectAmount(ctx, "key_other", "pi_1")
+	assert.Equal(t, Exposure{Committed: 800, Closed: true}, exp)
+	_, ok, err = f.s.ObjectExposure(ctx, "key_other", "pi_1")
 	require.NoError(t, err)
 	assert.False(t, ok, "object totals are per key")
 
@@ -322,6 +328,12 @@ func TestSettleErrorsAndObjects(t *testing.T) {
 	assert.Equal(t, int64(-300), e.HeldDelta)
 	assert.Equal(t, int64(300), e.CommittedDelta)
 	assert.Equal(t, HoldCommitted, e.HoldState)
+
+	MustReserve(t, f.s, charge(id, "c", 100))
+	MustSettle(t, f.s, SettleRequest{KeyID: id, IdempotencyKey: "c", Outcome: SettleCommit, Amount: 100, ObjectID: "re_1"})
+	_, ok, err = f.s.ObjectExposure(ctx, id, "re_1")
+	require.NoError(t, err)
+	assert.False(t, ok, "money that moved at once keeps no object record")
 }
 
 func TestHoldStaysOnItsDay(t *testing.T) {
@@ -496,7 +508,8 @@ func TestReap(t *testing.T) {
 	f := newMeteringFixture(t)
 	id := f.key.ID
 	MustReserve(t, f.s, charge(id, "old", 100))
-	MustSettle(t, f.s, SettleRequest{KeyID: id, IdempotencyKey: "old", Outcome: SettleCommit, Amount: 100, ObjectID: "pi_old"})
+	MustSettle(t, f.s, SettleRequest{KeyID: id, IdempotencyKey: "old", Outcome: SettleCommit, Amount: 100, ObjectID: "pi_old",
+		Object: ObjectSettle{Terminal: true}})
 	MustReserve(t, f.s, charge(id, "unknown", 200))
 	MustSettle(t, f.s, SettleRequest{KeyID: id, IdempotencyKey: "unknown", Outcome: SettleUnknown})
 
@@ -533,14 +546,14 @@ func TestReap(t *testing.T) {
 		assert.True(t, okP)
 		return nil
 	}))
-	_, ok, err = f.s.ObjectAmount(ctx, id, "pi_old")
+	_, ok, err = f.s.ObjectExposure(ctx, id, "pi_old")
 	require.NoError(t, err)
 	assert.True(t, ok)
 
 	f.clock.Set(t0.Add(ObjectRetention + time.Hour))
 	_, err = f.s.Reap(ctx)
 	require.NoError(t, err)
-	_, ok, err = f.s.ObjectAmount(ctx, id, "pi_old")
+	_, ok, err = f.s.ObjectExposure(ctx, id, "pi_old")
 	require.NoError(t, err)
 	assert.False(t, ok)
 }

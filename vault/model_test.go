@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"runtime"
+	"slices"
 	"sort"
 	"sync"
 	"testing"
@@ -52,6 +53,64 @@ type modelRun struct {
 	idems    []*modelIdem
 	claims   int
 	refusals int
+	// Money objects: each is used by one worker only; their live parts and what
+	// was committed from parts (per counter key) are in the model too.
+	objects       map[string]*modelObject // key id "/" object id
+	partCommitted map[string]int64        // counter key → committed from parts
+}
+
+// modelObject is the model of one money object's exposure: parts, oldest first,
+// merged when placed on the same windows (as the store does).
+type modelObject struct {
+	keyID string
+	id    string
+	parts []modelPart
+}
+
+type modelPart struct {
+	windowIDs []string
+	amount    int64
+}
+
+func (o *modelObject) held() int64 {
+	var n int64
+	for _, p := range o.parts {
+		n += p.amount
+	}
+	return n
+}
+
+// object returns the model of a worker's object, creating it.
+func (m *modelRun) object(keyID, id string) *modelObject {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.objects == nil {
+		m.objects, m.partCommitted = map[string]*modelObject{}, map[string]int64{}
+	}
+	k := keyID + "/" + id
+	if m.objects[k] == nil {
+		m.objects[k] = &modelObject{keyID: keyID, id: id}
+	}
+	return m.objects[k]
+}
+
+// commitParts takes amount from o's parts, oldest first, as committed money.
+func (m *modelRun) commitParts(o *modelObject, amount int64) {
+	keep := o.parts[:0]
+	for _, p := range o.parts {
+		take := min(amount, p.amount)
+		amount -= take
+		p.amount -= take
+		m.mu.Lock()
+		for _, w := range p.windowIDs {
+			m.partCommitted[o.keyID+"/"+w] += take
+		}
+		m.mu.Unlock()
+		if p.amount > 0 {
+			keep = append(keep, p)
+		}
+	}
+	o.parts = keep
 }
 
 func (m *modelRun) problem(format string, args ...any) {
@@ -99,10 +158,20 @@ func (m *modelRun) worker(ctx context.Context, w, round int, mine []*modelIdem, 
 			return // left in flight for a later retry
 		}
 		req := SettleRequest{KeyID: mi.keyID, IdempotencyKey: mi.idem, Outcome: out, UpstreamStatus: 200}
+		var obj *modelObject
 		switch out {
 		case SettleCommit:
 			if mi.hold != nil {
 				req.Amount = rng.Int64N(mi.hold.amount + 1) // at most what was held
+				if rng.IntN(3) == 0 {
+					// Against one of this worker's money objects: at most what was
+					// held plus its exposure; the rest of the hold stays exposure,
+					// unless the answer is terminal.
+					obj = m.object(mi.keyID, fmt.Sprintf("obj-w%02d-%d", w, rng.IntN(3)))
+					req.Amount = rng.Int64N(mi.hold.amount + obj.held() + 1)
+					req.ObjectID = obj.id
+					req.Object = ObjectSettle{Expose: true, Terminal: rng.IntN(5) == 0}
+				}
 			}
 			req.Response = &StoredResponse{Status: 200, Body: []byte("ok " + mi.idem)}
 		case SettleRelease:
@@ -120,7 +189,23 @@ func (m *modelRun) worker(ctx context.Context, w, round int, mine []*modelIdem, 
 			mi.state, mi.body, mi.settled = RecordCompleted, string(req.Response.Body), true
 			if mi.hold != nil {
 				mi.hold.state = HoldReleased
-				if out == SettleCommit {
+				switch {
+				case out == SettleCommit && obj != nil:
+					fromParts := min(req.Amount, obj.held())
+					m.commitParts(obj, fromParts)
+					fromHold := req.Amount - fromParts
+					if req.Object.Terminal {
+						obj.parts = nil
+					} else if rest := mi.hold.amount - fromHold; rest > 0 {
+						i := slices.IndexFunc(obj.parts, func(p modelPart) bool { return slices.Equal(p.windowIDs, mi.hold.windowIDs) })
+						if i >= 0 {
+							obj.parts[i].amount += rest
+						} else {
+							obj.parts = append(obj.parts, modelPart{windowIDs: mi.hold.windowIDs, amount: rest})
+						}
+					}
+					mi.hold.state, mi.hold.amount = HoldCommitted, fromHold
+				case out == SettleCommit:
 					mi.hold.state, mi.hold.amount = HoldCommitted, req.Amount
 				}
 			}
@@ -176,6 +261,17 @@ func (m *modelRun) worker(ctx context.Context, w, round int, mine []*modelIdem, 
 	}
 
 	for i := range m.ops {
+		if rng.IntN(10) == 0 {
+			// Stripe shows one of this worker's objects cancelled: its exposure goes.
+			k := m.keys[rng.IntN(len(m.keys))]
+			obj := m.object(k.ID, fmt.Sprintf("obj-w%02d-%d", w, rng.IntN(3)))
+			changed, err := m.s.ObserveObject(ctx, k.ID, obj.id, Observation{Terminal: true})
+			if err != nil || changed != (len(obj.parts) > 0) {
+				m.problem("observe %s: changed %v with %d parts, err %v", obj.id, changed, len(obj.parts), err)
+			}
+			obj.parts = nil
+			continue
+		}
 		// Mostly new requests; sometimes a retry of one of ours.
 		if len(mine) == 0 || rng.IntN(3) > 0 {
 			k := m.keys[rng.IntN(len(m.keys))]
@@ -284,6 +380,21 @@ func (m *modelRun) check(t *testing.T) (capViolations []string) {
 	for _, k := range m.keys {
 		keyByID[k.ID] = k
 	}
+	for _, o := range m.objects {
+		for _, p := range o.parts {
+			for _, w := range p.windowIDs {
+				ck := o.keyID + "/" + w
+				sm := want[ck]
+				sm.held += p.amount
+				want[ck] = sm
+			}
+		}
+	}
+	for ck, n := range m.partCommitted {
+		sm := want[ck]
+		sm.committed += n
+		want[ck] = sm
+	}
 	for _, mi := range m.idems {
 		if mi.hold == nil {
 			continue
@@ -361,7 +472,13 @@ func TestModelConcurrency(t *testing.T) {
 	violations := m.check(t)
 	assert.Empty(t, violations, "committed + held ≤ cap on every window")
 	assert.Empty(t, m.problems)
-	t.Logf("%d claims, %d refusals, %d idempotency keys", m.claims, m.refusals, len(m.idems))
+	var fromParts int64
+	for _, n := range m.partCommitted {
+		fromParts += n
+	}
+	t.Logf("%d claims, %d refusals, %d idempotency keys, %d money objects (%d committed from exposure)",
+		m.claims, m.refusals, len(m.idems), len(m.objects), fromParts)
+	assert.Positive(t, fromParts, "commits drew on money objects' exposure")
 	assert.Positive(t, m.refusals, "the load reaches the caps, so the caps are tested")
 	assert.Positive(t, m.claims)
 }

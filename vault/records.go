@@ -348,12 +348,6 @@ func holdIndexKey(h *holdRec) []byte {
 	return append(k, h.ID...)
 }
 
-// objectRec is the committed total metered for one Stripe object under one key.
-type objectRec struct {
-	Amount    int64     `json:"amount"`
-	UpdatedAt time.Time `json:"updated_at"`
-}
-
 // eventRec is an Event as stored: short names, empty fields left out. The id is
 // the bucket key's sequence.
 type eventRec struct {
@@ -373,6 +367,7 @@ type eventRec struct {
 	WindowIDs       []string  `json:"w,omitempty"`
 	HeldDelta       int64     `json:"dh,omitempty"`
 	CommittedDelta  int64     `json:"dc,omitempty"`
+	AllowanceDeltas []int64   `json:"da,omitempty"`
 }
 
 // appendFill is the fill percent of buckets whose keys only grow (events, audit,
@@ -394,6 +389,7 @@ func putEvent(tx *bolt.Tx, e *Event) error {
 		Decision: e.Decision, Reason: e.Reason, HoldID: e.HoldID, HoldState: e.HoldState,
 		UpstreamStatus: e.UpstreamStatus, StripeRequestID: e.StripeRequestID, ObjectID: e.ObjectID, Tool: e.Tool,
 		WindowIDs: e.WindowIDs, HeldDelta: e.HeldDelta, CommittedDelta: e.CommittedDelta,
+		AllowanceDeltas: e.AllowanceDeltas,
 	})
 }
 
@@ -411,7 +407,7 @@ func decodeEvent(k, v []byte) (Event, error) {
 		Operation: r.Operation, Amount: r.Amount, Currency: r.Currency, Decision: r.Decision, Reason: r.Reason,
 		HoldID: r.HoldID, HoldState: r.HoldState, UpstreamStatus: r.UpstreamStatus,
 		StripeRequestID: r.StripeRequestID, ObjectID: r.ObjectID, Tool: r.Tool, WindowIDs: r.WindowIDs,
-		HeldDelta: r.HeldDelta, CommittedDelta: r.CommittedDelta,
+		HeldDelta: r.HeldDelta, CommittedDelta: r.CommittedDelta, AllowanceDeltas: r.AllowanceDeltas,
 	}, nil
 }
 

@@ -527,11 +527,11 @@ const (
 	SettleAbandon SettleOutcome = "abandon" // upstream 429 or never forwarded: record back to its previous state; hold unchanged if it pre-existed, released if this claim created it
 )
 
-// SettleRequest settles the record (KeyID, IdempotencyKey). Amount is the amount to
-// commit (minor units; for SettleCommit it may be lower or higher than held — e.g.
-// amount_captured — and a higher amount is committed even if it passes the cap,
-// because the money has moved). Response is stored for replay with Commit and
-// Release (and Unknown when Stripe answered 5xx: Stripe replays 5xx too).
+// SettleRequest settles the record (KeyID, IdempotencyKey). Amount is the money the
+// request moved, to commit (minor units). It may be lower than what was held (a
+// partial capture); it may exceed the hold plus the exposure of ObjectID only with
+// AllowOverrun (see Settle). Response is stored for replay with Commit and Release
+// (and Unknown when Stripe answered 5xx: Stripe replays 5xx too).
 type SettleRequest struct {
 	KeyID           string
 	IdempotencyKey  string
@@ -540,14 +540,47 @@ type SettleRequest struct {
 	Response        *StoredResponse
 	UpstreamStatus  int
 	StripeRequestID string
-	ObjectID        string
+	// ObjectID is the Stripe object the request created or acted on (recorded in
+	// the settle event). A commit whose Object is set is settled against that
+	// money object (Object says how).
+	ObjectID string
+	Object   ObjectSettle
 	// Tool is the MCP tool that made the request, recorded in the settle event.
 	Tool string
+	// AllowOverrun lets a commit exceed the hold plus the object's exposure: Stripe
+	// reported that the request moved more than keybrake held, because the object
+	// was changed outside keybrake between the amount lookup and the request. The
+	// money has moved, so it is booked in full; the excess is added to the windows'
+	// allowance and recorded in the settle event. Without it such a commit is
+	// ErrInvalid.
+	AllowOverrun bool
+}
+
+// ObjectSettle says how a commit changes the money object ObjectID.
+type ObjectSettle struct {
+	// Created: the request created the object (it is the key's own from now on).
+	Created bool
+	// Expose: what the request held and did not commit stays counted as the
+	// object's exposure, instead of being released.
+	Expose bool
+	// Terminal: Stripe's answer proves the object can move no more money; the rest
+	// of its exposure (and of the request's hold) is released.
+	Terminal bool
+	// Moved is the object's cumulative money moved as the answer reports it
+	// (MovedKnown false when it does not), kept for later observations.
+	Moved      int64
+	MovedKnown bool
 }
 
 // Settle applies the outcome in one write transaction, group committed, and writes
-// the settle event. ErrNotFound when there is no such record; ErrConflict when the
-// record is not in_progress; ErrInvalid for an unknown outcome or a negative amount.
+// the settle event. A commit takes Amount first from the live exposure of ObjectID
+// (oldest part first), then from the request's hold; what is left of the hold
+// becomes the object's exposure (Object.Expose) or is released, and a terminal
+// answer (Object.Terminal) releases the object's remaining exposure too. Every
+// change of the object's exposure writes an "exposure" event on the windows it was
+// placed on. ErrNotFound when there is no such record; ErrConflict when the record
+// is not in_progress; ErrInvalid for an unknown outcome, a negative amount, or a
+// commit above the hold plus the object's exposure without AllowOverrun.
 func (s *Store) Settle(ctx context.Context, req SettleRequest) error {
 	var dom error
 	err := s.submit(ctx, func(tx *bolt.Tx, now time.Time) error {
@@ -562,23 +595,6 @@ func (s *Store) Settle(ctx context.Context, req SettleRequest) error {
 		return fmt.Errorf("settle: %w", err)
 	}
 	return nil
-}
-
-// ObjectAmount returns what has been metered (committed, minor units) under keyID for
-// a Stripe object that was created or raised through this key (a PaymentIntent or a
-// Charge), so confirming or capturing it later is not counted twice. ok is false when
-// nothing was metered for it. Every SettleCommit with an ObjectID adds its Amount to
-// the object's total in the same transaction.
-func (s *Store) ObjectAmount(ctx context.Context, keyID, objectID string) (amount int64, ok bool, err error) {
-	err = s.view(func(tx *bolt.Tx, now time.Time) error {
-		var err error
-		amount, ok, err = objectAmountTx(tx, keyID, objectID)
-		return err
-	})
-	if err != nil {
-		return 0, false, fmt.Errorf("object amount: %w", err)
-	}
-	return amount, ok, nil
 }
 
 // ListHolds lists holds in the given state ("" for all), newest first (by creation).

@@ -61,6 +61,7 @@
 // Settle (only of an in_progress record):
 //
 //	commit   → completed, hold "committed": held −= hold, committed += Amount
+//	           (against a money object: see "Money objects")
 //	release  → completed, hold "released":  held −= hold
 //	unknown  → unknown, hold "unknown" (still counted as held); a stored 5xx
 //	           answer is kept but a retry is resumed, never replayed
@@ -75,18 +76,51 @@
 // idempotency_error, code idempotency_key_resolved, Stripe-Should-Retry: false,
 // saying what the operator decided (keybrake never saw Stripe's object).
 //
+// # Money objects
+//
+// Stripe moves money through objects that outlive a request: a PaymentIntent
+// created now and confirmed later in a browser, an authorisation captured in
+// pieces, a Checkout Session paid later, an invoice Stripe collects by itself. For
+// each such object a key created or acted on, the objects bucket keeps what the key
+// counted for it: the money committed for it, and its live exposure — the most it
+// can still move that the key answers for — as parts, each held on the windows of
+// the request that placed it (exactly like a hold, so it counts against the caps
+// where it was placed, and settles there even days later). A commit with an
+// ObjectID:
+//
+//  1. takes Amount from the object's parts, oldest first (money counted at
+//     creation or at a raise is not counted again when it moves), then from the
+//     request's hold;
+//  2. keeps what is left of the hold as a new part (Object.Expose: the object can
+//     still move it), or releases it;
+//  3. releases every part when Stripe's answer proves the object can move no more
+//     money (Object.Terminal: cancelled, expired, voided, fully captured);
+//  4. writes one "exposure" event (reason "commit" or "release") per part it
+//     changed, on that part's windows.
+//
+// Amount may exceed hold + exposure only as an overrun (AllowOverrun): Stripe
+// reported that the request moved more than keybrake held, because the object was
+// changed outside keybrake between the amount lookup and the request. The money has
+// moved, so it is booked, and the excess is recorded as the event's allowance;
+// every other commit above what was held is refused (ErrInvalid). ObserveObject
+// applies an answer that was not a metered request's own (a read, a cancel, a
+// deletion) the same way, committing at most the exposure. Refunds and other money
+// going out are ordinary commits: they never give exposure or budget back.
+//
 // # Ledger and audit
 //
 // Every metered Reserve writes an event (allowed, would_refuse or refused) and
 // every Settle of a hold a settle event (decision "settled", reason = outcome);
-// ResolveHold writes "resolved"; RecordEvent appends a moneyless "would_refuse"
-// for a request report mode let through without a hold; an UpdateKey whose new
-// time zone puts now in another daily window writes "carried" (operation
-// key.update, reason timezone_changed): the old zone's current day's committed
-// and held money is carried into the new zone's current day as committed (only
-// what that window does not count yet), so a change of zone never opens a fresh
-// daily budget; the carry above the new cap is booked as allowance. Each event carries the windows it touched and its
-// HeldDelta and CommittedDelta, so a key's ledger sums to its counters. Every admin
+// ResolveHold writes "resolved"; every change of a money object's exposure writes
+// "exposure" (reason "commit" or "release", on the part's windows); RecordEvent
+// appends a moneyless "would_refuse" for a request report mode let through
+// without a hold; an UpdateKey whose new time zone puts now in another daily
+// window writes "carried" (operation key.update, reason timezone_changed): the
+// old zone's current day's committed and held money is carried into the new
+// zone's current day as committed (only what that window does not count yet), so
+// a change of zone never opens a fresh daily budget; the carry above the new cap
+// is booked as allowance. Each event carries the windows it touched and its
+// HeldDelta, CommittedDelta and AllowanceDeltas, so a key's ledger sums to its counters. Every admin
 // write (PutUpstream, DeleteUpstream, MintKey, UpdateKey, RevokeKey, RotateKey,
 // ResolveHold) writes an audit entry in the same transaction, with JSON views of
 // before and after that never contain a secret, a token or a token hash.
@@ -101,7 +135,8 @@
 //     key has a daily counter at least 7 days later by the counters' own dates,
 //     so that a clock jumping days ahead cannot delete the current day's spend;
 //     period counters stay;
-//   - metered-object totals ObjectRetention (35 days) after their last change.
+//   - money-object records ObjectRetention (35 days) after their last change, once
+//     they have no live exposure (live exposure is held money and is never reaped).
 //
 // Events and audit entries are the ledger and are kept. Reap works in transactions
 // of at most 1,000 deletions.
@@ -110,17 +145,22 @@
 //
 // committed + held ≤ cap holds for every window as long as the cap is enforced
 // and never lowered: every hold is placed by Decide against the counters in the
-// same transaction. Four things can legitimately break it, and the counter
-// records them: a commit above its hold (the money moved; the excess is added to
-// the window's allowance), a report-mode hold past the cap (its excess is added
-// too), a time-zone change that carries more than the new cap into the new
-// zone's day (the excess is added too), and a cap lowered after holds were
-// placed (each counter remembers the highest cap in force when a hold — or a
-// carry — was placed on it). So CheckInvariant checks,
-// for every window counter:
+// same transaction, exposure is only ever a hold kept or moved between held and
+// committed on its own windows, and a commit never exceeds what was held for it.
+// Four things can legitimately break it, and the counter and the ledger record
+// them: an overrun commit (Stripe moved more than was held, see "Money objects";
+// the excess is added to the window's allowance), a report-mode hold past the cap
+// (its excess is added too), a time-zone change that carries more than the new
+// cap into the new zone's day (the excess is added too), and a cap lowered after
+// holds were placed (each counter remembers the highest cap in force when a hold
+// — or a carry — was placed on it). So CheckInvariant checks, for every window
+// counter:
 //
-//   - held equals the sum of its live holds (held or unknown), and held and
-//     committed equal the sums of the ledger's deltas;
+//   - held equals the sum of its live holds (held or unknown) and of the live
+//     exposure parts placed on it, and held and committed equal the sums of the
+//     ledger's deltas;
+//   - the allowance equals the sum of the ledger's allowance deltas (each one an
+//     overrun or a report-mode hold past the cap), so no other excess can hide in it;
 //   - committed is at least the sum of its committed holds (settled holds are
 //     reaped with their records);
 //   - committed + held ≤ max(current cap, highest cap at placement) + allowance,
@@ -293,6 +333,10 @@ type Event struct {
 	// counters (minor units). Summed over a key's ledger they equal its counters.
 	HeldDelta      int64
 	CommittedDelta int64
+	// AllowanceDeltas, when set, are aligned with WindowIDs: what the event let
+	// each window exceed its cap by (a report-mode hold past a cap, an overrun
+	// commit). Summed over a key's ledger they equal the counters' allowance.
+	AllowanceDeltas []int64
 }
 
 // AuditEntry records one admin change. Before/After are JSON documents without any

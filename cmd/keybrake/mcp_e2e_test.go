@@ -177,8 +177,8 @@ func TestMCPToolsFollowThePolicy(t *testing.T) {
 	assert.ElementsMatch(t, []string{"amount", "currency"}, required(d["create_payment_intent"]))
 	link := l["create_payment_link"]
 	require.NotNil(t, link.Annotations.DestructiveHint)
-	assert.False(t, *link.Annotations.DestructiveHint, "creating a payment link moves no money and changes nothing")
-	assert.ElementsMatch(t, []string{"price", "quantity"}, required(link))
+	assert.True(t, *link.Annotations.DestructiveHint, "a payment link is metered when it is created")
+	assert.ElementsMatch(t, []string{"price", "quantity", "idempotency_key"}, required(link))
 
 	// A policy change shows at the next list, without reconnecting.
 	keys := struct {
@@ -198,11 +198,12 @@ func TestMCPToolsFollowThePolicy(t *testing.T) {
 
 func TestMCPPaymentsUnderTheCap(t *testing.T) {
 	s := MustMCPServer(t)
-	keyID, token := s.MustMint(t, "agent", map[string]any{"daily_cap": "50.00",
+	keyID, token := s.MustMint(t, "agent", map[string]any{"daily_cap": "80.00",
 		"operations": []string{"products.create", "prices.create", "payment_links.create", "payment_intents.create", "*.read"}})
 	c := MustMCP(t, s.ProxyURL(), token)
 
-	// A payment link: product, price, link — no money moves, nothing is held.
+	// A payment link: product, price, link. The link is payable once, and what
+	// that payment moves (2 × 15.00) is committed when the link is created.
 	res := MustCall(t, c, "create_product", map[string]any{"name": "Consulting hour"})
 	require.False(t, res.IsError, text(res))
 	product := structured(t, res)["id"].(string)
@@ -250,14 +251,15 @@ func TestMCPPaymentsUnderTheCap(t *testing.T) {
 	assert.Equal(t, float64(402), refusal["status"])
 	assert.Equal(t, "daily", refusal["cap"])
 	assert.Equal(t, "usd", refusal["currency"])
-	assertMoney(t, "50", refusal["limit"].(string))
-	assertMoney(t, "25", refusal["committed"].(string))
+	assertMoney(t, "80", refusal["limit"].(string))
+	assertMoney(t, "30", refusal["committed"].(string))
+	assertMoney(t, "25", refusal["held"].(string))
 	assertMoney(t, "30", refusal["requested"].(string))
 	assertMoney(t, "25", refusal["remaining"].(string))
 	resetAt, err := time.Parse(time.RFC3339, refusal["reset_at"].(string))
 	require.NoError(t, err)
 	assert.True(t, resetAt.After(time.Now()), "reset_at %s is ahead", resetAt)
-	assert.Contains(t, text(res), "daily cap of 50.00 usd would be exceeded: 25.00 committed, 0.00 held, 30.00 requested, 25.00 remaining; resets at")
+	assert.Contains(t, text(res), "daily cap of 80.00 usd would be exceeded: 30.00 committed, 25.00 held, 30.00 requested, 25.00 remaining; resets at")
 	assert.Contains(t, text(res), "Do not retry before the window resets")
 	assert.Equal(t, before, s.fake.Count(), "the refused call never reached Stripe")
 
@@ -292,7 +294,7 @@ func TestMCPPaymentsUnderTheCap(t *testing.T) {
 	assert.Equal(t, meView["windows"], budget["windows"])
 	daily := budget["windows"].(map[string]any)["daily"].(map[string]any)
 	assertMoney(t, "25", daily["remaining"].(string))
-	assert.Contains(t, text(res), "daily: 25.00 of 50.00 usd left")
+	assert.Contains(t, text(res), "daily: 25.00 of 80.00 usd left (30.00 committed, 25.00 held by pending requests)")
 
 	// The ledger says which calls came through MCP.
 	var events struct {
@@ -311,6 +313,8 @@ func TestMCPPaymentsUnderTheCap(t *testing.T) {
 		"refused/spend_cap_exceeded/create_payment_intent",
 		"settled/commit/create_payment_intent",
 		"allowed//create_payment_intent",
+		"settled/commit/create_payment_link",
+		"allowed//create_payment_link",
 	}, got)
 }
 

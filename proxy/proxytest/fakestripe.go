@@ -104,6 +104,8 @@ type Charge struct {
 	Captured       bool
 	PaymentIntent  string
 	IdempotencyKey string
+	// Foreign is set for a charge made outside the API (AddCharge, AddAuthorization).
+	Foreign bool
 	// Source is the connected account an account debit (source=acct_…) took the
 	// money from; "" for a charge of a card or token.
 	Source string
@@ -128,6 +130,9 @@ type PaymentIntent struct {
 	CaptureMethod    string
 	LatestCharge     string
 	IdempotencyKey   string
+	// Foreign is set for a PaymentIntent made outside keybrake (AddPaymentIntent,
+	// AddAuthorization): only the money it really moves counts in TotalMoved.
+	Foreign bool
 }
 
 // PaymentLink is a payment link the fake created.
@@ -196,6 +201,9 @@ type FakeStripe struct {
 	products   map[string]map[string]any
 	links      []*PaymentLink
 	accounts   map[string]*Account
+	piByID     map[string]*PaymentIntent
+	invoices   []*Invoice
+	items      []*InvoiceItem
 	moved      map[string]int64
 }
 
@@ -211,6 +219,7 @@ func NewFakeStripe(tb testing.TB, secret string) *FakeStripe {
 		prices:    map[string]map[string]any{},
 		products:  map[string]map[string]any{},
 		accounts:  map[string]*Account{},
+		piByID:    map[string]*PaymentIntent{},
 		moved:     map[string]int64{},
 	}
 	f.idle = sync.NewCond(&f.mu)
@@ -372,24 +381,29 @@ func copyAll[T any](list []*T) []T {
 	return out
 }
 
-// TotalCharged returns the sum of the amounts of every charge created in currency
-// (directly or by confirming a PaymentIntent), captured or not.
+// TotalCharged returns the sum of the amounts of every charge created through the
+// API in currency (directly or by confirming a PaymentIntent), captured or not;
+// charges made outside it (AddCharge, AddAuthorization) are left out.
 func (f *FakeStripe) TotalCharged(currency string) int64 {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	var t int64
 	for _, c := range f.charges {
-		if c.Currency == currency {
+		if c.Currency == currency && !c.Foreign {
 			t += c.Amount
 		}
 	}
 	return t
 }
 
-// TotalMoved returns, in currency, what keybrake must have metered for the objects
-// the fake created: charges created directly, PaymentIntents at creation (plus every
-// raise of their amount), and refunds. Confirming or capturing an existing
-// PaymentIntent adds nothing. A cap invariant check compares this with the cap.
+// TotalMoved returns, in currency, what keybrake must have counted for the objects
+// the fake created: charges created directly, PaymentIntents created through the
+// API at creation (plus every raise of their amount, whether or not their
+// confirmation was declined: they stay confirmable), every capture or payment of a
+// PaymentIntent or charge made outside the API (AddPaymentIntent, AddAuthorization,
+// AddCharge), and refunds. Confirming or capturing a PaymentIntent created through the API adds
+// nothing, and what it will never move (cancelled, or finally captured for less)
+// is taken out again. A cap invariant check compares this with the cap.
 func (f *FakeStripe) TotalMoved(currency string) int64 {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -403,25 +417,59 @@ func (f *FakeStripe) AddPaymentIntent(amount int64, currency, customer string) s
 	defer f.mu.Unlock()
 	f.seq++
 	pi := &PaymentIntent{ID: fmt.Sprintf("pi_fake%06d", f.seq), Amount: amount, Currency: currency,
-		Customer: customer, Status: "requires_confirmation", CaptureMethod: "automatic"}
-	f.pis = append(f.pis, pi)
+		Customer: customer, Status: "requires_confirmation", CaptureMethod: "automatic", Foreign: true}
+	f.addPILocked(pi)
 	return pi.ID
+}
+
+// AddAuthorization creates, as if outside keybrake (by the merchant, or through
+// Checkout), a PaymentIntent with capture_method=manual that is authorised for
+// amount and awaits capture (status requires_capture), with multicapture
+// available: a capture with final_capture=false keeps the rest capturable.
+func (f *FakeStripe) AddAuthorization(amount int64, currency, customer string) string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.seq++
+	pi := &PaymentIntent{ID: fmt.Sprintf("pi_fake%06d", f.seq), Amount: amount, Currency: currency,
+		Customer: customer, Status: "requires_capture", CaptureMethod: "manual", AmountCapturable: amount, Foreign: true}
+	c := f.newChargeLocked(amount, currency, customer, false, pi.ID, "")
+	c.Foreign = true
+	pi.LatestCharge = c.ID
+	f.addPILocked(pi)
+	return pi.ID
+}
+
+// PaymentIntents returns copies of the PaymentIntents, in creation order.
+func (f *FakeStripe) PaymentIntents() []PaymentIntent {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return copyAll(f.pis)
 }
 
 // AddPrice creates a one-time price of unitAmount in currency (GET /v1/prices/{id}
 // answers it) and returns its id.
 func (f *FakeStripe) AddPrice(unitAmount int64, currency string) string {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.newPriceLocked(unitAmount, currency, "")
+	return f.addPrice(unitAmount, currency, nil)
 }
 
-// newPriceLocked stores a one-time price and returns its id. f.mu is held.
-func (f *FakeStripe) newPriceLocked(unitAmount int64, currency, product string) string {
+// addPrice creates a per-unit price, recurring when recurring is not nil.
+func (f *FakeStripe) addPrice(unitAmount int64, currency string, recurring map[string]any) string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.newPriceLocked(unitAmount, currency, "", recurring)
+}
+
+// newPriceLocked stores a per-unit price (recurring when recurring is not nil)
+// and returns its id. f.mu is held.
+func (f *FakeStripe) newPriceLocked(unitAmount int64, currency, product string, recurring map[string]any) string {
 	f.seq++
 	id := fmt.Sprintf("price_fake%06d", f.seq)
-	f.prices[id] = map[string]any{"id": id, "object": "price", "unit_amount": unitAmount, "currency": currency,
+	pr := map[string]any{"id": id, "object": "price", "unit_amount": unitAmount, "currency": currency,
 		"type": "one_time", "billing_scheme": "per_unit", "product": nullable(product)}
+	if recurring != nil {
+		pr["type"], pr["recurring"] = "recurring", recurring
+	}
+	f.prices[id] = pr
 	return id
 }
 
@@ -452,6 +500,7 @@ func (f *FakeStripe) AddCharge(amount int64, currency, customer string, captured
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	c := f.newChargeLocked(amount, currency, customer, captured, "", "")
+	c.Foreign = true
 	return c.ID
 }
 
@@ -775,10 +824,16 @@ func declined(p url.Values) bool {
 	return p.Get("source") == "tok_chargeDeclined" || p.Get("payment_method") == "pm_card_chargeDeclined"
 }
 
-func declinedAnswer() answer {
-	b, _ := json.Marshal(map[string]any{"error": map[string]any{
-		"type": "card_error", "code": "card_declined", "decline_code": "generic_decline",
-		"message": "Your card was declined."}})
+// declinedAnswer is Stripe's 402 for a declined card. A decline while confirming a
+// PaymentIntent carries the PaymentIntent in error.payment_intent (status
+// requires_payment_method: it still exists and can be confirmed again).
+func declinedAnswer(pi *PaymentIntent) answer {
+	e := map[string]any{"type": "card_error", "code": "card_declined", "decline_code": "generic_decline",
+		"message": "Your card was declined."}
+	if pi != nil {
+		e["payment_intent"] = piJSON(pi)
+	}
+	b, _ := json.Marshal(map[string]any{"error": e})
 	return answer{http.StatusPaymentRequired, b}
 }
 
@@ -797,6 +852,12 @@ func (f *FakeStripe) route(method, path string, p url.Values, idemKey string) an
 		}
 	}
 	res, rest := seg[1], seg[2:]
+	if a, ok := f.routeInvoicing(method, res, rest, p); ok {
+		return a
+	}
+	if a, ok := f.routeBilling(method, res, rest, p); ok {
+		return a
+	}
 	switch {
 	case res == "charges" && len(rest) == 0 && method == http.MethodPost:
 		return f.createCharge(p, idemKey)
@@ -834,6 +895,8 @@ func (f *FakeStripe) route(method, path string, p url.Values, idemKey string) an
 			return f.capturePI(rest[0], p)
 		case "increment_authorization":
 			return f.incrementPI(rest[0], p)
+		case "cancel":
+			return f.cancelPI(rest[0])
 		}
 	case res == "refunds" && len(rest) == 0 && method == http.MethodPost:
 		return f.createRefund(p)
@@ -868,8 +931,6 @@ func (f *FakeStripe) route(method, path string, p url.Values, idemKey string) an
 		return okJSON(pr)
 	case res == "prices" && len(rest) == 0 && method == http.MethodPost:
 		return f.createPrice(p)
-	case res == "payment_links" && len(rest) == 0 && method == http.MethodPost:
-		return f.createPaymentLink(p)
 	case res == "prices" && len(rest) == 1 && method == http.MethodGet:
 		if pr, ok := f.prices[rest[0]]; ok {
 			return okJSON(pr)
@@ -907,13 +968,21 @@ func (f *FakeStripe) charge(id string) *Charge {
 	return nil
 }
 
-func (f *FakeStripe) pi(id string) *PaymentIntent {
-	for _, p := range f.pis {
-		if p.ID == id {
-			return p
-		}
+func (f *FakeStripe) pi(id string) *PaymentIntent { return f.piByID[id] }
+
+func (f *FakeStripe) addPILocked(pi *PaymentIntent) {
+	f.pis = append(f.pis, pi)
+	f.piByID[pi.ID] = pi
+}
+
+// PaymentIntent returns a copy of the PaymentIntent id.
+func (f *FakeStripe) PaymentIntent(id string) (PaymentIntent, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if pi := f.piByID[id]; pi != nil {
+		return *pi, true
 	}
-	return nil
+	return PaymentIntent{}, false
 }
 
 func (f *FakeStripe) newChargeLocked(amount int64, currency, customer string, captured bool, pi, idemKey string) *Charge {
@@ -940,7 +1009,7 @@ func (f *FakeStripe) createCharge(p url.Values, idemKey string) answer {
 		return f.debitAccount(src, amount, cur, idemKey)
 	}
 	if declined(p) {
-		return declinedAnswer()
+		return declinedAnswer(nil)
 	}
 	captured := p.Get("capture") != "false"
 	c := f.newChargeLocked(amount, cur, p.Get("customer"), captured, "", idemKey)
@@ -1002,6 +1071,9 @@ func (f *FakeStripe) captureCharge(id string, p url.Values) answer {
 		return paramErr("amount", "Amount must be no more than the authorized amount.")
 	}
 	c.Captured, c.AmountCaptured = true, amount
+	if c.Foreign {
+		f.moved[c.Currency] += amount
+	}
 	return okJSON(chargeJSON(c))
 }
 
@@ -1023,7 +1095,7 @@ func (f *FakeStripe) createPI(p url.Values, idemKey string) answer {
 	if p.Get("payment_method") != "" {
 		pi.Status = "requires_confirmation"
 	}
-	f.pis = append(f.pis, pi)
+	f.addPILocked(pi)
 	f.moved[cur] += amount
 	if p.Get("confirm") == "true" {
 		if a := f.confirmLocked(pi, p); a.status != http.StatusOK {
@@ -1056,6 +1128,8 @@ func (f *FakeStripe) updatePI(id string, p url.Values) answer {
 			amount = pi.Amount
 		}
 		switch {
+		case pi.Foreign:
+			// Only the money it moves counts (receiveLocked).
 		case cur != pi.Currency:
 			// A new currency: the whole amount is new money in it.
 			f.moved[cur] += amount
@@ -1086,7 +1160,8 @@ func (f *FakeStripe) confirmPI(id string, p url.Values) answer {
 
 func (f *FakeStripe) confirmLocked(pi *PaymentIntent, p url.Values) answer {
 	if declined(p) {
-		return declinedAnswer()
+		pi.Status = "requires_payment_method"
+		return declinedAnswer(pi)
 	}
 	manual := pi.CaptureMethod == "manual"
 	c := f.newChargeLocked(pi.Amount, pi.Currency, pi.Customer, !manual, pi.ID, "")
@@ -1094,9 +1169,19 @@ func (f *FakeStripe) confirmLocked(pi *PaymentIntent, p url.Values) answer {
 	if manual {
 		pi.Status, pi.AmountCapturable = "requires_capture", pi.Amount
 	} else {
-		pi.Status, pi.AmountReceived = "succeeded", pi.Amount
+		f.receiveLocked(pi, pi.Amount)
+		pi.Status = "succeeded"
 	}
 	return answer{status: http.StatusOK}
+}
+
+// receiveLocked books money received on pi (a capture or an automatic
+// confirmation).
+func (f *FakeStripe) receiveLocked(pi *PaymentIntent, amount int64) {
+	pi.AmountReceived += amount
+	if pi.Foreign {
+		f.moved[pi.Currency] += amount
+	}
 }
 
 func (f *FakeStripe) capturePI(id string, p url.Values) answer {
@@ -1117,11 +1202,42 @@ func (f *FakeStripe) capturePI(id string, p url.Values) answer {
 	if amount > pi.AmountCapturable {
 		return paramErr("amount_to_capture", "Amount to capture exceeds the capturable amount.")
 	}
-	pi.Status, pi.AmountReceived, pi.AmountCapturable = "succeeded", amount, 0
+	// Multicapture: final_capture=false keeps the rest capturable (the status stays
+	// requires_capture); a final capture releases what is left.
+	f.receiveLocked(pi, amount)
+	pi.AmountCapturable -= amount
+	if p.Get("final_capture") != "false" {
+		pi.Status, pi.AmountCapturable = "succeeded", 0
+		f.forgoLocked(pi)
+	}
 	if c := f.charge(pi.LatestCharge); c != nil {
-		c.Captured, c.AmountCaptured = true, amount
+		c.AmountCaptured += amount
+		c.Captured = pi.Status == "succeeded"
 	}
 	return okJSON(piJSON(pi))
+}
+
+func (f *FakeStripe) cancelPI(id string) answer {
+	pi := f.pi(id)
+	if pi == nil {
+		return notFound("No such payment_intent: '" + id + "'")
+	}
+	switch pi.Status {
+	case "succeeded", "canceled", "processing":
+		return paramErr("payment_intent", "You cannot cancel this PaymentIntent because it has a status of "+pi.Status+".")
+	}
+	pi.Status, pi.AmountCapturable = "canceled", 0
+	f.forgoLocked(pi)
+	return okJSON(piJSON(pi))
+}
+
+// forgoLocked takes what a PaymentIntent created through the API will now never
+// move (cancelled, or finally captured for less) out of TotalMoved: keybrake
+// releases it.
+func (f *FakeStripe) forgoLocked(pi *PaymentIntent) {
+	if !pi.Foreign {
+		f.moved[pi.Currency] -= pi.Amount - pi.AmountReceived
+	}
 }
 
 func (f *FakeStripe) incrementPI(id string, p url.Values) answer {
@@ -1139,7 +1255,9 @@ func (f *FakeStripe) incrementPI(id string, p url.Values) answer {
 	if amount < pi.Amount {
 		return paramErr("amount", "The new amount must be greater than the current amount.")
 	}
-	f.moved[pi.Currency] += amount - pi.Amount
+	if !pi.Foreign {
+		f.moved[pi.Currency] += amount - pi.Amount
+	}
 	pi.Amount, pi.AmountCapturable = amount, amount
 	if c := f.charge(pi.LatestCharge); c != nil {
 		c.Amount = amount
@@ -1191,29 +1309,52 @@ func (f *FakeStripe) createPrice(p url.Values) answer {
 	if bad != nil {
 		return *bad
 	}
-	return okJSON(f.prices[f.newPriceLocked(amount, cur, product)])
+	return okJSON(f.prices[f.newPriceLocked(amount, cur, product, nil)])
 }
 
-// createPaymentLink creates a link for one stored price (line_items[0]). It moves
-// no money: a customer pays it later, outside any API request.
+// createPaymentLink creates a link for its line items (a stored price, or
+// price_data, times a quantity). A customer pays it later, outside any API
+// request, up to restrictions[completed_sessions][limit] times: what keybrake
+// must count is that limit times the line items (one time without a limit),
+// and TotalMoved counts it when the link is created.
 func (f *FakeStripe) createPaymentLink(p url.Values) answer {
-	price := p.Get("line_items[0][price]")
-	if _, ok := f.prices[price]; !ok {
-		return paramErr("line_items[0][price]", "No such price: '"+price+"'")
+	lines := indexed(p, "line_items")
+	if len(lines) == 0 {
+		return paramErr("line_items", "Missing required param: line_items.")
 	}
-	qty, _, bad := amountParam(p, "line_items[0][quantity]", true)
-	if bad != nil {
-		return *bad
+	limit, _ := strconv.ParseInt(p.Get("restrictions[completed_sessions][limit]"), 10, 64)
+	var total int64
+	cur := ""
+	l := &PaymentLink{}
+	for i, pre := range lines {
+		unit, qty, bad := linePrice(p, pre, 0, 1)
+		if bad != nil {
+			return *bad
+		}
+		c := p.Get(pre + "[price_data][currency]")
+		if id := p.Get(pre + "[price]"); id != "" {
+			pr, ok := f.prices[id]
+			if !ok {
+				return paramErr(pre+"[price]", "No such price: '"+id+"'")
+			}
+			unit, c = pr["unit_amount"].(int64), pr["currency"].(string)
+		}
+		if i == 0 {
+			l.Price, l.Quantity = p.Get(pre+"[price]"), qty
+		}
+		cur = c
+		total += unit * qty
 	}
+	f.moved[cur] += max(1, limit) * total
 	f.seq++
-	l := &PaymentLink{ID: fmt.Sprintf("plink_fake%06d", f.seq), Price: price, Quantity: qty}
+	l.ID = fmt.Sprintf("plink_fake%06d", f.seq)
 	l.URL = "https://buy.stripe.com/test_" + l.ID
 	f.links = append(f.links, l)
 	after := map[string]any{"type": "hosted_confirmation"}
 	if u := p.Get("after_completion[redirect][url]"); u != "" && p.Get("after_completion[type]") == "redirect" {
 		after = map[string]any{"type": "redirect", "redirect": map[string]any{"url": u}}
 	}
-	return okJSON(map[string]any{"id": l.ID, "object": "payment_link", "url": l.URL, "active": true,
+	return okJSON(map[string]any{"id": l.ID, "object": "payment_link", "url": l.URL, "active": true, "currency": cur,
 		"after_completion": after, "livemode": false, "metadata": map[string]any{}})
 }
 

@@ -228,7 +228,7 @@ func TestFakeStripePaymentIntentLifecycle(t *testing.T) {
 	require.Equal(t, http.StatusOK, ref.Status)
 
 	assert.Equal(t, int64(1500), f.TotalCharged("usd"))
-	assert.Equal(t, int64(1500+200), f.TotalMoved("usd"), "PI creation, raise and refund")
+	assert.Equal(t, int64(1200+200), f.TotalMoved("usd"), "PI creation and raise, less what the final capture left, and the refund")
 	assert.Len(t, f.Refunds(), 1)
 }
 
@@ -259,7 +259,7 @@ func TestFakeStripeCatalogAndPaymentLinks(t *testing.T) {
 	links := f.PaymentLinks()
 	require.Len(t, links, 1)
 	assert.Equal(t, int64(2), links[0].Quantity)
-	assert.Equal(t, int64(0), f.TotalMoved("usd"), "a payment link moves no money when it is created")
+	assert.Equal(t, int64(2*1500), f.TotalMoved("usd"), "a link without a limit counts what one payment of it moves")
 
 	r = MustPost(t, f, "/v1/payment_links", "", auth, url.Values{"line_items[0][price]": {"price_nope"}, "line_items[0][quantity]": {"1"}})
 	assert.Equal(t, http.StatusBadRequest, r.Status)
@@ -305,4 +305,48 @@ func TestFakeStripeAccountDebit(t *testing.T) {
 	assert.EqualValues(t, 600, f.TotalMoved("eur"))
 	require.Len(t, f.Charges(), 1)
 	assert.Equal(t, acct, f.Charges()[0].Source)
+}
+
+// The fake behaves as Stripe documents for multicapture, declines and cancels.
+func TestFakeStripeMulticaptureDeclinesAndCancels(t *testing.T) {
+	auth := "Bearer " + secret
+	t.Run("multicapture of an authorisation made outside", func(t *testing.T) {
+		f := proxytest.NewFakeStripe(t, secret)
+		id := f.AddAuthorization(5000, "usd", "")
+		c1 := MustPost(t, f, "/v1/payment_intents/"+id+"/capture", "", auth, url.Values{"amount_to_capture": {"1000"}, "final_capture": {"false"}})
+		require.Equal(t, http.StatusOK, c1.Status)
+		assert.Equal(t, "requires_capture", c1.Body["status"], "final_capture=false keeps it capturable")
+		assert.EqualValues(t, 1000, c1.Body["amount_received"])
+		assert.EqualValues(t, 4000, c1.Body["amount_capturable"])
+		c2 := MustPost(t, f, "/v1/payment_intents/"+id+"/capture", "", auth, url.Values{"amount_to_capture": {"1500"}})
+		require.Equal(t, http.StatusOK, c2.Status)
+		assert.Equal(t, "succeeded", c2.Body["status"])
+		assert.EqualValues(t, 2500, c2.Body["amount_received"], "cumulative")
+		assert.EqualValues(t, 0, c2.Body["amount_capturable"], "a final capture releases the rest")
+		assert.Equal(t, int64(2500), f.TotalMoved("usd"), "captures of a foreign authorisation are money moved")
+		assert.Zero(t, f.TotalCharged("usd"), "its charge was made outside the API")
+		over := MustPost(t, f, "/v1/payment_intents/"+id+"/capture", "", auth, url.Values{"amount_to_capture": {"1"}})
+		assert.Equal(t, http.StatusBadRequest, over.Status)
+	})
+	t.Run("a declined creation carries the PaymentIntent", func(t *testing.T) {
+		f := proxytest.NewFakeStripe(t, secret)
+		r := MustPost(t, f, "/v1/payment_intents", "k", auth, url.Values{"amount": {"5000"}, "currency": {"usd"},
+			"confirm": {"true"}, "payment_method": {"pm_card_chargeDeclined"}})
+		assert.Equal(t, http.StatusPaymentRequired, r.Status)
+		e := r.Body["error"].(map[string]any)
+		assert.Equal(t, "card_error", e["type"])
+		pi := e["payment_intent"].(map[string]any)
+		assert.Equal(t, "requires_payment_method", pi["status"])
+		assert.Equal(t, int64(5000), f.TotalMoved("usd"), "it still exists and can be confirmed")
+		again := MustPost(t, f, "/v1/payment_intents", "k", auth, url.Values{"amount": {"5000"}, "currency": {"usd"},
+			"confirm": {"true"}, "payment_method": {"pm_card_chargeDeclined"}})
+		assert.Equal(t, "true", again.Header.Get("Idempotent-Replayed"), "Stripe saves a decline under the key")
+
+		cancel := MustPost(t, f, "/v1/payment_intents/"+pi["id"].(string)+"/cancel", "", auth, url.Values{})
+		require.Equal(t, http.StatusOK, cancel.Status)
+		assert.Equal(t, "canceled", cancel.Body["status"])
+		assert.Zero(t, f.TotalMoved("usd"), "a cancelled PaymentIntent can move nothing")
+		twice := MustPost(t, f, "/v1/payment_intents/"+pi["id"].(string)+"/cancel", "", auth, url.Values{})
+		assert.Equal(t, http.StatusBadRequest, twice.Status)
+	})
 }

@@ -293,15 +293,27 @@ type CatalogueWant struct {
 	AmountKnown bool        `json:"amount_known,omitempty"`
 	NewTotal    bool        `json:"new_total,omitempty"`
 	Lookup      *CaseLookup `json:"lookup,omitempty"`
+	Prices      []CasePrice `json:"prices,omitempty"`
 	Customer    string      `json:"customer,omitempty"`
 	ObjectID    string      `json:"object_id,omitempty"`
+	Target      string      `json:"target,omitempty"`
+	Creates     bool        `json:"creates,omitempty"`
 	Error       string      `json:"error,omitempty"`
 }
 
 // CaseLookup is the expected Lookup of a CatalogueWant.
 type CaseLookup struct {
-	Path  string `json:"path"`
-	Field string `json:"field"`
+	Path    string   `json:"path"`
+	Field   string   `json:"field"`
+	Factors []string `json:"factors,omitempty"`
+	Signed  bool     `json:"signed,omitempty"`
+}
+
+// CasePrice is one expected stored price of a CatalogueWant.
+type CasePrice struct {
+	ID       string `json:"id"`
+	Quantity int64  `json:"quantity"`
+	OneTime  bool   `json:"one_time,omitempty"`
 }
 
 // MalformedCase is one entry of testdata/malformed/cases.json: a request the full

@@ -1,0 +1,290 @@
+package proxy
+
+// Invoicing in the catalogue: invoice items, the lines of an invoice, and the
+// invoice settings that add tax. The decisions are summed up at the top of
+// catalogue.go; the invoice an item or a line is added to is the money object its
+// amount is counted on (Classification.Target), so paying that invoice draws on it
+// instead of counting the same money twice.
+
+// itemUnitFields are the ways an invoice item or line states its unit amount
+// ("unit_amount" is an older API version's name, still read because
+// Stripe-Version can select it).
+var itemUnitFields = []string{"unit_amount", "unit_amount_decimal", "price_data[unit_amount]", "price_data[unit_amount_decimal]"}
+
+// itemQuantityFactors and itemUnitFactors are where an invoice item keeps the
+// factor an update does not carry: its quantity (quantity_decimal first: it is
+// the exact one) and its unit amount (in pricing since API version 2025-03-31,
+// top level before).
+var (
+	itemQuantityFactors = []string{"quantity_decimal", "quantity"}
+	itemUnitFactors     = []string{"pricing.unit_amount_decimal", "unit_amount_decimal", "unit_amount"}
+)
+
+// itemPricing is what one invoice item, or one invoice line (under prefix), says
+// about its amount.
+type itemPricing struct {
+	pricing           // unit amount × quantity, when priced by a unit amount
+	ways     int      // ways of pricing given: amount, a unit amount, a stored price
+	amount   int64    // the "amount" parameter, when given
+	byAmount bool     //
+	price    string   // a stored price ("pricing[price]", or the older "price")
+	present  bool     // names an amount, a quantity or a pricing
+	taxed    bool     // tax_rates or tax_amounts: Stripe adds tax keybrake cannot bound
+	currency string   // "currency" (items only) or price_data[currency]
+	priceRef PriceRef // the stored price × quantity, when the quantity is exact
+}
+
+// readItemPricing reads an invoice item (prefix "") or line (prefix "lines[0]").
+func readItemPricing(p *Params, prefix string) (itemPricing, error) {
+	var ip itemPricing
+	key := func(k string) string { return nested(prefix, k) }
+	var err error
+	if ip.pricing, ip.ways, err = unitPricing(p, prefix, itemUnitFields); err != nil {
+		return ip, err
+	}
+	ip.currency = ip.pricing.currency
+	if prefix == "" {
+		cur, _, err := currencyParam(p, "currency")
+		if err != nil {
+			return ip, err
+		}
+		if cur != "" && ip.currency != "" && cur != ip.currency {
+			return ip, formErr("currency %q and price_data[currency] %q differ", cur, ip.currency)
+		}
+		if cur != "" {
+			ip.currency = cur
+		}
+	}
+	if ip.amount, ip.byAmount, err = minorParam(p, key("amount")); err != nil {
+		return ip, err
+	}
+	for _, f := range []string{"pricing[price]", "price"} {
+		id, ok, err := idParam(p, key(f))
+		if err != nil {
+			return ip, err
+		}
+		if ok {
+			ip.ways++
+			ip.price = id
+		}
+	}
+	ip.ways += boolInt(ip.byAmount)
+	ip.present = ip.ways > 0 || ip.qtyGiven || p.Has(key("pricing"))
+	ip.taxed = hasValue(p, key("tax_rates")) || hasValue(p, key("tax_amounts"))
+	if ip.price != "" && ip.qtyExact {
+		ip.priceRef = PriceRef{ID: ip.price, Quantity: ip.quantity}
+	}
+	return ip, nil
+}
+
+// hasValue reports whether key holds anything but an empty value (posting an empty
+// value clears a list).
+func hasValue(p *Params, key string) bool {
+	if p.IsContainer(key) {
+		return true
+	}
+	v, ok := p.Get(key)
+	return ok && v != ""
+}
+
+// added is the amount a new invoice item or line adds: exact, or a stored price to
+// look up; ok is false when it cannot be known.
+func (ip itemPricing) added() (amount int64, price *PriceRef, ok bool) {
+	switch {
+	case ip.taxed || ip.ways != 1:
+		return 0, nil, false
+	case ip.byAmount:
+		return ip.amount, nil, true
+	case ip.price != "":
+		if ip.priceRef.ID == "" {
+			return 0, nil, false
+		}
+		return 0, &ip.priceRef, true
+	default:
+		return ip.pricing.amount, nil, ip.pricing.known
+	}
+}
+
+// replaced is the new total of an invoice item or line whose update states all of
+// it: an amount, or a unit amount or stored price with its quantity. ok is false
+// when the update changes only one factor of unit × quantity (the other is the
+// object's), or cannot be known.
+func (ip itemPricing) replaced() (amount int64, price *PriceRef, ok bool) {
+	if ip.byAmount || ip.qtyGiven {
+		return ip.added()
+	}
+	return 0, nil, false
+}
+
+// taxWhy is why an invoice item or line with tax cannot be metered.
+const taxWhy = "tax rates and tax amounts make Stripe collect more than the line says, by an amount keybrake cannot bound"
+
+// invoiceItemCreate: see the catalogue documentation. An item added to an invoice
+// ("invoice") is counted on that invoice; a pending one on itself.
+func invoiceItemCreate(r *catRequest, c *Classification) error {
+	ip, err := readItemPricing(r.params, "")
+	if err != nil {
+		return err
+	}
+	inv, hasInv, err := idParam(r.params, "invoice")
+	if err != nil {
+		return err
+	}
+	if hasInv {
+		c.Target = inv
+	}
+	c.Currency = ip.currency
+	if ip.taxed {
+		unknownBecause(c, taxWhy)
+		return nil
+	}
+	amount, price, ok := ip.added()
+	switch {
+	case !ok:
+		unknownAmount(c)
+	case price != nil:
+		c.AmountKnown, c.Prices = true, []PriceRef{*price}
+	case c.Currency == "":
+		// The customer's default currency would apply: keybrake does not guess it.
+		unknownAmount(c)
+	default:
+		c.Amount, c.AmountKnown = amount, true
+	}
+	if c.AmountKnown && hasInv {
+		c.Lookup = &Lookup{Path: "/v1/invoices/" + inv, Field: "amount_due"}
+	}
+	return nil
+}
+
+// invoiceItemUpdate: a change of amount, quantity or pricing is the item's new
+// total. When the update changes only the unit amount or only the quantity, the
+// other factor is the item's, read at Stripe (Lookup.Factors); the item keeps its
+// currency unless the request names one.
+func invoiceItemUpdate(r *catRequest, c *Classification) error {
+	ip, err := readItemPricing(r.params, "")
+	if err != nil {
+		return err
+	}
+	if !ip.present && !ip.taxed {
+		c.MovesMoney = false
+		return nil
+	}
+	c.Currency = ip.currency
+	lk := &Lookup{Path: "/v1/invoiceitems/" + r.ids[0], Field: "amount"}
+	if ip.taxed {
+		unknownBecause(c, taxWhy)
+		return nil
+	}
+	if amount, price, ok := ip.replaced(); ok {
+		c.Amount, c.AmountKnown, c.NewTotal, c.Lookup = amount, true, true, lk
+		if price != nil {
+			c.Prices = []PriceRef{*price}
+		}
+		return nil
+	}
+	switch {
+	case ip.ways == 1 && !ip.byAmount && ip.price == "" && ip.unitKnown && !ip.qtyGiven:
+		// A new unit amount: the item keeps its quantity.
+		lk.Factors = itemQuantityFactors
+		c.Amount = ip.unit
+	case ip.ways == 0 && ip.qtyGiven && ip.qtyExact:
+		// A new quantity: the item keeps its unit amount.
+		lk.Factors = itemUnitFactors
+		c.Amount = ip.quantity
+	default:
+		unknownAmount(c)
+		return nil
+	}
+	c.AmountKnown, c.NewTotal, c.Lookup = true, true, lk
+	return nil
+}
+
+// invoiceLines: invoices.add_lines, invoices.update_lines and
+// /v1/invoices/{id}/lines/{line} add lines to an invoice or reprice them, like
+// invoiceitems.create and .update; their amount is counted on the invoice. A new
+// line adds its amount; a repriced line is counted at its whole new total (a single
+// line cannot be looked up, so what it was is not subtracted: counting it in full
+// can only overcount); a line that attaches a pending invoice item adds nothing
+// (the item was counted when it was created); a line update that changes only one
+// factor of unit × quantity cannot be known. The currency is the invoice's.
+func invoiceLines(add bool, single bool) moneyFunc {
+	return func(r *catRequest, c *Classification) error {
+		p := r.params
+		prefixes := []string{""}
+		if !single {
+			keys := p.Keys("lines")
+			if p.Has("lines") && keys == nil {
+				return formErr("parameter lines must be indexed (lines[0][…])")
+			}
+			prefixes = prefixes[:0]
+			for _, k := range keys {
+				if !isDigits(k) {
+					return formErr("parameter lines[%s] is not indexed by a number", clipText(k))
+				}
+				prefixes = append(prefixes, "lines["+k+"]")
+			}
+		}
+		var total int64
+		var prices []PriceRef
+		cur, moves := "", false
+		for _, pre := range prefixes {
+			ip, err := readItemPricing(p, pre)
+			if err != nil {
+				return err
+			}
+			if ip.currency != "" {
+				if cur != "" && cur != ip.currency {
+					return formErr("line currencies differ (%q, %q)", cur, ip.currency)
+				}
+				cur = ip.currency
+			}
+			if !ip.present && !ip.taxed {
+				continue // a description, a period, or a pending item attached as it is
+			}
+			moves = true
+			if ip.taxed {
+				unknownBecause(c, taxWhy)
+				return nil
+			}
+			amount, price, ok := ip.added()
+			if !add && !p.Has(nested(pre, "invoice_item")) {
+				amount, price, ok = ip.replaced()
+			}
+			if !ok {
+				unknownBecause(c, "a line's new total depends on what it states and what it keeps; state its amount, or its unit amount with its quantity")
+				return nil
+			}
+			if price != nil {
+				prices = append(prices, *price)
+			}
+			if total, err = addMinor(total, amount); err != nil {
+				return err
+			}
+		}
+		if !moves {
+			c.MovesMoney = false
+			return nil
+		}
+		c.Amount, c.AmountKnown, c.Currency, c.Prices = total, true, cur, prices
+		c.Lookup = &Lookup{Path: "/v1/invoices/" + r.ids[0], Field: "amount_due"}
+		return nil
+	}
+}
+
+// invoiceSettings: invoices.create and invoices.update move no money by
+// themselves (the invoice collects items and lines, each counted when added), but
+// automatic tax and default tax rates make Stripe collect more than they add up
+// to, by an amount keybrake cannot bound, and drawing in the customer's pending
+// items adds an amount keybrake cannot know before the answer: refused.
+func invoiceSettings(r *catRequest, c *Classification) error {
+	if isTrue(r.params, "automatic_tax[enabled]") || hasValue(r.params, "default_tax_rates") {
+		unknownBecause(c, "automatic tax and default tax rates make Stripe collect more than the invoice's lines, by an amount keybrake cannot bound")
+		return nil
+	}
+	if isValue(r.params, "pending_invoice_items_behavior", "include") {
+		unknownBecause(c, "it draws in the customer's pending invoice items, whose total keybrake cannot know before Stripe answers; add the items to the invoice instead")
+		return nil
+	}
+	c.MovesMoney = false
+	return nil
+}

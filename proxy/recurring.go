@@ -1,0 +1,206 @@
+package proxy
+
+import (
+	"fmt"
+	"strings"
+)
+
+// Money that moves later, in the catalogue: subscriptions, subscription
+// schedules, Payment Links and customer balances. Each move money at once or
+// later without another request keybrake could see, so each is metered for what
+// it can be bounded by, counted in full when it is made, or refused with a reason
+// (amount_unknown). Renewals after the first period are never seen (the README's
+// limits say so).
+
+// subscriptionCreate meters one period of a new subscription: its items (a stored
+// price or price_data × quantity) and its add_invoice_items, counted in full when
+// it is created, whether Stripe charges it at once, at the end of a trial, or by
+// an invoice the customer pays later (a prorated or trialing first invoice is
+// less, never more). Refused: tax (automatic or rates), a backdated start (it
+// bills past periods), and items keybrake cannot price (tiered or metered prices,
+// legacy plans).
+func subscriptionCreate(r *catRequest, c *Classification) error {
+	p := r.params
+	lines, err := requestLines(p, "items", "add_invoice_items")
+	if err != nil {
+		return err
+	}
+	c.Currency = lines.currency
+	switch {
+	case isTrue(p, "automatic_tax[enabled]") || hasValue(p, "default_tax_rates"):
+		unknownBecause(c, "automatic tax and tax rates make Stripe collect more, by an amount keybrake cannot bound")
+	case p.Has("backdate_start_date"):
+		unknownBecause(c, "a backdated subscription bills the periods since its start at once")
+	case !p.Has("items") || !lines.known:
+		unknownBecause(c, "every item needs a per-unit price (a stored price or price_data) and a whole quantity, and no tax rates")
+	default:
+		c.Amount, c.AmountKnown, c.Prices = lines.amount, true, lines.prices
+	}
+	return nil
+}
+
+// subscriptionChange: subscriptions.update, subscriptions.resume and
+// subscription_items.create/.update move money at once when they invoice
+// immediately (proration_behavior=always_invoice, billing_cycle_anchor=now,
+// trial_end=now): the prorations depend on the billing period's position, which
+// keybrake does not compute, so those forms are refused. add_invoice_items are
+// one-time items on the next invoice: metered like a new subscription's. Other
+// changes take effect at the next renewal, which keybrake never sees.
+func subscriptionChange(r *catRequest, c *Classification) error {
+	p := r.params
+	if v, _ := p.Get("proration_behavior"); v == "always_invoice" || isValue(p, "billing_cycle_anchor", "now") || isValue(p, "trial_end", "now") {
+		unknownBecause(c, "it invoices prorations at once, and keybrake does not compute prorations; change it with proration_behavior=create_prorations or none")
+		return nil
+	}
+	if !p.Has("add_invoice_items") {
+		c.MovesMoney = false
+		return nil
+	}
+	extra, err := requestLines(p, "add_invoice_items")
+	if err != nil {
+		return err
+	}
+	c.Currency = extra.currency
+	if !extra.known {
+		unknownBecause(c, "every invoice item needs a per-unit price and a whole quantity, and no tax rates")
+		return nil
+	}
+	c.Amount, c.AmountKnown, c.Prices = extra.amount, true, extra.prices
+	if c.Currency == "" && len(c.Prices) == 0 {
+		unknownAmount(c)
+	}
+	return nil
+}
+
+// scheduleWrite: a subscription schedule bills its phases on dates keybrake never
+// sees, starting at once when a phase starts now: refused when it sets phases;
+// other changes (metadata, end behavior) move no money.
+func scheduleWrite(r *catRequest, c *Classification) error {
+	if r.params.Has("phases") || r.params.Has("from_subscription") || r.params.Has("start_date") {
+		unknownBecause(c, "a subscription schedule bills its phases on dates keybrake never sees")
+		return nil
+	}
+	c.MovesMoney = false
+	return nil
+}
+
+// paymentLinkCreate meters a Payment Link that can be paid a bounded number of
+// times (restrictions[completed_sessions][limit]): its line items (a stored price
+// or price_data × quantity) times that limit, counted in full when it is created,
+// whether or not it is ever paid. Without a limit it can be paid any number of
+// times, by anyone with the link, without a request keybrake could see: refused.
+// Refused too: adjustable quantities, tax, recurring prices (subscription_data),
+// and shipping (a stored shipping rate).
+func paymentLinkCreate(r *catRequest, c *Classification) error {
+	p := r.params
+	limit, hasLimit, err := minorParam(p, "restrictions[completed_sessions][limit]")
+	if err != nil {
+		return err
+	}
+	lines, err := requestLines(p, "line_items")
+	if err != nil {
+		return err
+	}
+	c.Currency = lines.currency
+	switch {
+	case !hasLimit || limit == 0:
+		unknownBecause(c, "a Payment Link can be paid any number of times; set restrictions[completed_sessions][limit] to bound it")
+		return nil
+	case isTrue(p, "automatic_tax[enabled]") || p.Has("shipping_options") || p.Has("subscription_data"):
+		unknownBecause(c, "tax, shipping rates and subscriptions make a Payment Link collect more than its line items")
+		return nil
+	case !p.Has("line_items") || !lines.known:
+		unknownBecause(c, "every line item needs a per-unit price (a stored price or price_data), a fixed whole quantity, and no tax rates")
+		return nil
+	}
+	if c.Amount, err = mulMinor(lines.amount, limit); err != nil {
+		return err
+	}
+	for _, pr := range lines.prices {
+		q, err := mulMinor(pr.Quantity, limit)
+		if err != nil {
+			return err
+		}
+		c.Prices = append(c.Prices, PriceRef{ID: pr.ID, Quantity: q, OneTime: true})
+	}
+	c.AmountKnown = true
+	return nil
+}
+
+// paymentLinkUpdate: changing what a Payment Link sells or how often it can be
+// paid changes what it can collect: refused; deactivating it, or changing its
+// texts, moves no money.
+func paymentLinkUpdate(r *catRequest, c *Classification) error {
+	p := r.params
+	if p.Has("line_items") || p.Has("restrictions") || p.Has("automatic_tax") || p.Has("subscription_data") {
+		unknownBecause(c, "changing what a Payment Link sells, or how often it can be paid, changes what it collects")
+		return nil
+	}
+	c.MovesMoney = false
+	return nil
+}
+
+// customerBalance: a positive customer balance is added to the customer's next
+// invoice (a negative one is a credit, which moves no money). customers.update
+// with balance sets the new balance: the rise over the current one (a credit
+// counts as 0) is counted in full when it is made, in the customer's currency.
+// customers.create cannot know that currency (a new customer has none until its
+// first invoice): a positive balance there is refused.
+func customerBalance(create bool) moneyFunc {
+	return func(r *catRequest, c *Classification) error {
+		n, ok, err := signedMinorParam(r.params, "balance")
+		switch {
+		case err != nil:
+			return err
+		case !ok || n <= 0:
+			c.MovesMoney = false
+		case create:
+			unknownBecause(c, "a new customer's balance is in the currency of its first invoice, which keybrake cannot know")
+		default:
+			c.Amount, c.AmountKnown, c.NewTotal = n, true, true
+			c.Lookup = &Lookup{Path: "/v1/customers/" + r.ids[0], Field: "balance", Signed: true}
+		}
+		return nil
+	}
+}
+
+// balanceTransaction: a customer balance transaction with a positive amount is
+// added to the customer's next invoice (in the request's currency), counted in
+// full; a negative one is a credit, which moves no money.
+func balanceTransaction(r *catRequest, c *Classification) error {
+	n, ok, err := signedMinorParam(r.params, "amount")
+	if err != nil {
+		return err
+	}
+	if !ok || n <= 0 {
+		c.MovesMoney = false
+		return nil
+	}
+	cur, _, err := currencyParam(r.params, "currency")
+	if err != nil {
+		return err
+	}
+	settle(c, n, true, cur, nil)
+	if cur == "" {
+		unknownAmount(c)
+	}
+	return nil
+}
+
+// signedMinorParam reads an integer money field that may be negative (a credit).
+func signedMinorParam(p *Params, key string) (int64, bool, error) {
+	if v, ok := p.Get(key); ok && strings.HasPrefix(v, "-") {
+		n, err := parseMinor(v[1:])
+		if err != nil {
+			return 0, false, fmt.Errorf("parameter %s: %w", key, err)
+		}
+		return -n, true, nil
+	}
+	return minorParam(p, key)
+}
+
+// isValue reports whether key is the single value want.
+func isValue(p *Params, key, want string) bool {
+	v, ok := p.Get(key)
+	return ok && v == want
+}
