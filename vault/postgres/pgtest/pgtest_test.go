@@ -1,0 +1,188 @@
+package pgtest_test
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/keybrake/keybrake/vault/postgres/pgtest"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+func TestEachTestGetsItsOwnEmptyDatabase(t *testing.T) {
+	var urls, names [2]string
+	for i := range urls {
+		t.Run(fmt.Sprint(i), func(t *testing.T) {
+			urls[i] = pgtest.URL(t)
+			pool := pgtest.NewPool(t, urls[i])
+			assert.Zero(t, userTables(t, pool), "a new database has no tables")
+			require.NoError(t, pool.QueryRow(t.Context(), "SELECT current_database()").Scan(&names[i]))
+			_, err := pool.Exec(t.Context(), "CREATE TABLE left_behind (n int); INSERT INTO left_behind VALUES (1)")
+			require.NoError(t, err)
+		})
+	}
+	assert.NotEqual(t, names[0], names[1])
+	for i, u := range urls {
+		err := connect(t, u)
+		var pgErr *pgconn.PgError
+		if assert.ErrorAs(t, err, &pgErr, "database %s outlived its test", names[i]) {
+			assert.Equal(t, "3D000", pgErr.Code, "invalid_catalog_name: %v", err)
+		}
+	}
+}
+
+func TestPoolIsReady(t *testing.T) {
+	pool := pgtest.Pool(t)
+	var n int
+	require.NoError(t, pool.QueryRow(t.Context(), "SELECT 40 + 2").Scan(&n))
+	assert.Equal(t, 42, n)
+	var db string
+	require.NoError(t, pool.QueryRow(t.Context(), "SELECT current_database()").Scan(&db))
+	assert.True(t, strings.HasPrefix(db, "kbtest_testpoolisready_"), db)
+}
+
+func TestRestartKeepsDataAndURL(t *testing.T) {
+	c := pgtest.NewCluster(t)
+	u := c.URL(t)
+	pool := pgtest.NewPool(t, u)
+	ctx := t.Context()
+	_, err := pool.Exec(ctx, "CREATE TABLE kept (n int); INSERT INTO kept VALUES (1)")
+	require.NoError(t, err)
+	pid, port := c.PID(), c.Port()
+	require.NotZero(t, pid)
+
+	c.Restart(t)
+	assert.NotEqual(t, pid, c.PID(), "a new postmaster")
+	assert.Equal(t, port, c.Port())
+	assert.Equal(t, []int{1}, rows(t, u), "the same URL, the same data")
+	// The pool's connections died with the server; it recovers by itself.
+	require.Eventually(t, func() bool {
+		_, err := pool.Exec(ctx, "INSERT INTO kept VALUES (2)")
+		return err == nil
+	}, 10*time.Second, 50*time.Millisecond, "the old pool does not recover")
+
+	c.Stop(t)
+	assert.Zero(t, c.PID())
+	assert.Error(t, connect(t, u), "a stopped server accepts connections")
+	c.Stop(t) // stopping twice does nothing
+	c.Start(t)
+	assert.Equal(t, []int{1, 2}, rows(t, u))
+
+	// Committed rows survive a crash (immediate shutdown): the start replays the WAL.
+	_, err = pool.Exec(ctx, "INSERT INTO kept VALUES (3)")
+	if err != nil { // the pool may still hold a connection from before Stop
+		_, err = pool.Exec(ctx, "INSERT INTO kept VALUES (3)")
+	}
+	require.NoError(t, err)
+	c.Crash(t)
+	assert.Error(t, connect(t, u))
+	c.Start(t)
+	c.Start(t) // starting twice does nothing
+	assert.Equal(t, []int{1, 2, 3}, rows(t, u))
+}
+
+func TestClusterListensOnLoopbackOnly(t *testing.T) {
+	c := pgtest.NewCluster(t)
+	u := c.URL(t)
+	pool := pgtest.NewPool(t, u)
+
+	assert.Equal(t, "127.0.0.1", setting(t, pool, "listen_addresses"))
+	socketDir := strings.Trim(setting(t, pool, "unix_socket_directories"), `"`)
+	assert.True(t, strings.HasPrefix(socketDir, os.TempDir()), "socket in %s", socketDir)
+	assert.Equal(t, "on", setting(t, pool, "fsync"))
+	assert.Equal(t, "200", setting(t, pool, "max_connections"))
+	assert.Equal(t, "UTC", setting(t, pool, "TimeZone"))
+
+	parsed, err := url.Parse(u)
+	require.NoError(t, err)
+	assert.Equal(t, "127.0.0.1", parsed.Hostname())
+	assert.Equal(t, fmt.Sprint(c.Port()), parsed.Port())
+
+	// Nothing answers on the machine's other addresses.
+	addrs, err := net.InterfaceAddrs()
+	require.NoError(t, err)
+	for _, a := range addrs {
+		ip, _, err := net.ParseCIDR(a.String())
+		require.NoError(t, err)
+		if ip.IsLoopback() || ip.IsLinkLocalUnicast() {
+			continue
+		}
+		conn, err := net.DialTimeout("tcp", net.JoinHostPort(ip.String(), fmt.Sprint(c.Port())), 2*time.Second)
+		if err == nil {
+			conn.Close()
+		}
+		assert.Error(t, err, "PostgreSQL answers on %s", ip)
+	}
+
+	// TCP wants the password: another account of the machine cannot get in.
+	parsed.User = url.User("postgres")
+	assert.Error(t, connect(t, parsed.String()), "connected without the password")
+}
+
+func TestNewClusterGivesDifferentServers(t *testing.T) {
+	a, b := pgtest.NewCluster(t), pgtest.NewCluster(t)
+	assert.NotEqual(t, a.Port(), b.Port())
+	assert.NotEqual(t, a.URL(t), b.URL(t))
+	assert.Contains(t, a.Version(), "PostgreSQL ")
+	// The admin URL reaches the server as its superuser.
+	pool := pgtest.NewPool(t, a.AdminURL())
+	var super bool
+	require.NoError(t, pool.QueryRow(t.Context(), "SELECT rolsuper FROM pg_roles WHERE rolname = current_user").Scan(&super))
+	assert.True(t, super)
+}
+
+// userTables counts the tables outside PostgreSQL's own schemas.
+func userTables(tb testing.TB, pool *pgxpool.Pool) int {
+	tb.Helper()
+	var n int
+	err := pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_class c JOIN pg_namespace s ON s.oid = c.relnamespace
+		WHERE c.relkind = 'r' AND s.nspname NOT IN ('pg_catalog', 'information_schema')`).Scan(&n)
+	require.NoError(tb, err)
+	return n
+}
+
+func setting(tb testing.TB, pool *pgxpool.Pool, name string) string {
+	tb.Helper()
+	var v string
+	require.NoError(tb, pool.QueryRow(context.Background(), "SELECT current_setting($1)", name).Scan(&v))
+	return v
+}
+
+// connect opens and closes one connection to u.
+func connect(tb testing.TB, u string) error {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, u)
+	if err != nil {
+		return err
+	}
+	return conn.Close(ctx)
+}
+
+// rows reads table kept through a new connection to u.
+func rows(tb testing.TB, u string) []int {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, u)
+	require.NoError(tb, err)
+	defer conn.Close(ctx)
+	r, err := conn.Query(ctx, "SELECT n FROM kept ORDER BY n")
+	require.NoError(tb, err)
+	ns, err := pgx.CollectRows(r, pgx.RowTo[int])
+	require.NoError(tb, err)
+	return ns
+}
