@@ -267,7 +267,7 @@ func (c *Cluster) ping() error {
 // stop signals the postmaster and waits for it; after wait it escalates to
 // SIGQUIT (immediate shutdown) and then SIGKILL, and says so.
 func (p *process) stop(sig syscall.Signal, wait time.Duration) error {
-	if err := p.cmd.Process.Signal(sig); err != nil && !p.exited() {
+	if err := p.cmd.Process.Signal(sig); err != nil && !errors.Is(err, os.ErrProcessDone) {
 		return fmt.Errorf("signal postgres (pid %d): %w", p.cmd.Process.Pid, err)
 	}
 	select {
