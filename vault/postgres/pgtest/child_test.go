@@ -92,7 +92,8 @@ func TestEnvDatabaseURLIsHonoured(t *testing.T) {
 		u.User = url.UserPassword("pgtest_nocreatedb", "secret-pw")
 		out, err := runChild(t, "databases", u.String())
 		require.Error(t, err, out)
-		assert.Contains(t, out, `role "pgtest_nocreatedb" may not create databases: grant it CREATEDB`)
+		assert.Contains(t, out, "pgtest_nocreatedb:xxxxx@")
+		assert.Contains(t, out, "the role may not create databases: grant it CREATEDB")
 		assert.NotContains(t, out, "secret-pw")
 	})
 

@@ -97,7 +97,7 @@ func startCluster() (c *Cluster, err error) {
 	if err != nil {
 		return nil, err
 	}
-	u, err := lookupServerUser()
+	runAs, err := lookupServerUser()
 	if err != nil {
 		return nil, err
 	}
@@ -107,16 +107,16 @@ func startCluster() (c *Cluster, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("create the cluster directory: %w", err)
 	}
-	c = &Cluster{bin: bin, user: u, dir: dir, password: randomHex(16), log: &tailBuffer{}}
+	c = &Cluster{bin: bin, user: runAs, dir: dir, password: randomHex(16), log: &tailBuffer{}}
 	defer func() {
 		if err != nil {
 			err = errors.Join(err, c.close())
 		}
 	}()
-	if u != nil {
+	if runAs != nil {
 		// MkdirTemp made it 0700 and ours: hand it to the server's user.
-		if err := os.Chown(dir, int(u.uid), int(u.gid)); err != nil {
-			return c, fmt.Errorf("give %s to user %s: %w", dir, u.name, err)
+		if err := os.Chown(dir, int(runAs.uid), int(runAs.gid)); err != nil {
+			return c, fmt.Errorf("give %s to user %s: %w", dir, runAs.name, err)
 		}
 	}
 	if n := len(c.socketPath(65535)); n > maxSocketPath {
@@ -330,7 +330,8 @@ func (c *Cluster) Crash(tb testing.TB) {
 
 // Start starts a stopped server again on the same port with the same data, and
 // returns once it accepts connections: every URL of the cluster works again.
-// Starting a running cluster does nothing.
+// It fails tb if another program took the port meanwhile. Starting a running
+// cluster does nothing.
 func (c *Cluster) Start(tb testing.TB) {
 	tb.Helper()
 	c.mu.Lock()

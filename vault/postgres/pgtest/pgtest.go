@@ -166,8 +166,8 @@ func externalURL(tb testing.TB, admin string) string {
 	if err := execOnce(admin, createDatabase(name)); err != nil {
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) && pgErr.Code == "42501" { // insufficient_privilege
-			tb.Fatalf("pgtest: %s: role %q may not create databases: grant it CREATEDB (ALTER ROLE … CREATEDB), or unset %s to let the tests start their own PostgreSQL: %v",
-				EnvDatabaseURL, u.User.Username(), EnvDatabaseURL, err)
+			tb.Fatalf("pgtest: %s (%s): the role may not create databases: grant it CREATEDB (ALTER ROLE … CREATEDB), or unset %s to let the tests start their own PostgreSQL: %v",
+				EnvDatabaseURL, u.Redacted(), EnvDatabaseURL, err)
 		}
 		tb.Fatalf("pgtest: %s (%s): create database %s: %v", EnvDatabaseURL, u.Redacted(), name, err)
 	}
