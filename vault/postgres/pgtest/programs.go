@@ -188,10 +188,9 @@ var sweepOnce sync.Once
 func sweepLeftovers(tmp string) {
 	dirs, _ := filepath.Glob(filepath.Join(tmp, dirPrefix+"*"))
 	for _, dir := range dirs {
-		if !leftover(dir) {
-			continue
+		if leftover(dir) {
+			_ = os.RemoveAll(dir) // best effort: another user's directory stays
 		}
-		_ = os.RemoveAll(dir) // best effort: another user's directory stays
 	}
 }
 
