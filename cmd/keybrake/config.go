@@ -55,6 +55,9 @@ type Config struct {
 	IdleTimeout time.Duration
 	// BootstrapTokenTTL is the lifetime of the admin token printed on first start.
 	BootstrapTokenTTL time.Duration
+	// PprofListen, when set, serves Go's profiler (net/http/pprof) on a listener of
+	// its own at this loopback address; off ("") by default.
+	PprofListen string
 }
 
 // DefaultConfig returns the defaults documented in DESIGN.md and the README.
@@ -111,6 +114,11 @@ func (c Config) Validate() error {
 	if c.PublicURL != "" {
 		if err := validateBaseURL(c.PublicURL); err != nil {
 			errs = append(errs, fmt.Errorf("public-url: %w", err))
+		}
+	}
+	if c.PprofListen != "" {
+		if host, _, err := net.SplitHostPort(c.PprofListen); err != nil || !isLoopbackHost(host) {
+			errs = append(errs, fmt.Errorf("pprof-listen: %q must be a loopback host:port (the profiler shows the program's internals)", c.PprofListen))
 		}
 	}
 	if _, err := parseLevel(c.LogLevel); err != nil {
@@ -183,6 +191,7 @@ func (c *Config) bindFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.LogFormat, "log-format", c.LogFormat, "log format: json or text")
 	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", c.ShutdownTimeout, "how long in-flight requests may finish on shutdown")
 	fs.DurationVar(&c.ReapInterval, "reap-interval", c.ReapInterval, "how often expired idempotency records are removed")
+	fs.StringVar(&c.PprofListen, "pprof-listen", c.PprofListen, "serve Go's profiler (/debug/pprof/) on this loopback address (default: off)")
 }
 
 // envName is the environment variable that backs a flag: KEYBRAKE_ + the flag's

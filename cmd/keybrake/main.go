@@ -98,6 +98,8 @@ type Main struct {
 	adminLn   net.Listener
 	proxySrv  *http.Server
 	adminSrv  *http.Server
+	pprofLn   net.Listener
+	pprofSrv  *http.Server
 	publicURL string
 	inflight  inflight
 	serveErr  chan error
