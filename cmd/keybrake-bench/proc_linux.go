@@ -1,0 +1,77 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"syscall"
+)
+
+// setDeathSignal makes the kernel kill cmd's process if this one dies first, so
+// an interrupted benchmark leaves no proxy running.
+func setDeathSignal(cmd *exec.Cmd) {
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+}
+
+// readMem reads a process's memory figures from /proc/PID/status.
+func readMem(pid int) (memStats, error) {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return memStats{}, fmt.Errorf("read memory of %d: %w", pid, err)
+	}
+	var m memStats
+	sc := bufio.NewScanner(bytes.NewReader(data))
+	for sc.Scan() {
+		name, rest, ok := bytes.Cut(sc.Bytes(), []byte(":"))
+		if !ok {
+			continue
+		}
+		var dst *int64
+		switch string(name) {
+		case "VmHWM":
+			dst = &m.PeakRSS
+		case "VmRSS":
+			dst = &m.RSS
+		case "RssAnon":
+			dst = &m.RSSAnon
+		case "RssFile":
+			dst = &m.RSSFile
+		default:
+			continue
+		}
+		kb, err := strconv.ParseInt(string(bytes.TrimSpace(bytes.TrimSuffix(bytes.TrimSpace(rest), []byte("kB")))), 10, 64)
+		if err != nil {
+			return memStats{}, fmt.Errorf("read memory of %d: %s: %w", pid, name, err)
+		}
+		*dst = kb << 10
+	}
+	if m.PeakRSS == 0 {
+		return memStats{}, fmt.Errorf("read memory of %d: no VmHWM", pid)
+	}
+	return m, nil
+}
+
+// resetPeak resets the process's peak RSS (VmHWM) to its current RSS, so that the
+// next reading is the peak of one round, not of the process's whole life.
+func resetPeak(pid int) error {
+	if err := os.WriteFile(fmt.Sprintf("/proc/%d/clear_refs", pid), []byte("5"), 0); err != nil {
+		return fmt.Errorf("reset peak RSS of %d: %w", pid, err)
+	}
+	return nil
+}
+
+// loadAverage is the 1, 5 and 15 minute load averages ("" if unknown).
+func loadAverage() string {
+	data, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return ""
+	}
+	f := bytes.Fields(data)
+	if len(f) < 3 {
+		return ""
+	}
+	return string(bytes.Join(f[:3], []byte(" ")))
+}
