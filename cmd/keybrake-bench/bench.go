@@ -27,6 +27,17 @@ type bench struct {
 	fakeSrv *http.Server
 	bare    *bareChild
 	kb      *keybrakeChild
+
+	secrets    keybrakeSecrets
+	kbSecret   string // keybrake's upstream secret at the fake Stripe
+	bareSecret string // the bare proxy's
+	runID      string
+	dbPath     string
+	setup      storeSetup
+	tokens     []string // "Bearer vk_…"
+	// ok counts 200 answers by target name, warm-up included.
+	ok        map[string]int
+	peakNoted bool
 }
 
 // target is one of the two proxies under load.
@@ -52,153 +63,180 @@ func (b *bench) run(ctx context.Context) (*Report, error) {
 		},
 		Check: CheckResult{Problems: []string{}},
 	}
+	if err := b.start(ctx, rep); err != nil {
+		return nil, err
+	}
+	bare := target{name: "bare", url: b.bare.url, pid: b.bare.pid()}
+	kb := target{name: "keybrake", url: b.kb.url, pid: b.kb.pid()}
+	b.ok = map[string]int{}
+	if cfg.Warmup > 0 {
+		fmt.Fprintf(b.progress, "warming up for %s per target…\n", cfg.Warmup)
+		for _, t := range []target{bare, kb} {
+			r := b.load(t, cfg.maxConcurrencyOf(), b.runID+"-warmup-"+t.name).run(ctx, cfg.Warmup)
+			b.ok[t.name] += r.ok
+			if r.Errors > 0 {
+				rep.Check.Problems = append(rep.Check.Problems, fmt.Sprintf("warm-up of %s: %d of %d requests failed (first: %s)",
+					t.name, r.Errors, r.Requests, r.FirstError))
+			}
+		}
+	}
+	rep.Setup.DBBytesAfterWarmup = fileSize(b.dbPath)
+	for _, conns := range cfg.Concurrency {
+		cr, err := b.measure(ctx, rep, conns, bare, kb)
+		if err != nil {
+			return nil, err
+		}
+		rep.Results = append(rep.Results, cr)
+	}
+	rep.Machine.LoadAvgEnd = loadAverage()
+	if err := b.check(ctx, &rep.Check); err != nil {
+		return nil, err
+	}
+	return rep, nil
+}
+
+// start builds keybrake (unless given), starts the fake Stripe, prepares the
+// store and starts both proxies.
+func (b *bench) start(ctx context.Context, rep *Report) error {
+	cfg := b.cfg
 	var err error
-	if b.dir, err = os.MkdirTemp("", "keybrake-bench-"); err != nil {
-		return nil, fmt.Errorf("temporary directory: %w", err)
+	if b.dir, err = os.MkdirTemp(cfg.TempDir, "keybrake-bench-"); err != nil {
+		return fmt.Errorf("temporary directory: %w", err)
+	}
+	rep.Machine.FileSystem = fsType(b.dir)
+	if rep.Machine.FileSystem == "tmpfs" {
+		rep.Notes = append(rep.Notes, "the database is on tmpfs, where an fsync costs nothing: keybrake looks faster than on a disk (--tmp-dir)")
 	}
 	bin := cfg.Keybrake
 	if bin == "" {
 		fmt.Fprintln(b.progress, "building keybrake…")
 		if bin, err = BuildKeybrake(ctx, b.dir); err != nil {
-			return nil, err
+			return err
 		}
 	}
 
 	random := make([]byte, 32+32+8+8)
 	if _, err := rand.Read(random); err != nil {
-		return nil, fmt.Errorf("generate secrets: %w", err)
+		return fmt.Errorf("generate secrets: %w", err)
 	}
-	secrets := keybrakeSecrets{masterKey: random[:32], jwtSecret: []byte(base64.RawURLEncoding.EncodeToString(random[32:64]))}
-	kbSecret, bareSecret := "sk_test_keybrake_"+hex.EncodeToString(random[64:72]), "sk_test_bare_"+hex.EncodeToString(random[72:80])
-	runID := "bench-" + hex.EncodeToString(random[64:70])
+	b.secrets = keybrakeSecrets{masterKey: random[:32], jwtSecret: []byte(base64.RawURLEncoding.EncodeToString(random[32:64]))}
+	b.kbSecret = "sk_test_keybrake_" + hex.EncodeToString(random[64:72])
+	b.bareSecret = "sk_test_bare_" + hex.EncodeToString(random[72:80])
+	b.runID = "bench-" + hex.EncodeToString(random[72:78])
 
-	b.fake = newFakeStripe(cfg.UpstreamLatency, cfg.ResponseBytes, kbSecret, bareSecret)
+	b.fake = newFakeStripe(cfg.UpstreamLatency, cfg.ResponseBytes, b.kbSecret, b.bareSecret)
 	stripeURL, err := b.serveFake(ctx)
 	if err != nil {
-		return nil, err
+		return err
 	}
 
 	dataDir := filepath.Join(b.dir, "data")
 	if err := os.Mkdir(dataDir, 0o700); err != nil {
-		return nil, fmt.Errorf("data directory: %w", err)
+		return fmt.Errorf("data directory: %w", err)
 	}
-	dbPath := filepath.Join(dataDir, "keybrake.db")
+	b.dbPath = filepath.Join(dataDir, "keybrake.db")
 	if cfg.Keys > 100 || cfg.SeedRecords > 0 {
 		fmt.Fprintf(b.progress, "writing %d keys and %d records through the store…\n", cfg.Keys, cfg.SeedRecords)
 	}
-	setup, err := prepareStore(ctx, storeOptions{
-		path: dbPath, masterKey: secrets.masterKey, secret: kbSecret, keys: cfg.Keys, records: cfg.SeedRecords,
+	b.setup, err = prepareStore(ctx, storeOptions{
+		path: b.dbPath, masterKey: b.secrets.masterKey, secret: b.kbSecret, keys: cfg.Keys, records: cfg.SeedRecords,
 		body:     func(n int64) []byte { return []byte(chargeJSON(n, chargeAmount, b.fake.pad)) },
 		progress: b.progress,
 	})
 	if err != nil {
-		return nil, fmt.Errorf("prepare the store: %w", err)
+		return fmt.Errorf("prepare the store: %w", err)
 	}
-	rep.Setup = SetupResult{Keys: cfg.Keys, SeedRecords: cfg.SeedRecords, SeedSeconds: round3(setup.seedTime.Seconds()), DBBytesAfterSeed: fileSize(dbPath)}
-	tokens := make([]string, len(setup.tokens))
-	for i, t := range setup.tokens {
-		tokens[i] = "Bearer " + t
+	rep.Setup = SetupResult{Keys: cfg.Keys, SeedRecords: cfg.SeedRecords,
+		SeedSeconds: round3(b.setup.seedTime.Seconds()), DBBytesAfterSeed: fileSize(b.dbPath)}
+	for _, t := range b.setup.tokens {
+		b.tokens = append(b.tokens, "Bearer "+t)
 	}
 
-	b.kb, err = startKeybrake(ctx, bin, dataDir, stripeURL, cfg.LogLevel, secrets, cfg.CPUProfile != "")
-	if err != nil {
-		return nil, err
+	if b.kb, err = startKeybrake(ctx, bin, dataDir, stripeURL, cfg.LogLevel, b.secrets, cfg.CPUProfile != ""); err != nil {
+		return err
 	}
-	b.bare, err = startBare(ctx, stripeURL, bareSecret, b.progress)
-	if err != nil {
-		return nil, err
+	if b.bare, err = startBare(ctx, stripeURL, b.bareSecret, b.progress); err != nil {
+		return err
 	}
-	bare := target{name: "bare", url: b.bare.url, pid: b.bare.pid()}
-	kb := target{name: "keybrake", url: b.kb.url, pid: b.kb.pid()}
-	ok := map[string]int{} // 200 answers by target, warm-up included
+	return nil
+}
 
-	if cfg.Warmup > 0 {
-		fmt.Fprintf(b.progress, "warming up for %s per target…\n", cfg.Warmup)
-		for _, t := range []target{bare, kb} {
-			r := b.load(t, tokens, cfg.maxConcurrencyOf(), runID+"-warmup-"+t.name).run(ctx, cfg.Warmup)
-			ok[t.name] += r.ok
-			if r.Errors > 0 {
-				rep.Check.Problems = append(rep.Check.Problems, fmt.Sprintf("warm-up of %s: %d of %d requests failed (first: %s)", t.name, r.Errors, r.Requests, r.FirstError))
+// measure runs cfg.Rounds rounds of bare then keybrake at conns connections and
+// pools them.
+func (b *bench) measure(ctx context.Context, rep *Report, conns int, bare, kb target) (ConcResult, error) {
+	cfg := b.cfg
+	cr := ConcResult{Concurrency: conns}
+	dbBefore := fileSize(b.dbPath)
+	targets := []target{bare, kb}
+	rounds := make([][]roundResult, len(targets))
+	mems := make([]memStats, len(targets))
+	peaks := make([]int64, len(targets))
+	for round := 1; round <= cfg.Rounds; round++ {
+		for i, t := range targets {
+			fmt.Fprintf(b.progress, "%d connections, round %d of %d: %s…\n", conns, round, cfg.Rounds, t.name)
+			b.fake.forget()
+			if err := resetPeak(t.pid); err != nil && !b.peakNoted {
+				b.peakNoted = true
+				rep.Notes = append(rep.Notes, "peak RSS is since the process started: "+err.Error())
+			}
+			var profiled chan error
+			if t == kb && cfg.CPUProfile != "" && conns == cfg.maxConcurrencyOf() && round == 1 {
+				profiled = make(chan error, 1)
+				go func() { profiled <- b.kb.cpuProfile(ctx, cfg.Duration, cfg.CPUProfile) }()
+			}
+			r := b.load(t, conns, fmt.Sprintf("%s-%s-c%d-r%d", b.runID, t.name, conns, round)).run(ctx, cfg.Duration)
+			if profiled != nil {
+				if err := <-profiled; err != nil {
+					return cr, err
+				}
+				rep.Profile = cfg.CPUProfile
+			}
+			if err := ctx.Err(); err != nil {
+				return cr, err
+			}
+			b.ok[t.name] += r.ok
+			rounds[i] = append(rounds[i], r)
+			if m, err := readMem(t.pid); err == nil {
+				peaks[i], mems[i] = max(peaks[i], m.PeakRSS), m
 			}
 		}
 	}
-	rep.Setup.DBBytesAfterWarmup = fileSize(dbPath)
-
-	peakNote := false
-	for _, conns := range cfg.Concurrency {
-		cr := ConcResult{Concurrency: conns}
-		dbBefore := fileSize(dbPath)
-		var rounds [2][]roundResult
-		var peaks [2]int64
-		var mems [2]memStats
-		for round := 1; round <= cfg.Rounds; round++ {
-			for i, t := range []target{bare, kb} {
-				fmt.Fprintf(b.progress, "%d connections, round %d of %d: %s…\n", conns, round, cfg.Rounds, t.name)
-				b.fake.forget()
-				if err := resetPeak(t.pid); err != nil && !peakNote {
-					peakNote = true
-					rep.Notes = append(rep.Notes, "peak RSS is since the process started: "+err.Error())
-				}
-				var profiled chan error
-				if t.name == kb.name && cfg.CPUProfile != "" && conns == cfg.maxConcurrencyOf() && round == 1 {
-					profiled = make(chan error, 1)
-					go func() { profiled <- b.kb.cpuProfile(ctx, cfg.Duration, cfg.CPUProfile) }()
-				}
-				r := b.load(t, tokens, conns, fmt.Sprintf("%s-%s-c%d-r%d", runID, t.name, conns, round)).run(ctx, cfg.Duration)
-				if profiled != nil {
-					if err := <-profiled; err != nil {
-						return nil, err
-					}
-					rep.Profile = cfg.CPUProfile
-				}
-				if err := ctx.Err(); err != nil {
-					return nil, err
-				}
-				ok[t.name] += r.ok
-				rounds[i] = append(rounds[i], r)
-				if m, err := readMem(t.pid); err == nil {
-					peaks[i], mems[i] = max(peaks[i], m.PeakRSS), m
-				}
-			}
+	results := make([]TargetResult, len(targets))
+	for i, t := range targets {
+		results[i] = pool(rounds[i])
+		results[i].PeakRSS, results[i].Mem = peaks[i], mems[i]
+		if res := results[i]; res.Errors > 0 {
+			rep.Check.Problems = append(rep.Check.Problems, fmt.Sprintf("%s at %d connections: %d of %d requests failed (first: %s)",
+				t.name, conns, res.Errors, res.Requests, firstError(res.Rounds)))
 		}
-		cr.Bare, cr.Keybrake = pool(rounds[0]), pool(rounds[1])
-		cr.Bare.PeakRSS, cr.Bare.Mem = peaks[0], mems[0]
-		cr.Keybrake.PeakRSS, cr.Keybrake.Mem = peaks[1], mems[1]
-		cr.DBBytes = fileSize(dbPath)
-		if cr.Keybrake.Requests > 0 {
-			cr.DBGrowthPerRequest = round3(float64(cr.DBBytes-dbBefore) / float64(cr.Keybrake.Requests))
-		}
-		cr.compare()
-		for _, t := range []struct {
-			name string
-			res  TargetResult
-		}{{"bare", cr.Bare}, {"keybrake", cr.Keybrake}} {
-			if t.res.Errors > 0 {
-				rep.Check.Problems = append(rep.Check.Problems, fmt.Sprintf("%s at %d connections: %d of %d requests failed (first: %s)",
-					t.name, conns, t.res.Errors, t.res.Requests, firstError(t.res.Rounds)))
-			}
-		}
-		rep.Results = append(rep.Results, cr)
 	}
-	rep.Machine.LoadAvgEnd = loadAverage()
+	cr.Bare, cr.Keybrake = results[0], results[1]
+	cr.DBBytes = fileSize(b.dbPath)
+	if cr.Keybrake.Requests > 0 {
+		cr.DBGrowthPerRequest = round3(float64(cr.DBBytes-dbBefore) / float64(cr.Keybrake.Requests))
+	}
+	cr.compare()
+	return cr, nil
+}
 
-	// Stop keybrake (gracefully: the store is closed) and read what it committed.
-	err = b.kb.stop()
+// check stops keybrake (gracefully: the store is closed), reads what it
+// committed and compares it with what the fake Stripe executed.
+func (b *bench) check(ctx context.Context, k *CheckResult) error {
+	err := b.kb.stop()
 	b.kb = nil
 	if err != nil {
-		return nil, err
+		return err
 	}
-	totals, err := readTotals(ctx, dbPath, secrets.masterKey, setup.keyIDs)
+	totals, err := readTotals(ctx, b.dbPath, b.secrets.masterKey, b.setup.keyIDs)
 	if err != nil {
-		return nil, fmt.Errorf("read keybrake's totals: %w", err)
+		return fmt.Errorf("read keybrake's totals: %w", err)
 	}
-	kt, bt := b.fake.tally(kbSecret), b.fake.tally(bareSecret)
-	k := &rep.Check
-	k.StripeCharges, k.StripeAmount, k.Answered200 = kt.charges.Load(), kt.amount.Load(), ok[kb.name]
-	k.SeededAmount, k.Committed, k.Held = setup.seeded, totals.Committed, totals.Held
-	k.BareCharges, k.Bare200 = bt.charges.Load(), ok[bare.name]
+	kt, bt := b.fake.tally(b.kbSecret), b.fake.tally(b.bareSecret)
+	k.StripeCharges, k.StripeAmount, k.Answered200 = kt.charges.Load(), kt.amount.Load(), b.ok["keybrake"]
+	k.SeededAmount, k.Committed, k.Held = b.setup.seeded, totals.Committed, totals.Held
+	k.BareCharges, k.Bare200 = bt.charges.Load(), b.ok["bare"]
 	k.Problems = append(k.Problems, k.consistency()...)
-	return rep, nil
+	return nil
 }
 
 // consistency lists where the store does not account for what the fake Stripe
@@ -221,9 +259,9 @@ func (k *CheckResult) consistency() []string {
 	return p
 }
 
-// load is a round of cfg's kind against t.
-func (b *bench) load(t target, tokens []string, conns int, runID string) *load {
-	return &load{url: t.url + "/v1/charges", tokens: tokens, conns: conns, runID: runID, timeout: b.cfg.Timeout}
+// load is a round against t with conns connections.
+func (b *bench) load(t target, conns int, runID string) *load {
+	return &load{url: t.url + "/v1/charges", tokens: b.tokens, conns: conns, runID: runID, timeout: b.cfg.Timeout}
 }
 
 // serveFake serves the fake Stripe on 127.0.0.1 and returns its URL.

@@ -101,6 +101,9 @@ type Config struct {
 	// round at the highest concurrency is written (taken through serve's
 	// --pprof-listen).
 	CPUProfile string
+	// TempDir is where the temporary directory with keybrake's data directory
+	// goes (os.TempDir() when empty); its file system decides what an fsync costs.
+	TempDir string
 	// JSON prints the report as JSON instead of a table.
 	JSON bool
 	// Timeout bounds one request.
@@ -241,6 +244,7 @@ func (m *Main) ParseFlags(args []string) error {
 	fs.StringVar(&c.Keybrake, "keybrake", c.Keybrake, "keybrake binary to run (default: go build ./cmd/keybrake)")
 	fs.StringVar(&c.LogLevel, "keybrake-log-level", c.LogLevel, "keybrake's --log-level; its log goes to a file")
 	fs.StringVar(&c.CPUProfile, "cpuprofile", c.CPUProfile, "write a CPU profile of keybrake during its first round at the highest concurrency to this file")
+	fs.StringVar(&c.TempDir, "tmp-dir", c.TempDir, "where keybrake's data directory is made (default: the system's temporary directory); use a disk, not tmpfs")
 	fs.BoolVar(&c.JSON, "json", c.JSON, "print the report as JSON")
 	fs.DurationVar(&c.Timeout, "timeout", c.Timeout, "timeout of one request")
 	if err := fs.Parse(args); err != nil {

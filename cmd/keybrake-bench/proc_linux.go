@@ -75,3 +75,28 @@ func loadAverage() string {
 	}
 	return string(bytes.Join(f[:3], []byte(" ")))
 }
+
+// fsType names the file system that holds dir, as far as the benchmark cares: on
+// tmpfs an fsync costs nothing, and a durable store looks faster than it is.
+func fsType(dir string) string {
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(dir, &st); err != nil {
+		return ""
+	}
+	switch uint64(st.Type) {
+	case 0xEF53:
+		return "ext4"
+	case 0x58465342:
+		return "xfs"
+	case 0x9123683E:
+		return "btrfs"
+	case 0x01021994:
+		return "tmpfs"
+	case 0x794C7630:
+		return "overlayfs"
+	case 0x2FC12FC1:
+		return "zfs"
+	default:
+		return fmt.Sprintf("0x%X", uint64(st.Type))
+	}
+}

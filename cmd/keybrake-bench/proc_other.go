@@ -17,3 +17,5 @@ func readMem(int) (memStats, error) { return memStats{}, errNoProc }
 func resetPeak(int) error { return errNoProc }
 
 func loadAverage() string { return "" }
+
+func fsType(string) string { return "" }

@@ -29,10 +29,12 @@ type Report struct {
 // Machine describes where the run happened. The load averages say how busy the
 // machine was with other work before and after.
 type Machine struct {
-	CPUs         int    `json:"cpus"`
-	GOMAXPROCS   int    `json:"gomaxprocs"`
-	GoVersion    string `json:"go_version"`
-	Platform     string `json:"platform"`
+	CPUs       int    `json:"cpus"`
+	GOMAXPROCS int    `json:"gomaxprocs"`
+	GoVersion  string `json:"go_version"`
+	Platform   string `json:"platform"`
+	// FileSystem holds keybrake's database.
+	FileSystem   string `json:"file_system,omitempty"`
 	LoadAvgStart string `json:"loadavg_start,omitempty"`
 	LoadAvgEnd   string `json:"loadavg_end,omitempty"`
 }
@@ -160,8 +162,8 @@ func (r *Report) writeJSON(w io.Writer) error {
 // writeText prints the report as tables.
 func (r *Report) writeText(w io.Writer) error {
 	c := r.Config
-	fmt.Fprintf(w, "keybrake-bench: %d CPUs (GOMAXPROCS %d), %s %s, load average %s before, %s after\n",
-		r.Machine.CPUs, r.Machine.GOMAXPROCS, r.Machine.GoVersion, r.Machine.Platform,
+	fmt.Fprintf(w, "keybrake-bench: %d CPUs (GOMAXPROCS %d), %s %s, database on %s, load average %s before, %s after\n",
+		r.Machine.CPUs, r.Machine.GOMAXPROCS, r.Machine.GoVersion, r.Machine.Platform, orNA(r.Machine.FileSystem),
 		orNA(r.Machine.LoadAvgStart), orNA(r.Machine.LoadAvgEnd))
 	fmt.Fprintf(w, "load: POST /v1/charges, a unique Idempotency-Key each, over %d vault key(s), %d seeded records; "+
 		"upstream latency %s, %d-byte answers; %s x %d rounds per target and concurrency, alternating, after a %s warm-up\n\n",
@@ -169,14 +171,15 @@ func (r *Report) writeText(w io.Writer) error {
 		seconds(c.DurationSeconds), c.Rounds, seconds(c.WarmupSeconds))
 
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "conns\ttarget\trequests\treq/s\tp50\tp99\tp99.9\terrors\tpeak RSS\t")
+	fmt.Fprintln(tw, "conns\ttarget\trequests\treq/s\tp50\tp99\tp99.9\terrors\tpeak RSS\tRSS after: anon + file\t")
 	for _, cr := range r.Results {
 		for _, t := range []struct {
 			name string
 			res  TargetResult
 		}{{"bare", cr.Bare}, {"keybrake", cr.Keybrake}} {
-			fmt.Fprintf(tw, "%d\t%s\t%d\t%.0f\t%s\t%s\t%s\t%d\t%s\t\n", cr.Concurrency, t.name, t.res.Requests, t.res.RPS,
-				fmtMS(t.res.P50MS), fmtMS(t.res.P99MS), fmtMS(t.res.P999MS), t.res.Errors, fmtBytes(t.res.PeakRSS))
+			fmt.Fprintf(tw, "%d\t%s\t%d\t%.0f\t%s\t%s\t%s\t%d\t%s\t%s + %s\t\n", cr.Concurrency, t.name, t.res.Requests, t.res.RPS,
+				fmtMS(t.res.P50MS), fmtMS(t.res.P99MS), fmtMS(t.res.P999MS), t.res.Errors, fmtBytes(t.res.PeakRSS),
+				fmtBytes(t.res.Mem.RSSAnon), fmtBytes(t.res.Mem.RSSFile))
 		}
 	}
 	if err := tw.Flush(); err != nil {
