@@ -184,7 +184,9 @@ func (b *bench) measure(ctx context.Context, rep *Report, conns int, bare, kb ta
 				profiled = make(chan error, 1)
 				go func() { profiled <- b.kb.cpuProfile(ctx, cfg.Duration, cfg.CPUProfile) }()
 			}
+			before := b.sample(ctx, t)
 			r := b.load(t, conns, fmt.Sprintf("%s-%s-c%d-r%d", b.runID, t.name, conns, round)).run(ctx, cfg.Duration)
+			b.sample(ctx, t).since(before, &r)
 			if profiled != nil {
 				if err := <-profiled; err != nil {
 					return cr, err
@@ -217,6 +219,37 @@ func (b *bench) measure(ctx context.Context, rep *Report, conns int, bare, kb ta
 	}
 	cr.compare()
 	return cr, nil
+}
+
+// counters are a target's cumulative counters at one moment; each is valid only
+// if it could be read.
+type counters struct {
+	cpu          float64
+	commits, ops int64
+	cpuOK, opsOK bool
+}
+
+// sample reads t's counters: its CPU time and, for keybrake, its store's.
+func (b *bench) sample(ctx context.Context, t target) counters {
+	var c counters
+	var err error
+	c.cpu, err = readCPU(t.pid)
+	c.cpuOK = err == nil
+	if b.kb != nil && t.pid == b.kb.pid() {
+		c.commits, c.ops, err = b.kb.storeCounters(ctx)
+		c.opsOK = err == nil
+	}
+	return c
+}
+
+// since puts the growth of the counters from before to c into r.
+func (c counters) since(before counters, r *roundResult) {
+	if c.cpuOK && before.cpuOK {
+		r.CPUSeconds = round3(c.cpu - before.cpu)
+	}
+	if c.opsOK && before.opsOK {
+		r.Commits, r.Ops = c.commits-before.commits, c.ops-before.ops
+	}
 }
 
 // check stops keybrake (gracefully: the store is closed), reads what it

@@ -31,6 +31,12 @@ type roundResult struct {
 	FirstError string      `json:"first_error,omitempty"`
 	Elapsed    float64     `json:"elapsed_seconds"`
 	RPS        float64     `json:"rps"`
+	// CPUSeconds is the CPU time (user + system) the target used in the round.
+	CPUSeconds float64 `json:"cpu_seconds"`
+	// Commits and Ops are keybrake's group-commit transactions and the store
+	// operations they carried in the round.
+	Commits int64 `json:"store_commits,omitempty"`
+	Ops     int64 `json:"store_ops,omitempty"`
 	// latencies of every answered request, sorted.
 	latencies []time.Duration
 	// ok counts 200 answers.

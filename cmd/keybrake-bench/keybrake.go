@@ -14,6 +14,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
+	"strings"
 	"syscall"
 	"time"
 )
@@ -44,6 +46,7 @@ type keybrakeChild struct {
 	cmd      *exec.Cmd
 	log      string // its stderr
 	url      string // the proxy listener
+	adminURL string
 	pprofURL string // "" unless started with the profiler
 	exited   chan struct{}
 	exitErr  error
@@ -102,7 +105,7 @@ func (c *keybrakeChild) awaitServing(ctx context.Context, within time.Duration) 
 	deadline := time.Now().Add(within)
 	for {
 		if rec, ok := c.servingLine(); ok {
-			c.url = "http://" + rec.Proxy
+			c.url, c.adminURL = "http://"+rec.Proxy, "http://"+rec.Admin
 			if rec.Pprof != "" {
 				c.pprofURL = "http://" + rec.Pprof
 			}
@@ -125,6 +128,7 @@ func (c *keybrakeChild) awaitServing(ctx context.Context, within time.Duration) 
 type servingRecord struct {
 	Msg   string `json:"msg"`
 	Proxy string `json:"proxy"`
+	Admin string `json:"admin"`
 	Pprof string `json:"pprof"`
 }
 
@@ -217,4 +221,48 @@ func (c *keybrakeChild) cpuProfile(ctx context.Context, d time.Duration, path st
 		return fmt.Errorf("cpu profile: write %s: %w", path, err)
 	}
 	return nil
+}
+
+// storeCounters reads the group committer's counters from /metrics: its write
+// transactions (each with its fsyncs) and the operations they carried.
+func (c *keybrakeChild) storeCounters(ctx context.Context) (commits, ops int64, err error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.adminURL+"/metrics", nil)
+	if err != nil {
+		return 0, 0, fmt.Errorf("metrics: %w", err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, 0, fmt.Errorf("metrics: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return 0, 0, fmt.Errorf("metrics: %s", resp.Status)
+	}
+	found := 0
+	sc := bufio.NewScanner(io.LimitReader(resp.Body, 1<<20))
+	for sc.Scan() {
+		name, value, ok := strings.Cut(sc.Text(), " ")
+		var dst *int64
+		switch {
+		case !ok:
+			continue
+		case name == "keybrake_store_commits_total":
+			dst = &commits
+		case name == "keybrake_store_ops_total":
+			dst = &ops
+		default:
+			continue
+		}
+		if *dst, err = strconv.ParseInt(strings.TrimSpace(value), 10, 64); err != nil {
+			return 0, 0, fmt.Errorf("metrics: %s: %w", name, err)
+		}
+		found++
+	}
+	if err := sc.Err(); err != nil {
+		return 0, 0, fmt.Errorf("metrics: %w", err)
+	}
+	if found != 2 {
+		return 0, 0, errors.New("metrics: no keybrake_store_commits_total and keybrake_store_ops_total")
+	}
+	return commits, ops, nil
 }

@@ -100,3 +100,34 @@ func fsType(dir string) string {
 		return fmt.Sprintf("0x%X", uint64(st.Type))
 	}
 }
+
+// userHZ is the unit of the CPU times in /proc/PID/stat: fixed at 100 by the
+// kernel's ABI on the architectures Go supports.
+const userHZ = 100
+
+// readCPU returns the CPU time (user + system) the process has used, in seconds.
+func readCPU(pid int) (float64, error) {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, fmt.Errorf("read cpu of %d: %w", pid, err)
+	}
+	// The command name (field 2) is in parentheses and may hold spaces; utime and
+	// stime are fields 14 and 15, the 12th and 13th after it.
+	i := bytes.LastIndexByte(data, ')')
+	if i < 0 {
+		return 0, fmt.Errorf("read cpu of %d: malformed stat", pid)
+	}
+	f := bytes.Fields(data[i+1:])
+	if len(f) < 13 {
+		return 0, fmt.Errorf("read cpu of %d: malformed stat", pid)
+	}
+	var ticks int64
+	for _, v := range f[11:13] {
+		n, err := strconv.ParseInt(string(v), 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("read cpu of %d: %w", pid, err)
+		}
+		ticks += n
+	}
+	return float64(ticks) / userHZ, nil
+}

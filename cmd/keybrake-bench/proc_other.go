@@ -19,3 +19,5 @@ func resetPeak(int) error { return errNoProc }
 func loadAverage() string { return "" }
 
 func fsType(string) string { return "" }
+
+func readCPU(int) (float64, error) { return 0, errNoProc }

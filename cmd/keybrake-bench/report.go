@@ -78,6 +78,13 @@ type TargetResult struct {
 	P50MS    float64 `json:"p50_ms"`
 	P99MS    float64 `json:"p99_ms"`
 	P999MS   float64 `json:"p99_9_ms"`
+	// CPUPerRequestUS is the target process's CPU time per request, in µs.
+	CPUPerRequestUS float64 `json:"cpu_per_request_us"`
+	// CommitsPerSecond and OpsPerCommit describe keybrake's group commit: its
+	// write transactions (each with its fsyncs) and how many operations (a
+	// Reserve or a Settle each) share one.
+	CommitsPerSecond float64 `json:"store_commits_per_second,omitempty"`
+	OpsPerCommit     float64 `json:"store_ops_per_commit,omitempty"`
 	// PeakRSS is the largest VmHWM of the process over these rounds (reset before
 	// each round where the kernel allows, else the peak since it started).
 	PeakRSS int64         `json:"peak_rss_bytes"`
@@ -123,17 +130,28 @@ type CheckResult struct {
 func pool(rounds []roundResult) TargetResult {
 	var t TargetResult
 	var lat []time.Duration
-	var elapsed float64
+	var elapsed, cpu float64
+	var commits, ops int64
 	for _, r := range rounds {
 		t.Requests += r.Requests
 		t.Errors += r.Errors
 		t.ok += r.ok
 		elapsed += r.Elapsed
+		cpu += r.CPUSeconds
+		commits += r.Commits
+		ops += r.Ops
 		lat = append(lat, r.latencies...)
 	}
 	t.Rounds = rounds
 	if elapsed > 0 {
 		t.RPS = float64(t.Requests) / elapsed
+		t.CommitsPerSecond = math.Round(float64(commits) / elapsed)
+	}
+	if t.Requests > 0 {
+		t.CPUPerRequestUS = math.Round(cpu / float64(t.Requests) * 1e6)
+	}
+	if commits > 0 {
+		t.OpsPerCommit = round3(float64(ops) / float64(commits))
 	}
 	slices.Sort(lat)
 	t.P50MS, t.P99MS, t.P999MS = msOf(percentile(lat, 0.50)), msOf(percentile(lat, 0.99)), msOf(percentile(lat, 0.999))
@@ -171,15 +189,15 @@ func (r *Report) writeText(w io.Writer) error {
 		seconds(c.DurationSeconds), c.Rounds, seconds(c.WarmupSeconds))
 
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "conns\ttarget\trequests\treq/s\tp50\tp99\tp99.9\terrors\tpeak RSS\tRSS after: anon + file\t")
+	fmt.Fprintln(tw, "conns\ttarget\trequests\treq/s\tp50\tp99\tp99.9\terrors\tCPU/request\tpeak RSS\tRSS after: anon + file\t")
 	for _, cr := range r.Results {
 		for _, t := range []struct {
 			name string
 			res  TargetResult
 		}{{"bare", cr.Bare}, {"keybrake", cr.Keybrake}} {
-			fmt.Fprintf(tw, "%d\t%s\t%d\t%.0f\t%s\t%s\t%s\t%d\t%s\t%s + %s\t\n", cr.Concurrency, t.name, t.res.Requests, t.res.RPS,
-				fmtMS(t.res.P50MS), fmtMS(t.res.P99MS), fmtMS(t.res.P999MS), t.res.Errors, fmtBytes(t.res.PeakRSS),
-				fmtBytes(t.res.Mem.RSSAnon), fmtBytes(t.res.Mem.RSSFile))
+			fmt.Fprintf(tw, "%d\t%s\t%d\t%.0f\t%s\t%s\t%s\t%d\t%.0fµs\t%s\t%s + %s\t\n", cr.Concurrency, t.name, t.res.Requests, t.res.RPS,
+				fmtMS(t.res.P50MS), fmtMS(t.res.P99MS), fmtMS(t.res.P999MS), t.res.Errors, t.res.CPUPerRequestUS,
+				fmtBytes(t.res.PeakRSS), fmtBytes(t.res.Mem.RSSAnon), fmtBytes(t.res.Mem.RSSFile))
 		}
 	}
 	if err := tw.Flush(); err != nil {
@@ -187,10 +205,11 @@ func (r *Report) writeText(w io.Writer) error {
 	}
 	fmt.Fprintln(w)
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "conns\tkeybrake/bare\tadded p50\tadded p99\tdatabase after\tgrowth/request\tkeybrake req/s by round\tbare req/s by round\t")
+	fmt.Fprintln(tw, "conns\tkeybrake/bare\tadded p50\tadded p99\tcommits/s\tops/commit\tdatabase after\tgrowth/request\tkeybrake req/s by round\tbare req/s by round\t")
 	for _, cr := range r.Results {
-		fmt.Fprintf(tw, "%d\t%.3f\t%+.2fms\t%+.2fms\t%s\t%s\t%s\t%s\t\n", cr.Concurrency, cr.Ratio, cr.AddedP50MS, cr.AddedP99MS,
-			fmtBytes(cr.DBBytes), fmtBytes(int64(cr.DBGrowthPerRequest)), roundRates(cr.Keybrake.Rounds), roundRates(cr.Bare.Rounds))
+		fmt.Fprintf(tw, "%d\t%.3f\t%+.2fms\t%+.2fms\t%.0f\t%.1f\t%s\t%s\t%s\t%s\t\n", cr.Concurrency, cr.Ratio, cr.AddedP50MS, cr.AddedP99MS,
+			cr.Keybrake.CommitsPerSecond, cr.Keybrake.OpsPerCommit, fmtBytes(cr.DBBytes), fmtBytes(int64(cr.DBGrowthPerRequest)),
+			roundRates(cr.Keybrake.Rounds), roundRates(cr.Bare.Rounds))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
