@@ -184,9 +184,9 @@ func (b *bench) measure(ctx context.Context, rep *Report, conns int, bare, kb ta
 				profiled = make(chan error, 1)
 				go func() { profiled <- b.kb.cpuProfile(ctx, cfg.Duration, cfg.CPUProfile) }()
 			}
-			before := b.sample(ctx, t)
+			before := b.sample(ctx, t, false)
 			r := b.load(t, conns, fmt.Sprintf("%s-%s-c%d-r%d", b.runID, t.name, conns, round)).run(ctx, cfg.Duration)
-			b.sample(ctx, t).since(before, &r)
+			b.sample(ctx, t, true).since(before, &r)
 			if profiled != nil {
 				if err := <-profiled; err != nil {
 					return cr, err
@@ -229,15 +229,27 @@ type counters struct {
 	cpuOK, opsOK bool
 }
 
-// sample reads t's counters: its CPU time and, for keybrake, its store's.
-func (b *bench) sample(ctx context.Context, t target) counters {
+// sample reads t's counters: its CPU time and, for keybrake, its store's. The
+// scrape of /metrics costs keybrake CPU (it counts the unknown holds), so a
+// round's CPU time is read inside the scrapes: after the one before the round
+// (cpuFirst false), before the one after it (cpuFirst true).
+func (b *bench) sample(ctx context.Context, t target, cpuFirst bool) counters {
 	var c counters
-	var err error
-	c.cpu, err = readCPU(t.pid)
-	c.cpuOK = err == nil
+	readCPUTime := func() {
+		var err error
+		c.cpu, err = readCPU(t.pid)
+		c.cpuOK = err == nil
+	}
+	if cpuFirst {
+		readCPUTime()
+	}
 	if b.kb != nil && t.pid == b.kb.pid() {
+		var err error
 		c.commits, c.ops, err = b.kb.storeCounters(ctx)
 		c.opsOK = err == nil
+	}
+	if !cpuFirst {
+		readCPUTime()
 	}
 	return c
 }
