@@ -115,14 +115,14 @@ func (b *bench) start(ctx context.Context, rep *Report) error {
 		}
 	}
 
-	random := make([]byte, 32+32+8+8)
+	random := make([]byte, 32+32+8+8+6)
 	if _, err := rand.Read(random); err != nil {
 		return fmt.Errorf("generate secrets: %w", err)
 	}
 	b.secrets = keybrakeSecrets{masterKey: random[:32], jwtSecret: []byte(base64.RawURLEncoding.EncodeToString(random[32:64]))}
 	b.kbSecret = "sk_test_keybrake_" + hex.EncodeToString(random[64:72])
 	b.bareSecret = "sk_test_bare_" + hex.EncodeToString(random[72:80])
-	b.runID = "bench-" + hex.EncodeToString(random[72:78])
+	b.runID = "bench-" + hex.EncodeToString(random[80:86])
 
 	b.fake = newFakeStripe(cfg.UpstreamLatency, cfg.ResponseBytes, b.kbSecret, b.bareSecret)
 	stripeURL, err := b.serveFake(ctx)
