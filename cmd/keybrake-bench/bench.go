@@ -54,7 +54,7 @@ func (b *bench) run(ctx context.Context) (*Report, error) {
 		Started: time.Now().UTC().Truncate(time.Second),
 		Machine: Machine{
 			CPUs: runtime.NumCPU(), GOMAXPROCS: runtime.GOMAXPROCS(0), GoVersion: runtime.Version(),
-			Platform: runtime.GOOS + "/" + runtime.GOARCH, LoadAvgStart: loadAverage(),
+			Platform: runtime.GOOS + "/" + runtime.GOARCH, LoadAvgStart: loadAverage(), PressureStart: pressure(),
 		},
 		Config: ReportConfig{
 			Concurrency: cfg.Concurrency, DurationSeconds: cfg.Duration.Seconds(), Rounds: cfg.Rounds,
@@ -88,7 +88,7 @@ func (b *bench) run(ctx context.Context) (*Report, error) {
 		}
 		rep.Results = append(rep.Results, cr)
 	}
-	rep.Machine.LoadAvgEnd = loadAverage()
+	rep.Machine.LoadAvgEnd, rep.Machine.PressureEnd = loadAverage(), pressure()
 	if err := b.check(ctx, &rep.Check); err != nil {
 		return nil, err
 	}
@@ -224,9 +224,10 @@ func (b *bench) measure(ctx context.Context, rep *Report, conns int, bare, kb ta
 // counters are a target's cumulative counters at one moment; each is valid only
 // if it could be read.
 type counters struct {
-	cpu          float64
-	commits, ops int64
-	cpuOK, opsOK bool
+	cpu               float64
+	written           int64
+	commits, ops      int64
+	cpuOK, wOK, opsOK bool
 }
 
 // sample reads t's counters: its CPU time and, for keybrake, its store's. The
@@ -239,6 +240,8 @@ func (b *bench) sample(ctx context.Context, t target, cpuFirst bool) counters {
 		var err error
 		c.cpu, err = readCPU(t.pid)
 		c.cpuOK = err == nil
+		c.written, err = readWritten(t.pid)
+		c.wOK = err == nil
 	}
 	if cpuFirst {
 		readCPUTime()
@@ -258,6 +261,9 @@ func (b *bench) sample(ctx context.Context, t target, cpuFirst bool) counters {
 func (c counters) since(before counters, r *roundResult) {
 	if c.cpuOK && before.cpuOK {
 		r.CPUSeconds = round3(c.cpu - before.cpu)
+	}
+	if c.wOK && before.wOK {
+		r.Written = c.written - before.written
 	}
 	if c.opsOK && before.opsOK {
 		r.Commits, r.Ops = c.commits-before.commits, c.ops-before.ops

@@ -33,6 +33,8 @@ type roundResult struct {
 	RPS        float64     `json:"rps"`
 	// CPUSeconds is the CPU time (user + system) the target used in the round.
 	CPUSeconds float64 `json:"cpu_seconds"`
+	// Written is what the target caused to be written to storage in the round.
+	Written int64 `json:"written_bytes"`
 	// Commits and Ops are keybrake's group-commit transactions and the store
 	// operations they carried in the round.
 	Commits int64 `json:"store_commits,omitempty"`

@@ -82,6 +82,7 @@ func TestBenchmarkSmoke(t *testing.T) {
 			assert.Positive(t, tr.Requests, name)
 			assert.Zero(t, tr.Errors, name)
 			assert.Positive(t, tr.RPS, name)
+
 			assert.GreaterOrEqual(t, tr.P50MS, 1.0, "%s: the upstream latency is in every request", name)
 			assert.LessOrEqual(t, tr.P50MS, tr.P99MS, name)
 			assert.LessOrEqual(t, tr.P99MS, tr.P999MS, name)
@@ -98,6 +99,9 @@ func TestBenchmarkSmoke(t *testing.T) {
 		assert.Positive(t, cr.Keybrake.CommitsPerSecond, "read from keybrake's /metrics")
 		assert.GreaterOrEqual(t, cr.Keybrake.OpsPerCommit, 1.0)
 		assert.Zero(t, cr.Bare.OpsPerCommit, "the bare proxy has no store")
+		if runtime.GOOS == "linux" {
+			assert.Positive(t, cr.Keybrake.CPUPerRequestUS, "from /proc")
+		}
 	}
 
 	s := rep.Setup
@@ -130,14 +134,15 @@ func TestBenchmarkSmoke(t *testing.T) {
 func TestTextReport(t *testing.T) {
 	var out bytes.Buffer
 	rep := &Report{
-		Machine: Machine{CPUs: 2, GOMAXPROCS: 2, GoVersion: "go1.26", Platform: "linux/amd64", LoadAvgStart: "0.10 0.20 0.30"},
-		Config:  ReportConfig{Concurrency: []int{16}, DurationSeconds: 5, Rounds: 2, WarmupSeconds: 1, Keys: 1, KeybrakeLogLevel: "info"},
+		Machine: Machine{CPUs: 2, GOMAXPROCS: 2, GoVersion: "go1.26", Platform: "linux/amd64", LoadAvgStart: "0.10 0.20 0.30",
+			PressureEnd: "cpu 12.50%, io 0.80%"},
+		Config: ReportConfig{Concurrency: []int{16}, DurationSeconds: 5, Rounds: 2, WarmupSeconds: 1, Keys: 1, KeybrakeLogLevel: "info"},
 		Results: []ConcResult{{
 			Concurrency: 16,
 			Bare: TargetResult{Requests: 80000, RPS: 16000, P50MS: 0.8, P99MS: 2, P999MS: 4, CPUPerRequestUS: 120, PeakRSS: 15 << 20,
 				Mem: memStats{RSSAnon: 8 << 20, RSSFile: 7 << 20}, Rounds: []roundResult{{RPS: 16100}, {RPS: 15900}}},
 			Keybrake: TargetResult{Requests: 16000, RPS: 3200, P50MS: 5.3, P99MS: 9, P999MS: 14, CPUPerRequestUS: 310, PeakRSS: 48 << 20,
-				Mem: memStats{RSSAnon: 12 << 20, RSSFile: 36 << 20}, CommitsPerSecond: 610, OpsPerCommit: 10.5,
+				Mem: memStats{RSSAnon: 12 << 20, RSSFile: 36 << 20}, CommitsPerSecond: 610, OpsPerCommit: 10.5, WrittenPerRequest: 9216,
 				Rounds: []roundResult{{RPS: 3150}, {RPS: 3250}}},
 			Ratio: 0.2, AddedP50MS: 4.5, AddedP99MS: 7, DBBytes: 80 << 20, DBGrowthPerRequest: 2600,
 		}},
@@ -151,9 +156,10 @@ func TestTextReport(t *testing.T) {
 	text := strings.Join(lines, "\n")
 	for _, want := range []string{
 		"2 CPUs (GOMAXPROCS 2)", "load average 0.10 0.20 0.30 before, n/a after",
+		"(pressure): n/a before, cpu 12.50%, io 0.80% after",
 		"16 bare 80000 16000 0.80ms 2.00ms 4.00ms 0 120µs 15.0 MiB 8.0 MiB + 7.0 MiB",
 		"16 keybrake 16000 3200 5.30ms 9.00ms 14.00ms 0 310µs 48.0 MiB 12.0 MiB + 36.0 MiB",
-		"16 0.200 +4.50ms +7.00ms 610 10.5 80.0 MiB 2.5 KiB 3150 3250 16100 15900",
+		"16 0.200 +4.50ms +7.00ms 610 10.5 9.0 KiB 80.0 MiB 2.5 KiB 3150 3250 16100 15900",
 		"committed 17000.00 usd", "check: consistent",
 	} {
 		assert.Contains(t, text, want)

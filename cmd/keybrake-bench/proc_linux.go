@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"strconv"
+	"strings"
 	"syscall"
 )
 
@@ -130,4 +131,43 @@ func readCPU(pid int) (float64, error) {
 		ticks += n
 	}
 	return float64(ticks) / userHZ, nil
+}
+
+// readWritten returns the bytes the process has caused to be written to storage
+// (write_bytes of /proc/PID/io: what reached the block layer, fsynced or not).
+func readWritten(pid int) (int64, error) {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/io", pid))
+	if err != nil {
+		return 0, fmt.Errorf("read io of %d: %w", pid, err)
+	}
+	for line := range bytes.Lines(data) {
+		if v, ok := bytes.CutPrefix(line, []byte("write_bytes:")); ok {
+			n, err := strconv.ParseInt(string(bytes.TrimSpace(v)), 10, 64)
+			if err != nil {
+				return 0, fmt.Errorf("read io of %d: %w", pid, err)
+			}
+			return n, nil
+		}
+	}
+	return 0, fmt.Errorf("read io of %d: no write_bytes", pid)
+}
+
+// pressure is the share of the last minute in which some task waited for a CPU
+// and for I/O (Linux pressure stall information), e.g. "cpu 12.5%, io 0.8%": on
+// a shared machine, how much other work competed with the run ("" if unknown).
+func pressure() string {
+	var parts []string
+	for _, res := range []string{"cpu", "io"} {
+		data, err := os.ReadFile("/proc/pressure/" + res)
+		if err != nil {
+			return ""
+		}
+		line, _, _ := bytes.Cut(data, []byte("\n")) // "some avg10=… avg60=… avg300=… total=…"
+		for _, f := range bytes.Fields(line) {
+			if v, ok := bytes.CutPrefix(f, []byte("avg60=")); ok {
+				parts = append(parts, res+" "+string(v)+"%")
+			}
+		}
+	}
+	return strings.Join(parts, ", ")
 }

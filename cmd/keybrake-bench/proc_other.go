@@ -21,3 +21,7 @@ func loadAverage() string { return "" }
 func fsType(string) string { return "" }
 
 func readCPU(int) (float64, error) { return 0, errNoProc }
+
+func readWritten(int) (int64, error) { return 0, errNoProc }
+
+func pressure() string { return "" }

@@ -37,6 +37,10 @@ type Machine struct {
 	FileSystem   string `json:"file_system,omitempty"`
 	LoadAvgStart string `json:"loadavg_start,omitempty"`
 	LoadAvgEnd   string `json:"loadavg_end,omitempty"`
+	// PressureStart and PressureEnd: the share of the minute before in which
+	// tasks waited for a CPU and for I/O.
+	PressureStart string `json:"pressure_start,omitempty"`
+	PressureEnd   string `json:"pressure_end,omitempty"`
 }
 
 // ReportConfig is the configuration the run used.
@@ -80,6 +84,9 @@ type TargetResult struct {
 	P999MS   float64 `json:"p99_9_ms"`
 	// CPUPerRequestUS is the target process's CPU time per request, in µs.
 	CPUPerRequestUS float64 `json:"cpu_per_request_us"`
+	// WrittenPerRequest is what the process wrote to storage per request, in
+	// bytes (for keybrake: the pages of its commits, the log).
+	WrittenPerRequest float64 `json:"written_per_request_bytes"`
 	// CommitsPerSecond and OpsPerCommit describe keybrake's group commit: its
 	// write transactions (each with its fsyncs) and how many operations (a
 	// Reserve or a Settle each) share one.
@@ -131,13 +138,14 @@ func pool(rounds []roundResult) TargetResult {
 	var t TargetResult
 	var lat []time.Duration
 	var elapsed, cpu float64
-	var commits, ops int64
+	var commits, ops, written int64
 	for _, r := range rounds {
 		t.Requests += r.Requests
 		t.Errors += r.Errors
 		t.ok += r.ok
 		elapsed += r.Elapsed
 		cpu += r.CPUSeconds
+		written += r.Written
 		commits += r.Commits
 		ops += r.Ops
 		lat = append(lat, r.latencies...)
@@ -149,6 +157,7 @@ func pool(rounds []roundResult) TargetResult {
 	}
 	if t.Requests > 0 {
 		t.CPUPerRequestUS = math.Round(cpu / float64(t.Requests) * 1e6)
+		t.WrittenPerRequest = math.Round(float64(written) / float64(t.Requests))
 	}
 	if commits > 0 {
 		t.OpsPerCommit = round3(float64(ops) / float64(commits))
@@ -180,9 +189,11 @@ func (r *Report) writeJSON(w io.Writer) error {
 // writeText prints the report as tables.
 func (r *Report) writeText(w io.Writer) error {
 	c := r.Config
-	fmt.Fprintf(w, "keybrake-bench: %d CPUs (GOMAXPROCS %d), %s %s, database on %s, load average %s before, %s after\n",
-		r.Machine.CPUs, r.Machine.GOMAXPROCS, r.Machine.GoVersion, r.Machine.Platform, orNA(r.Machine.FileSystem),
-		orNA(r.Machine.LoadAvgStart), orNA(r.Machine.LoadAvgEnd))
+	m := r.Machine
+	fmt.Fprintf(w, "keybrake-bench: %d CPUs (GOMAXPROCS %d), %s %s, database on %s\n",
+		m.CPUs, m.GOMAXPROCS, m.GoVersion, m.Platform, orNA(m.FileSystem))
+	fmt.Fprintf(w, "other work: load average %s before, %s after; waiting in the minute before (pressure): %s before, %s after\n",
+		orNA(m.LoadAvgStart), orNA(m.LoadAvgEnd), orNA(m.PressureStart), orNA(m.PressureEnd))
 	fmt.Fprintf(w, "load: POST /v1/charges, a unique Idempotency-Key each, over %d vault key(s), %d seeded records; "+
 		"upstream latency %s, %d-byte answers; %s x %d rounds per target and concurrency, alternating, after a %s warm-up\n\n",
 		c.Keys, c.SeedRecords, time.Duration(c.UpstreamLatencyMS*float64(time.Millisecond)), r.answerBytes(),
@@ -205,11 +216,11 @@ func (r *Report) writeText(w io.Writer) error {
 	}
 	fmt.Fprintln(w)
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "conns\tkeybrake/bare\tadded p50\tadded p99\tcommits/s\tops/commit\tdatabase after\tgrowth/request\tkeybrake req/s by round\tbare req/s by round\t")
+	fmt.Fprintln(tw, "conns\tkeybrake/bare\tadded p50\tadded p99\tcommits/s\tops/commit\twritten/request\tdatabase after\tgrowth/request\tkeybrake req/s by round\tbare req/s by round\t")
 	for _, cr := range r.Results {
-		fmt.Fprintf(tw, "%d\t%.3f\t%+.2fms\t%+.2fms\t%.0f\t%.1f\t%s\t%s\t%s\t%s\t\n", cr.Concurrency, cr.Ratio, cr.AddedP50MS, cr.AddedP99MS,
-			cr.Keybrake.CommitsPerSecond, cr.Keybrake.OpsPerCommit, fmtBytes(cr.DBBytes), fmtBytes(int64(cr.DBGrowthPerRequest)),
-			roundRates(cr.Keybrake.Rounds), roundRates(cr.Bare.Rounds))
+		fmt.Fprintf(tw, "%d\t%.3f\t%+.2fms\t%+.2fms\t%.0f\t%.1f\t%s\t%s\t%s\t%s\t%s\t\n", cr.Concurrency, cr.Ratio, cr.AddedP50MS, cr.AddedP99MS,
+			cr.Keybrake.CommitsPerSecond, cr.Keybrake.OpsPerCommit, fmtBytes(int64(cr.Keybrake.WrittenPerRequest)),
+			fmtBytes(cr.DBBytes), fmtBytes(int64(cr.DBGrowthPerRequest)), roundRates(cr.Keybrake.Rounds), roundRates(cr.Bare.Rounds))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
