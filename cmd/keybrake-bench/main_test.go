@@ -62,6 +62,9 @@ func MustBench(tb testing.TB, args ...string) (Report, string) {
 // checks that it measured something sane and that keybrake's store accounts for
 // every charge the fake Stripe executed. It asserts nothing about speed.
 func TestBenchmarkSmoke(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the real binary")
+	}
 	const (
 		keys    = 3
 		records = 40
