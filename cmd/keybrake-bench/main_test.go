@@ -158,8 +158,8 @@ func TestTextReport(t *testing.T) {
 	}
 	text := strings.Join(lines, "\n")
 	for _, want := range []string{
-		"2 CPUs (GOMAXPROCS 2)", "load average 0.10 0.20 0.30 before, n/a after",
-		"(pressure): n/a before, cpu 12.50%, io 0.80% after",
+		"2 CPUs (GOMAXPROCS 2)",
+		"before the run (other work): load average 0.10 0.20 0.30, pressure n/a; at its end (its own load included): load average n/a, pressure cpu 12.50%, io 0.80%",
 		"16 bare 80000 16000 0.80ms 2.00ms 4.00ms 0 120µs 15.0 MiB 8.0 MiB + 7.0 MiB",
 		"16 keybrake 16000 3200 5.30ms 9.00ms 14.00ms 0 310µs 48.0 MiB 12.0 MiB + 36.0 MiB",
 		"16 0.200 +4.50ms +7.00ms 610 10.5 9.0 KiB 80.0 MiB 2.5 KiB 3150 3250 16100 15900",

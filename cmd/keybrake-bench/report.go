@@ -38,7 +38,8 @@ type Machine struct {
 	LoadAvgStart string `json:"loadavg_start,omitempty"`
 	LoadAvgEnd   string `json:"loadavg_end,omitempty"`
 	// PressureStart and PressureEnd: the share of the minute before in which
-	// tasks waited for a CPU and for I/O.
+	// tasks waited for a CPU and for I/O. The start says how much other work ran
+	// on the machine; the end includes the benchmark's own processes.
 	PressureStart string `json:"pressure_start,omitempty"`
 	PressureEnd   string `json:"pressure_end,omitempty"`
 }
@@ -192,8 +193,8 @@ func (r *Report) writeText(w io.Writer) error {
 	m := r.Machine
 	fmt.Fprintf(w, "keybrake-bench: %d CPUs (GOMAXPROCS %d), %s %s, database on %s\n",
 		m.CPUs, m.GOMAXPROCS, m.GoVersion, m.Platform, orNA(m.FileSystem))
-	fmt.Fprintf(w, "other work: load average %s before, %s after; waiting in the minute before (pressure): %s before, %s after\n",
-		orNA(m.LoadAvgStart), orNA(m.LoadAvgEnd), orNA(m.PressureStart), orNA(m.PressureEnd))
+	fmt.Fprintf(w, "before the run (other work): load average %s, pressure %s; at its end (its own load included): load average %s, pressure %s\n",
+		orNA(m.LoadAvgStart), orNA(m.PressureStart), orNA(m.LoadAvgEnd), orNA(m.PressureEnd))
 	fmt.Fprintf(w, "load: POST /v1/charges, a unique Idempotency-Key each, over %d vault key(s), %d seeded records; "+
 		"upstream latency %s, %d-byte answers; %s x %d rounds per target and concurrency, alternating, after a %s warm-up\n\n",
 		c.Keys, c.SeedRecords, time.Duration(c.UpstreamLatencyMS*float64(time.Millisecond)), r.answerBytes(),
