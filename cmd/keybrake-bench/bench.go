@@ -152,9 +152,11 @@ func (b *bench) start(ctx context.Context, rep *Report) error {
 		b.tokens = append(b.tokens, "Bearer "+t)
 	}
 
+	started := time.Now()
 	if b.kb, err = startKeybrake(ctx, bin, dataDir, stripeURL, cfg.LogLevel, b.secrets, cfg.CPUProfile != ""); err != nil {
 		return err
 	}
+	rep.Setup.KeybrakeStartSeconds = round3(time.Since(started).Seconds())
 	if b.bare, err = startBare(ctx, stripeURL, b.bareSecret, b.progress); err != nil {
 		return err
 	}

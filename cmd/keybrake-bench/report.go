@@ -117,6 +117,9 @@ type SetupResult struct {
 	SeedSeconds        float64 `json:"seed_seconds"`
 	DBBytesAfterSeed   int64   `json:"db_bytes_after_seed"`
 	DBBytesAfterWarmup int64   `json:"db_bytes_after_warmup"`
+	// KeybrakeStartSeconds is how long serve took to listen (opening the store
+	// includes recovering the records left in flight).
+	KeybrakeStartSeconds float64 `json:"keybrake_start_seconds"`
 }
 
 // CheckResult compares what the fake Stripe executed with what keybrake's store
@@ -232,6 +235,7 @@ func (r *Report) writeText(w io.Writer) error {
 		fmt.Fprintf(w, "setup: %d keys and %d seeded records written through the store in %.1fs; database %s after seeding\n",
 			s.Keys, s.SeedRecords, s.SeedSeconds, fmtBytes(s.DBBytesAfterSeed))
 	}
+	fmt.Fprintf(w, "keybrake serve took %.2fs to start listening\n", s.KeybrakeStartSeconds)
 	k := r.Check
 	fmt.Fprintf(w, "check: the fake Stripe executed %d charges (%s usd) for keybrake, which answered %d of them 200; "+
 		"keybrake committed %s usd (%s seeded), %s held\n",
