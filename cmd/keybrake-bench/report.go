@@ -26,8 +26,9 @@ type Report struct {
 	Started time.Time    `json:"started"`
 }
 
-// Machine describes where the run happened. The load averages say how busy the
-// machine was with other work before and after.
+// Machine describes where the run happened, and how busy it was: the load
+// average and pressure before the run are other work; at its end they include
+// the benchmark's own processes.
 type Machine struct {
 	CPUs       int    `json:"cpus"`
 	GOMAXPROCS int    `json:"gomaxprocs"`
@@ -38,8 +39,7 @@ type Machine struct {
 	LoadAvgStart string `json:"loadavg_start,omitempty"`
 	LoadAvgEnd   string `json:"loadavg_end,omitempty"`
 	// PressureStart and PressureEnd: the share of the minute before in which
-	// tasks waited for a CPU and for I/O. The start says how much other work ran
-	// on the machine; the end includes the benchmark's own processes.
+	// tasks waited for a CPU and for I/O.
 	PressureStart string `json:"pressure_start,omitempty"`
 	PressureEnd   string `json:"pressure_end,omitempty"`
 }
@@ -101,8 +101,8 @@ type TargetResult struct {
 	ok      int
 }
 
-// memStats is a process's memory from /proc/PID/status, in bytes. RSSFile
-// counts the pages of the database file mapped into keybrake.
+// memStats is a process's memory from /proc/PID/status, in bytes. RSSFile is
+// file pages mapped into the process: for keybrake mostly its database.
 type memStats struct {
 	PeakRSS int64 `json:"peak_rss"`
 	RSS     int64 `json:"rss"`
