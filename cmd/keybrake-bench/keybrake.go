@@ -13,7 +13,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
@@ -29,7 +28,7 @@ const keybrakePackage = "github.com/keybrake/keybrake/cmd/keybrake"
 func BuildKeybrake(ctx context.Context, dir string, extra ...string) (string, error) {
 	goBin, err := exec.LookPath("go")
 	if err != nil {
-		goBin = filepath.Join(runtime.GOROOT(), "bin", "go")
+		return "", fmt.Errorf("build keybrake (or pass --keybrake): %w", err)
 	}
 	bin := filepath.Join(dir, "keybrake")
 	args := append([]string{"build", "-buildvcs=false", "-o", bin}, extra...)
