@@ -8,6 +8,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/keybrake/keybrake/proxy"
 )
 
 // BenchmarkMeteredCharge measures a money-moving POST through the whole pipeline
@@ -56,4 +58,25 @@ func BenchmarkRead(b *testing.B) {
 			}
 		}
 	})
+}
+
+// BenchmarkFingerprint measures the request fingerprint (SHA-256 over method, path,
+// account headers and the canonical parameters) that every recorded request
+// computes, from the canonical form (BenchmarkCanonical measures that).
+func BenchmarkFingerprint(b *testing.B) {
+	for _, bc := range []struct{ name, body string }{
+		{"charge", "amount=2000&currency=usd&customer=cus_123&description=Order+42&metadata[order_id]=42"},
+		{"checkout", checkoutBody},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			canonical := MustParseForm(b, bc.body).Canonical()
+			b.SetBytes(int64(len(canonical)))
+			b.ReportAllocs()
+			for b.Loop() {
+				if fp := proxy.Fingerprint(http.MethodPost, "/v1/charges", "acct_123", "", canonical); len(fp) != 64 {
+					b.Fatalf("fingerprint %q", fp)
+				}
+			}
+		})
+	}
 }

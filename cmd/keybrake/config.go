@@ -64,6 +64,9 @@ type Config struct {
 	// TLSReloadCheck is how often, at most, a handshake checks whether the
 	// certificate files changed.
 	TLSReloadCheck time.Duration
+	// PprofListen, when set, serves Go's profiler (net/http/pprof) on a listener of
+	// its own at this loopback address; off ("") by default.
+	PprofListen string
 }
 
 // DefaultConfig returns the defaults documented in DESIGN.md and the README.
@@ -129,6 +132,11 @@ func (c Config) Validate() error {
 	} {
 		if (p.cert == "") != (p.key == "") {
 			errs = append(errs, fmt.Errorf("--%s-cert and --%s-key: give both or neither", p.flag, p.flag))
+		}
+	}
+	if c.PprofListen != "" {
+		if host, _, err := net.SplitHostPort(c.PprofListen); err != nil || !isLoopbackHost(host) {
+			errs = append(errs, fmt.Errorf("pprof-listen: %q must be a loopback host:port (the profiler shows the program's internals)", c.PprofListen))
 		}
 	}
 	if _, err := parseLevel(c.LogLevel); err != nil {
@@ -206,6 +214,7 @@ func (c *Config) bindFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.LogFormat, "log-format", c.LogFormat, "log format: json or text")
 	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", c.ShutdownTimeout, "how long in-flight requests may finish on shutdown")
 	fs.DurationVar(&c.ReapInterval, "reap-interval", c.ReapInterval, "how often expired idempotency records are removed")
+	fs.StringVar(&c.PprofListen, "pprof-listen", c.PprofListen, "serve Go's profiler (/debug/pprof/) on this loopback address (default: off)")
 }
 
 // envName is the environment variable that backs a flag: KEYBRAKE_ + the flag's

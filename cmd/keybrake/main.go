@@ -113,6 +113,8 @@ type Main struct {
 	adminTLS  *certReloader // nil without --admin-tls-cert
 	proxySrv  *http.Server
 	adminSrv  *http.Server
+	pprofLn   net.Listener
+	pprofSrv  *http.Server
 	publicURL string
 	inflight  inflight
 	serveErr  chan error

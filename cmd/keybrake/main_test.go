@@ -187,6 +187,27 @@ func TestServeHealthzAndReadyzOnBothListeners(t *testing.T) {
 	assert.Zero(t, fake.Count(), "health checks never reach Stripe")
 }
 
+func TestServePprofOnlyWhenAsked(t *testing.T) {
+	fake := proxytest.NewFakeStripe(t, "sk_test_pprof")
+	off := MustServe(t, t.TempDir(), fake.URL, nil)
+	assert.Empty(t, off.PprofURL(), "off by default")
+	for _, base := range []string{off.ProxyURL(), off.AdminURL()} {
+		status, _ := MustGet(t, base+"/debug/pprof/cmdline", "")
+		assert.NotEqual(t, http.StatusOK, status, "%s: the API listeners never serve the profiler", base)
+	}
+
+	on := MustServe(t, t.TempDir(), fake.URL, env{"KEYBRAKE_PPROF_LISTEN": "127.0.0.1:0"})
+	require.True(t, strings.HasPrefix(on.PprofURL(), "http://127.0.0.1:"), on.PprofURL())
+	status, body := MustGet(t, on.PprofURL()+"/debug/pprof/cmdline", "")
+	assert.Equal(t, http.StatusOK, status)
+	assert.Contains(t, string(body), "keybrake.test", "the profiler of this very process")
+	status, body = MustGet(t, on.PprofURL()+"/debug/pprof/profile?seconds=1", "")
+	assert.Equal(t, http.StatusOK, status, string(body))
+	assert.NotEmpty(t, body, "a CPU profile")
+	status, _ = MustGet(t, on.AdminURL()+"/debug/pprof/cmdline", "")
+	assert.NotEqual(t, http.StatusOK, status, "still not on the admin listener")
+}
+
 func TestServeGeneratesSecretsOnceAndReusesThem(t *testing.T) {
 	fake := proxytest.NewFakeStripe(t, "sk_test_secrets")
 	dataDir := filepath.Join(t.TempDir(), "data")
@@ -449,6 +470,8 @@ func TestParseFlagsRefuses(t *testing.T) {
 		"zero upstream timeout":     {args: []string{"serve", "--upstream-timeout", "0s"}, wantMsg: "upstream-timeout"},
 		"bad log level":             {args: []string{"serve", "--log-level", "loud"}, wantMsg: "log-level"},
 		"bad log format":            {args: []string{"serve", "--log-format", "xml"}, wantMsg: "log-format"},
+		"pprof on every interface":  {args: []string{"serve", "--pprof-listen", ":6060"}, wantMsg: "pprof-listen"},
+		"pprof on a public address": {env: env{"KEYBRAKE_PPROF_LISTEN": "192.0.2.1:6060"}, args: []string{"serve"}, wantMsg: "pprof-listen"},
 		"bad duration in the env":   {env: env{"KEYBRAKE_UPSTREAM_TIMEOUT": "soon"}, args: []string{"serve"}, wantMsg: "KEYBRAKE_UPSTREAM_TIMEOUT"},
 		"token with a bad role":     {args: []string{"token", "--role", "root"}, wantMsg: "role"},
 		"token with a negative ttl": {args: []string{"token", "--ttl", "-1h"}, wantMsg: "ttl"},

@@ -116,6 +116,9 @@ func (m *Main) runServe(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("admin listen %s: %w", cfg.AdminListen, err)
 	}
+	if err := m.startPprof(ctx); err != nil {
+		return err
+	}
 	m.publicURL = cfg.PublicURL
 	if m.publicURL == "" {
 		m.publicURL = derivePublicURL(m.proxyLn.Addr().String(), m.proxyTLS != nil)
@@ -147,7 +150,7 @@ func (m *Main) runServe(ctx context.Context) error {
 	m.adminSrv = m.newServer(adminHandler, cfg.AdminWriteTimeout, m.adminTLS)
 	m.startServing(ctx)
 
-	log.Info("keybrake serving",
+	serving := []any{
 		"version", Version(),
 		"proxy", m.proxyLn.Addr().String(),
 		"admin", m.adminLn.Addr().String(),
@@ -156,7 +159,11 @@ func (m *Main) runServe(ctx context.Context) error {
 		"admin_tls", m.adminTLS != nil,
 		"stripe_url", cfg.StripeURL,
 		"data_dir", cfg.DataDir,
-	)
+	}
+	if m.pprofLn != nil {
+		serving = append(serving, "pprof", m.pprofLn.Addr().String())
+	}
+	log.Info("keybrake serving", serving...)
 	m.bootstrapBanner(ctx, log, jwtSecret)
 	return nil
 }
@@ -400,6 +407,9 @@ func (m *Main) close() error {
 		errs = append(errs, errors.New("handlers still running after shutdown"))
 	}
 
+	if m.pprofSrv != nil {
+		_ = m.pprofSrv.Close() // a profile being taken is cut short
+	}
 	if m.stopReap != nil {
 		m.stopReap()
 	}
