@@ -236,7 +236,7 @@ func readCredential(h http.Header) (string, error) {
 	vals := h.Values("Authorization")
 	switch {
 	case len(vals) == 0 || strings.TrimSpace(vals[0]) == "":
-		return "", errors.New("missing Authorization header; send the vault key as Authorization: Bearer vk_...")
+		return "", errors.New("missing Authorization header (send the vault key as Authorization: Bearer vk_...)")
 	case len(vals) > 1:
 		return "", errors.New("more than one Authorization header")
 	}

@@ -85,8 +85,8 @@ func pageNewestFirst[T any](b *bolt.Bucket, prefix, start []byte, limit int, idP
 // newest (greatest) first, until fn returns false.
 func pageBackward(b *bolt.Bucket, prefix, start []byte, fn func(k, v []byte) (bool, error)) error {
 	c := b.Cursor()
-	k, v := c.Seek(start)
-	if k == nil {
+	var k, v []byte
+	if k, _ = c.Seek(start); k == nil {
 		k, v = c.Last()
 	} else {
 		k, v = c.Prev()

@@ -515,8 +515,7 @@ func listHoldsTx(tx *bolt.Tx, state HoldState, limit int, cursor string) ([]Hold
 	if before == "" {
 		k, v = c.Last()
 	} else {
-		k, v = c.Seek([]byte(before))
-		if k == nil {
+		if k, _ = c.Seek([]byte(before)); k == nil {
 			k, v = c.Last()
 		} else {
 			k, v = c.Prev() // Seek lands on the cursor itself or the first key after it.

@@ -44,7 +44,6 @@ type modelHold struct {
 type modelRun struct {
 	s       *Store
 	keys    []Key
-	caps    map[string]int64 // counter key → cap (minor units)
 	workers int
 	ops     int
 

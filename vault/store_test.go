@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	bolt "go.etcd.io/bbolt"
+	bolterrors "go.etcd.io/bbolt/errors"
 
 	"github.com/keybrake/keybrake/policy"
 )
@@ -545,9 +546,9 @@ func TestDerivedIDs(t *testing.T) {
 func TestErrorsAreTranslated(t *testing.T) {
 	assert.ErrorIs(t, translate(errors.New("disk on fire")), ErrStorage)
 	assert.ErrorIs(t, translate(ErrNotFound), ErrNotFound)
-	assert.ErrorIs(t, translate(bolt.ErrDatabaseNotOpen), ErrClosed)
-	assert.ErrorIs(t, translate(bolt.ErrTimeout), ErrLocked)
-	assert.NotErrorIs(t, translate(bolt.ErrTimeout), bolt.ErrTimeout, "bbolt errors do not leak")
+	assert.ErrorIs(t, translate(bolterrors.ErrDatabaseNotOpen), ErrClosed)
+	assert.ErrorIs(t, translate(bolterrors.ErrTimeout), ErrLocked)
+	assert.NotErrorIs(t, translate(bolterrors.ErrTimeout), bolterrors.ErrTimeout, "bbolt errors do not leak")
 }
 
 func TestGetKeyAndKeyUsage(t *testing.T) {
