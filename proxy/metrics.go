@@ -16,7 +16,7 @@ import (
 
 // metricOutcomes are the outcome label values: the decisions of the canonical log
 // line, and "other" for a request that ended without one (only a panic does).
-var metricOutcomes = [...]string{
+var metricOutcomes = [...]decision{
 	decisionAllowed, decisionWouldRefuse, decisionRefused, decisionReplayed, decisionResumed, "other",
 }
 
@@ -149,13 +149,13 @@ func operationLabel(c *call) string {
 }
 
 // labelValue is v when it is one of values, else the last of them ("other").
-func labelValue(values []string, v string) string {
+func labelValue[T ~string](values []T, v T) string {
 	for _, s := range values {
 		if s == v {
-			return v
+			return string(v)
 		}
 	}
-	return values[len(values)-1]
+	return string(values[len(values)-1])
 }
 
 // statusClass is the status_class label of an upstream answer: 2xx … 5xx, or

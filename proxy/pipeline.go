@@ -38,13 +38,35 @@ const (
 	logTool            = "tool"
 )
 
+// decision is what the proxy did with a request: the canonical log line's
+// decision and the outcome label of keybrake_proxy_requests_total. Where a ledger
+// event records the same thing, it is the ledger's word (vault.Decision).
+type decision string
+
 // Decisions of the canonical log line.
 const (
-	decisionAllowed     = "allowed"
-	decisionWouldRefuse = "would_refuse"
-	decisionRefused     = "refused"
-	decisionReplayed    = "replayed"
-	decisionResumed     = "resumed"
+	decisionAllowed     = decision(vault.DecisionAllowed)
+	decisionWouldRefuse = decision(vault.DecisionWouldRefuse)
+	decisionRefused     = decision(vault.DecisionRefused)
+	decisionReplayed    = decision("replayed") // a completed record's answer, written again
+	decisionResumed     = decision("resumed")  // an unknown outcome, forwarded again under the same upstream key
+)
+
+// idemOutcome is what became of a request's idempotency key: the canonical
+// line's idempotency field. It is the outcome of Store.Reserve, or "derived"
+// while a derive-mode key has not reached Reserve yet.
+type idemOutcome string
+
+// Idempotency outcomes.
+const (
+	idemDerived  idemOutcome = "derived"
+	idemClaimed  idemOutcome = "claimed"   // vault.ReserveClaimed
+	idemResume   idemOutcome = "resume"    // vault.ReserveResume
+	idemReplay   idemOutcome = "replay"    // vault.ReserveReplay
+	idemInFlight idemOutcome = "in_flight" // vault.ReserveInFlight
+	idemMismatch idemOutcome = "mismatch"  // vault.ReserveMismatch
+	idemStale    idemOutcome = "stale"     // vault.ReserveStale
+	idemRefused  idemOutcome = "refused"   // vault.ReserveRefused
 )
 
 // call is the state of one request through the pipeline. It travels from
@@ -84,7 +106,7 @@ type call struct {
 	idemKey     string // effective key (caller's or derived); "" when nothing is recorded
 	record      bool   // a record is claimed: Settle after forwarding
 	upstreamKey string
-	idemOutcome string
+	idemOutcome idemOutcome
 	replay      *vault.IdempotencyRecord
 	settled     bool
 	// connected is set when the transport got a connection for the forward:
@@ -92,7 +114,7 @@ type call struct {
 	connected atomic.Bool
 
 	// outcome, for the log line
-	decision        string
+	decision        decision
 	reason          string
 	status          int
 	upstreamStatus  int
@@ -162,7 +184,7 @@ func (p *Proxy) recordUnmeteredWouldRefuse(ctx context.Context, c *call) {
 		return
 	}
 	err := p.store.RecordEvent(ctx, vault.Event{
-		KeyID: c.key.ID, Operation: c.cls.Operation, Decision: decisionWouldRefuse, Reason: c.reason,
+		KeyID: c.key.ID, Operation: c.cls.Operation, Decision: vault.DecisionWouldRefuse, Reason: c.reason,
 		ObjectID: c.cls.ObjectID, Tool: c.tool,
 	})
 	if err != nil {
@@ -739,7 +761,7 @@ func (p *Proxy) idempotency(r *http.Request, c *call) error {
 			rf.Param, rf.Detail.Field = missing.Field, missing.Field
 			return rf
 		}
-		c.idemKey, c.idemOutcome = k, "derived"
+		c.idemKey, c.idemOutcome = k, idemDerived
 	} else if present || c.metered {
 		if perr != nil {
 			rf := refuse(CodeIdemKeyInvalid, "The Idempotency-Key must be 1 to %d printable characters, bare or as a quoted string.", MaxIdempotencyKeyLen)
@@ -776,8 +798,8 @@ func (p *Proxy) reserve(ctx context.Context, c *call) error {
 		return internalError(fmt.Errorf("reserve: %w", err))
 	}
 	switch res.Outcome {
-	case vault.Claimed:
-		c.idemOutcome = "claimed"
+	case vault.ReserveClaimed:
+		c.idemOutcome = idemClaimed
 		c.record, c.upstreamKey = true, res.Record.UpstreamKey
 		c.decision = decisionAllowed
 		if res.Decision.WouldRefuse {
@@ -787,37 +809,40 @@ func (p *Proxy) reserve(ctx context.Context, c *call) error {
 			c.amount = res.Hold.Amount
 		}
 		return nil
-	case vault.Resume:
-		c.idemOutcome = "resume"
+	case vault.ReserveResume:
+		c.idemOutcome = idemResume
 		c.record, c.upstreamKey = true, res.Record.UpstreamKey
 		c.decision = decisionResumed
 		if res.Hold != nil {
 			c.amount = res.Hold.Amount
 		}
 		return nil
-	case vault.Replay:
-		c.idemOutcome = "replay"
-		if res.Record.Response == nil {
-			return internalError(fmt.Errorf("replay of %s: no stored response", res.Record.IdempotencyKey))
-		}
+	case vault.ReserveReplay:
+		c.idemOutcome = idemReplay
 		rec := res.Record
+		if rec.Response == nil && rec.Resolved && res.Hold != nil {
+			rec.Response = resolvedAnswer(res.Hold.ID, res.Hold.State)
+		}
+		if rec.Response == nil {
+			return internalError(fmt.Errorf("replay of %s: no stored response", rec.IdempotencyKey))
+		}
 		c.replay = &rec
 		c.decision = decisionReplayed
 		return nil
-	case vault.InFlight:
-		c.idemOutcome = "in_flight"
+	case vault.ReserveInFlight:
+		c.idemOutcome = idemInFlight
 		rf := refuse(CodeIdemKeyInUse, "There is currently another in-progress request using this idempotency key. Retry later.")
 		rf.RetryAfter = 1
 		return rf
-	case vault.Mismatch:
-		c.idemOutcome = "mismatch"
+	case vault.ReserveMismatch:
+		c.idemOutcome = idemMismatch
 		return refuse(CodeIdemKeyReused, "This idempotency key was already used with a different request.")
-	case vault.Stale:
-		c.idemOutcome = "stale"
+	case vault.ReserveStale:
+		c.idemOutcome = idemStale
 		return refuse(CodeIdemOutcomeUnknown,
 			"The outcome of the first request with this idempotency key is unknown and too old to retry safely; an operator must resolve it.")
-	case vault.Refused:
-		c.idemOutcome = "refused"
+	case vault.ReserveRefused:
+		c.idemOutcome = idemRefused
 		cur := c.currency
 		if cur == "" {
 			cur = c.key.Policy.Currency
@@ -912,9 +937,9 @@ func (p *Proxy) logCall(c *call) {
 		slog.String(logOperation, c.cls.Operation),
 		slog.Int64(logAmount, c.amount),
 		slog.String(logCurrency, c.currency),
-		slog.String(logDecision, c.decision),
+		slog.String(logDecision, string(c.decision)),
 		slog.String(logReason, c.reason),
-		slog.String(logIdempotency, c.idemOutcome),
+		slog.String(logIdempotency, string(c.idemOutcome)),
 		slog.Int(logUpstreamStatus, c.upstreamStatus),
 		slog.Int(logStatus, c.status),
 		slog.Duration(logDuration, p.now().Sub(c.start)),

@@ -219,7 +219,7 @@ func (p *Proxy) modifyResponse(resp *http.Response) error {
 	case code == http.StatusTooManyRequests:
 		// Rate limited before executing: nothing moved.
 		sr.Outcome, sr.Response = vault.SettleAbandon, nil
-	case code >= 400 && code < 500 && c.idemOutcome == "resume" && stripeErrorType(body) == TypeIdempotency:
+	case code >= 400 && code < 500 && c.idemOutcome == idemResume && stripeErrorType(body) == TypeIdempotency:
 		// Stripe knows the upstream key from an earlier attempt whose parameters it
 		// judges different (e.g. another Stripe-Version): that attempt may have
 		// moved the money, so this answer says nothing about it. The hold stays.
@@ -360,7 +360,7 @@ func (p *Proxy) errorHandler(w http.ResponseWriter, r *http.Request, err error) 
 	}
 	var auth *upstreamAuthError
 	if errors.As(err, &auth) {
-		p.writeUpstreamFailure(w, c, auth.refusal(c.idemOutcome == "resume"))
+		p.writeUpstreamFailure(w, c, auth.refusal(c.idemOutcome == idemResume))
 		return
 	}
 	sent := c.connected.Load()
@@ -384,7 +384,7 @@ func noAnswerRefusal(c *call, err error, sent bool) *refusal {
 	if isTimeout(err) {
 		rf.Status, what = http.StatusGatewayTimeout, "Stripe did not answer in time"
 	}
-	resumed := c.idemOutcome == "resume"
+	resumed := c.idemOutcome == idemResume
 	switch {
 	case !sent && resumed:
 		rf.Message = "keybrake could not reach Stripe: this attempt was not sent, and the outcome of the first request with this idempotency key is still unknown. Retry with the same idempotency key."

@@ -60,7 +60,7 @@ func BenchmarkReserve(b *testing.B) {
 			ctx := context.Background()
 			runConcurrent(b, callers, func(i int64) error {
 				res, err := s.Reserve(ctx, charge(keyID, fmt.Sprintf("bench-%d", i), 100))
-				if err == nil && res.Outcome != Claimed {
+				if err == nil && res.Outcome != ReserveClaimed {
 					err = fmt.Errorf("outcome %d", res.Outcome)
 				}
 				return err

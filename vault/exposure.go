@@ -131,7 +131,7 @@ func applyPartChanges(tx *bolt.Tx, now time.Time, keyID, objectID, operation, cu
 			}
 			ev := &Event{
 				Time: now, KeyID: keyID, Operation: operation, Amount: e.amount, Currency: currency,
-				Decision: "exposure", Reason: e.reason, HoldID: ch.part.HoldID, ObjectID: objectID,
+				Decision: DecisionExposure, Reason: e.reason, HoldID: ch.part.HoldID, ObjectID: objectID,
 				WindowIDs: ch.part.WindowIDs, HeldDelta: -e.amount,
 			}
 			if e.reason == "commit" {

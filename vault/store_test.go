@@ -294,7 +294,7 @@ func TestRotateAndRevoke(t *testing.T) {
 	k, oldTok := MustMint(t, s, "k", testPolicy(t, "99", "", ""), nil)
 
 	res := MustReserve(t, s, charge(k.ID, "a", 500))
-	require.Equal(t, Claimed, res.Outcome)
+	require.Equal(t, ReserveClaimed, res.Outcome)
 	MustSettle(t, s, SettleRequest{KeyID: k.ID, IdempotencyKey: "a", Outcome: SettleCommit, Amount: 500})
 
 	rotated, newTok, err := s.RotateKey(ctx, "alice", k.ID)
@@ -707,7 +707,7 @@ func TestRecordEvent(t *testing.T) {
 	events, _, err := s.ListEvents(ctx, k.ID, 10, "")
 	require.NoError(t, err)
 	require.Len(t, events, 1)
-	assert.Equal(t, "would_refuse", events[0].Decision)
+	assert.Equal(t, DecisionWouldRefuse, events[0].Decision)
 	assert.Equal(t, "operation_not_allowed", events[0].Reason)
 	assert.Equal(t, "customers.create", events[0].Operation)
 	assert.True(t, events[0].Time.Equal(t0.Add(time.Minute)), "stamped with the store clock, not the caller's: %s", events[0].Time)

@@ -268,6 +268,21 @@ const (
 	RecordUnknown    RecordState = "unknown"
 )
 
+// Decision is what a ledger event records about a key's money.
+type Decision string
+
+// Ledger decisions. A metered Reserve writes DecisionAllowed, DecisionWouldRefuse
+// or DecisionRefused; the rest record what happened to money already held.
+const (
+	DecisionAllowed     Decision = "allowed"      // a hold was placed
+	DecisionWouldRefuse Decision = "would_refuse" // report mode let through what the policy refuses
+	DecisionRefused     Decision = "refused"      // the policy refused: nothing held
+	DecisionSettled     Decision = "settled"      // a hold settled; Reason is the SettleOutcome
+	DecisionResolved    Decision = "resolved"     // an operator settled an unknown hold (ResolveHold)
+	DecisionExposure    Decision = "exposure"     // a money object's exposure was committed or released
+	DecisionCarried     Decision = "carried"      // a time-zone change carried the day's usage (UpdateKey)
+)
+
 // Hold is the money a request has reserved on its key's windows. WindowIDs are the
 // windows it was placed on (a hold placed on day:2026-09-14 settles there, even
 // if it settles after midnight).
@@ -303,9 +318,12 @@ type IdempotencyRecord struct {
 	HoldID         string    // "" when the request moved no money
 	Response       *StoredResponse
 	RequestID      string // Stripe's Request-Id of the stored answer (Original-Request on replay)
-	CreatedAt      time.Time
-	UpdatedAt      time.Time
-	CompletedAt    time.Time // zero unless completed; the idempotency TTL runs from here
+	// Resolved is set when an operator settled the record's hold (ResolveHold):
+	// a retry is told so, with the hold's state; no answer of Stripe's is stored.
+	Resolved    bool
+	CreatedAt   time.Time
+	UpdatedAt   time.Time
+	CompletedAt time.Time // zero unless completed; the idempotency TTL runs from here
 }
 
 // Event is one entry of a key's ledger of metered requests.
@@ -316,7 +334,7 @@ type Event struct {
 	Operation       string
 	Amount          int64
 	Currency        string
-	Decision        string // "allowed", "refused", "would_refuse", "settled", "resolved"
+	Decision        Decision
 	Reason          string
 	HoldID          string
 	HoldState       HoldState
