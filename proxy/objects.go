@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/keybrake/keybrake/proxy/logfield"
 	"github.com/keybrake/keybrake/vault"
 )
 
@@ -288,7 +289,7 @@ func (p *Proxy) observe(ctx context.Context, c *call, body []byte) {
 	})
 	if err != nil {
 		p.log.LogAttrs(ctx, slog.LevelError, "observing a money object failed; its exposure stays counted",
-			slog.String(logRequestID, c.requestID), slog.String(logKeyID, c.key.ID), slog.Any(logError, err))
+			slog.String(logfield.RequestID, c.requestID), slog.String(logfield.KeyID, c.key.ID), slog.Any(logfield.Error, err))
 	}
 }
 

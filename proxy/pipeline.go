@@ -15,27 +15,8 @@ import (
 	"time"
 
 	"github.com/keybrake/keybrake/policy"
+	"github.com/keybrake/keybrake/proxy/logfield"
 	"github.com/keybrake/keybrake/vault"
-)
-
-// Log attribute keys of the canonical line.
-const (
-	logRequestID       = "request_id"
-	logStripeRequestID = "stripe_request_id"
-	logKeyID           = "key_id"
-	logMethod          = "method"
-	logPath            = "path"
-	logOperation       = "operation"
-	logAmount          = "amount"
-	logCurrency        = "currency"
-	logDecision        = "decision"
-	logReason          = "reason"
-	logIdempotency     = "idempotency"
-	logUpstreamStatus  = "upstream_status"
-	logStatus          = "status"
-	logDuration        = "duration"
-	logError           = "error"
-	logTool            = "tool"
 )
 
 // decision is what the proxy did with a request: the canonical log line's
@@ -189,7 +170,7 @@ func (p *Proxy) recordUnmeteredWouldRefuse(ctx context.Context, c *call) {
 	})
 	if err != nil {
 		p.log.LogAttrs(ctx, slog.LevelError, "report-mode event not recorded",
-			slog.String(logRequestID, c.requestID), slog.String(logKeyID, c.key.ID), slog.Any(logError, err))
+			slog.String(logfield.RequestID, c.requestID), slog.String(logfield.KeyID, c.key.ID), slog.Any(logfield.Error, err))
 	}
 }
 
@@ -200,8 +181,8 @@ func (p *Proxy) authenticate(ctx context.Context, r *http.Request, c *call) erro
 	if err != nil {
 		if kind := StripeKeyKind(r.Header); kind != "" {
 			p.log.LogAttrs(ctx, slog.LevelWarn, "a Stripe secret key was sent to the proxy instead of a vault key",
-				slog.String(logRequestID, c.requestID), slog.String("stripe_key_kind", kind),
-				slog.String("remote_addr", r.RemoteAddr))
+				slog.String(logfield.RequestID, c.requestID), slog.String(logfield.StripeKeyKind, kind),
+				slog.String(logfield.RemoteAddr, r.RemoteAddr))
 		}
 		return err
 	}
@@ -898,7 +879,7 @@ func (p *Proxy) setRemaining(ctx context.Context, h http.Header, c *call) {
 	key, windows, usage, err := p.store.KeyUsage(ctx, c.key.ID)
 	if err != nil {
 		p.log.LogAttrs(ctx, slog.LevelWarn, "remaining budget unavailable",
-			slog.String(logRequestID, c.requestID), slog.String(logKeyID, c.key.ID), slog.Any(logError, err))
+			slog.String(logfield.RequestID, c.requestID), slog.String(logfield.KeyID, c.key.ID), slog.Any(logfield.Error, err))
 		return
 	}
 	for _, win := range windows {
@@ -930,28 +911,28 @@ func (p *Proxy) logCall(c *call) {
 		level = slog.LevelWarn
 	}
 	attrs := []slog.Attr{
-		slog.String(logRequestID, c.requestID),
-		slog.String(logMethod, c.method),
-		slog.String(logPath, clip(c.path)),
-		slog.String(logKeyID, c.key.ID),
-		slog.String(logOperation, c.cls.Operation),
-		slog.Int64(logAmount, c.amount),
-		slog.String(logCurrency, c.currency),
-		slog.String(logDecision, string(c.decision)),
-		slog.String(logReason, c.reason),
-		slog.String(logIdempotency, string(c.idemOutcome)),
-		slog.Int(logUpstreamStatus, c.upstreamStatus),
-		slog.Int(logStatus, c.status),
-		slog.Duration(logDuration, p.now().Sub(c.start)),
+		slog.String(logfield.RequestID, c.requestID),
+		slog.String(logfield.Method, c.method),
+		slog.String(logfield.Path, clip(c.path)),
+		slog.String(logfield.KeyID, c.key.ID),
+		slog.String(logfield.Operation, c.cls.Operation),
+		slog.Int64(logfield.Amount, c.amount),
+		slog.String(logfield.Currency, c.currency),
+		slog.String(logfield.Decision, string(c.decision)),
+		slog.String(logfield.Reason, c.reason),
+		slog.String(logfield.Idempotency, string(c.idemOutcome)),
+		slog.Int(logfield.UpstreamStatus, c.upstreamStatus),
+		slog.Int(logfield.Status, c.status),
+		logfield.Duration(p.now().Sub(c.start)),
 	}
 	if c.stripeRequestID != "" {
-		attrs = append(attrs, slog.String(logStripeRequestID, c.stripeRequestID))
+		attrs = append(attrs, slog.String(logfield.StripeRequestID, c.stripeRequestID))
 	}
 	if c.tool != "" {
-		attrs = append(attrs, slog.String(logTool, c.tool))
+		attrs = append(attrs, slog.String(logfield.Tool, c.tool))
 	}
 	if c.err != nil {
-		attrs = append(attrs, slog.String(logError, c.err.Error()))
+		attrs = append(attrs, slog.String(logfield.Error, c.err.Error()))
 	}
 	p.log.LogAttrs(context.Background(), level, "stripe request", attrs...)
 }

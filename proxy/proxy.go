@@ -236,6 +236,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/keybrake/keybrake/proxy/logfield"
 	"github.com/keybrake/keybrake/vault"
 )
 
@@ -374,7 +375,7 @@ func New(cfg Config) (*Proxy, error) {
 		timeout:     cfg.UpstreamTimeout,
 		maxBody:     cfg.MaxBodyBytes,
 		maxResponse: cfg.MaxResponseBytes,
-		log:         cfg.Logger.With("component", "proxy"),
+		log:         cfg.Logger.With(logfield.Component, "proxy"),
 		now:         cfg.Now,
 		secrets:     secretCache{ttl: cfg.SecretCacheTTL, entries: map[string]cachedSecret{}},
 		metrics:     m,

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/keybrake/keybrake/policy"
+	"github.com/keybrake/keybrake/proxy/logfield"
 	"github.com/keybrake/keybrake/vault"
 )
 
@@ -235,8 +236,8 @@ func (p *Proxy) modifyResponse(resp *http.Response) error {
 	p.settle(ctx, c, sr, "")
 	if c.overrun > 0 {
 		p.log.LogAttrs(ctx, slog.LevelWarn, "Stripe moved more than keybrake held: the object changed at Stripe between the lookup and the request",
-			slog.String(logRequestID, c.requestID), slog.String(logKeyID, c.key.ID), slog.String(logOperation, c.cls.Operation),
-			slog.String("object_id", sr.ObjectID), slog.Int64("overrun", c.overrun))
+			slog.String(logfield.RequestID, c.requestID), slog.String(logfield.KeyID, c.key.ID), slog.String(logfield.Operation, c.cls.Operation),
+			slog.String(logfield.ObjectID, sr.ObjectID), slog.Int64(logfield.Overrun, c.overrun))
 	}
 	if code >= 200 && code < 300 {
 		if sr.Object == (vault.ObjectSettle{}) {
@@ -325,9 +326,9 @@ func (p *Proxy) upstreamAuthFailed(c *call, kind string, status int, stripeReque
 	last4 := c.secret[max(0, len(c.secret)-4):]
 	p.log.LogAttrs(context.Background(), slog.LevelError,
 		"Stripe rejected keybrake's upstream secret: register the right one (POST /api/v1/upstreams)",
-		slog.String("upstream", c.key.Upstream), slog.String("secret_last4", last4), slog.String("kind", kind),
-		slog.Int(logUpstreamStatus, status), slog.String(logStripeRequestID, stripeRequestID),
-		slog.String(logRequestID, c.requestID), slog.String(logKeyID, c.key.ID), slog.String(logOperation, c.cls.Operation))
+		slog.String(logfield.Upstream, c.key.Upstream), slog.String(logfield.SecretLast4, last4), slog.String(logfield.Kind, kind),
+		slog.Int(logfield.UpstreamStatus, status), slog.String(logfield.StripeRequestID, stripeRequestID),
+		slog.String(logfield.RequestID, c.requestID), slog.String(logfield.KeyID, c.key.ID), slog.String(logfield.Operation, c.cls.Operation))
 	return &upstreamAuthError{status: status}
 }
 
@@ -423,9 +424,9 @@ func (p *Proxy) settle(ctx context.Context, c *call, sr vault.SettleRequest, not
 	defer cancel()
 	if err := p.store.Settle(sctx, sr); err != nil {
 		p.log.LogAttrs(sctx, slog.LevelError, "settle failed; the record stays in progress until recovered as unknown",
-			slog.String(logRequestID, c.requestID), slog.String(logKeyID, c.key.ID),
-			slog.String(logOperation, c.cls.Operation), slog.String("outcome", string(sr.Outcome)),
-			slog.Int(logUpstreamStatus, c.upstreamStatus), slog.String("note", note), slog.Any(logError, err))
+			slog.String(logfield.RequestID, c.requestID), slog.String(logfield.KeyID, c.key.ID),
+			slog.String(logfield.Operation, c.cls.Operation), slog.String(logfield.Outcome, string(sr.Outcome)),
+			slog.Int(logfield.UpstreamStatus, c.upstreamStatus), slog.String(logfield.Note, note), slog.Any(logfield.Error, err))
 	}
 }
 

@@ -171,7 +171,7 @@ func (s *Store) runBatch(batch []*batchOp) {
 	}
 	// Something failed and rolled the whole batch back: run each op alone so that
 	// only the op that fails sees the failure.
-	s.log.Warn("group commit failed; retrying its operations one by one", "ops", len(batch), "err", err)
+	s.log.Warn("group commit failed; retrying its operations one by one", "ops", len(batch), "error", err)
 	for _, op := range batch {
 		start := time.Now()
 		err := s.db.Update(func(tx *bolt.Tx) error { return safeRun(op, tx, s.now()) })

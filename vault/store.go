@@ -676,14 +676,8 @@ func (s *Store) ListAudit(ctx context.Context, limit int, cursor string) ([]Audi
 // holds of the records it removes and metered-object totals unchanged for
 // ObjectRetention; unknown and in_progress records are never removed.
 func (s *Store) Reap(ctx context.Context) (int, error) {
-	n, _, err := s.reap(ctx)
-	if err != nil {
-		return n, err
-	}
-	if n > 0 {
-		s.log.Info("reaped expired entries", "entries", n)
-	}
-	return n, nil
+	n, _, err := s.reap(ctx) // the caller logs what it removed (once)
+	return n, err
 }
 
 // Backup writes a hot, consistent copy of the database to w.

@@ -17,6 +17,7 @@ import (
 
 	"github.com/keybrake/keybrake/api"
 	"github.com/keybrake/keybrake/proxy"
+	"github.com/keybrake/keybrake/proxy/logfield"
 	"github.com/keybrake/keybrake/vault"
 )
 
@@ -40,7 +41,7 @@ func (m *Main) runServe(ctx context.Context) error {
 		return err
 	}
 	m.logger = logger
-	log := logger.With("component", "main")
+	log := logger.With(logfield.Component, "main")
 
 	masterKey, masterSrc, jwtSecret, err := m.loadSecrets(log)
 	if err != nil {
@@ -242,7 +243,7 @@ func (m *Main) startServing(ctx context.Context) {
 	m.wg.Add(1)
 	go func() {
 		defer m.wg.Done()
-		m.reap(reapCtx, m.logger.With("component", "reaper"))
+		m.reap(reapCtx, m.logger.With(logfield.Component, "reaper"))
 	}()
 }
 
@@ -258,7 +259,7 @@ func (m *Main) newServer(h http.Handler, writeTimeout time.Duration, certs *cert
 		WriteTimeout:      writeTimeout,
 		IdleTimeout:       m.Config.IdleTimeout,
 		MaxHeaderBytes:    1 << 20,
-		ErrorLog:          slog.NewLogLogger(m.logger.With("component", "http").Handler(), slog.LevelWarn),
+		ErrorLog:          slog.NewLogLogger(m.logger.With(logfield.Component, "http").Handler(), slog.LevelWarn),
 	}
 	if certs != nil {
 		srv.TLSConfig = certs.tlsConfig()
@@ -295,7 +296,7 @@ func (m *Main) registerDefaultUpstream(ctx context.Context, log *slog.Logger, se
 func (m *Main) bootstrapBanner(ctx context.Context, log *slog.Logger, jwtSecret []byte) {
 	keys, _, err := m.store.ListKeys(ctx, vault.KeyFilter{Limit: 1})
 	if err != nil {
-		log.Warn("cannot tell whether this is a first start", "error", err)
+		log.Warn("cannot tell whether this is a first start", logfield.Error, err)
 		return
 	}
 	if len(keys) > 0 {
@@ -304,7 +305,7 @@ func (m *Main) bootstrapBanner(ctx context.Context, log *slog.Logger, jwtSecret 
 	ttl := m.Config.BootstrapTokenTTL
 	token, err := api.IssueToken(jwtSecret, "bootstrap", api.RoleAdmin, ttl, time.Now())
 	if err != nil {
-		log.Warn("cannot issue the first-start admin token", "error", err)
+		log.Warn("cannot issue the first-start admin token", logfield.Error, err)
 		return
 	}
 	// The sign-in link carries the token in the URL fragment, which browsers never
@@ -337,7 +338,7 @@ func (m *Main) reap(ctx context.Context, log *slog.Logger) {
 		}
 		switch {
 		case err != nil && ctx.Err() == nil:
-			log.Error("reap failed", "error", err)
+			log.Error("reap failed", logfield.Error, err)
 		case n > 0:
 			log.Info("reaped expired entries", "removed", n)
 		}
@@ -354,7 +355,7 @@ func (m *Main) close() error {
 	var errs []error
 	log := slog.New(slog.DiscardHandler)
 	if m.logger != nil {
-		log = m.logger.With("component", "main")
+		log = m.logger.With(logfield.Component, "main")
 	}
 	if m.proxySrv != nil || m.adminSrv != nil {
 		log.Info("shutting down", "timeout", m.Config.ShutdownTimeout.String())
