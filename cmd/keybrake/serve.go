@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/keybrake/keybrake/api"
+	"github.com/keybrake/keybrake/cmd/internal/loopback"
 	"github.com/keybrake/keybrake/proxy"
 	"github.com/keybrake/keybrake/proxy/logfield"
 	"github.com/keybrake/keybrake/vault"
@@ -52,7 +53,7 @@ func (m *Main) runServe(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("stripe url: %w", err)
 	}
-	if upstreamURL.Scheme == "http" && !isLoopbackHost(upstreamURL.Hostname()) {
+	if upstreamURL.Scheme == "http" && !loopback.Host(upstreamURL.Hostname()) {
 		log.Warn("the upstream is plain HTTP on a non-loopback host: the Stripe secret travels unencrypted", "stripe_url", cfg.StripeURL)
 	}
 
@@ -440,15 +441,6 @@ func (m *Main) PublicURL() string { return m.publicURL }
 
 // Store is the open store while serving (nil otherwise); for tests and embedders.
 func (m *Main) Store() *vault.Store { return m.store }
-
-// isLoopbackHost reports whether host is localhost or a loopback IP.
-func isLoopbackHost(host string) bool {
-	if host == "localhost" {
-		return true
-	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback()
-}
 
 // inflight counts handlers that are running, so Close can wait for the ones whose
 // connections it had to close before it closes the store under them.

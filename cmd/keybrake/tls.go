@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/keybrake/keybrake/cmd/internal/loopback"
 	"github.com/keybrake/keybrake/proxy/logfield"
 )
 
@@ -159,5 +160,5 @@ func exposedWithoutTLS(addr net.Addr) bool {
 	if err != nil {
 		return true
 	}
-	return !isLoopbackHost(host)
+	return !loopback.Host(host)
 }
