@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/keybrake/keybrake/proxy/stripeapi"
 )
 
 // The proxy's Prometheus collectors. Every label takes its values from a fixed,
@@ -35,8 +37,6 @@ var metricReasons = [...]string{
 // Operation label values for requests whose operation is not a catalogue name.
 const (
 	opUnclassified = "unclassified" // refused before it was classified (no key, malformed)
-	opUnknownRead  = "unknown.read"
-	opUnknownWrite = "unknown.write"
 )
 
 // Kinds of upstream request, the kind label of the upstream histogram.
@@ -142,9 +142,9 @@ func operationLabel(c *call) string {
 	case c.cls.Operation == "":
 		return opUnclassified
 	case strings.HasSuffix(c.cls.Operation, ".read"):
-		return opUnknownRead
+		return stripeapi.OpUnknownRead
 	default:
-		return opUnknownWrite
+		return stripeapi.OpUnknownWrite
 	}
 }
 

@@ -16,6 +16,7 @@ import (
 
 	"github.com/keybrake/keybrake/policy"
 	"github.com/keybrake/keybrake/proxy/logfield"
+	"github.com/keybrake/keybrake/proxy/stripeapi"
 	"github.com/keybrake/keybrake/vault"
 )
 
@@ -68,8 +69,8 @@ type call struct {
 	stripeVersion string
 	account       string // validated Stripe-Account
 	stripeContext string // validated Stripe-Context
-	params        *Params
-	cls           Classification
+	params        *stripeapi.Params
+	cls           stripeapi.Classification
 
 	key    vault.Key
 	secret string
@@ -78,10 +79,10 @@ type call struct {
 	metered     bool
 	amount      int64 // the hold (minor units)
 	currency    string
-	objectTotal int64          // what the money object can move in all (per-request cap)
-	exposure    vault.Exposure // the key's exposure on cls.Target before the request
-	looked      *lookupResult  // the lookup made before forwarding, if any
-	overrun     int64          // what Stripe reported moved beyond hold + exposure
+	objectTotal int64                   // what the money object can move in all (per-request cap)
+	exposure    vault.Exposure          // the key's exposure on cls.Target before the request
+	looked      *stripeapi.LookupResult // the lookup made before forwarding, if any
+	overrun     int64                   // what Stripe reported moved beyond hold + exposure
 
 	// idempotency
 	idemKey     string // effective key (caller's or derived); "" when nothing is recorded
@@ -267,7 +268,7 @@ func (p *Proxy) readRequest(w http.ResponseWriter, r *http.Request, c *call) err
 	case http.MethodGet, http.MethodPost, http.MethodDelete:
 	default:
 		// Not a Stripe API method: an unknown write, refused whatever the policy says.
-		return refuse(CodeOperationNotAllowed, "Method %s is not part of the Stripe API.", clip(r.Method))
+		return refuse(CodeOperationNotAllowed, "Method %s is not part of the Stripe API.", stripeapi.Clip(r.Method))
 	}
 	if err := checkHeaders(r.Header); err != nil {
 		return err
@@ -326,7 +327,7 @@ func (p *Proxy) readRequest(w http.ResponseWriter, r *http.Request, c *call) err
 	}
 	c.body = body
 
-	var params *Params
+	var params *stripeapi.Params
 	switch r.Method {
 	case http.MethodGet, http.MethodDelete:
 		if len(body) > 0 {
@@ -334,7 +335,7 @@ func (p *Proxy) readRequest(w http.ResponseWriter, r *http.Request, c *call) err
 		}
 		if hasQuery {
 			c.rawQuery = query
-			q, err := ParseForm([]byte(query))
+			q, err := stripeapi.ParseForm([]byte(query))
 			if err != nil {
 				return malformed(err, "The query string cannot be read unambiguously: %s.", errText(err))
 			}
@@ -356,16 +357,16 @@ func (p *Proxy) readRequest(w http.ResponseWriter, r *http.Request, c *call) err
 			c.contentType = "application/x-www-form-urlencoded"
 		}
 		if v2 {
-			params, err = ParseJSON(body)
+			params, err = stripeapi.ParseJSON(body)
 		} else {
-			params, err = ParseForm(body)
+			params, err = stripeapi.ParseForm(body)
 		}
 		if err != nil {
 			return malformed(err, "The request body cannot be read unambiguously: %s.", errText(err))
 		}
 		c.params = params
 	}
-	cls, err := Classify(r.Method, path, params)
+	cls, err := stripeapi.Classify(r.Method, path, params)
 	if err != nil {
 		return malformed(err, "The request cannot be read unambiguously: %s.", errText(err))
 	}
@@ -384,18 +385,18 @@ func checkHeaders(h http.Header) error {
 		}
 		for i := 0; i < len(name); i++ {
 			if !isTokenChar(name[i]) {
-				return malformed(nil, "Header name %q is not allowed.", clip(name))
+				return malformed(nil, "Header name %q is not allowed.", stripeapi.Clip(name))
 			}
 		}
 		if strings.IndexByte(name, '_') >= 0 {
 			// CGI-style servers (Rack among them) read "Stripe_Account" as
 			// Stripe-Account; keybrake checks and replaces only the real spelling.
-			return malformed(nil, "Header name %q is not allowed: use '-', not '_'.", clip(name))
+			return malformed(nil, "Header name %q is not allowed: use '-', not '_'.", stripeapi.Clip(name))
 		}
 		for _, v := range vals {
 			for i := 0; i < len(v); i++ {
 				if c := v[i]; (c < 0x20 && c != '\t') || c == 0x7f {
-					return malformed(nil, "The value of header %q holds a control character.", clip(name))
+					return malformed(nil, "The value of header %q holds a control character.", stripeapi.Clip(name))
 				}
 			}
 		}
@@ -416,7 +417,7 @@ func checkContentEncoding(h http.Header) error {
 	for _, v := range h.Values("Content-Encoding") {
 		for part := range strings.SplitSeq(v, ",") {
 			if e := strings.TrimSpace(part); e != "" && !strings.EqualFold(e, "identity") {
-				return malformed(nil, "Content-Encoding %q is not allowed: send the body uncompressed.", clip(e))
+				return malformed(nil, "Content-Encoding %q is not allowed: send the body uncompressed.", stripeapi.Clip(e))
 			}
 		}
 	}
@@ -434,7 +435,7 @@ func checkContentType(ct string, v2 bool) error {
 	}
 	for k, v := range params {
 		if k != "charset" || !strings.EqualFold(v, "utf-8") {
-			return malformed(nil, "Content-Type parameter %q is not allowed.", clip(k))
+			return malformed(nil, "Content-Type parameter %q is not allowed.", stripeapi.Clip(k))
 		}
 	}
 	return nil
@@ -472,111 +473,23 @@ func (p *Proxy) authorise(c *call) error {
 	if d.WouldRefuse {
 		c.decision, c.reason = decisionWouldRefuse, string(d.Reason)
 	}
-	return checkAccounts(pol, c.touchedAccounts())
+	return checkAccounts(pol, stripeapi.Accounts(c.account, c.stripeContext, c.path, c.cls.Operation, c.params))
 }
 
 // checkAccounts refuses the first touched account the policy does not allow.
 // The refusal is never relaxed, not even in report mode.
-func checkAccounts(pol *policy.Policy, accounts []touchedAccount) error {
+func checkAccounts(pol *policy.Policy, accounts []stripeapi.AccountRef) error {
 	for _, a := range accounts {
-		if a.id != "" && pol.AllowsAccount(a.id) {
+		if a.ID != "" && pol.AllowsAccount(a.ID) {
 			continue
 		}
-		msg := fmt.Sprintf("The connected account %s named by %s is not allowed for this vault key.", clip(a.id), a.where)
-		if a.id == "" {
-			msg = fmt.Sprintf("The %s must name one connected account, as a plain value.", a.where)
+		msg := fmt.Sprintf("The connected account %s named by %s is not allowed for this vault key.", stripeapi.Clip(a.ID), a.Where)
+		if a.ID == "" {
+			msg = fmt.Sprintf("The %s must name one connected account, as a plain value.", a.Where)
 		}
 		return reasonRefusal(policy.Decision{Reason: policy.ReasonAccountNotAllowed, Message: msg}, "")
 	}
 	return nil
-}
-
-// touchedAccount is a connected account a request acts on, and where it names it
-// (for the refusal message). id is "" when a place that names an account holds
-// no single plain value.
-type touchedAccount struct {
-	id    string
-	where string
-}
-
-// accountParams are the names of the parameters that name a connected account,
-// anywhere in a parameter key (transfer_data[destination],
-// payment_intent_data[on_behalf_of], the legacy destination[account],
-// parameters[connected_account] of a report run). true: the parameter only ever
-// holds an account, so any value counts; false: it names an account when its
-// value is an account id (acct_…) — destination is also a payout's bank account
-// or card, source a card or token (source=acct_… on a charge is an account
-// debit: it takes money from that account's balance), and account a Financial
-// Connections account elsewhere. customer_account (an Account as a customer) is
-// a customer, checked against the policy's customers. Keys under metadata are
-// the caller's own and name nothing.
-var accountParams = map[string]bool{
-	"on_behalf_of":      true,
-	"connected_account": true,
-	"destination":       false,
-	"source":            false,
-	"account":           false,
-}
-
-// accountCollections are the paths whose next segment is a connected account's
-// id, whatever its form: /v1/accounts/{id}/… (Stripe treats it as an implied
-// Stripe-Account) and /v2/core/accounts/{id}/….
-var accountCollections = []string{"/v1/accounts/", "/v2/core/accounts/"}
-
-// touchedAccounts lists every connected account the request names: the
-// Stripe-Account and Stripe-Context headers, the id of an account collection
-// path and every acct_… path segment, the parameters of accountParams, and the
-// "account" of an account link or session (whatever its value). This is the one
-// place that knows where a Stripe request can name an account; authorise checks
-// each against the policy's stripe_accounts.
-func (c *call) touchedAccounts() []touchedAccount {
-	var out []touchedAccount
-	if c.account != "" {
-		out = append(out, touchedAccount{c.account, "the Stripe-Account header"})
-	}
-	if c.stripeContext != "" {
-		out = append(out, touchedAccount{c.stripeContext, "the Stripe-Context header"})
-	}
-	for _, prefix := range accountCollections {
-		if rest, ok := strings.CutPrefix(c.path, prefix); ok {
-			id, _, _ := strings.Cut(rest, "/")
-			out = append(out, touchedAccount{id, "the path"})
-		}
-	}
-	for seg := range strings.SplitSeq(c.path, "/") {
-		if strings.HasPrefix(seg, "acct_") {
-			out = append(out, touchedAccount{seg, "the path"})
-		}
-	}
-	for _, pr := range c.params.Pairs() {
-		name, ok := accountParamName(pr.Key)
-		if ok && (accountParams[name] || strings.HasPrefix(pr.Value, "acct_")) {
-			out = append(out, touchedAccount{pr.Value, "parameter " + clip(pr.Key)})
-		}
-	}
-	if op := c.cls.Operation; op == "account_links.create" || op == "account_sessions.create" {
-		if c.params.Has("account") {
-			v, _ := c.params.Get("account") // "" when it is not a single value
-			out = append(out, touchedAccount{v, "parameter account"})
-		}
-	}
-	return out
-}
-
-// accountParamName is the name in accountParams that a parameter key ends with
-// (array indexes aside: account[0] names account), and whether there is one.
-func accountParamName(key string) (string, bool) {
-	segs, _, err := parseKey(key)
-	if err != nil || segs[0] == "metadata" {
-		return "", false
-	}
-	for i := len(segs) - 1; i >= 0; i-- {
-		if !isDigits(segs[i]) {
-			_, ok := accountParams[segs[i]]
-			return segs[i], ok
-		}
-	}
-	return "", false
 }
 
 // policyRequest is the policy.Request of this call for amount in currency.
@@ -638,7 +551,7 @@ func (p *Proxy) resolveAmount(ctx context.Context, c *call) error {
 	if err != nil {
 		return err
 	}
-	if amount, err = addMinor(amount, prices); err != nil {
+	if amount, err = stripeapi.AddMinor(amount, prices); err != nil {
 		return malformed(err, "The request's amount is too large.")
 	}
 	switch {
@@ -650,9 +563,9 @@ func (p *Proxy) resolveAmount(ctx context.Context, c *call) error {
 		}
 		if len(cls.Lookup.Factors) > 0 {
 			// The update changes one factor; the object keeps the other.
-			n, err := mulMinor(cls.Amount, c.looked.factor)
+			n, err := stripeapi.MulMinor(cls.Amount, c.looked.Factor)
 			if err == nil {
-				amount, err = addMinor(n, prices)
+				amount, err = stripeapi.AddMinor(n, prices)
 			}
 			if err != nil {
 				return malformed(err, "The request's new total is too large.")
@@ -660,11 +573,11 @@ func (p *Proxy) resolveAmount(ctx context.Context, c *call) error {
 		}
 		// The current total is not this key's to count, unless the key created
 		// the object: then its exposure already counts it.
-		base := c.looked.amount
+		base := c.looked.Amount
 		if c.exposure.Own {
 			base = c.exposure.Held
 		}
-		if currency != "" && c.looked.currency != "" && c.looked.currency != currency {
+		if currency != "" && c.looked.Currency != "" && c.looked.Currency != currency {
 			// A new currency: the current total is in another currency's minor
 			// units, and the whole new total is new money.
 			base = 0
@@ -678,27 +591,27 @@ func (p *Proxy) resolveAmount(ctx context.Context, c *call) error {
 			if err := lookup(); err != nil {
 				return err
 			}
-			if currency != "" && c.looked.currency != "" && c.looked.currency != currency {
+			if currency != "" && c.looked.Currency != "" && c.looked.Currency != currency {
 				return refuse(CodeAmountUnknown, "The %s request names currency %s but acts on an object in %s.",
-					cls.Operation, currency, clip(c.looked.currency))
+					cls.Operation, currency, stripeapi.Clip(c.looked.Currency))
 			}
 		}
 	default:
 		if err := lookup(); err != nil {
 			return err
 		}
-		amount = c.looked.amount
-		if currency != "" && c.looked.currency != "" && c.looked.currency != currency &&
+		amount = c.looked.Amount
+		if currency != "" && c.looked.Currency != "" && c.looked.Currency != currency &&
 			cls.Operation != "payment_intents.update" {
 			// The amount is the object's, so it is in the object's currency (a
 			// stored price); only a PaymentIntent update changes the currency of
 			// the amount it keeps. Keybrake does not guess which one Stripe uses.
 			return refuse(CodeAmountUnknown, "The %s request names currency %s but its amount comes from an object in %s.",
-				cls.Operation, currency, clip(c.looked.currency))
+				cls.Operation, currency, stripeapi.Clip(c.looked.Currency))
 		}
 	}
 	if currency == "" && c.looked != nil {
-		currency = c.looked.currency
+		currency = c.looked.Currency
 	}
 	if currency == "" {
 		currency = pricesCurrency
@@ -913,7 +826,7 @@ func (p *Proxy) logCall(c *call) {
 	attrs := []slog.Attr{
 		slog.String(logfield.RequestID, c.requestID),
 		slog.String(logfield.Method, c.method),
-		slog.String(logfield.Path, clip(c.path)),
+		slog.String(logfield.Path, stripeapi.Clip(c.path)),
 		slog.String(logfield.KeyID, c.key.ID),
 		slog.String(logfield.Operation, c.cls.Operation),
 		slog.Int64(logfield.Amount, c.amount),
@@ -937,16 +850,7 @@ func (p *Proxy) logCall(c *call) {
 	p.log.LogAttrs(context.Background(), level, "stripe request", attrs...)
 }
 
-// errText is the text of a parse error without the ErrMalformed suffix.
+// errText is the text of a parse error without the stripeapi.ErrMalformed suffix.
 func errText(err error) string {
-	return strings.TrimSuffix(err.Error(), ": "+ErrMalformed.Error())
-}
-
-// clip shortens caller-supplied text for messages and logs.
-func clip(s string) string {
-	const n = 200
-	if len(s) > n {
-		return s[:n] + "…"
-	}
-	return s
+	return strings.TrimSuffix(err.Error(), ": "+stripeapi.ErrMalformed.Error())
 }

@@ -23,11 +23,11 @@
 //     DELETE may carry no query string at all (Stripe merges a query into the
 //     parameters; stripe-go puts DELETE parameters into the query, but no DELETE in
 //     the catalogue takes any); GET and DELETE carry no body; a GET query is parsed
-//     with ParseForm, so a duplicated parameter is refused; Content-Encoding other
+//     with stripeapi.ParseForm, so a duplicated parameter is refused; Content-Encoding other
 //     than identity is refused; a v1 POST with a body must be
 //     application/x-www-form-urlencoded (charset utf-8 allowed), a v2 POST
 //     application/json. The exact path bytes the client sent are classified and the
-//     same bytes are forwarded: Classify refuses every non-canonical path.
+//     same bytes are forwarded: stripeapi.Classify refuses every non-canonical path.
 //  3. Authorise against the policy: policy.Decide with amount 0 checks the
 //     operation, the customer and the Stripe-Account; then every other connected
 //     account the request names must be in the policy's stripe_accounts too
@@ -109,7 +109,7 @@
 //   - otherwise by a lookup: keybrake GETs the object at Stripe with the real secret
 //     and the same Stripe-Account / Stripe-Context / Stripe-Version, and reads the
 //     integer field the catalogue names, "currency", and what a money object has
-//     moved so far. Stored prices (Classification.Prices) are looked up the same
+//     moved so far. Stored prices (stripeapi.Classification.Prices) are looked up the same
 //     way. A lookup that fails (a 4xx, field missing or not a non-negative
 //     integer, bad currency, a price keybrake cannot bound) refuses the request
 //     with 403 amount_unknown; keybrake never guesses. One that Stripe does not
@@ -127,7 +127,7 @@
 //
 // Money is metered per money object, not per request (the vault documents the
 // store side). Each money-moving request is one of three kinds
-// (Classification.Target and Creates):
+// (stripeapi.Classification.Target and Creates):
 //
 //   - it creates a money object that can move money after it (a PaymentIntent, an
 //     uncaptured Charge, a Checkout Session, a pending invoice item), or adds lines

@@ -1,4 +1,4 @@
-package proxy
+package stripeapi
 
 import (
 	"encoding/json"

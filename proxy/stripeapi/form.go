@@ -1,4 +1,4 @@
-package proxy
+package stripeapi
 
 import (
 	"bytes"
@@ -307,7 +307,16 @@ func (p *Params) add(key, value string, vkind byte) error {
 	return nil
 }
 
-// clipText keeps error messages short when they quote request text.
+// Clip shortens caller-supplied text for messages and logs: at most 200 bytes.
+func Clip(s string) string {
+	const n = 200
+	if len(s) > n {
+		return s[:n] + "…"
+	}
+	return s
+}
+
+// clipText keeps parse error messages short when they quote request text.
 func clipText(s string) string {
 	const max = 64
 	if len(s) <= max {
