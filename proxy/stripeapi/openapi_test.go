@@ -103,7 +103,7 @@ func TestCatalogueCoversStripesAPI(t *testing.T) {
 		"# metered OP: counted against the caps; unmetered OP: forwarded when a policy names it, moving no money\n"+
 		"# (with money-named parameters, the catalogue says why); refused: not in the catalogue.\n"+
 		"# Written by go test ./proxy/stripeapi -run TestCatalogueCoversStripesAPI -update, after review.\n",
-		spec.Version, proxytest.StripeMockVersion)
+		spec.Version, spec.MockVersion)
 	got := header + strings.Join(lines, "\n") + "\n"
 	path := filepath.Join(proxytest.TestdataDir(t), "catalogue", stripeAPIGolden)
 	if *update {
