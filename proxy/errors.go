@@ -21,7 +21,7 @@ const (
 )
 
 // Error codes of keybrake's own refusals (the "code" member of a Stripe error body).
-// The table in the package documentation says which status each one carries.
+// statusFor says which status each one carries (the README's "Proxy errors").
 const (
 	CodeVaultKeyInvalid     = "vault_key_invalid"
 	CodeVaultKeyRevoked     = "vault_key_revoked"
@@ -124,7 +124,7 @@ func refuse(code, format string, args ...any) *refusal {
 	return r
 }
 
-// statusFor is the error table of the package documentation.
+// statusFor is the error table of the README's "Proxy errors".
 func statusFor(code string) (status int, typ string, retry bool) {
 	switch code {
 	case CodeVaultKeyInvalid, CodeVaultKeyRevoked, CodeVaultKeyExpired:

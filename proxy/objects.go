@@ -11,8 +11,8 @@ import (
 )
 
 // Money objects: how Stripe's answers about the objects that outlive a request
-// settle the request's hold and the key's exposure on them (see "Money
-// objects" in the package documentation; stripeapi reads the answers).
+// settle the request's hold and the key's exposure on them (see "The metering
+// model" in docs/ARCHITECTURE.md; stripeapi reads the answers).
 
 // countedID is the object a metered request's money is counted on: the target, or
 // the object the answer o shows the request created; "" when the money moved at

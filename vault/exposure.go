@@ -16,7 +16,7 @@ import (
 // each held on the windows its request was placed on, exactly like a hold. A
 // commit against the object takes from its parts first (oldest first), so money
 // that moves later is not counted twice; an answer that proves the object can move
-// no more money releases them. See the package documentation, "Money objects".
+// no more money releases them. See "The metering model" in docs/ARCHITECTURE.md.
 
 // objectRec is what one key has metered for one Stripe object.
 type objectRec struct {

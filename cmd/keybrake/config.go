@@ -66,7 +66,7 @@ type Config struct {
 	TLSReloadCheck time.Duration
 }
 
-// DefaultConfig returns the defaults documented in DESIGN.md and the README.
+// DefaultConfig returns the defaults the README documents.
 func DefaultConfig() Config {
 	return Config{
 		DataDir:           "./keybrake-data",

@@ -278,7 +278,7 @@ func (m *Main) registerDefaultUpstream(ctx context.Context, log *slog.Logger, se
 	if err != nil {
 		return fmt.Errorf("register upstream %s from %s: %w", upstreamDefault, envStripeKey, err)
 	}
-	attrs := []any{"upstream", up.Name, "secret_last4", up.SecretLast4, "variable", envStripeKey}
+	attrs := []any{logfield.Upstream, up.Name, logfield.SecretLast4, up.SecretLast4, "variable", envStripeKey}
 	switch action {
 	case vault.EnvUpstreamRegistered:
 		log.Info("upstream registered from the environment", attrs...)

@@ -146,7 +146,7 @@ type Classification struct {
 	// ObjectID is the first id in the path, if any ("pi_123").
 	ObjectID string
 	// Target is the existing money object the request's money is counted on (see
-	// "Money objects" in docs/ARCHITECTURE.md): the path's PaymentIntent,
+	// "The metering model" in docs/ARCHITECTURE.md): the path's PaymentIntent,
 	// Charge or invoice item of a confirm, a capture or a raise, the invoice of
 	// invoices.pay or of its lines, or the invoice an invoice item is added to.
 	Target string
