@@ -297,8 +297,11 @@ func (s *Store) CompleteClaim(ctx context.Context, keyID, key string, fencing ui
 
 func (s *Store) completeClaimTx(tx *bolt.Tx, now time.Time, keyID, key string, fencing uint64, result, sealed []byte) (txResult[noValue], error) {
 	owned, err := s.ownedClaimTx(tx, now, keyID, key, fencing)
-	if err != nil || owned.err != nil {
-		return reject[noValue](owned.err), err
+	switch {
+	case err != nil:
+		return txResult[noValue]{}, err
+	case owned.err != nil:
+		return reject[noValue](owned.err), nil
 	}
 	rec := owned.val.rec
 	if rec.State == ClaimCompleted {
@@ -362,8 +365,11 @@ func (s *Store) ReleaseClaim(ctx context.Context, keyID, key string, fencing uin
 
 func (s *Store) releaseClaimTx(tx *bolt.Tx, now time.Time, keyID, key string, fencing uint64) (txResult[noValue], error) {
 	owned, err := s.ownedClaimTx(tx, now, keyID, key, fencing)
-	if err != nil || owned.err != nil {
-		return reject[noValue](owned.err), err
+	switch {
+	case err != nil:
+		return txResult[noValue]{}, err
+	case owned.err != nil:
+		return reject[noValue](owned.err), nil
 	}
 	if owned.val.rec.State == ClaimCompleted {
 		return reject[noValue](fmt.Errorf("claim is completed and cannot be released: %w", ErrConflict)), nil
