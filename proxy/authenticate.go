@@ -18,28 +18,26 @@ import (
 // Bearer or the user name of HTTP Basic.
 
 func (p *Proxy) authenticate(ctx context.Context, r *http.Request, c *call) error {
-	token, err := vaultToken(r.Header)
-	if err != nil {
-		if kind := StripeKeyKind(r.Header); kind != "" {
-			p.log.LogAttrs(ctx, slog.LevelWarn, "a Stripe secret key was sent to the proxy instead of a vault key",
-				slog.String(logfield.RequestID, c.requestID), slog.String(logfield.StripeKeyKind, kind),
-				slog.String(logfield.RemoteAddr, r.RemoteAddr))
-		}
-		return err
-	}
-	key, err := p.store.Authenticate(ctx, token)
-	switch {
-	case errors.Is(err, vault.ErrKeyRevoked):
-		return refuse(CodeVaultKeyRevoked, "This vault key has been revoked.")
-	case errors.Is(err, vault.ErrKeyInvalid), errors.Is(err, vault.ErrNotFound):
-		return refuse(CodeVaultKeyInvalid, "Invalid vault key provided.")
-	case err != nil:
-		return internalError(fmt.Errorf("authenticate: %w", err))
-	}
-	c.key = key
 	now := p.now()
-	if key.StatusAt(now) == vault.KeyExpired {
-		return refuse(CodeVaultKeyExpired, "This vault key expired at %s.", key.Policy.ExpiresAt.UTC().Format(time.RFC3339))
+	key, kr, err := AuthenticateVaultKey(ctx, p.store, r.Header, now)
+	c.key = key // the log line names even an expired key
+	switch {
+	case err != nil:
+		return internalError(err)
+	case kr == nil:
+	case errors.Is(kr.Cause, ErrStripeSecretKey):
+		p.log.LogAttrs(ctx, slog.LevelWarn, "a Stripe secret key was sent to the proxy instead of a vault key",
+			slog.String(logfield.RequestID, c.requestID), slog.String(logfield.StripeKeyKind, StripeKeyKind(r.Header)),
+			slog.String(logfield.RemoteAddr, r.RemoteAddr))
+		return refuse(CodeVaultKeyInvalid, "%s", StripeSecretKeyAdvice)
+	case kr.Code == CodeVaultKeyRevoked:
+		return refuse(CodeVaultKeyRevoked, "This vault key has been revoked.")
+	case kr.Code == CodeVaultKeyExpired:
+		return refuse(CodeVaultKeyExpired, "This vault key expired at %s.", kr.ExpiredAt.UTC().Format(time.RFC3339))
+	case kr.Cause != nil:
+		return refuse(CodeVaultKeyInvalid, "Invalid vault key: %s. Use it as the API key of your Stripe client.", kr.Cause)
+	default:
+		return refuse(CodeVaultKeyInvalid, "Invalid vault key provided.")
 	}
 	if now.Before(key.Policy.PeriodStart) {
 		return refuse(CodeVaultKeyNotYetValid, "This vault key is valid from %s.", key.Policy.PeriodStart.UTC().Format(time.RFC3339))
@@ -47,15 +45,49 @@ func (p *Proxy) authenticate(ctx context.Context, r *http.Request, c *call) erro
 	return nil
 }
 
-// vaultToken reads the vault key as VaultToken does, refusing with
-// vault_key_invalid when there is none.
-func vaultToken(h http.Header) (string, error) {
-	token, err := VaultToken(h)
+// KeyRefusal is why a request's vault key is refused. Each surface words it
+// its own way: the proxy as a Stripe error, the agent and MCP endpoints as a 401.
+type KeyRefusal struct {
+	// Code is CodeVaultKeyInvalid, CodeVaultKeyRevoked or CodeVaultKeyExpired.
+	Code string
+	// Cause says what is wrong with the credential itself (for
+	// CodeVaultKeyInvalid: no or several Authorization headers, another scheme,
+	// ErrStripeSecretKey); nil for a token that is no vault key's.
+	Cause error
+	// ExpiredAt is when an expired key expired.
+	ExpiredAt time.Time
+}
+
+// AuthenticateVaultKey finds the vault key a request carries (see VaultToken)
+// and checks it at now: it returns the key — also one that is not valid yet,
+// which only the proxy refuses — or why it is refused, or the store's failure.
+// An expired key is returned with its refusal.
+func AuthenticateVaultKey(ctx context.Context, store *vault.Store, h http.Header, now time.Time) (vault.Key, *KeyRefusal, error) {
+	token, kr := readVaultToken(h)
+	if kr != nil {
+		return vault.Key{}, kr, nil
+	}
+	key, err := store.Authenticate(ctx, token)
 	switch {
-	case errors.Is(err, ErrStripeSecretKey):
-		return "", refuse(CodeVaultKeyInvalid, "%s", StripeSecretKeyAdvice)
+	case errors.Is(err, vault.ErrKeyRevoked):
+		return vault.Key{}, &KeyRefusal{Code: CodeVaultKeyRevoked}, nil
+	case errors.Is(err, vault.ErrKeyInvalid), errors.Is(err, vault.ErrNotFound):
+		return vault.Key{}, &KeyRefusal{Code: CodeVaultKeyInvalid}, nil
 	case err != nil:
-		return "", refuse(CodeVaultKeyInvalid, "Invalid vault key: %s. Use it as the API key of your Stripe client.", err)
+		return vault.Key{}, nil, fmt.Errorf("authenticate vault key: %w", err)
+	}
+	if key.StatusAt(now) == vault.KeyExpired {
+		return key, &KeyRefusal{Code: CodeVaultKeyExpired, ExpiredAt: key.Policy.ExpiresAt}, nil
+	}
+	return key, nil, nil
+}
+
+// readVaultToken reads the vault key as VaultToken does, or the refusal of a
+// credential that is none.
+func readVaultToken(h http.Header) (string, *KeyRefusal) {
+	token, err := VaultToken(h)
+	if err != nil {
+		return "", &KeyRefusal{Code: CodeVaultKeyInvalid, Cause: err}
 	}
 	return token, nil
 }
