@@ -16,6 +16,8 @@ import (
 // Step 9 of the pipeline (see prepare): the answers keybrake writes itself —
 // refusals and replays — and the canonical log line of every request.
 
+// writeRefusal answers with the refusal err (writeStripeError) and notes it for
+// the log line.
 func (p *Proxy) writeRefusal(w http.ResponseWriter, c *call, err error) {
 	rf := writeStripeError(w, c.requestID, err)
 	c.status, c.reason = rf.Status, rf.Code

@@ -17,6 +17,8 @@ import (
 // Step 1 of the pipeline (see prepare): the vault key, from Authorization:
 // Bearer or the user name of HTTP Basic.
 
+// authenticate is step 1: the request's vault key, active and valid at the
+// proxy's clock, or a 401 (403 for a key not valid yet).
 func (p *Proxy) authenticate(ctx context.Context, r *http.Request, c *call) error {
 	now := p.now()
 	key, kr, err := AuthenticateVaultKey(ctx, p.store, r.Header, now)

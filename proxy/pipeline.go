@@ -102,10 +102,13 @@ type call struct {
 
 type callKey struct{}
 
+// withCall returns ctx carrying c, for the ReverseProxy's callbacks and the
+// transport.
 func withCall(ctx context.Context, c *call) context.Context {
 	return context.WithValue(ctx, callKey{}, c)
 }
 
+// callFrom returns the call of withCall, nil for none.
 func callFrom(ctx context.Context) *call {
 	c, _ := ctx.Value(callKey{}).(*call)
 	return c

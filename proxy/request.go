@@ -211,6 +211,8 @@ func isTokenChar(c byte) bool {
 	return strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0
 }
 
+// checkContentEncoding refuses a compressed body: keybrake would meter what it
+// cannot read as Stripe will.
 func checkContentEncoding(h http.Header) error {
 	for _, v := range h.Values("Content-Encoding") {
 		for part := range strings.SplitSeq(v, ",") {
@@ -222,6 +224,7 @@ func checkContentEncoding(h http.Header) error {
 	return nil
 }
 
+// checkContentType accepts a v1 form or a v2 JSON body, utf-8 at most.
 func checkContentType(ct string, v2 bool) error {
 	want := "application/x-www-form-urlencoded"
 	if v2 {
@@ -239,6 +242,8 @@ func checkContentType(ct string, v2 bool) error {
 	return nil
 }
 
+// singleHeader is the one value of header name ("" when absent); a repeated
+// header is malformed.
 func singleHeader(h http.Header, name string) (string, error) {
 	vals := h.Values(name)
 	switch len(vals) {

@@ -13,6 +13,10 @@ import (
 // Steps 4 and 6 of the pipeline (see prepare): the idempotency key, then the one
 // Store.Reserve that claims it and places the hold, or refuses.
 
+// idempotency takes the request's idempotency key (step 4): only a POST has one;
+// a derive-mode key computes it from the request's fields, and a request that
+// moves money must carry a valid one. A POST that moves no money keeps a record
+// only when it carries a key.
 func (p *Proxy) idempotency(r *http.Request, c *call) error {
 	if c.method != http.MethodPost {
 		return nil
@@ -45,6 +49,8 @@ func (p *Proxy) idempotency(r *http.Request, c *call) error {
 	return nil
 }
 
+// reserve is step 6: the one Store.Reserve of the request, and what its outcome
+// means — forward (claimed, resumed), replay, or refuse.
 func (p *Proxy) reserve(ctx context.Context, c *call) error {
 	fp := Fingerprint(c.method, c.path, c.account, c.stripeContext, c.params.Canonical())
 	req := vault.ReserveRequest{

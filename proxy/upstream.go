@@ -44,6 +44,7 @@ func newTransport(upstreamTimeout time.Duration) *http.Transport {
 // bufferPool is the ReverseProxy's pool of copy buffers.
 type bufferPool struct{ pool sync.Pool }
 
+// newBufferPool returns a pool of 32 KiB buffers.
 func newBufferPool() *bufferPool {
 	return &bufferPool{pool: sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}}
 }
