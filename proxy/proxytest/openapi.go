@@ -62,7 +62,7 @@ func StripeOpenAPIDocument(tb testing.TB) []byte {
 // stripeOpenAPI reads spec3.json and says which stripe-mock it comes from.
 func stripeOpenAPI(tb testing.TB) ([]byte, string) {
 	tb.Helper()
-	mod, err := stripeMockModuleDir()
+	mod, err := findStripeMockModule()
 	if err != nil {
 		stripeMockUnavailable(tb, err)
 	}

@@ -80,9 +80,9 @@ var stripeMockBinary = sync.OnceValues(func() (string, error) {
 	return bin, nil
 })
 
-// stripeMockModuleDir is where the stripe-mock module of go.mod is, and its
+// findStripeMockModule says where the stripe-mock module of go.mod is, and its
 // version: `go mod download` fetches it into the module cache first if need be.
-var stripeMockModuleDir = sync.OnceValues(func() (stripeMockMod, error) {
+var findStripeMockModule = sync.OnceValues(func() (stripeMockMod, error) {
 	out, err := goCommand("mod", "download", "-json", stripeMockModule)
 	if err != nil {
 		return stripeMockMod{}, err
