@@ -286,8 +286,8 @@ func (s *Store) CompleteClaim(ctx context.Context, keyID, key string, fencing ui
 	if err != nil {
 		return fmt.Errorf("complete claim: %w", err)
 	}
-	_, err = submitResult(ctx, s, func(tx *bolt.Tx, now time.Time) (txResult[noValue], error) {
-		return s.completeClaimTx(tx, now, keyID, key, fencing, result, sealed)
+	err = s.submitOwnedClaim(ctx, keyID, key, fencing, func(tx *bolt.Tx, now time.Time, owned ownedClaim) (txResult[noValue], error) {
+		return s.completeClaimTx(tx, now, owned, result, sealed)
 	})
 	if err != nil {
 		return fmt.Errorf("complete claim: %w", err)
@@ -295,15 +295,8 @@ func (s *Store) CompleteClaim(ctx context.Context, keyID, key string, fencing ui
 	return nil
 }
 
-func (s *Store) completeClaimTx(tx *bolt.Tx, now time.Time, keyID, key string, fencing uint64, result, sealed []byte) (txResult[noValue], error) {
-	owned, err := s.ownedClaimTx(tx, now, keyID, key, fencing)
-	switch {
-	case err != nil:
-		return txResult[noValue]{}, err
-	case owned.err != nil:
-		return reject[noValue](owned.err), nil
-	}
-	rec := owned.val.rec
+func (s *Store) completeClaimTx(tx *bolt.Tx, now time.Time, owned ownedClaim, result, sealed []byte) (txResult[noValue], error) {
+	rec := owned.rec
 	if rec.State == ClaimCompleted {
 		stored, err := s.openResult(rec)
 		if err != nil {
@@ -316,7 +309,25 @@ func (s *Store) completeClaimTx(tx *bolt.Tx, now time.Time, keyID, key string, f
 	}
 	rec.State, rec.SealedResult = ClaimCompleted, sealed
 	rec.LeaseUntil, rec.CompletedAt, rec.UpdatedAt = time.Time{}, now, now
-	return accept(noValue{}), putJSON(tx.Bucket(bucketClaims), owned.val.k, rec)
+	return accept(noValue{}), putJSON(tx.Bucket(bucketClaims), owned.k, rec)
+}
+
+// submitOwnedClaim runs op, in one group-committed write, on the claim (keyID,
+// key) when the holder of fencing owns it (ownedClaimTx); otherwise the call is
+// turned down as ownedClaimTx says.
+func (s *Store) submitOwnedClaim(ctx context.Context, keyID, key string, fencing uint64,
+	op func(tx *bolt.Tx, now time.Time, owned ownedClaim) (txResult[noValue], error)) error {
+	_, err := submitResult(ctx, s, func(tx *bolt.Tx, now time.Time) (txResult[noValue], error) {
+		owned, err := s.ownedClaimTx(tx, now, keyID, key, fencing)
+		switch {
+		case err != nil:
+			return txResult[noValue]{}, err
+		case owned.err != nil:
+			return reject[noValue](owned.err), nil
+		}
+		return op(tx, now, owned.val)
+	})
+	return err
 }
 
 // ownedClaim is a stored claim and its bucket key.
@@ -354,8 +365,8 @@ func (s *Store) ReleaseClaim(ctx context.Context, keyID, key string, fencing uin
 	if err := checkClaimArgs(keyID, key); err != nil {
 		return fmt.Errorf("release claim: %w", err)
 	}
-	_, err := submitResult(ctx, s, func(tx *bolt.Tx, now time.Time) (txResult[noValue], error) {
-		return s.releaseClaimTx(tx, now, keyID, key, fencing)
+	err := s.submitOwnedClaim(ctx, keyID, key, fencing, func(tx *bolt.Tx, _ time.Time, owned ownedClaim) (txResult[noValue], error) {
+		return releaseClaimTx(tx, owned)
 	})
 	if err != nil {
 		return fmt.Errorf("release claim: %w", err)
@@ -363,18 +374,11 @@ func (s *Store) ReleaseClaim(ctx context.Context, keyID, key string, fencing uin
 	return nil
 }
 
-func (s *Store) releaseClaimTx(tx *bolt.Tx, now time.Time, keyID, key string, fencing uint64) (txResult[noValue], error) {
-	owned, err := s.ownedClaimTx(tx, now, keyID, key, fencing)
-	switch {
-	case err != nil:
-		return txResult[noValue]{}, err
-	case owned.err != nil:
-		return reject[noValue](owned.err), nil
-	}
-	if owned.val.rec.State == ClaimCompleted {
+func releaseClaimTx(tx *bolt.Tx, owned ownedClaim) (txResult[noValue], error) {
+	if owned.rec.State == ClaimCompleted {
 		return reject[noValue](fmt.Errorf("claim is completed and cannot be released: %w", ErrConflict)), nil
 	}
-	if err := tx.Bucket(bucketClaims).Delete(owned.val.k); err != nil {
+	if err := tx.Bucket(bucketClaims).Delete(owned.k); err != nil {
 		return txResult[noValue]{}, fmt.Errorf("delete claim: %w", err)
 	}
 	return accept(noValue{}), nil
