@@ -17,20 +17,8 @@ import (
 	"github.com/labstack/echo/v4"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/keybrake/keybrake/proxy/logfield"
 	"github.com/keybrake/keybrake/vault"
-)
-
-// Log attribute keys of the api package's log lines.
-const (
-	attrError    = "error"
-	attrMethod   = "method"
-	attrRoute    = "route"
-	attrPath     = "path"
-	attrStatus   = "status"
-	attrDuration = "duration_ms"
-	attrActor    = "actor"
-	attrRole     = "role"
-	attrAuth     = "auth_failure"
 )
 
 // Keys of values handlers and middleware leave in the echo context for the access log.
@@ -111,7 +99,7 @@ func NewAdmin(cfg AdminConfig) http.Handler {
 	}
 	a := &admin{
 		store:     cfg.Store,
-		log:       logger.With("component", "admin"),
+		log:       logger.With(logfield.Component, "admin"),
 		secret:    append([]byte(nil), cfg.JWTSecret...),
 		publicURL: strings.TrimRight(cfg.PublicURL, "/"),
 		now:       now,
@@ -143,7 +131,7 @@ func NewAdmin(cfg AdminConfig) http.Handler {
 		e.Add(r.method, r.path, handler, mw...)
 	}
 	if ui, err := loadUI(); err != nil {
-		a.log.Error("the web dashboard cannot be served", slog.String(attrError, err.Error()))
+		a.log.Error("the web dashboard cannot be served", slog.String(logfield.Error, err.Error()))
 	} else {
 		mountUI(e, ui)
 	}
@@ -173,21 +161,21 @@ func accessLog(log *slog.Logger, msg string, extra func(echo.Context) []slog.Att
 			}
 			status := c.Response().Status
 			attrs := []slog.Attr{
-				slog.String(attrMethod, c.Request().Method),
-				slog.String(attrRoute, c.Path()),
-				slog.Int(attrStatus, status),
-				slog.Float64(attrDuration, float64(time.Since(start).Microseconds())/1000),
+				slog.String(logfield.Method, c.Request().Method),
+				slog.String(logfield.Route, c.Path()),
+				slog.Int(logfield.Status, status),
+				logfield.Duration(time.Since(start)),
 			}
 			attrs = append(attrs, extra(c)...)
 			if reason, ok := c.Get(ctxKeyAuthFailure).(string); ok {
-				attrs = append(attrs, slog.String(attrAuth, reason))
+				attrs = append(attrs, slog.String(logfield.AuthFailure, reason))
 			}
 			level := slog.LevelInfo
 			switch {
 			case status >= http.StatusInternalServerError:
 				level = slog.LevelError
 				if err, ok := c.Get(ctxKeyInternalError).(error); ok {
-					attrs = append(attrs, slog.String(attrError, err.Error()))
+					attrs = append(attrs, slog.String(logfield.Error, err.Error()))
 				}
 			case status >= http.StatusBadRequest:
 				level = slog.LevelWarn
@@ -200,9 +188,9 @@ func accessLog(log *slog.Logger, msg string, extra func(echo.Context) []slog.Att
 
 // adminLogAttrs adds the path and the JWT's subject and role to an admin log line.
 func adminLogAttrs(c echo.Context) []slog.Attr {
-	attrs := []slog.Attr{slog.String(attrPath, c.Request().URL.Path)}
+	attrs := []slog.Attr{slog.String(logfield.Path, c.Request().URL.Path)}
 	if p, ok := PrincipalFromContext(c.Request().Context()); ok {
-		attrs = append(attrs, slog.String(attrActor, p.Subject), slog.String(attrRole, p.Role))
+		attrs = append(attrs, slog.String(logfield.Actor, p.Subject), slog.String(logfield.Role, p.Role))
 	}
 	return attrs
 }

@@ -253,7 +253,7 @@ func (a *admin) overview(c echo.Context) error {
 			Since:     ov.RefusalsSince.UTC(),
 			Truncated: ov.RefusalsTruncated,
 			ByReason: viewsOf(ov.Refusals, func(r vault.RefusalCount) refusalCountView {
-				return refusalCountView{Decision: r.Decision, Reason: r.Reason, Count: r.Count}
+				return refusalCountView{Decision: string(r.Decision), Reason: r.Reason, Count: r.Count}
 			}),
 		},
 		UnknownHolds: unknownHoldsView{Count: ov.UnknownHolds, Oldest: viewsOf(ov.OldestUnknown, newHoldView)},

@@ -188,7 +188,7 @@ func TestAdminOverview(t *testing.T) {
 		Request: policy.Request{Operation: "charges.create", Amount: 500, Currency: "usd"},
 	})
 	require.NoError(t, err)
-	require.Equal(t, vault.Refused, res.Outcome)
+	require.Equal(t, vault.ReserveRefused, res.Outcome)
 
 	r = env.Do(http.MethodGet, "/api/v1/overview", env.viewerToken, nil)
 	require.Equal(t, http.StatusOK, r.Status, "body: %s", r.Body)

@@ -17,6 +17,7 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"github.com/keybrake/keybrake/policy"
+	"github.com/keybrake/keybrake/policy/strictjson"
 )
 
 // DefaultMaxBodyBytes is the admin API's request body limit, and the agent
@@ -70,9 +71,9 @@ func readJSONBody(c echo.Context, limit int64) ([]byte, error) {
 		}
 		return nil, newProblem(http.StatusBadRequest, detail)
 	}
-	if field, ok := duplicateMember(body); ok {
+	if dups, _ := strictjson.Duplicates(body, 0); len(dups) > 0 {
 		return nil, validationProblem("the request is not valid",
-			policy.FieldError{Field: field, Message: "appears more than once"})
+			policy.FieldError{Field: dups[0].Path, Message: "appears more than once"})
 	}
 	return body, nil
 }
@@ -186,79 +187,5 @@ func jsonTypeName(goType string) string {
 		return "a number"
 	default:
 		return "of another type"
-	}
-}
-
-// duplicateMember reports the path of the first object member name that appears twice
-// in the same object of a well-formed JSON document. encoding/json keeps the last of
-// two duplicates silently, which would let {"daily_cap":"10","daily_cap":null} slip by.
-func duplicateMember(body []byte) (string, bool) {
-	dec := json.NewDecoder(bytes.NewReader(body))
-	dec.UseNumber()
-	type frame struct {
-		object  bool
-		seen    map[string]bool
-		key     string // the member being read (objects)
-		index   int    // the element being read (arrays)
-		wantKey bool
-		path    string
-	}
-	var stack []*frame
-	childPath := func() string {
-		if len(stack) == 0 {
-			return ""
-		}
-		f := stack[len(stack)-1]
-		if f.object {
-			return joinField(f.path, f.key)
-		}
-		return fmt.Sprintf("%s[%d]", f.path, f.index)
-	}
-	// afterValue advances the parent after a complete value was read.
-	afterValue := func() {
-		if len(stack) == 0 {
-			return
-		}
-		f := stack[len(stack)-1]
-		if f.object {
-			f.wantKey = true
-		} else {
-			f.index++
-		}
-	}
-	for {
-		tok, err := dec.Token()
-		if err != nil {
-			return "", false // io.EOF, or malformed (checked elsewhere)
-		}
-		if len(stack) > 0 {
-			f := stack[len(stack)-1]
-			if f.object && f.wantKey {
-				if d, ok := tok.(json.Delim); ok && d == '}' {
-					stack = stack[:len(stack)-1]
-					afterValue()
-					continue
-				}
-				key, _ := tok.(string)
-				if f.seen[key] {
-					return joinField(f.path, key), true
-				}
-				f.seen[key] = true
-				f.key = key
-				f.wantKey = false
-				continue
-			}
-		}
-		switch tok {
-		case json.Delim('{'):
-			stack = append(stack, &frame{object: true, seen: map[string]bool{}, wantKey: true, path: childPath()})
-		case json.Delim('['):
-			stack = append(stack, &frame{path: childPath()})
-		case json.Delim(']'):
-			stack = stack[:len(stack)-1]
-			afterValue()
-		default:
-			afterValue()
-		}
 	}
 }

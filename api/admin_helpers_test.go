@@ -348,7 +348,7 @@ func (env *adminEnv) MustHold(keyID, idemKey string, amount int64, outcome vault
 		Metered:        true,
 	})
 	require.NoError(env.tb, err)
-	require.Equal(env.tb, vault.Claimed, res.Outcome, "decision: %+v", res.Decision)
+	require.Equal(env.tb, vault.ReserveClaimed, res.Outcome, "decision: %+v", res.Decision)
 	if outcome == "" {
 		return
 	}

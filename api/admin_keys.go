@@ -15,7 +15,7 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"github.com/keybrake/keybrake/policy"
-	"github.com/keybrake/keybrake/proxy"
+	"github.com/keybrake/keybrake/proxy/stripeapi"
 	"github.com/keybrake/keybrake/vault"
 )
 
@@ -456,7 +456,7 @@ func checkOperations(ops []string, errs []policy.FieldError) []policy.FieldError
 		if slices.ContainsFunc(errs, func(fe policy.FieldError) bool { return fe.Field == field }) {
 			continue
 		}
-		ok, suggestions := proxy.CheckOperation(op)
+		ok, suggestions := stripeapi.CheckOperation(op)
 		if ok {
 			continue
 		}

@@ -9,6 +9,7 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"github.com/keybrake/keybrake/policy"
+	"github.com/keybrake/keybrake/proxy/logfield"
 	"github.com/keybrake/keybrake/vault"
 )
 
@@ -127,7 +128,7 @@ func (a *admin) backup(c echo.Context) error {
 	case err != nil && !w.started:
 		return fmt.Errorf("backup: %w", err)
 	case err != nil:
-		a.log.Error("backup aborted midway", slog.Int64("bytes", n), slog.String(attrError, err.Error()))
+		a.log.Error("backup aborted midway", slog.Int64("bytes", n), slog.String(logfield.Error, err.Error()))
 		panic(http.ErrAbortHandler)
 	case !w.started:
 		w.start()

@@ -199,7 +199,7 @@ func newEventView(e vault.Event) eventView {
 		Operation:       e.Operation,
 		Amount:          formatAmount(e.Currency, e.Amount),
 		Currency:        e.Currency,
-		Decision:        e.Decision,
+		Decision:        string(e.Decision),
 		Reason:          e.Reason,
 		HoldID:          e.HoldID,
 		HoldState:       string(e.HoldState),

@@ -17,6 +17,7 @@ import (
 
 	"github.com/keybrake/keybrake/policy"
 	"github.com/keybrake/keybrake/proxy"
+	"github.com/keybrake/keybrake/proxy/logfield"
 	"github.com/keybrake/keybrake/vault"
 )
 
@@ -61,9 +62,6 @@ const (
 // ctxKeyVaultKey is the echo context key of the authenticated vault.Key.
 const ctxKeyVaultKey = "keybrake.vault_key"
 
-// attrKeyID is the log attribute of the calling vault key's id.
-const attrKeyID = "key_id"
-
 // agent serves the agent endpoints.
 type agent struct {
 	store   *vault.Store
@@ -99,7 +97,7 @@ func newAgent(cfg ProxyConfig, logger *slog.Logger) *agent {
 	if maxBody <= 0 {
 		maxBody = DefaultMaxBodyBytes
 	}
-	return &agent{store: cfg.Store, log: logger.With("component", "agent"), now: now, maxBody: maxBody}
+	return &agent{store: cfg.Store, log: logger.With(logfield.Component, "agent"), now: now, maxBody: maxBody}
 }
 
 // register adds the agent routes to e.
@@ -119,7 +117,7 @@ func isAgentPath(r *http.Request) bool { return strings.HasPrefix(r.URL.Path, Ag
 // (it holds claim keys).
 func agentLogAttrs(c echo.Context) []slog.Attr {
 	if k, ok := c.Get(ctxKeyVaultKey).(vault.Key); ok {
-		return []slog.Attr{slog.String(attrKeyID, k.ID)}
+		return []slog.Attr{slog.String(logfield.KeyID, k.ID)}
 	}
 	return nil
 }
@@ -165,31 +163,28 @@ func (a *agent) authenticate(next echo.HandlerFunc) echo.HandlerFunc {
 // an active key (not-yet-valid included), or the reason it is refused (no,
 // unknown, revoked or expired key), or the store's error.
 func authenticateVaultKey(ctx context.Context, store *vault.Store, log *slog.Logger, h http.Header, remoteAddr string, now time.Time) (key vault.Key, refused string, err error) {
-	token, err := proxy.VaultToken(h)
-	if errors.Is(err, proxy.ErrStripeSecretKey) {
+	key, kr, err := proxy.AuthenticateVaultKey(ctx, store, h, now)
+	switch {
+	case err != nil:
+		return vault.Key{}, "", err
+	case kr == nil:
+		return key, "", nil
+	case errors.Is(kr.Cause, proxy.ErrStripeSecretKey):
 		// An agent configured with the real Stripe key is an incident worth seeing.
 		if log != nil {
 			log.LogAttrs(ctx, slog.LevelWarn, "a Stripe secret key was sent instead of a vault key",
-				slog.String("stripe_key_kind", proxy.StripeKeyKind(h)), slog.String("remote_addr", remoteAddr))
+				slog.String(logfield.StripeKeyKind, proxy.StripeKeyKind(h)), slog.String(logfield.RemoteAddr, remoteAddr))
 		}
 		return vault.Key{}, proxy.StripeSecretKeyAdvice, nil
-	}
-	if err != nil {
-		return vault.Key{}, err.Error(), nil
-	}
-	key, err = store.Authenticate(ctx, token)
-	switch {
-	case errors.Is(err, vault.ErrKeyRevoked):
+	case kr.Code == proxy.CodeVaultKeyRevoked:
 		return vault.Key{}, "this vault key has been revoked", nil
-	case errors.Is(err, vault.ErrKeyInvalid), errors.Is(err, vault.ErrNotFound):
+	case kr.Code == proxy.CodeVaultKeyExpired:
+		return vault.Key{}, "this vault key expired at " + kr.ExpiredAt.UTC().Format(time.RFC3339), nil
+	case kr.Cause != nil:
+		return vault.Key{}, kr.Cause.Error(), nil
+	default:
 		return vault.Key{}, "invalid vault key", nil
-	case err != nil:
-		return vault.Key{}, "", fmt.Errorf("authenticate vault key: %w", err)
 	}
-	if key.StatusAt(now) == vault.KeyExpired {
-		return vault.Key{}, "this vault key expired at " + key.Policy.ExpiresAt.UTC().Format(time.RFC3339), nil
-	}
-	return key, "", nil
 }
 
 // vaultKeyOf returns the authenticated key of the request.

@@ -16,6 +16,7 @@ import (
 
 	"github.com/keybrake/keybrake/policy"
 	"github.com/keybrake/keybrake/proxy"
+	"github.com/keybrake/keybrake/proxy/logfield"
 	"github.com/keybrake/keybrake/vault"
 )
 
@@ -80,7 +81,7 @@ func newMCP(cfg ProxyConfig, logger *slog.Logger) *mcpEndpoint {
 	if now == nil {
 		now = time.Now
 	}
-	m := &mcpEndpoint{store: cfg.Store, stripe: cfg.Stripe, log: logger.With("component", "mcp"), now: now}
+	m := &mcpEndpoint{store: cfg.Store, stripe: cfg.Stripe, log: logger.With(logfield.Component, "mcp"), now: now}
 	version := cfg.Version
 	if version == "" {
 		version = "dev"
@@ -166,7 +167,7 @@ func (m *mcpEndpoint) keyOf(ctx context.Context, extra *mcp.RequestExtra) (vault
 	key, refused, err := authenticateVaultKey(ctx, m.store, nil, extra.Header, "", m.now())
 	switch {
 	case err != nil:
-		m.log.LogAttrs(ctx, slog.LevelError, "vault key lookup failed", slog.String(attrError, err.Error()))
+		m.log.LogAttrs(ctx, slog.LevelError, "vault key lookup failed", slog.String(logfield.Error, err.Error()))
 		return vault.Key{}, errors.New("internal error")
 	case refused != "":
 		return vault.Key{}, errors.New(refused)
@@ -266,8 +267,8 @@ func (m *mcpEndpoint) getBudget(ctx context.Context, extra *mcp.RequestExtra) (*
 	}
 	v, err := loadMeView(ctx, m.store, key.ID, m.now())
 	if err != nil {
-		m.log.LogAttrs(ctx, slog.LevelError, "get_budget failed", slog.String(attrKeyID, key.ID),
-			slog.String(attrError, err.Error()))
+		m.log.LogAttrs(ctx, slog.LevelError, "get_budget failed", slog.String(logfield.KeyID, key.ID),
+			slog.String(logfield.Error, err.Error()))
 		return nil, errors.New("internal error")
 	}
 	body, err := json.Marshal(v)

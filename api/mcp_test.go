@@ -112,6 +112,10 @@ func TestMCPOverPlainHTTP(t *testing.T) {
 			assert.NotEmpty(t, m["key_id"], line)
 			accessLines++
 		}
+		if m["msg"] == "stripe request" || m["msg"] == "mcp request" {
+			assert.IsType(t, float64(0), m["duration_ms"], "one duration field, in milliseconds, on every line: %s", line)
+			assert.NotContains(t, m, "duration", line)
+		}
 	}
 	assert.Equal(t, 2, toolLines, "one canonical line per tool call that reached the proxy")
 	assert.Equal(t, 5, accessLines)

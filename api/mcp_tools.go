@@ -16,7 +16,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/keybrake/keybrake/policy"
-	"github.com/keybrake/keybrake/proxy"
+	"github.com/keybrake/keybrake/proxy/stripeapi"
 )
 
 // The MCP tools. Where Stripe's agent toolkit has a tool, keybrake's has its name
@@ -65,7 +65,7 @@ type toolSpec struct {
 	fixed  url.Values // parameters always sent
 
 	// op is the catalogue's operation of the request ("" for tools every key
-	// sees), money whether it can move money; both set from proxy.Classify.
+	// sees), money whether it can move money; both set from stripeapi.Classify.
 	op    string
 	money bool
 	// defs are the tool as listed, for keys in require mode [0] and derive mode [1].
@@ -281,7 +281,7 @@ var mcpTools = mustTools([]*toolSpec{
 func mustTools(specs []*toolSpec) []*toolSpec {
 	for _, t := range specs {
 		if t.method != "" {
-			cls, err := proxy.Classify(t.method, samplePath(t.path), nil)
+			cls, err := stripeapi.Classify(t.method, samplePath(t.path), nil)
 			if err != nil || !cls.Known {
 				panic(fmt.Sprintf("mcp tool %s: %s %s is not in the catalogue (%v)", t.name, t.method, t.path, err))
 			}

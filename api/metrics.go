@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/keybrake/keybrake/policy"
+	"github.com/keybrake/keybrake/proxy/logfield"
 	"github.com/keybrake/keybrake/vault"
 )
 
@@ -201,5 +202,5 @@ type promLogger struct{ log *slog.Logger }
 
 // Println implements promhttp.Logger.
 func (l promLogger) Println(v ...any) {
-	l.log.Error("metrics scrape failed", slog.String(attrError, fmt.Sprint(v...)))
+	l.log.Error("metrics scrape failed", slog.String(logfield.Error, fmt.Sprint(v...)))
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"github.com/keybrake/keybrake/policy"
+	"github.com/keybrake/keybrake/proxy/logfield"
 	"github.com/keybrake/keybrake/vault"
 )
 
@@ -184,7 +185,7 @@ func answerProblem(c echo.Context, log *slog.Logger, err error, p *Problem, inte
 		c.Response().Header().Set("WWW-Authenticate", challenge)
 	}
 	if werr := writeProblem(c, p); werr != nil {
-		log.Warn("write problem response", slog.String(attrError, werr.Error()))
+		log.Warn("write problem response", slog.String(logfield.Error, werr.Error()))
 	}
 }
 

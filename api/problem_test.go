@@ -59,30 +59,6 @@ func TestProblemForMapsEveryDomainError(t *testing.T) {
 	}
 }
 
-func TestDuplicateMember(t *testing.T) {
-	cases := map[string]struct {
-		body  string
-		field string // "" for none
-	}{
-		"none":                   {body: `{"a":1,"b":{"a":2},"c":[{"a":1},{"a":2}]}`},
-		"top level":              {body: `{"a":1,"b":2,"a":3}`, field: "a"},
-		"nested":                 {body: `{"policy":{"daily_cap":"1","daily_cap":null}}`, field: "policy.daily_cap"},
-		"in an array":            {body: `{"x":[{"k":1},{"k":1,"k":2}]}`, field: "x[1].k"},
-		"after nested objects":   {body: `{"a":{"b":{"c":1}},"d":[1,[2,3]],"a":0}`, field: "a"},
-		"same name, other level": {body: `{"a":{"a":{"a":1}}}`},
-		"case differs":           {body: `{"Name":"x","name":"y"}`},
-		"scalar document":        {body: `"x"`},
-		"empty object":           {body: `{}`},
-	}
-	for name, tc := range cases {
-		t.Run(name, func(t *testing.T) {
-			field, dup := duplicateMember([]byte(tc.body))
-			assert.Equal(t, tc.field != "", dup)
-			assert.Equal(t, tc.field, field)
-		})
-	}
-}
-
 func TestPrefixFields(t *testing.T) {
 	got := prefixFields("policy", []policy.FieldError{
 		{Field: "", Message: "a"}, {Field: "daily_cap", Message: "b"}, {Field: "[0]", Message: "c"},

@@ -7,6 +7,8 @@ import (
 	"net/http"
 
 	"github.com/labstack/echo/v4"
+
+	"github.com/keybrake/keybrake/proxy/logfield"
 )
 
 // NewProxyListener returns the proxy listener's handler: /v1/*, /v2/* (Stripe),
@@ -29,7 +31,7 @@ func NewProxyListener(cfg ProxyConfig) http.Handler {
 	if base == nil {
 		base = slog.Default()
 	}
-	logger := base.With("component", "proxy-listener")
+	logger := base.With(logfield.Component, "proxy-listener")
 
 	e := newEcho()
 	var ag *agent
@@ -78,7 +80,7 @@ type stripeErrorBody struct {
 // own: the Stripe proxy writes its own errors and never returns one.
 func stripeRouteError(logger *slog.Logger, err error, c echo.Context) {
 	if c.Response().Committed {
-		logger.Error("error after response was committed", slog.String(attrError, err.Error()))
+		logger.Error("error after response was committed", slog.String(logfield.Error, err.Error()))
 		return
 	}
 	r := c.Request()
@@ -100,8 +102,8 @@ func stripeRouteError(logger *slog.Logger, err error, c echo.Context) {
 			body.Error.Message = http.StatusText(status)
 			break
 		}
-		logger.Error("proxy listener route failed", slog.String(attrMethod, r.Method),
-			slog.String(attrPath, r.URL.EscapedPath()), slog.String(attrError, err.Error()))
+		logger.Error("proxy listener route failed", slog.String(logfield.Method, r.Method),
+			slog.String(logfield.Path, r.URL.EscapedPath()), slog.String(logfield.Error, err.Error()))
 		status = http.StatusInternalServerError
 		body.Error.Type = "api_error"
 		body.Error.Message = "An internal error occurred."
@@ -116,6 +118,6 @@ func stripeRouteError(logger *slog.Logger, err error, c echo.Context) {
 		return
 	}
 	if werr := json.NewEncoder(c.Response()).Encode(body); werr != nil {
-		logger.Debug("write error response", slog.String(attrError, werr.Error()))
+		logger.Debug("write error response", slog.String(logfield.Error, werr.Error()))
 	}
 }

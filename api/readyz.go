@@ -9,6 +9,7 @@ import (
 
 	"github.com/labstack/echo/v4"
 
+	"github.com/keybrake/keybrake/proxy/logfield"
 	"github.com/keybrake/keybrake/vault"
 )
 
@@ -42,12 +43,12 @@ func notReadyReason(ctx context.Context, store *vault.Store, log *slog.Logger) s
 		if errors.Is(err, vault.ErrClosed) {
 			return "the store is closed"
 		}
-		log.Error("readiness: the store cannot write", slog.String(attrError, err.Error()))
+		log.Error("readiness: the store cannot write", slog.String(logfield.Error, err.Error()))
 		return "the store cannot write"
 	}
 	ups, err := store.ListUpstreams(ctx)
 	if err != nil {
-		log.Error("readiness: cannot list upstreams", slog.String(attrError, err.Error()))
+		log.Error("readiness: cannot list upstreams", slog.String(logfield.Error, err.Error()))
 		return "the store cannot be read"
 	}
 	if len(ups) == 0 {

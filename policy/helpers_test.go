@@ -1,7 +1,6 @@
 package policy
 
 import (
-	"errors"
 	"os"
 	"path/filepath"
 	"testing"
@@ -10,16 +9,6 @@ import (
 	"github.com/shopspring/decimal"
 	"github.com/stretchr/testify/require"
 )
-
-// errorsIsAny reports whether err matches any of targets.
-func errorsIsAny(err error, targets ...error) bool {
-	for _, t := range targets {
-		if errors.Is(err, t) {
-			return true
-		}
-	}
-	return false
-}
 
 // MustDecimal parses a decimal literal or fails the test.
 func MustDecimal(tb testing.TB, s string) *decimal.Decimal {

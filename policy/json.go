@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/shopspring/decimal"
+
+	"github.com/keybrake/keybrake/policy/strictjson"
 )
 
 // JSON field names of a policy, canonical and legacy.
@@ -324,56 +326,12 @@ func checkKnownKeys(v *ValidationError, prefix string, fields map[string]json.Ra
 // checkDuplicateKeys reports every object key that appears twice in the same object,
 // at any depth: encoding/json would silently keep the last one.
 func checkDuplicateKeys(data []byte, v *ValidationError) error {
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.UseNumber()
-	if err := scanDuplicates(dec, "", v); err != nil {
-		return err
-	}
-	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
-		return errors.New("trailing data after policy object")
-	}
-	return nil
-}
-
-func scanDuplicates(dec *json.Decoder, path string, v *ValidationError) error {
-	tok, err := dec.Token()
+	dups, err := strictjson.Duplicates(data, 0)
 	if err != nil {
 		return fmt.Errorf("scan json: %w", err)
 	}
-	delim, ok := tok.(json.Delim)
-	if !ok {
-		return nil
-	}
-	switch delim {
-	case '{':
-		seen := make(map[string]bool)
-		for dec.More() {
-			kt, err := dec.Token()
-			if err != nil {
-				return fmt.Errorf("scan json: %w", err)
-			}
-			key, _ := kt.(string)
-			child := key
-			if path != "" {
-				child = path + "." + key
-			}
-			if seen[key] {
-				v.add(child, "appears more than once")
-			}
-			seen[key] = true
-			if err := scanDuplicates(dec, child, v); err != nil {
-				return err
-			}
-		}
-	case '[':
-		for i := 0; dec.More(); i++ {
-			if err := scanDuplicates(dec, fmt.Sprintf("%s[%d]", path, i), v); err != nil {
-				return err
-			}
-		}
-	}
-	if _, err := dec.Token(); err != nil { // closing delimiter
-		return fmt.Errorf("scan json: %w", err)
+	for _, d := range dups {
+		v.add(d.Path, "appears more than once")
 	}
 	return nil
 }

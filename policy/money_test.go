@@ -50,7 +50,7 @@ func TestExponent(t *testing.T) {
 	}
 }
 
-// TestExponentTable pins Stripe's table exactly as DESIGN.md states it.
+// TestExponentTable pins Stripe's table exactly as the README states it.
 func TestExponentTable(t *testing.T) {
 	zero := []string{"bif", "clp", "djf", "gnf", "jpy", "kmf", "krw", "mga", "pyg", "rwf", "vnd", "vuv", "xaf", "xof", "xpf"}
 	three := []string{"bhd", "jod", "kwd", "omr", "tnd"}

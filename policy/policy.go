@@ -6,7 +6,7 @@
 // takes `now` as a parameter. (Loading an IANA zone reads tzdata; that is memoized,
 // see loadZone. Binaries should import time/tzdata or ship tzdata.)
 //
-// Decisions where DESIGN.md is silent:
+// Decisions the README leaves to the code:
 //
 //   - JSON. Caps are decimal strings or JSON numbers, parsed from their literal text.
 //     Exponents ("1e5"), a leading '+', bare '.' forms and literals over 64
@@ -122,7 +122,7 @@ const (
 )
 
 // defaultOperations is the operation set of a policy that names no operations
-// (DESIGN.md "Operations and amounts"): every read, plus the operations that bring
+// (the README's "What is metered"): every read, plus the operations that bring
 // money in with an amount keybrake can know. Money going out and every other write
 // must be named explicitly.
 var defaultOperations = [...]string{
@@ -524,7 +524,7 @@ func (p *Policy) Location() *time.Location {
 }
 
 // AllowsOperation reports whether the operation (e.g. "charges.create") is allowed.
-// With no Operations listed, the default set applies (DESIGN.md: every read plus the
+// With no Operations listed, the default set applies (every read plus the
 // money-in operations whose amount keybrake can know). Globs: "*" for either part
 // ("*.read", "charges.*", "*").
 func (p *Policy) AllowsOperation(op string) bool {

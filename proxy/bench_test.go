@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/keybrake/keybrake/proxy"
+	"github.com/keybrake/keybrake/proxy/stripeapi"
 )
 
 // BenchmarkMeteredCharge measures a money-moving POST through the whole pipeline
@@ -62,14 +63,19 @@ func BenchmarkRead(b *testing.B) {
 
 // BenchmarkFingerprint measures the request fingerprint (SHA-256 over method, path,
 // account headers and the canonical parameters) that every recorded request
-// computes, from the canonical form (BenchmarkCanonical measures that).
+// computes, from the canonical form (stripeapi's BenchmarkCanonical measures that).
 func BenchmarkFingerprint(b *testing.B) {
 	for _, bc := range []struct{ name, body string }{
 		{"charge", "amount=2000&currency=usd&customer=cus_123&description=Order+42&metadata[order_id]=42"},
-		{"checkout", checkoutBody},
+		{"checkout", "line_items[0][price_data][currency]=usd&line_items[0][price_data][product_data][name]=T-shirt&" +
+			"line_items[0][price_data][unit_amount]=2000&line_items[0][quantity]=2&line_items[1][price_data][currency]=usd&" +
+			"line_items[1][price_data][product_data][name]=Sticker&line_items[1][price_data][unit_amount]=500&" +
+			"line_items[1][quantity]=1&metadata[order_id]=42&mode=payment&success_url=https%3A%2F%2Fexample.com%2Fsuccess"},
 	} {
 		b.Run(bc.name, func(b *testing.B) {
-			canonical := MustParseForm(b, bc.body).Canonical()
+			params, err := stripeapi.ParseForm([]byte(bc.body))
+			require.NoError(b, err)
+			canonical := params.Canonical()
 			b.SetBytes(int64(len(canonical)))
 			b.ReportAllocs()
 			for b.Loop() {

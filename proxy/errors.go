@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/keybrake/keybrake/policy"
+	"github.com/keybrake/keybrake/vault"
 )
 
 // Stripe error types used in refusals (the "type" member of a Stripe error body).
@@ -20,7 +21,7 @@ const (
 )
 
 // Error codes of keybrake's own refusals (the "code" member of a Stripe error body).
-// The table in the package documentation says which status each one carries.
+// statusFor says which status each one carries (the README's "Proxy errors").
 const (
 	CodeVaultKeyInvalid     = "vault_key_invalid"
 	CodeVaultKeyRevoked     = "vault_key_revoked"
@@ -39,6 +40,7 @@ const (
 	CodeIdemKeyReused       = "idempotency_key_reused"
 	CodeIdemKeyInUse        = "idempotency_key_in_use"
 	CodeIdemOutcomeUnknown  = "idempotency_key_outcome_unknown"
+	CodeIdemKeyResolved     = "idempotency_key_resolved" // replayed, never refused: see resolvedAnswer
 	CodeUpstreamUnavailable = "upstream_unavailable"
 	CodeUpstreamAuthFailed  = "upstream_authentication_failed"
 	CodeUpstreamPermission  = "upstream_permission_denied"
@@ -122,7 +124,7 @@ func refuse(code, format string, args ...any) *refusal {
 	return r
 }
 
-// statusFor is the error table of the package documentation.
+// statusFor is the error table of the README's "Proxy errors".
 func statusFor(code string) (status int, typ string, retry bool) {
 	switch code {
 	case CodeVaultKeyInvalid, CodeVaultKeyRevoked, CodeVaultKeyExpired:
@@ -252,6 +254,31 @@ func writeStripeError(w http.ResponseWriter, requestID string, err error) *refus
 	w.WriteHeader(r.Status)
 	_, _ = w.Write(append(body, '\n'))
 	return r
+}
+
+// resolvedAnswer is what a retry of a request whose hold an operator resolved
+// (vault.Store.ResolveHold) replays: a Stripe-shaped idempotency error that says
+// what the operator decided and tells SDKs not to retry. It carries no Stripe
+// object, because keybrake never saw one. (Earlier builds stored these very
+// bytes in the record; such records replay them as stored.)
+func resolvedAnswer(holdID string, outcome vault.HoldState) *vault.StoredResponse {
+	verb := "committed (the payment is counted as made)"
+	if outcome == vault.HoldReleased {
+		verb = "released (the payment is counted as not made)"
+	}
+	body, _ := json.Marshal(map[string]any{"error": map[string]any{
+		"type":    TypeIdempotency,
+		"code":    CodeIdemKeyResolved,
+		"message": "The outcome of the request made with this idempotency key was unknown and an operator resolved it as " + verb + ". Check the object in Stripe before sending a new request.",
+		"keybrake": map[string]any{
+			"hold_id": holdID,
+			"outcome": string(outcome),
+		},
+	}})
+	h := http.Header{}
+	h.Set("Content-Type", "application/json")
+	h.Set(headerShouldRetry, "false")
+	return &vault.StoredResponse{Status: http.StatusConflict, Header: h, Body: body}
 }
 
 // newRequestID returns a keybrake request id, "req_kb_" and 20 base62 characters.

@@ -309,6 +309,34 @@ func TestStaleUnknownIsRefused(t *testing.T) {
 		"the unknown $60 stays held on the period")
 }
 
+// A retry of a request whose unknown outcome an operator resolved is told what
+// the operator decided — a Stripe-shaped 409 that no SDK retries — and never
+// reaches Stripe again.
+func TestResolvedHoldIsReplayedAsTheOperatorsDecision(t *testing.T) {
+	e := MustEnv(t)
+	tok, key := e.MustKey(t, Policy("99.00"))
+	e.Fake.FailNext(proxytest.FailAfterCreate500, 1)
+	body := form("amount", "6000", "currency", "usd", "source", "tok_visa")
+	first := e.Post(t, "/v1/charges", tok, "lost", body)
+	require.Equal(t, http.StatusInternalServerError, first.Status)
+	hold := vault.HoldID(key.ID, "lost")
+	_, err := e.Store.ResolveHold(context.Background(), "op", hold, vault.HoldCommitted)
+	require.NoError(t, err)
+
+	for range 2 {
+		r := e.Post(t, "/v1/charges", tok, "lost", body)
+		require.Equal(t, http.StatusConflict, r.Status, "%s", r.Raw)
+		assert.Equal(t, "idempotency_error", r.ErrType())
+		assert.Equal(t, "idempotency_key_resolved", r.ErrCode())
+		assert.Equal(t, "false", r.Header.Get("Stripe-Should-Retry"))
+		assert.Equal(t, "true", r.Header.Get("Idempotent-Replayed"))
+		assert.Equal(t, "committed", r.Keybrake()["outcome"])
+		assert.Equal(t, hold, r.Keybrake()["hold_id"])
+		assert.Contains(t, r.ErrMessage(), "an operator resolved it as committed")
+	}
+	assert.Equal(t, 1, e.Fake.Count(), "never forwarded again")
+}
+
 // Expiry is checked with the proxy's clock at authentication.
 func TestExpiredKey(t *testing.T) {
 	clock := &offsetClock{}

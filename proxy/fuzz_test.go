@@ -15,8 +15,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/keybrake/keybrake/policy"
-	"github.com/keybrake/keybrake/proxy"
 	"github.com/keybrake/keybrake/proxy/proxytest"
+	"github.com/keybrake/keybrake/proxy/stripeapi"
 	"github.com/keybrake/keybrake/vault"
 )
 
@@ -128,9 +128,9 @@ func FuzzProxyRequest(f *testing.F) {
 			if r.Method != http.MethodPost {
 				continue
 			}
-			params, err := proxy.ParseForm(r.Body)
+			params, err := stripeapi.ParseForm(r.Body)
 			require.NoError(t, err, "a forwarded body is one keybrake could read")
-			cls, err := proxy.Classify(r.Method, r.Path, params)
+			cls, err := stripeapi.Classify(r.Method, r.Path, params)
 			require.NoError(t, err, "a forwarded request is one keybrake could classify")
 			if cls.MovesMoney {
 				assert.True(t, upstreamKeys[r.IdempotencyKey], "money-moving %s %s forwarded without a hold", r.Method, r.Path)

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/keybrake/keybrake/proxy"
+	"github.com/keybrake/keybrake/proxy/stripeapi"
 )
 
 func TestParseIdempotencyKey(t *testing.T) {
@@ -54,8 +55,8 @@ func TestParseIdempotencyKey(t *testing.T) {
 }
 
 func TestDeriveIdempotencyKey(t *testing.T) {
-	params := func(body string) *proxy.Params {
-		p, err := proxy.ParseForm([]byte(body))
+	params := func(body string) *stripeapi.Params {
+		p, err := stripeapi.ParseForm([]byte(body))
 		require.NoError(t, err)
 		return p
 	}

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/keybrake/keybrake/proxy/stripeapi"
 )
 
 // The proxy's Prometheus collectors. Every label takes its values from a fixed,
@@ -16,7 +18,7 @@ import (
 
 // metricOutcomes are the outcome label values: the decisions of the canonical log
 // line, and "other" for a request that ended without one (only a panic does).
-var metricOutcomes = [...]string{
+var metricOutcomes = [...]decision{
 	decisionAllowed, decisionWouldRefuse, decisionRefused, decisionReplayed, decisionResumed, "other",
 }
 
@@ -35,8 +37,6 @@ var metricReasons = [...]string{
 // Operation label values for requests whose operation is not a catalogue name.
 const (
 	opUnclassified = "unclassified" // refused before it was classified (no key, malformed)
-	opUnknownRead  = "unknown.read"
-	opUnknownWrite = "unknown.write"
 )
 
 // Kinds of upstream request, the kind label of the upstream histogram.
@@ -142,20 +142,20 @@ func operationLabel(c *call) string {
 	case c.cls.Operation == "":
 		return opUnclassified
 	case strings.HasSuffix(c.cls.Operation, ".read"):
-		return opUnknownRead
+		return stripeapi.OpUnknownRead
 	default:
-		return opUnknownWrite
+		return stripeapi.OpUnknownWrite
 	}
 }
 
 // labelValue is v when it is one of values, else the last of them ("other").
-func labelValue(values []string, v string) string {
+func labelValue[T ~string](values []T, v T) string {
 	for _, s := range values {
 		if s == v {
-			return v
+			return string(v)
 		}
 	}
-	return values[len(values)-1]
+	return string(values[len(values)-1])
 }
 
 // statusClass is the status_class label of an upstream answer: 2xx … 5xx, or

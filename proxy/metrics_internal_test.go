@@ -8,6 +8,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/keybrake/keybrake/proxy/stripeapi"
 )
 
 func TestMetricLabels(t *testing.T) {
@@ -16,11 +18,11 @@ func TestMetricLabels(t *testing.T) {
 	require.NoError(t, err)
 
 	m.observeRequest(&call{decision: decisionRefused, reason: CodeSpendCapExceeded,
-		cls: Classification{Operation: "charges.create", Known: true}}, 5*time.Millisecond)
+		cls: stripeapi.Classification{Operation: "charges.create", Known: true}}, 5*time.Millisecond)
 	m.observeRequest(&call{decision: decisionWouldRefuse, reason: "not_a_code",
-		cls: Classification{Operation: "v2.core.things.read"}}, time.Millisecond)
+		cls: stripeapi.Classification{Operation: "v2.core.things.read"}}, time.Millisecond)
 	m.observeRequest(&call{}, time.Second) // a panic: no decision, no classification
-	m.observeRequest(&call{decision: decisionAllowed, cls: Classification{Operation: "unknown.write"},
+	m.observeRequest(&call{decision: decisionAllowed, cls: stripeapi.Classification{Operation: "unknown.write"},
 		upstreamWait: 2 * time.Second}, time.Second) // more waiting than duration: added latency 0
 
 	assert.Equal(t, 1.0, testutil.ToFloat64(m.requests.WithLabelValues("charges.create", "refused")))
@@ -53,7 +55,7 @@ func TestMetricLabels(t *testing.T) {
 func BenchmarkObserveRequest(b *testing.B) {
 	m, err := newMetrics(prometheus.NewRegistry())
 	require.NoError(b, err)
-	c := &call{decision: decisionRefused, reason: CodeSpendCapExceeded, cls: Classification{Operation: "charges.create", Known: true}}
+	c := &call{decision: decisionRefused, reason: CodeSpendCapExceeded, cls: stripeapi.Classification{Operation: "charges.create", Known: true}}
 	b.ReportAllocs()
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {

@@ -354,6 +354,8 @@ func TestCanonicalLogLine(t *testing.T) {
 	assert.EqualValues(t, 200, l["upstream_status"])
 	assert.EqualValues(t, 200, l["status"])
 	assert.Equal(t, "INFO", l["level"])
+	assert.IsType(t, float64(0), l["duration_ms"], "the duration in milliseconds, as the access lines have it")
+	assert.NotContains(t, l, "duration")
 	assert.NotContains(t, e.Logs.String(), "log-1", "the idempotency key is not logged")
 	assert.NotContains(t, e.Logs.String(), "tok_visa", "bodies are not logged")
 }

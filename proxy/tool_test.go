@@ -39,7 +39,7 @@ func TestToolNameReachesLedgerAndLog(t *testing.T) {
 	require.NoError(t, err)
 	var tools []string
 	for _, ev := range events {
-		tools = append(tools, ev.Decision+":"+ev.Tool)
+		tools = append(tools, string(ev.Decision)+":"+ev.Tool)
 	}
 	assert.Equal(t, []string{"settled:", "allowed:", "settled:create_payment_intent", "allowed:create_payment_intent"}, tools)
 

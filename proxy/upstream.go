@@ -3,7 +3,6 @@ package proxy
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -18,7 +17,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/keybrake/keybrake/policy"
+	"github.com/keybrake/keybrake/proxy/logfield"
+	"github.com/keybrake/keybrake/proxy/stripeapi"
 	"github.com/keybrake/keybrake/vault"
 )
 
@@ -44,6 +44,7 @@ func newTransport(upstreamTimeout time.Duration) *http.Transport {
 // bufferPool is the ReverseProxy's pool of copy buffers.
 type bufferPool struct{ pool sync.Pool }
 
+// newBufferPool returns a pool of 32 KiB buffers.
 func newBufferPool() *bufferPool {
 	return &bufferPool{pool: sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}}
 }
@@ -89,7 +90,7 @@ func (p *Proxy) rewrite(pr *httputil.ProxyRequest) {
 	raw := base + c.path
 	decoded, err := url.PathUnescape(raw)
 	if err != nil {
-		decoded = raw // Classify refuses percent-encoding; never reached
+		decoded = raw // stripeapi.Classify refuses percent-encoding; never reached
 	}
 	u.Path, u.RawPath = decoded, ""
 	if u.EscapedPath() != raw {
@@ -208,7 +209,7 @@ func (p *Proxy) modifyResponse(resp *http.Response) error {
 	case code >= 200 && code < 300:
 		sr.Outcome = vault.SettleCommit
 		if c.metered {
-			c.settleAnswer(&sr, decodeObject(body))
+			c.settleAnswer(&sr, stripeapi.DecodeObject(body))
 		}
 	case code == http.StatusConflict:
 		// idempotency_key_in_use: Stripe is executing an earlier attempt under this
@@ -219,7 +220,7 @@ func (p *Proxy) modifyResponse(resp *http.Response) error {
 	case code == http.StatusTooManyRequests:
 		// Rate limited before executing: nothing moved.
 		sr.Outcome, sr.Response = vault.SettleAbandon, nil
-	case code >= 400 && code < 500 && c.idemOutcome == "resume" && stripeErrorType(body) == TypeIdempotency:
+	case code >= 400 && code < 500 && c.idemOutcome == idemResume && stripeapi.ErrorType(body) == TypeIdempotency:
 		// Stripe knows the upstream key from an earlier attempt whose parameters it
 		// judges different (e.g. another Stripe-Version): that attempt may have
 		// moved the money, so this answer says nothing about it. The hold stays.
@@ -235,8 +236,8 @@ func (p *Proxy) modifyResponse(resp *http.Response) error {
 	p.settle(ctx, c, sr, "")
 	if c.overrun > 0 {
 		p.log.LogAttrs(ctx, slog.LevelWarn, "Stripe moved more than keybrake held: the object changed at Stripe between the lookup and the request",
-			slog.String(logRequestID, c.requestID), slog.String(logKeyID, c.key.ID), slog.String(logOperation, c.cls.Operation),
-			slog.String("object_id", sr.ObjectID), slog.Int64("overrun", c.overrun))
+			slog.String(logfield.RequestID, c.requestID), slog.String(logfield.KeyID, c.key.ID), slog.String(logfield.Operation, c.cls.Operation),
+			slog.String(logfield.ObjectID, sr.ObjectID), slog.Int64(logfield.Overrun, c.overrun))
 	}
 	if code >= 200 && code < 300 {
 		if sr.Object == (vault.ObjectSettle{}) {
@@ -265,19 +266,6 @@ func (p *Proxy) observeUnrecorded(ctx context.Context, c *call, resp *http.Respo
 		p.observe(ctx, c, body)
 	}
 	return nil
-}
-
-// stripeErrorType is error.type of a Stripe error body, "" when there is none.
-func stripeErrorType(body []byte) string {
-	var e struct {
-		Error struct {
-			Type string `json:"type"`
-		} `json:"error"`
-	}
-	if json.Unmarshal(body, &e) != nil {
-		return ""
-	}
-	return e.Error.Type
 }
 
 // isCredentialRefusal reports whether Stripe's status judges keybrake's own
@@ -325,9 +313,9 @@ func (p *Proxy) upstreamAuthFailed(c *call, kind string, status int, stripeReque
 	last4 := c.secret[max(0, len(c.secret)-4):]
 	p.log.LogAttrs(context.Background(), slog.LevelError,
 		"Stripe rejected keybrake's upstream secret: register the right one (POST /api/v1/upstreams)",
-		slog.String("upstream", c.key.Upstream), slog.String("secret_last4", last4), slog.String("kind", kind),
-		slog.Int(logUpstreamStatus, status), slog.String(logStripeRequestID, stripeRequestID),
-		slog.String(logRequestID, c.requestID), slog.String(logKeyID, c.key.ID), slog.String(logOperation, c.cls.Operation))
+		slog.String(logfield.Upstream, c.key.Upstream), slog.String(logfield.SecretLast4, last4), slog.String(logfield.Kind, kind),
+		slog.Int(logfield.UpstreamStatus, status), slog.String(logfield.StripeRequestID, stripeRequestID),
+		slog.String(logfield.RequestID, c.requestID), slog.String(logfield.KeyID, c.key.ID), slog.String(logfield.Operation, c.cls.Operation))
 	return &upstreamAuthError{status: status}
 }
 
@@ -360,7 +348,7 @@ func (p *Proxy) errorHandler(w http.ResponseWriter, r *http.Request, err error) 
 	}
 	var auth *upstreamAuthError
 	if errors.As(err, &auth) {
-		p.writeUpstreamFailure(w, c, auth.refusal(c.idemOutcome == "resume"))
+		p.writeUpstreamFailure(w, c, auth.refusal(c.idemOutcome == idemResume))
 		return
 	}
 	sent := c.connected.Load()
@@ -384,7 +372,7 @@ func noAnswerRefusal(c *call, err error, sent bool) *refusal {
 	if isTimeout(err) {
 		rf.Status, what = http.StatusGatewayTimeout, "Stripe did not answer in time"
 	}
-	resumed := c.idemOutcome == "resume"
+	resumed := c.idemOutcome == idemResume
 	switch {
 	case !sent && resumed:
 		rf.Message = "keybrake could not reach Stripe: this attempt was not sent, and the outcome of the first request with this idempotency key is still unknown. Retry with the same idempotency key."
@@ -423,36 +411,25 @@ func (p *Proxy) settle(ctx context.Context, c *call, sr vault.SettleRequest, not
 	defer cancel()
 	if err := p.store.Settle(sctx, sr); err != nil {
 		p.log.LogAttrs(sctx, slog.LevelError, "settle failed; the record stays in progress until recovered as unknown",
-			slog.String(logRequestID, c.requestID), slog.String(logKeyID, c.key.ID),
-			slog.String(logOperation, c.cls.Operation), slog.String("outcome", string(sr.Outcome)),
-			slog.Int(logUpstreamStatus, c.upstreamStatus), slog.String("note", note), slog.Any(logError, err))
+			slog.String(logfield.RequestID, c.requestID), slog.String(logfield.KeyID, c.key.ID),
+			slog.String(logfield.Operation, c.cls.Operation), slog.String(logfield.Outcome, string(sr.Outcome)),
+			slog.Int(logfield.UpstreamStatus, c.upstreamStatus), slog.String(logfield.Note, note), slog.Any(logfield.Error, err))
 	}
 }
 
 // ---- lookups ----
-
-type lookupResult struct {
-	amount   int64
-	currency string
-	// moved is what the looked-up object has moved so far, when it is a money
-	// object (see moneyKinds).
-	moved      int64
-	movedKnown bool
-	// factor is the value of Lookup.Factors.
-	factor int64
-}
 
 // lookup GETs the object at Stripe with the real secret and the call's account
 // headers and reads the integer field l.Field, "currency" and l.Factors. When
 // Stripe refuses keybrake's secret or gives no answer (none, 429, 5xx), the error
 // is the *refusal to answer with; any other error means the amount cannot be
 // known.
-func (p *Proxy) lookup(ctx context.Context, c *call, l Lookup) (lookupResult, error) {
+func (p *Proxy) lookup(ctx context.Context, c *call, l stripeapi.Lookup) (stripeapi.LookupResult, error) {
 	body, err := p.fetch(ctx, c, l.Path)
 	if err != nil {
-		return lookupResult{}, err
+		return stripeapi.LookupResult{}, err
 	}
-	return parseLookup(body, l)
+	return stripeapi.ReadLookup(body, l)
 }
 
 // fetch GETs path at Stripe with the real secret and the call's Stripe-Account,
@@ -519,50 +496,6 @@ func lookupUnavailable(c *call, cause error) *refusal {
 func isTimeout(err error) bool {
 	var ne net.Error
 	return errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout())
-}
-
-// parseLookup reads the non-negative integer at l.Field (dots for nesting), the
-// top-level "currency" of a Stripe object, the factor l.Factors names and, for a
-// money object, what it has moved so far.
-func parseLookup(body []byte, l Lookup) (lookupResult, error) {
-	obj := decodeObject(body)
-	if obj == nil {
-		return lookupResult{}, errors.New("lookup answer is not a JSON object")
-	}
-	var res lookupResult
-	if kind, ok := moneyKinds[obj.str("object")]; ok {
-		res.moved, res.movedKnown = kind.moved(obj)
-	}
-	if raw, ok := obj["currency"]; ok {
-		if err := json.Unmarshal(raw, &res.currency); err != nil {
-			return lookupResult{}, fmt.Errorf("lookup currency: %w", err)
-		}
-		if _, ok := policy.Exponent(res.currency); !ok {
-			return lookupResult{}, fmt.Errorf("lookup currency %q not supported", clip(res.currency))
-		}
-	}
-	raw, ok := obj.path(l.Field)
-	if !ok {
-		return lookupResult{}, fmt.Errorf("lookup field %q missing", l.Field)
-	}
-	digits := string(raw)
-	if l.Signed {
-		digits = strings.TrimPrefix(digits, "-")
-	}
-	n, err := strconv.ParseInt(digits, 10, 64)
-	if err != nil || n < 0 || strings.TrimLeft(digits, "0123456789") != "" {
-		return lookupResult{}, fmt.Errorf("lookup field %q is not a non-negative integer", l.Field)
-	}
-	if digits != string(raw) {
-		n = 0 // a credit
-	}
-	res.amount = n
-	if len(l.Factors) > 0 {
-		if res.factor, err = obj.factor(l.Factors); err != nil {
-			return lookupResult{}, err
-		}
-	}
-	return res, nil
 }
 
 // upstreamSecret returns the upstream's real secret, cached for a few seconds.

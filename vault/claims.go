@@ -209,49 +209,40 @@ func (s *Store) Claim(ctx context.Context, keyID, key, fingerprint string, lease
 	if lease <= 0 {
 		return ClaimResult{}, fmt.Errorf("claim: lease must be positive: %w", ErrInvalid)
 	}
-	var (
-		res ClaimResult
-		dom error
-	)
-	err := s.submit(ctx, func(tx *bolt.Tx, now time.Time) error {
-		res, dom = ClaimResult{}, nil // a re-run starts over
-		var err error
-		res, dom, err = s.claimTx(tx, now, keyID, key, fingerprint, lease)
-		return err
+	res, err := submitResult(ctx, s, func(tx *bolt.Tx, now time.Time) (txResult[ClaimResult], error) {
+		return s.claimTx(tx, now, keyID, key, fingerprint, lease)
 	})
-	if err == nil {
-		err = dom
-	}
 	if err != nil {
 		return ClaimResult{}, fmt.Errorf("claim: %w", err)
 	}
 	return res, nil
 }
 
-// claimTx applies a Claim. Domain errors (dom) are found before any write.
-func (s *Store) claimTx(tx *bolt.Tx, now time.Time, keyID, key, fingerprint string, lease time.Duration) (res ClaimResult, dom, err error) {
+// claimTx applies a Claim. Every reason to turn it down is found before any write.
+func (s *Store) claimTx(tx *bolt.Tx, now time.Time, keyID, key, fingerprint string, lease time.Duration) (txResult[ClaimResult], error) {
 	if err := s.activeKeyTx(tx, now, keyID); err != nil {
-		return ClaimResult{}, err, nil
+		return reject[ClaimResult](err), nil
 	}
 	k := idemKey(keyID, key)
 	rec, err := getClaimRec(tx, k)
 	if err != nil {
-		return ClaimResult{}, nil, err
+		return txResult[ClaimResult]{}, err
 	}
+	var res ClaimResult
 	if rec != nil {
 		switch {
 		case rec.Fingerprint != fingerprint:
-			return ClaimResult{Outcome: ClaimOutcomeFingerprintMismatch, Claim: rec.public()}, nil, nil
+			return accept(ClaimResult{Outcome: ClaimOutcomeFingerprintMismatch, Claim: rec.public()}), nil
 		case rec.State == ClaimCompleted:
 			result, err := s.openResult(rec)
 			if err != nil {
-				return ClaimResult{}, err, nil
+				return reject[ClaimResult](err), nil
 			}
 			c := rec.public()
 			c.Result = result
-			return ClaimResult{Outcome: ClaimOutcomeCompleted, Claim: c}, nil, nil
+			return accept(ClaimResult{Outcome: ClaimOutcomeCompleted, Claim: c}), nil
 		case now.Before(rec.LeaseUntil):
-			return ClaimResult{Outcome: ClaimOutcomeInProgress, Claim: rec.public()}, nil, nil
+			return accept(ClaimResult{Outcome: ClaimOutcomeInProgress, Claim: rec.public()}), nil
 		}
 		// The lease lapsed: compare-and-set in this transaction, so exactly one of
 		// the callers racing for it becomes the owner.
@@ -262,16 +253,16 @@ func (s *Store) claimTx(tx *bolt.Tx, now time.Time, keyID, key, fingerprint stri
 	b := tx.Bucket(bucketClaims)
 	seq, err := b.NextSequence()
 	if err != nil {
-		return ClaimResult{}, nil, fmt.Errorf("fencing token: %w", err)
+		return txResult[ClaimResult]{}, fmt.Errorf("fencing token: %w", err)
 	}
 	rec.Fencing, rec.LeaseUntil, rec.UpdatedAt = seq, now.Add(lease), now
 	if err := putJSON(b, k, rec); err != nil {
-		return ClaimResult{}, nil, err
+		return txResult[ClaimResult]{}, err
 	}
 	res.Outcome = ClaimOutcomeClaimed
 	res.Claim = rec.public()
 	res.Claim.FencingToken = rec.Fencing
-	return res, nil, nil
+	return accept(res), nil
 }
 
 // CompleteClaim stores result (JSON) as the outcome of the claim and marks it
@@ -295,58 +286,73 @@ func (s *Store) CompleteClaim(ctx context.Context, keyID, key string, fencing ui
 	if err != nil {
 		return fmt.Errorf("complete claim: %w", err)
 	}
-	var dom error
-	err = s.submit(ctx, func(tx *bolt.Tx, now time.Time) error {
-		var err error
-		dom, err = s.completeClaimTx(tx, now, keyID, key, fencing, result, sealed)
-		return err
+	err = s.submitOwnedClaim(ctx, keyID, key, fencing, func(tx *bolt.Tx, now time.Time, owned ownedClaim) (txResult[noValue], error) {
+		return s.completeClaimTx(tx, now, owned, result, sealed)
 	})
-	if err == nil {
-		err = dom
-	}
 	if err != nil {
 		return fmt.Errorf("complete claim: %w", err)
 	}
 	return nil
 }
 
-func (s *Store) completeClaimTx(tx *bolt.Tx, now time.Time, keyID, key string, fencing uint64, result, sealed []byte) (dom, err error) {
-	k, rec, dom, err := s.ownedClaimTx(tx, now, keyID, key, fencing)
-	if dom != nil || err != nil {
-		return dom, err
-	}
+func (s *Store) completeClaimTx(tx *bolt.Tx, now time.Time, owned ownedClaim, result, sealed []byte) (txResult[noValue], error) {
+	rec := owned.rec
 	if rec.State == ClaimCompleted {
 		stored, err := s.openResult(rec)
 		if err != nil {
-			return err, nil
+			return reject[noValue](err), nil
 		}
 		if !bytes.Equal(stored, result) {
-			return fmt.Errorf("claim is already completed with another result: %w", ErrConflict), nil
+			return reject[noValue](fmt.Errorf("claim is already completed with another result: %w", ErrConflict)), nil
 		}
-		return nil, nil // the owner's retry: already done
+		return accept(noValue{}), nil // the owner's retry: already done
 	}
 	rec.State, rec.SealedResult = ClaimCompleted, sealed
 	rec.LeaseUntil, rec.CompletedAt, rec.UpdatedAt = time.Time{}, now, now
-	return nil, putJSON(tx.Bucket(bucketClaims), k, rec)
+	return accept(noValue{}), putJSON(tx.Bucket(bucketClaims), owned.k, rec)
 }
 
-// ownedClaimTx reads the claim (keyID, key) for the owner holding fencing: dom is
-// ErrNotFound without a claim and ErrConflict for a stale owner.
-func (s *Store) ownedClaimTx(tx *bolt.Tx, now time.Time, keyID, key string, fencing uint64) (k []byte, rec *claimRec, dom, err error) {
+// submitOwnedClaim runs op, in one group-committed write, on the claim (keyID,
+// key) when the holder of fencing owns it (ownedClaimTx); otherwise the call is
+// turned down as ownedClaimTx says.
+func (s *Store) submitOwnedClaim(ctx context.Context, keyID, key string, fencing uint64,
+	op func(tx *bolt.Tx, now time.Time, owned ownedClaim) (txResult[noValue], error)) error {
+	_, err := submitResult(ctx, s, func(tx *bolt.Tx, now time.Time) (txResult[noValue], error) {
+		owned, err := s.ownedClaimTx(tx, now, keyID, key, fencing)
+		switch {
+		case err != nil:
+			return txResult[noValue]{}, err
+		case owned.err != nil:
+			return reject[noValue](owned.err), nil
+		}
+		return op(tx, now, owned.val)
+	})
+	return err
+}
+
+// ownedClaim is a stored claim and its bucket key.
+type ownedClaim struct {
+	k   []byte
+	rec *claimRec
+}
+
+// ownedClaimTx reads the claim (keyID, key) for the owner holding fencing; it is
+// turned down with ErrNotFound without a claim and ErrConflict for a stale owner.
+func (s *Store) ownedClaimTx(tx *bolt.Tx, now time.Time, keyID, key string, fencing uint64) (txResult[ownedClaim], error) {
 	if err := s.activeKeyTx(tx, now, keyID); err != nil {
-		return nil, nil, err, nil
+		return reject[ownedClaim](err), nil
 	}
-	k = idemKey(keyID, key)
-	if rec, err = getClaimRec(tx, k); err != nil {
-		return nil, nil, nil, err
-	}
+	k := idemKey(keyID, key)
+	rec, err := getClaimRec(tx, k)
 	switch {
+	case err != nil:
+		return txResult[ownedClaim]{}, err
 	case rec == nil:
-		return nil, nil, fmt.Errorf("claim under %s: %w", keyID, ErrNotFound), nil
+		return reject[ownedClaim](fmt.Errorf("claim under %s: %w", keyID, ErrNotFound)), nil
 	case rec.Fencing != fencing:
-		return nil, nil, fmt.Errorf("fencing token %d is not the claim's current owner: %w", fencing, ErrConflict), nil
+		return reject[ownedClaim](fmt.Errorf("fencing token %d is not the claim's current owner: %w", fencing, ErrConflict)), nil
 	}
-	return k, rec, nil, nil
+	return accept(ownedClaim{k: k, rec: rec}), nil
 }
 
 // ReleaseClaim gives an in-progress claim up (a transient failure): it is deleted,
@@ -359,33 +365,23 @@ func (s *Store) ReleaseClaim(ctx context.Context, keyID, key string, fencing uin
 	if err := checkClaimArgs(keyID, key); err != nil {
 		return fmt.Errorf("release claim: %w", err)
 	}
-	var dom error
-	err := s.submit(ctx, func(tx *bolt.Tx, now time.Time) error {
-		var err error
-		dom, err = s.releaseClaimTx(tx, now, keyID, key, fencing)
-		return err
+	err := s.submitOwnedClaim(ctx, keyID, key, fencing, func(tx *bolt.Tx, _ time.Time, owned ownedClaim) (txResult[noValue], error) {
+		return releaseClaimTx(tx, owned)
 	})
-	if err == nil {
-		err = dom
-	}
 	if err != nil {
 		return fmt.Errorf("release claim: %w", err)
 	}
 	return nil
 }
 
-func (s *Store) releaseClaimTx(tx *bolt.Tx, now time.Time, keyID, key string, fencing uint64) (dom, err error) {
-	k, rec, dom, err := s.ownedClaimTx(tx, now, keyID, key, fencing)
-	if dom != nil || err != nil {
-		return dom, err
+func releaseClaimTx(tx *bolt.Tx, owned ownedClaim) (txResult[noValue], error) {
+	if owned.rec.State == ClaimCompleted {
+		return reject[noValue](fmt.Errorf("claim is completed and cannot be released: %w", ErrConflict)), nil
 	}
-	if rec.State == ClaimCompleted {
-		return fmt.Errorf("claim is completed and cannot be released: %w", ErrConflict), nil
+	if err := tx.Bucket(bucketClaims).Delete(owned.k); err != nil {
+		return txResult[noValue]{}, fmt.Errorf("delete claim: %w", err)
 	}
-	if err := tx.Bucket(bucketClaims).Delete(k); err != nil {
-		return nil, fmt.Errorf("delete claim: %w", err)
-	}
-	return nil, nil
+	return accept(noValue{}), nil
 }
 
 // GetClaim returns the claim key of the vault key keyID, with its result when it is

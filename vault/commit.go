@@ -24,6 +24,43 @@ type batchOp struct {
 	done chan error
 }
 
+// txResult is what one store operation answers its caller: its value and, when
+// the operation was turned down before it wrote anything, the domain error that
+// says why (ErrNotFound, ErrConflict, ErrInvalid, ErrKeyRevoked, …). A
+// transaction function returns it beside an error kept for failures — storage,
+// or a rule broken after a write — which roll the transaction back. Keeping the
+// two apart is what lets an operation that is turned down share a batch with
+// others without failing them.
+type txResult[T any] struct {
+	val T
+	err error
+}
+
+// noValue is the value of an operation that answers only whether it was done.
+type noValue = struct{}
+
+// accept is the result of an operation that did what it was asked.
+func accept[T any](v T) txResult[T] { return txResult[T]{val: v} }
+
+// reject is the result of an operation turned down before any write.
+func reject[T any](err error) txResult[T] { return txResult[T]{err: err} }
+
+// submitResult runs fn as one group-committed operation and returns its result:
+// its value and its domain error, or the failure of its transaction.
+func submitResult[T any](ctx context.Context, s *Store, fn func(tx *bolt.Tx, now time.Time) (txResult[T], error)) (T, error) {
+	var r txResult[T]
+	err := s.submit(ctx, func(tx *bolt.Tx, now time.Time) error {
+		var err error
+		r, err = fn(tx, now) // a re-run starts over
+		return err
+	})
+	if err != nil {
+		var zero T
+		return zero, err
+	}
+	return r.val, r.err
+}
+
 // submit queues run for the committer and waits for its transaction to commit.
 // Once queued, it waits even if ctx ends: the write may already be durable, and the
 // caller must learn its result.
@@ -134,7 +171,7 @@ func (s *Store) runBatch(batch []*batchOp) {
 	}
 	// Something failed and rolled the whole batch back: run each op alone so that
 	// only the op that fails sees the failure.
-	s.log.Warn("group commit failed; retrying its operations one by one", "ops", len(batch), "err", err)
+	s.log.Warn("group commit failed; retrying its operations one by one", "ops", len(batch), "error", err)
 	for _, op := range batch {
 		start := time.Now()
 		err := s.db.Update(func(tx *bolt.Tx) error { return safeRun(op, tx, s.now()) })

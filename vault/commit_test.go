@@ -77,7 +77,7 @@ func TestGroupCommitIsolatesFailures(t *testing.T) {
 
 	for i := range n {
 		require.NoError(t, errs[i])
-		assert.Equal(t, Claimed, results[i].Outcome, "op %d", i)
+		assert.Equal(t, ReserveClaimed, results[i].Outcome, "op %d", i)
 	}
 	assert.ErrorIs(t, badErr, ErrStorage, "an unknown error is a storage failure to the caller")
 	assert.Contains(t, badErr.Error(), "boom")

@@ -93,7 +93,7 @@ func TestCrashChild(t *testing.T) {
 					continue
 				}
 				res, err := s.Reserve(ctx, charge(h.KeyID, h.IdempotencyKey, h.Amount))
-				if err != nil || res.Outcome != Resume {
+				if err != nil || res.Outcome != ReserveResume {
 					fmt.Fprintln(os.Stderr, "resume:", res.Outcome, err)
 					os.Exit(2)
 				}
@@ -109,7 +109,7 @@ func TestCrashChild(t *testing.T) {
 					fmt.Fprintln(os.Stderr, "reserve:", err)
 					os.Exit(2)
 				}
-				if res.Outcome != Claimed {
+				if res.Outcome != ReserveClaimed {
 					continue
 				}
 				say("claimed %s %s", idem, res.Hold.ID)

@@ -260,9 +260,15 @@ type NearCap struct {
 // RefusalCount counts the ledger's refused (or, in report mode, would_refuse)
 // events with one reason.
 type RefusalCount struct {
-	Decision string
+	Decision Decision
 	Reason   string
 	Count    int
+}
+
+// refusalKey groups refusals by decision and reason.
+type refusalKey struct {
+	decision Decision
+	reason   string
 }
 
 // Overview is what an operator looks at first.
@@ -311,7 +317,7 @@ func (s *Store) Overview(ctx context.Context, opts OverviewOptions) (Overview, e
 // overviewKeysTx fills ov's key counts, spend, near-cap windows and refusals.
 func overviewKeysTx(tx *bolt.Tx, now time.Time, ov *Overview, opts OverviewOptions) error {
 	spend := map[string]*CurrencySpend{}
-	refusals := map[[2]string]int{}
+	refusals := map[refusalKey]int{}
 	scanned := 0
 	err := tx.Bucket(bucketKeys).ForEach(func(k, v []byte) error {
 		var rec keyRec
@@ -361,8 +367,8 @@ func overviewKeysTx(tx *bolt.Tx, now time.Time, ov *Overview, opts OverviewOptio
 			}
 		}
 		n, truncated, err := recentEvents(tx, key.ID, ov.RefusalsSince, refusalScanLimit-scanned, func(e Event) {
-			if e.Decision == "refused" || e.Decision == "would_refuse" {
-				refusals[[2]string{e.Decision, e.Reason}]++
+			if e.Decision == DecisionRefused || e.Decision == DecisionWouldRefuse {
+				refusals[refusalKey{e.Decision, e.Reason}]++
 			}
 		})
 		scanned += n
@@ -383,8 +389,8 @@ func overviewKeysTx(tx *bolt.Tx, now time.Time, ov *Overview, opts OverviewOptio
 	})
 	ov.NearCapTotal = len(ov.NearCap)
 	ov.NearCap = ov.NearCap[:min(len(ov.NearCap), opts.NearCapLimit)]
-	for dr, n := range refusals {
-		ov.Refusals = append(ov.Refusals, RefusalCount{Decision: dr[0], Reason: dr[1], Count: n})
+	for rk, n := range refusals {
+		ov.Refusals = append(ov.Refusals, RefusalCount{Decision: rk.decision, Reason: rk.reason, Count: n})
 	}
 	slices.SortFunc(ov.Refusals, func(a, b RefusalCount) int {
 		return cmp.Or(cmp.Compare(b.Count, a.Count), cmp.Compare(a.Decision, b.Decision), cmp.Compare(a.Reason, b.Reason))
@@ -406,51 +412,30 @@ func usedPercent(used, capMinor int64) int {
 	return int(p.Int64())
 }
 
-// oldestUnknownHolds walks the hold index (ordered by creation) in read
-// transactions of at most countChunk entries, counting the unknown holds and
-// returning the first limit of them, oldest first.
+// oldestUnknownHolds walks the hold index (ordered by creation) in bounded read
+// transactions (see CountHolds), counting the unknown holds and returning the
+// first limit of them, oldest first.
 func (s *Store) oldestUnknownHolds(ctx context.Context, limit int) ([]Hold, int, error) {
 	want := []byte(HoldUnknown)
 	holds := []Hold{}
 	total := 0
-	var resume []byte
-	for {
-		if err := ctx.Err(); err != nil {
-			return nil, 0, fmt.Errorf("unknown holds: %w", err)
-		}
-		var next []byte
-		err := s.view(func(tx *bolt.Tx, _ time.Time) error {
-			c := tx.Bucket(bucketHoldIndex).Cursor()
-			k, v := c.First()
-			if resume != nil {
-				k, v = c.Seek(resume)
-			}
-			for seen := 0; k != nil; k, v = c.Next() {
-				if seen == max(s.countChunk, 1) {
-					next = bytes.Clone(k) // valid only inside the transaction
-					return nil
-				}
-				seen++
-				if !bytes.Equal(v, want) {
-					continue
-				}
-				total++
-				if len(holds) < limit {
-					rec, err := getRecordByHold(tx, string(k[8:]))
-					if err != nil {
-						return fmt.Errorf("hold index: %w", err)
-					}
-					holds = append(holds, rec.Hold.public())
-				}
-			}
+	err := s.walkInChunks(ctx, bucketHoldIndex, func(tx *bolt.Tx, _ time.Time, k, v []byte) error {
+		if !bytes.Equal(v, want) {
 			return nil
-		})
+		}
+		total++
+		if len(holds) == limit {
+			return nil
+		}
+		rec, err := getRecordByHold(tx, string(k[8:]))
 		if err != nil {
-			return nil, 0, fmt.Errorf("unknown holds: %w", err)
+			return fmt.Errorf("hold index: %w", err)
 		}
-		if next == nil {
-			return holds, total, nil
-		}
-		resume = next
+		holds = append(holds, rec.Hold.public())
+		return nil
+	})
+	if err != nil {
+		return nil, 0, fmt.Errorf("unknown holds: %w", err)
 	}
+	return holds, total, nil
 }

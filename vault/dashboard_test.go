@@ -16,7 +16,7 @@ import (
 func commitCharge(tb testing.TB, s *Store, keyID, idemKey string, amount int64) {
 	tb.Helper()
 	res := MustReserve(tb, s, charge(keyID, idemKey, amount))
-	require.Equal(tb, Claimed, res.Outcome, "decision: %+v", res.Decision)
+	require.Equal(tb, ReserveClaimed, res.Outcome, "decision: %+v", res.Decision)
 	MustSettle(tb, s, SettleRequest{KeyID: keyID, IdempotencyKey: idemKey, Outcome: SettleCommit, Amount: amount})
 }
 
@@ -62,7 +62,7 @@ func TestDailySpendSumsTheLedgerPerDay(t *testing.T) {
 	commitCharge(t, f.s, id, "d12-a", 2000)
 	commitCharge(t, f.s, id, "d12-b", 500)
 	res := MustReserve(t, f.s, charge(id, "d12-refused", 99000))
-	require.Equal(t, Refused, res.Outcome, "a refusal moves nothing")
+	require.Equal(t, ReserveRefused, res.Outcome, "a refusal moves nothing")
 	// Placed before midnight, settled after: it counts on the day it was placed.
 	f.clock.Set(at(13, 23, 59))
 	MustReserve(t, f.s, charge(id, "late", 700))
@@ -185,7 +185,7 @@ func TestOverviewSummarizesKeysSpendRefusalsAndUnknownHolds(t *testing.T) {
 
 	// An hour and a half ago: a refusal that falls out of the window.
 	f.clock.Set(t0.Add(-90 * time.Minute))
-	require.Equal(t, Refused, MustReserve(t, s, charge(near.ID, "too-early", 5000)).Outcome)
+	require.Equal(t, ReserveRefused, MustReserve(t, s, charge(near.ID, "too-early", 5000)).Outcome)
 	f.clock.Set(t0)
 
 	commitCharge(t, s, id, "k1", 4000)
@@ -197,16 +197,16 @@ func TestOverviewSummarizesKeysSpendRefusalsAndUnknownHolds(t *testing.T) {
 	require.NoError(t, err)
 	eurCharge := charge(eur.ID, "e1", 1234)
 	eurCharge.Request.Currency = "eur"
-	require.Equal(t, Claimed, MustReserve(t, s, eurCharge).Outcome)
+	require.Equal(t, ReserveClaimed, MustReserve(t, s, eurCharge).Outcome)
 	MustSettle(t, s, SettleRequest{KeyID: eur.ID, IdempotencyKey: "e1", Outcome: SettleCommit, Amount: 1234})
 	for i := range 3 {
 		res := MustReserve(t, s, charge(near.ID, idem(100+i), 500))
-		require.Equal(t, Refused, res.Outcome)
+		require.Equal(t, ReserveRefused, res.Outcome)
 		assert.Equal(t, policy.ReasonCapExceeded, res.Decision.Reason)
 	}
 	res := MustReserve(t, s, ReserveRequest{KeyID: id, IdempotencyKey: "gbp", Fingerprint: "x", Metered: true,
 		Request: policy.Request{Operation: "charges.create", Amount: 100, Currency: "gbp"}})
-	require.Equal(t, Refused, res.Outcome)
+	require.Equal(t, ReserveRefused, res.Outcome)
 	for i := range 3 {
 		f.clock.Advance(time.Second)
 		MustReserve(t, s, charge(id, idem(i), 100))

@@ -16,7 +16,7 @@ import (
 // each held on the windows its request was placed on, exactly like a hold. A
 // commit against the object takes from its parts first (oldest first), so money
 // that moves later is not counted twice; an answer that proves the object can move
-// no more money releases them. See the package documentation, "Money objects".
+// no more money releases them. See "The metering model" in docs/ARCHITECTURE.md.
 
 // objectRec is what one key has metered for one Stripe object.
 type objectRec struct {
@@ -131,7 +131,7 @@ func applyPartChanges(tx *bolt.Tx, now time.Time, keyID, objectID, operation, cu
 			}
 			ev := &Event{
 				Time: now, KeyID: keyID, Operation: operation, Amount: e.amount, Currency: currency,
-				Decision: "exposure", Reason: e.reason, HoldID: ch.part.HoldID, ObjectID: objectID,
+				Decision: DecisionExposure, Reason: e.reason, HoldID: ch.part.HoldID, ObjectID: objectID,
 				WindowIDs: ch.part.WindowIDs, HeldDelta: -e.amount,
 			}
 			if e.reason == "commit" {

@@ -38,7 +38,7 @@ func exposureOf(tb testing.TB, s *Store, keyID, objectID string) Exposure {
 // against objectID with the given object change.
 func settleOn(tb testing.TB, s *Store, keyID, idem string, amount, commit int64, objectID string, ch ObjectSettle) {
 	tb.Helper()
-	require.Equal(tb, Claimed, MustReserve(tb, s, charge(keyID, idem, amount)).Outcome)
+	require.Equal(tb, ReserveClaimed, MustReserve(tb, s, charge(keyID, idem, amount)).Outcome)
 	MustSettle(tb, s, SettleRequest{KeyID: keyID, IdempotencyKey: idem, Outcome: SettleCommit, Amount: commit,
 		ObjectID: objectID, Object: ch, Response: &StoredResponse{Status: 200}})
 }
@@ -92,7 +92,7 @@ func TestCapturesOfAForeignAuthorisationEachCount(t *testing.T) {
 	daily, _ := usageOf(t, f.s, id)
 	assert.Equal(t, policy.Counter{Committed: 6000}, daily)
 	res := MustReserve(t, f.s, charge(id, "cap-3", 5000))
-	assert.Equal(t, Refused, res.Outcome, "the cap bites on the fourth: 6000 + 5000 > 10000")
+	assert.Equal(t, ReserveRefused, res.Outcome, "the cap bites on the fourth: 6000 + 5000 > 10000")
 }
 
 // A raise holds the difference, a lowered amount keeps the exposure until the
@@ -156,7 +156,7 @@ func TestDeclinedCreationKeepsExposure(t *testing.T) {
 		settleOn(t, f.s, id, fmt.Sprintf("declined-%d", i), 5000, 0, fmt.Sprintf("pi_%d", i), ObjectSettle{Created: true, Expose: true})
 	}
 	res := MustReserve(t, f.s, charge(id, "third", 5000))
-	assert.Equal(t, Refused, res.Outcome, "two confirmable 50.00 PaymentIntents fill a 100.00 cap")
+	assert.Equal(t, ReserveRefused, res.Outcome, "two confirmable 50.00 PaymentIntents fill a 100.00 cap")
 }
 
 // An overrun is the one commit above what was held; it is booked and excused, and
@@ -166,7 +166,7 @@ func TestOverrunIsRecorded(t *testing.T) {
 	f := newMeteringFixture(t)
 	id := f.key.ID
 	settleOn(t, f.s, id, "create", 4000, 0, "in_1", ObjectSettle{Created: true, Expose: true})
-	require.Equal(t, Claimed, MustReserve(t, f.s, charge(id, "pay", 5000)).Outcome)
+	require.Equal(t, ReserveClaimed, MustReserve(t, f.s, charge(id, "pay", 5000)).Outcome)
 	req := SettleRequest{KeyID: id, IdempotencyKey: "pay", Outcome: SettleCommit, Amount: 12000, ObjectID: "in_1",
 		Object: ObjectSettle{Terminal: true, Moved: 12000, MovedKnown: true}}
 	assert.ErrorIs(t, f.s.Settle(ctx, req), ErrInvalid, "above hold + exposure without AllowOverrun")

@@ -151,7 +151,7 @@ func MustSettle(tb testing.TB, s *Store, req SettleRequest) {
 // MustCommit reserves a charge of amount cents under idem and commits it in full.
 func MustCommit(tb testing.TB, s *Store, keyID, idem string, amount int64) {
 	tb.Helper()
-	require.Equal(tb, Claimed, MustReserve(tb, s, charge(keyID, idem, amount)).Outcome)
+	require.Equal(tb, ReserveClaimed, MustReserve(tb, s, charge(keyID, idem, amount)).Outcome)
 	MustSettle(tb, s, SettleRequest{KeyID: keyID, IdempotencyKey: idem, Outcome: SettleCommit, Amount: amount})
 }
 

@@ -14,8 +14,9 @@ import (
 )
 
 // CheckInvariant verifies, in one read transaction, that the counters agree with
-// the holds, the ledger and the caps (the rule is in the package documentation).
-// It returns nil, or ErrInvariant joined with one error per violation.
+// the holds, the ledger and the caps (the rule is in docs/ARCHITECTURE.md, "The
+// invariant and its exceptions"). It returns nil, or ErrInvariant joined with one
+// error per violation.
 func (s *Store) CheckInvariant(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
 		return err

@@ -253,7 +253,7 @@ func carryDailyUsage(tx *bolt.Tx, now time.Time, rec *keyRec, p *policy.Policy) 
 	}
 	return putEvent(tx, &Event{
 		Time: now, KeyID: rec.ID, Operation: "key.update", Amount: carry, Currency: p.EffectiveCurrency(),
-		Decision: "carried", Reason: "timezone_changed", WindowIDs: []string{newDay.ID}, CommittedDelta: carry,
+		Decision: DecisionCarried, Reason: "timezone_changed", WindowIDs: []string{newDay.ID}, CommittedDelta: carry,
 		AllowanceDeltas: []int64{excused},
 	})
 }

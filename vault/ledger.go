@@ -26,8 +26,10 @@ func listEventsTx(tx *bolt.Tx, keyID string, limit int, cursor string) ([]Event,
 		}
 		start = append(append([]byte(nil), prefix...), u64(seq)...)
 	}
-	return pageNewestFirst(tx.Bucket(bucketEvents), prefix, start, limit, "evt_", decodeEvent,
-		func(e Event) string { return e.ID })
+	return pageNewestFirst(tx.Bucket(bucketEvents), prefix, start, limit, newestFirst[Event]{
+		decode: decodeEvent,
+		cursor: func(_ []byte, e Event) string { return e.ID },
+	})
 }
 
 // listAuditTx pages through the audit log newest first.
@@ -44,39 +46,54 @@ func listAuditTx(tx *bolt.Tx, limit int, cursor string) ([]AuditEntry, string, e
 		}
 		start = u64(seq)
 	}
-	return pageNewestFirst(tx.Bucket(bucketAudit), nil, start, limit, "aud_",
-		func(k, v []byte) (AuditEntry, error) {
+	return pageNewestFirst(tx.Bucket(bucketAudit), nil, start, limit, newestFirst[AuditEntry]{
+		decode: func(k, v []byte) (AuditEntry, error) {
 			var e AuditEntry
 			err := decodeJSON(k, v, &e)
 			return e, err
 		},
-		func(e AuditEntry) string { return e.ID })
+		cursor: func(_ []byte, e AuditEntry) string { return e.ID },
+	})
+}
+
+// newestFirst says how pageNewestFirst reads the entries of one listing.
+type newestFirst[T any] struct {
+	// keep, when set, picks the entries to list; the others are skipped without
+	// being decoded.
+	keep   func(k, v []byte) bool
+	decode func(k, v []byte) (T, error)
+	// cursor is what the next page starts after: the id of the entry e stored
+	// under k (made opaque by encodeCursor).
+	cursor func(k []byte, e T) string
 }
 
 // pageNewestFirst reads one page of at most limit entries with prefix that sort
-// before start, newest first, and the cursor of the next page ("" on the last).
-// Entry ids are idPrefix + their sequence (seqID).
-func pageNewestFirst[T any](b *bolt.Bucket, prefix, start []byte, limit int, idPrefix string,
-	decode func(k, v []byte) (T, error), id func(T) string) ([]T, string, error) {
+// before start, newest first, and the cursor of the next page: "" when no entry
+// to list is left.
+func pageNewestFirst[T any](b *bolt.Bucket, prefix, start []byte, limit int, r newestFirst[T]) ([]T, string, error) {
 	limit = clampLimit(limit)
 	out := []T{}
+	var lastKey []byte
+	next := ""
 	err := pageBackward(b, prefix, start, func(k, v []byte) (bool, error) {
+		if r.keep != nil && !r.keep(k, v) {
+			return true, nil
+		}
 		if len(out) == limit {
+			// One more entry to list: the page ends at the last one it holds.
+			next = encodeCursor(r.cursor(lastKey, out[len(out)-1]))
 			return false, nil
 		}
-		e, err := decode(k, v)
+		e, err := r.decode(k, v)
 		if err != nil {
 			return false, err
 		}
 		out = append(out, e)
+		lastKey = append(lastKey[:0], k...)
 		return true, nil
 	})
 	if err != nil {
 		return nil, "", err
-	}
-	next := ""
-	if len(out) == limit && hasBefore(b, prefix, id(out[len(out)-1]), idPrefix) {
-		next = encodeCursor(id(out[len(out)-1]))
 	}
 	return out, next, nil
 }
@@ -85,8 +102,8 @@ func pageNewestFirst[T any](b *bolt.Bucket, prefix, start []byte, limit int, idP
 // newest (greatest) first, until fn returns false.
 func pageBackward(b *bolt.Bucket, prefix, start []byte, fn func(k, v []byte) (bool, error)) error {
 	c := b.Cursor()
-	k, v := c.Seek(start)
-	if k == nil {
+	var k, v []byte
+	if k, _ = c.Seek(start); k == nil {
 		k, v = c.Last()
 	} else {
 		k, v = c.Prev()
@@ -101,18 +118,4 @@ func pageBackward(b *bolt.Bucket, prefix, start []byte, fn func(k, v []byte) (bo
 		}
 	}
 	return nil
-}
-
-// hasBefore reports whether any entry with prefix sorts before the sequence id.
-func hasBefore(b *bolt.Bucket, prefix []byte, id, idPrefix string) bool {
-	seq, ok := parseSeqID(idPrefix, id)
-	if !ok {
-		return false
-	}
-	found := false
-	_ = pageBackward(b, prefix, append(append([]byte(nil), prefix...), u64(seq)...), func(k, v []byte) (bool, error) {
-		found = true
-		return false, nil
-	})
-	return found
 }

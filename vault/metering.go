@@ -1,11 +1,8 @@
 package vault
 
 import (
-	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"net/http"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -13,14 +10,13 @@ import (
 	"github.com/keybrake/keybrake/policy"
 )
 
-// reservePlan is what a Reserve decided (read-only) and what it must write. Keeping
-// decision and writes apart lets the mutation test run them in two transactions;
-// Reserve itself always runs both in one.
+// reservePlan is what a Reserve decided, reading only, and what it must write.
+// Keeping the decision apart from the writes lets the mutation test run them in
+// two transactions; Reserve always runs both in one.
 type reservePlan struct {
-	res ReserveResult
-	err error // domain error found before any write
+	res txResult[ReserveResult]
 
-	// Writes, applied by applyReserve.
+	// Writes, applied by apply; none when res is rejected.
 	record  *recordRec // record (with its hold) to put: claim, resume, stale
 	newHold bool       // add the record's hold amount to held on every window
 	windows []policy.Window
@@ -30,46 +26,55 @@ type reservePlan struct {
 func validateReserve(req *ReserveRequest) error {
 	switch {
 	case req.KeyID == "":
-		return fmt.Errorf("reserve: empty key id: %w", ErrInvalid)
+		return fmt.Errorf("empty key id: %w", ErrInvalid)
 	case req.IdempotencyKey == "" || len(req.IdempotencyKey) > maxIdemKeyLen:
-		return fmt.Errorf("reserve: idempotency key must be 1-%d bytes: %w", maxIdemKeyLen, ErrInvalid)
+		return fmt.Errorf("idempotency key must be 1-%d bytes: %w", maxIdemKeyLen, ErrInvalid)
 	case req.Request.Amount < 0:
-		return fmt.Errorf("reserve: negative amount: %w", ErrInvalid)
+		return fmt.Errorf("negative amount: %w", ErrInvalid)
 	case !req.Metered && req.Request.Amount != 0:
-		return fmt.Errorf("reserve: unmetered request with an amount: %w", ErrInvalid)
+		return fmt.Errorf("unmetered request with an amount: %w", ErrInvalid)
 	}
 	return nil
 }
 
+// reserveTx is one Reserve: plan and apply in tx.
+func (s *Store) reserveTx(tx *bolt.Tx, now time.Time, req *ReserveRequest) (txResult[ReserveResult], error) {
+	pl, err := s.planReserve(tx, now, req)
+	if err != nil {
+		return txResult[ReserveResult]{}, err
+	}
+	return pl.res, pl.apply(tx)
+}
+
 // planReserve reads everything Reserve needs in tx and decides. It writes nothing.
 func (s *Store) planReserve(tx *bolt.Tx, now time.Time, req *ReserveRequest) (*reservePlan, error) {
-	pl := &reservePlan{}
 	if err := validateReserve(req); err != nil {
-		pl.err = err
-		return pl, nil
+		return &reservePlan{res: reject[ReserveResult](err)}, nil
 	}
 	key, err := s.keys.get(tx, req.KeyID)
-	if err != nil {
-		if errors.Is(err, ErrNotFound) {
-			pl.err = err
-			return pl, nil
-		}
+	if errors.Is(err, ErrNotFound) {
+		return &reservePlan{res: reject[ReserveResult](err)}, nil
+	} else if err != nil {
 		return nil, err
 	}
-	pl.res.Key = key.public()
+	res := ReserveResult{Key: key.public()}
 	if key.Status == KeyRevoked {
-		pl.err = fmt.Errorf("reserve under key %s: %w", key.ID, ErrKeyRevoked)
-		return pl, nil
+		return &reservePlan{res: txResult[ReserveResult]{val: res,
+			err: fmt.Errorf("reserve under key %s: %w", key.ID, ErrKeyRevoked)}}, nil
 	}
 	rec, err := getRecord(tx, req.KeyID, req.IdempotencyKey)
 	if err != nil {
 		return nil, err
 	}
 	if rec != nil {
-		return s.planExisting(now, req, pl, rec)
+		return s.planExisting(now, req, res, rec)
 	}
+	return s.planNew(tx, now, req, res, key)
+}
 
-	// No record: decide against the key's current policy and counters.
+// planNew decides a Reserve without an idempotency record: against the key's
+// current policy and counters.
+func (s *Store) planNew(tx *bolt.Tx, now time.Time, req *ReserveRequest, res ReserveResult, key *keyRec) (*reservePlan, error) {
 	windows, err := key.Policy.Windows(now)
 	if err != nil {
 		return nil, fmt.Errorf("key %s windows: %w", key.ID, err)
@@ -82,13 +87,15 @@ func (s *Store) planReserve(tx *bolt.Tx, now time.Time, req *ReserveRequest) (*r
 		}
 	}
 	dec := policy.Decide(&key.Policy, usage, req.Request, now)
-	pl.res.Decision = dec
+	res.Decision = dec
+	pl := &reservePlan{}
 	if !dec.Allowed {
-		pl.res.Outcome = Refused
+		res.Outcome = ReserveRefused
+		pl.res = accept(res)
 		if req.Metered {
 			pl.event = &Event{
 				Time: now, KeyID: key.ID, Operation: req.Request.Operation, Amount: req.Request.Amount,
-				Currency: req.Request.Currency, Decision: "refused", Reason: string(dec.Reason), Tool: req.Tool,
+				Currency: req.Request.Currency, Decision: DecisionRefused, Reason: string(dec.Reason), Tool: req.Tool,
 			}
 		}
 		return pl, nil
@@ -99,7 +106,7 @@ func (s *Store) planReserve(tx *bolt.Tx, now time.Time, req *ReserveRequest) (*r
 		State: RecordInProgress, LeaseUntil: now.Add(s.lease), CreatedAt: now, UpdatedAt: now, Fresh: true,
 	}
 	pl.record = r
-	pl.res.Outcome = Claimed
+	res.Outcome = ReserveClaimed
 	if req.Metered {
 		ids := make([]string, len(windows))
 		for i, w := range windows {
@@ -112,9 +119,9 @@ func (s *Store) planReserve(tx *bolt.Tx, now time.Time, req *ReserveRequest) (*r
 		}
 		r.Hold = h
 		pl.newHold, pl.windows = true, windows
-		decision := "allowed"
+		decision := DecisionAllowed
 		if dec.WouldRefuse {
-			decision = "would_refuse"
+			decision = DecisionWouldRefuse
 		}
 		pl.event = &Event{
 			Time: now, KeyID: key.ID, Operation: h.Operation, Amount: h.Amount, Currency: h.Currency,
@@ -122,28 +129,30 @@ func (s *Store) planReserve(tx *bolt.Tx, now time.Time, req *ReserveRequest) (*r
 			WindowIDs: ids, HeldDelta: h.Amount, Tool: req.Tool,
 		}
 		pub := h.public()
-		pl.res.Hold = &pub
+		res.Hold = &pub
 	}
-	pl.res.Record = IdempotencyRecord{
+	res.Record = IdempotencyRecord{
 		KeyID: key.ID, IdempotencyKey: req.IdempotencyKey, Fingerprint: r.Fingerprint, UpstreamKey: r.UpstreamKey,
 		State: r.State, LeaseUntil: r.LeaseUntil, HoldID: r.holdID(), CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt,
 	}
+	pl.res = accept(res)
 	return pl, nil
 }
 
 // planExisting answers a Reserve whose idempotency record exists.
-func (s *Store) planExisting(now time.Time, req *ReserveRequest, pl *reservePlan, rec *recordRec) (*reservePlan, error) {
+func (s *Store) planExisting(now time.Time, req *ReserveRequest, res ReserveResult, rec *recordRec) (*reservePlan, error) {
+	pl := &reservePlan{}
 	hold := rec.Hold
 	switch {
 	case rec.Fingerprint != req.Fingerprint:
-		pl.res.Outcome = Mismatch
+		res.Outcome = ReserveMismatch
 	case rec.State == RecordCompleted:
-		pl.res.Outcome = Replay
+		res.Outcome = ReserveReplay
 	case rec.State == RecordInProgress && now.Before(rec.LeaseUntil):
-		pl.res.Outcome = InFlight
+		res.Outcome = ReserveInFlight
 	case now.Sub(rec.CreatedAt) > s.unknownLimit:
 		// Stripe may have pruned the upstream key by now: an operator decides.
-		pl.res.Outcome = Stale
+		res.Outcome = ReserveStale
 		if rec.State == RecordInProgress {
 			rec.State, rec.LeaseUntil, rec.Fresh, rec.UpdatedAt = RecordUnknown, time.Time{}, false, now
 			if hold != nil {
@@ -154,7 +163,7 @@ func (s *Store) planExisting(now time.Time, req *ReserveRequest, pl *reservePlan
 	default:
 		// Unknown, or in_progress under a lapsed lease: forward again with the same
 		// upstream key; the hold it already has stays.
-		pl.res.Outcome = Resume
+		res.Outcome = ReserveResume
 		rec.State, rec.LeaseUntil, rec.Fresh, rec.UpdatedAt = RecordInProgress, now.Add(s.lease), false, now
 		if hold != nil {
 			hold.State = HoldHeld
@@ -165,67 +174,75 @@ func (s *Store) planExisting(now time.Time, req *ReserveRequest, pl *reservePlan
 	if err != nil {
 		// A stored response that does not open must not be replayed, nor the
 		// record changed.
-		return &reservePlan{res: ReserveResult{Key: pl.res.Key}, err: err}, nil
+		return &reservePlan{res: txResult[ReserveResult]{val: ReserveResult{Key: res.Key}, err: err}}, nil
 	}
-	pl.res.Record = pub
+	res.Record = pub
 	if hold != nil {
 		h := hold.public()
-		pl.res.Hold = &h
+		res.Hold = &h
 	}
+	pl.res = accept(res)
 	return pl, nil
 }
 
-// applyReserve writes what planReserve decided.
-func applyReserve(tx *bolt.Tx, pl *reservePlan) error {
-	if pl.err != nil || pl.record == nil {
+// apply writes what planReserve decided: the record, the hold on every window,
+// the event (a refusal writes only that).
+func (pl *reservePlan) apply(tx *bolt.Tx) error {
+	if pl.res.err != nil {
 		return nil
 	}
-	r := pl.record
-	if err := putRecord(tx, r); err != nil {
-		return err
-	}
-	if pl.newHold {
-		amount := r.Hold.Amount
-		var excused []int64
-		for i, w := range pl.windows {
-			c, _, err := getCounter(tx, r.KeyID, w.ID)
-			if err != nil {
-				return err
-			}
-			if w.HasCap {
-				c.CapPeak = max(c.CapPeak, w.Cap)
-				if pl.res.Decision.WouldRefuse {
-					// Report mode lets this hold pass the cap: excuse what it adds
-					// beyond, and say so in the ledger.
-					if over := c.Committed + c.Held + amount - w.Cap; over > 0 {
-						if excused == nil {
-							excused = make([]int64, len(pl.windows))
-						}
-						excused[i] = min(over, amount)
-						c.Allowance += excused[i]
-					}
-				}
-			} else {
-				c.Uncapped = true
-			}
-			c.Held += amount
-			if err := putCounter(tx, r.KeyID, w.ID, c); err != nil {
+	if r := pl.record; r != nil {
+		if err := putRecord(tx, r); err != nil {
+			return err
+		}
+		if pl.newHold {
+			if err := pl.placeHold(tx); err != nil {
 				return err
 			}
 		}
-		if pl.event != nil {
-			pl.event.AllowanceDeltas = excused
-		}
 	}
-	return nil
-}
-
-// applyReserveEvent writes the plan's event (a refusal writes only that).
-func applyReserveEvent(tx *bolt.Tx, pl *reservePlan) error {
-	if pl.err != nil || pl.event == nil {
+	if pl.event == nil {
 		return nil
 	}
 	return putEvent(tx, pl.event)
+}
+
+// placeHold adds a new hold's amount to held on each of its windows, raising each
+// counter's CapPeak to the cap in force (see CheckInvariant).
+func (pl *reservePlan) placeHold(tx *bolt.Tx) error {
+	r := pl.record
+	amount := r.Hold.Amount
+	var excused []int64
+	for i, w := range pl.windows {
+		c, _, err := getCounter(tx, r.KeyID, w.ID)
+		if err != nil {
+			return err
+		}
+		if w.HasCap {
+			c.CapPeak = max(c.CapPeak, w.Cap)
+			if pl.res.val.Decision.WouldRefuse {
+				// Report mode lets this hold pass the cap: excuse what it adds
+				// beyond, and say so in the ledger.
+				if over := c.Committed + c.Held + amount - w.Cap; over > 0 {
+					if excused == nil {
+						excused = make([]int64, len(pl.windows))
+					}
+					excused[i] = min(over, amount)
+					c.Allowance += excused[i]
+				}
+			}
+		} else {
+			c.Uncapped = true
+		}
+		c.Held += amount
+		if err := putCounter(tx, r.KeyID, w.ID, c); err != nil {
+			return err
+		}
+	}
+	if pl.event != nil {
+		pl.event.AllowanceDeltas = excused
+	}
+	return nil
 }
 
 // addToWindows moves money on a hold's windows.
@@ -245,28 +262,28 @@ func addToWindows(tx *bolt.Tx, keyID string, windowIDs []string, heldDelta, comm
 	return nil
 }
 
-// settleTx applies a Settle. Domain errors (returned as dom) are found before any write.
-func (s *Store) settleTx(tx *bolt.Tx, now time.Time, req *SettleRequest) (dom error, err error) {
+// settleTx applies a Settle. Every reason to turn it down is found before any write.
+func (s *Store) settleTx(tx *bolt.Tx, now time.Time, req *SettleRequest) (txResult[noValue], error) {
 	switch req.Outcome {
 	case SettleCommit, SettleRelease, SettleUnknown, SettleAbandon:
 	default:
-		return fmt.Errorf("settle outcome %q: %w", req.Outcome, ErrInvalid), nil
+		return reject[noValue](fmt.Errorf("outcome %q: %w", req.Outcome, ErrInvalid)), nil
 	}
 	if req.Amount < 0 || req.Object.Moved < 0 {
-		return fmt.Errorf("settle: negative amount: %w", ErrInvalid), nil
+		return reject[noValue](fmt.Errorf("negative amount: %w", ErrInvalid)), nil
 	}
 	if req.ObjectID == "" && req.Object != (ObjectSettle{}) {
-		return fmt.Errorf("settle: an object change without an object id: %w", ErrInvalid), nil
+		return reject[noValue](fmt.Errorf("an object change without an object id: %w", ErrInvalid)), nil
 	}
 	rec, err := getRecord(tx, req.KeyID, req.IdempotencyKey)
 	if err != nil {
-		return nil, err
+		return txResult[noValue]{}, err
 	}
 	if rec == nil {
-		return fmt.Errorf("idempotency record of key %s: %w", req.KeyID, ErrNotFound), nil
+		return reject[noValue](fmt.Errorf("idempotency record of key %s: %w", req.KeyID, ErrNotFound)), nil
 	}
 	if rec.State != RecordInProgress {
-		return fmt.Errorf("idempotency record of key %s is %s: %w", req.KeyID, rec.State, ErrConflict), nil
+		return reject[noValue](fmt.Errorf("idempotency record of key %s is %s: %w", req.KeyID, rec.State, ErrConflict)), nil
 	}
 	hold := rec.Hold
 	var obj *objectRec
@@ -275,7 +292,7 @@ func (s *Store) settleTx(tx *bolt.Tx, now time.Time, req *SettleRequest) (dom er
 		// is only recorded in the ledger with the object's id.
 		if req.ObjectID != "" && hold != nil && req.Object != (ObjectSettle{}) {
 			if obj, _, err = getObject(tx, req.KeyID, req.ObjectID); err != nil {
-				return nil, err
+				return txResult[noValue]{}, err
 			}
 		}
 		var avail int64
@@ -286,19 +303,27 @@ func (s *Store) settleTx(tx *bolt.Tx, now time.Time, req *SettleRequest) (dom er
 			avail += obj.held()
 		}
 		if req.Amount > avail && (!req.AllowOverrun || hold == nil) {
-			return fmt.Errorf("settle: commit of %d above the %d held for it: %w", req.Amount, avail, ErrInvalid), nil
+			return reject[noValue](fmt.Errorf("commit of %d above the %d held for it: %w", req.Amount, avail, ErrInvalid)), nil
 		}
 	}
 
 	// From here on, only writes.
+	return accept(noValue{}), s.settleWrites(tx, now, req, rec, obj)
+}
+
+// settleWrites writes what a Settle does to rec (and to the money object obj of
+// a commit, if any), and its ledger events.
+func (s *Store) settleWrites(tx *bolt.Tx, now time.Time, req *SettleRequest, rec *recordRec, obj *objectRec) error {
+	hold := rec.Hold
 	var resp *responseRec
+	var err error
 	if req.Response != nil && req.Outcome != SettleAbandon {
 		if resp, err = s.sealResponse(req.KeyID, req.IdempotencyKey, req.Response); err != nil {
-			return nil, err
+			return err
 		}
 	}
 	ev := &Event{
-		Time: now, KeyID: req.KeyID, Decision: "settled", Reason: string(req.Outcome),
+		Time: now, KeyID: req.KeyID, Decision: DecisionSettled, Reason: string(req.Outcome),
 		UpstreamStatus: req.UpstreamStatus, StripeRequestID: req.StripeRequestID, ObjectID: req.ObjectID,
 		Tool: req.Tool,
 	}
@@ -313,7 +338,7 @@ func (s *Store) settleTx(tx *bolt.Tx, now time.Time, req *SettleRequest) (dom er
 		switch {
 		case obj != nil: // a commit with a hold, against a money object
 			if err := commitObject(tx, now, req, hold, obj, ev); err != nil {
-				return nil, err
+				return err
 			}
 		case hold != nil && req.Outcome == SettleCommit:
 			// At most the hold (checked above), unless an allowed overrun.
@@ -322,13 +347,13 @@ func (s *Store) settleTx(tx *bolt.Tx, now time.Time, req *SettleRequest) (dom er
 			ev.HeldDelta, ev.CommittedDelta, ev.Amount = -held, req.Amount, req.Amount
 			ev.AllowanceDeltas = sameForEach(hold.WindowIDs, over)
 			if err := addToWindows(tx, hold.KeyID, hold.WindowIDs, -held, req.Amount, over); err != nil {
-				return nil, err
+				return err
 			}
 		case hold != nil:
 			ev.HeldDelta = -hold.Amount
 			hold.State, hold.SettledAt = HoldReleased, now
 			if err := addToWindows(tx, hold.KeyID, hold.WindowIDs, -hold.Amount, 0, 0); err != nil {
-				return nil, err
+				return err
 			}
 		}
 	case SettleUnknown:
@@ -346,13 +371,13 @@ func (s *Store) settleTx(tx *bolt.Tx, now time.Time, req *SettleRequest) (dom er
 			if hold != nil {
 				ev.HeldDelta, ev.HoldState = -hold.Amount, HoldReleased
 				if err := addToWindows(tx, hold.KeyID, hold.WindowIDs, -hold.Amount, 0, 0); err != nil {
-					return nil, err
+					return err
 				}
 				if err := putEvent(tx, ev); err != nil {
-					return nil, err
+					return err
 				}
 			}
-			return nil, deleteRecord(tx, rec)
+			return deleteRecord(tx, rec)
 		}
 		// A resumed claim: the earlier attempt may have moved money.
 		rec.State, rec.LeaseUntil = RecordUnknown, time.Time{}
@@ -362,15 +387,13 @@ func (s *Store) settleTx(tx *bolt.Tx, now time.Time, req *SettleRequest) (dom er
 	}
 	rec.UpdatedAt = now
 	if err := putRecord(tx, rec); err != nil {
-		return nil, err
+		return err
 	}
-	if hold != nil {
-		ev.HoldState = hold.State
-		if err := putEvent(tx, ev); err != nil {
-			return nil, err
-		}
+	if hold == nil {
+		return nil
 	}
-	return nil, nil
+	ev.HoldState = hold.State
+	return putEvent(tx, ev)
 }
 
 // commitObject books a commit against the money object obj (see Store.Settle):
@@ -428,29 +451,6 @@ func sameForEach(ids []string, n int64) []int64 {
 	return out
 }
 
-// resolvedResponse is what a retry of a request resolved by an operator replays:
-// a Stripe-shaped idempotency error that says what the operator decided and tells
-// SDKs not to retry. It carries no Stripe object, because keybrake never saw one.
-func resolvedResponse(holdID string, outcome HoldState) *StoredResponse {
-	verb := "committed (the payment is counted as made)"
-	if outcome == HoldReleased {
-		verb = "released (the payment is counted as not made)"
-	}
-	body, _ := json.Marshal(map[string]any{"error": map[string]any{
-		"type":    "idempotency_error",
-		"code":    "idempotency_key_resolved",
-		"message": "The outcome of the request made with this idempotency key was unknown and an operator resolved it as " + verb + ". Check the object in Stripe before sending a new request.",
-		"keybrake": map[string]any{
-			"hold_id": holdID,
-			"outcome": string(outcome),
-		},
-	}})
-	h := http.Header{}
-	h.Set("Content-Type", "application/json")
-	h.Set("Stripe-Should-Retry", "false")
-	return &StoredResponse{Status: http.StatusConflict, Header: h, Body: body}
-}
-
 func (s *Store) resolveHoldTx(tx *bolt.Tx, now time.Time, actor, holdID string, outcome HoldState) (Hold, error) {
 	if outcome != HoldCommitted && outcome != HoldReleased {
 		return Hold{}, fmt.Errorf("resolve outcome %q (committed or released): %w", outcome, ErrInvalid)
@@ -467,7 +467,7 @@ func (s *Store) resolveHoldTx(tx *bolt.Tx, now time.Time, actor, holdID string, 
 	before := hold.public()
 	ev := &Event{
 		Time: now, KeyID: hold.KeyID, Operation: hold.Operation, Amount: hold.Amount, Currency: hold.Currency,
-		Decision: "resolved", Reason: "operator:" + string(outcome), HoldID: hold.ID, HoldState: outcome,
+		Decision: DecisionResolved, Reason: "operator:" + string(outcome), HoldID: hold.ID, HoldState: outcome,
 		WindowIDs: hold.WindowIDs, HeldDelta: -hold.Amount,
 	}
 	committed := int64(0)
@@ -478,13 +478,11 @@ func (s *Store) resolveHoldTx(tx *bolt.Tx, now time.Time, actor, holdID string, 
 	if err := addToWindows(tx, hold.KeyID, hold.WindowIDs, -hold.Amount, committed, 0); err != nil {
 		return Hold{}, err
 	}
-	resp, err := s.sealResponse(hold.KeyID, hold.IdempotencyKey, resolvedResponse(hold.ID, outcome))
-	if err != nil {
-		return Hold{}, err
-	}
 	hold.State, hold.SettledAt = outcome, now
+	// No answer is stored: keybrake never saw Stripe's. A retry is told what the
+	// operator decided (IdempotencyRecord.Resolved, and the hold's state).
 	rec.State, rec.LeaseUntil, rec.Fresh, rec.Resolved = RecordCompleted, time.Time{}, false, true
-	rec.Response, rec.RequestID, rec.CompletedAt, rec.UpdatedAt = resp, "", now, now
+	rec.Response, rec.RequestID, rec.CompletedAt, rec.UpdatedAt = nil, "", now, now
 	if err := putRecord(tx, rec); err != nil {
 		return Hold{}, err
 	}
@@ -498,46 +496,34 @@ func (s *Store) resolveHoldTx(tx *bolt.Tx, now time.Time, actor, holdID string, 
 	return after, nil
 }
 
+// listHoldsTx pages through the hold index (creation time, then hold id) newest
+// first, keeping the holds in state ("" for all). The cursor is the index key of
+// the last hold of the previous page.
 func listHoldsTx(tx *bolt.Tx, state HoldState, limit int, cursor string) ([]Hold, string, error) {
 	switch state {
 	case "", HoldHeld, HoldCommitted, HoldReleased, HoldUnknown:
 	default:
 		return nil, "", fmt.Errorf("hold state %q: %w", state, ErrInvalid)
 	}
-	before, err := decodeCursor(cursor)
-	if err != nil {
-		return nil, "", err
-	}
-	limit = clampLimit(limit)
-	out := []Hold{}
-	c := tx.Bucket(bucketHoldIndex).Cursor()
-	var k, v []byte
-	if before == "" {
-		k, v = c.Last()
-	} else {
-		k, v = c.Seek([]byte(before))
-		if k == nil {
-			k, v = c.Last()
-		} else {
-			k, v = c.Prev() // Seek lands on the cursor itself or the first key after it.
-		}
-	}
-	var lastKey []byte
-	for ; k != nil; k, v = c.Prev() {
-		if state != "" && string(v) != string(state) {
-			continue
-		}
-		if len(out) == limit {
-			return out, encodeCursor(string(lastKey)), nil
-		}
-		rec, err := getRecordByHold(tx, string(k[8:]))
+	start := []byte{0xff} // after every index key: they start with a creation time in 2262 or before
+	if cursor != "" {
+		before, err := decodeCursor(cursor)
 		if err != nil {
-			return nil, "", fmt.Errorf("hold index: %w", err)
+			return nil, "", err
 		}
-		out = append(out, rec.Hold.public())
-		lastKey = append(lastKey[:0], k...)
+		start = []byte(before)
 	}
-	return out, "", nil
+	return pageNewestFirst(tx.Bucket(bucketHoldIndex), nil, start, limit, newestFirst[Hold]{
+		keep: func(_, v []byte) bool { return state == "" || string(v) == string(state) },
+		decode: func(k, _ []byte) (Hold, error) {
+			rec, err := getRecordByHold(tx, string(k[8:]))
+			if err != nil {
+				return Hold{}, fmt.Errorf("hold index: %w", err)
+			}
+			return rec.Hold.public(), nil
+		},
+		cursor: func(k []byte, _ Hold) string { return string(k) },
+	})
 }
 
 // recoverInProgress turns every in_progress record into unknown (their holds stay,
@@ -568,30 +554,4 @@ func recoverInProgress(tx *bolt.Tx, now time.Time) (int, error) {
 		}
 	}
 	return len(todo), nil
-}
-
-// reserveSplit is the broken Reserve that the mutation test needs: it decides in a
-// read transaction and writes in another, so concurrent callers can all see the same
-// headroom. Only tests set Store.splitReserve; nothing else reaches this path.
-func (s *Store) reserveSplit(ctx context.Context, req ReserveRequest) (ReserveResult, error) {
-	var pl *reservePlan
-	err := s.view(func(tx *bolt.Tx, now time.Time) error {
-		var err error
-		pl, err = s.planReserve(tx, now, &req)
-		return err
-	})
-	if err != nil {
-		return ReserveResult{}, fmt.Errorf("reserve: %w", err)
-	}
-	s.splitReserve()
-	err = s.submit(ctx, func(tx *bolt.Tx, now time.Time) error {
-		if err := applyReserve(tx, pl); err != nil {
-			return err
-		}
-		return applyReserveEvent(tx, pl)
-	})
-	if err != nil {
-		return ReserveResult{}, fmt.Errorf("reserve: %w", err)
-	}
-	return pl.res, pl.err
 }

@@ -36,7 +36,7 @@ func newMeteringFixture(t *testing.T) *meteringFixture {
 func TestReserveClaimsAndHolds(t *testing.T) {
 	f := newMeteringFixture(t)
 	res := MustReserve(t, f.s, charge(f.key.ID, "a", 4000))
-	require.Equal(t, Claimed, res.Outcome)
+	require.Equal(t, ReserveClaimed, res.Outcome)
 	assert.True(t, res.Decision.Allowed)
 	assert.False(t, res.Decision.WouldRefuse)
 	assert.Equal(t, f.key.ID, res.Key.ID)
@@ -61,7 +61,7 @@ func TestReserveClaimsAndHolds(t *testing.T) {
 	events, _, err := f.s.ListEvents(context.Background(), f.key.ID, 0, "")
 	require.NoError(t, err)
 	require.Len(t, events, 1)
-	assert.Equal(t, "allowed", events[0].Decision)
+	assert.Equal(t, DecisionAllowed, events[0].Decision)
 	assert.Equal(t, int64(4000), events[0].Amount)
 	assert.Equal(t, int64(4000), events[0].HeldDelta)
 	assert.Equal(t, HoldHeld, events[0].HoldState)
@@ -73,20 +73,20 @@ func TestReserveOutcomes(t *testing.T) {
 	id := f.key.ID
 
 	// A claimed request in flight.
-	require.Equal(t, Claimed, MustReserve(t, f.s, charge(id, "a", 1000)).Outcome)
+	require.Equal(t, ReserveClaimed, MustReserve(t, f.s, charge(id, "a", 1000)).Outcome)
 	res := MustReserve(t, f.s, charge(id, "a", 1000))
-	assert.Equal(t, InFlight, res.Outcome)
+	assert.Equal(t, ReserveInFlight, res.Outcome)
 	assert.Equal(t, RecordInProgress, res.Record.State)
 	other := charge(id, "a", 1000)
 	other.Fingerprint = "something else"
-	assert.Equal(t, Mismatch, MustReserve(t, f.s, other).Outcome)
+	assert.Equal(t, ReserveMismatch, MustReserve(t, f.s, other).Outcome)
 
 	// Completed: replayed with the stored response; a different request is still a mismatch.
 	hdr := http.Header{"Request-Id": {"req_1"}}
 	MustSettle(t, f.s, SettleRequest{KeyID: id, IdempotencyKey: "a", Outcome: SettleCommit, Amount: 1000,
 		Response: &StoredResponse{Status: 200, Header: hdr, Body: []byte(`{"id":"ch_1"}`)}, UpstreamStatus: 200, StripeRequestID: "req_1", ObjectID: "ch_1"})
 	res = MustReserve(t, f.s, charge(id, "a", 1000))
-	require.Equal(t, Replay, res.Outcome)
+	require.Equal(t, ReserveReplay, res.Outcome)
 	require.NotNil(t, res.Record.Response)
 	assert.Equal(t, 200, res.Record.Response.Status)
 	assert.Equal(t, `{"id":"ch_1"}`, string(res.Record.Response.Body))
@@ -94,23 +94,23 @@ func TestReserveOutcomes(t *testing.T) {
 	assert.Equal(t, "req_1", res.Record.RequestID)
 	assert.Equal(t, t0, res.Record.CompletedAt)
 	assert.Equal(t, HoldCommitted, res.Hold.State)
-	assert.Equal(t, Mismatch, MustReserve(t, f.s, other).Outcome, "mismatch even when completed")
+	assert.Equal(t, ReserveMismatch, MustReserve(t, f.s, other).Outcome, "mismatch even when completed")
 
 	// Refused: nothing but the event is written; a later request with the same key can claim.
 	res = MustReserve(t, f.s, charge(id, "big", 9500))
-	require.Equal(t, Refused, res.Outcome)
+	require.Equal(t, ReserveRefused, res.Outcome)
 	assert.Equal(t, policy.ReasonCapExceeded, res.Decision.Reason)
 	assert.Equal(t, policy.WindowDaily, res.Decision.Cap)
 	assert.Equal(t, int64(1000), res.Decision.Committed)
 	assert.Nil(t, res.Hold)
 	assert.Equal(t, 0, recordStates(t, f.s)[RecordInProgress])
-	require.Equal(t, Claimed, MustReserve(t, f.s, charge(id, "big", 9000)).Outcome, "exactly to the daily cap")
-	assert.Equal(t, Refused, MustReserve(t, f.s, charge(id, "one-more", 1)).Outcome)
+	require.Equal(t, ReserveClaimed, MustReserve(t, f.s, charge(id, "big", 9000)).Outcome, "exactly to the daily cap")
+	assert.Equal(t, ReserveRefused, MustReserve(t, f.s, charge(id, "one-more", 1)).Outcome)
 
 	// A lapsed lease: taken over, same hold.
 	f.clock.Advance(DefaultLease)
 	res = MustReserve(t, f.s, charge(id, "big", 9000))
-	require.Equal(t, Resume, res.Outcome)
+	require.Equal(t, ReserveResume, res.Outcome)
 	assert.Equal(t, f.clock.Now().Add(DefaultLease), res.Record.LeaseUntil)
 	assert.Equal(t, HoldHeld, res.Hold.State)
 	daily, _ := usageOf(t, f.s, id)
@@ -123,14 +123,14 @@ func TestReserveOutcomes(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, holds, 1)
 	res = MustReserve(t, f.s, charge(id, "big", 9000))
-	require.Equal(t, Resume, res.Outcome)
+	require.Equal(t, ReserveResume, res.Outcome)
 	assert.Equal(t, HoldHeld, res.Hold.State)
 
 	// Unknown and older than UnknownRetryLimit: stale, for an operator.
 	MustSettle(t, f.s, SettleRequest{KeyID: id, IdempotencyKey: "big", Outcome: SettleUnknown})
 	f.clock.Set(t0.Add(DefaultUnknownRetryLimit + time.Minute))
 	res = MustReserve(t, f.s, charge(id, "big", 9000))
-	assert.Equal(t, Stale, res.Outcome)
+	assert.Equal(t, ReserveStale, res.Outcome)
 	assert.Equal(t, RecordUnknown, res.Record.State)
 
 	// Errors.
@@ -150,10 +150,10 @@ func TestReserveOutcomes(t *testing.T) {
 
 func TestReserveLapsedLeaseTooOldIsStale(t *testing.T) {
 	f := newMeteringFixture(t)
-	require.Equal(t, Claimed, MustReserve(t, f.s, charge(f.key.ID, "a", 100)).Outcome)
+	require.Equal(t, ReserveClaimed, MustReserve(t, f.s, charge(f.key.ID, "a", 100)).Outcome)
 	f.clock.Advance(DefaultUnknownRetryLimit + time.Second)
 	res := MustReserve(t, f.s, charge(f.key.ID, "a", 100))
-	assert.Equal(t, Stale, res.Outcome)
+	assert.Equal(t, ReserveStale, res.Outcome)
 	assert.Equal(t, RecordUnknown, res.Record.State, "the lapsed claim is marked unknown")
 	assert.Equal(t, HoldUnknown, res.Hold.State)
 }
@@ -169,13 +169,13 @@ func TestReserveUnmetered(t *testing.T) {
 	require.NoError(t, err)
 
 	res := MustReserve(t, f.s, req)
-	require.Equal(t, Claimed, res.Outcome)
+	require.Equal(t, ReserveClaimed, res.Outcome)
 	assert.Nil(t, res.Hold)
 	assert.Empty(t, res.Record.HoldID)
 	MustSettle(t, f.s, SettleRequest{KeyID: f.key.ID, IdempotencyKey: "cus", Outcome: SettleCommit,
 		Response: &StoredResponse{Status: 200, Body: []byte(`{"id":"cus_1"}`)}})
 	res = MustReserve(t, f.s, req)
-	require.Equal(t, Replay, res.Outcome)
+	require.Equal(t, ReserveReplay, res.Outcome)
 	assert.Equal(t, `{"id":"cus_1"}`, string(res.Record.Response.Body))
 
 	events, _, err := f.s.ListEvents(ctx, f.key.ID, 0, "")
@@ -185,7 +185,7 @@ func TestReserveUnmetered(t *testing.T) {
 	// Refused by the policy's operation list: no record, no event.
 	req.IdempotencyKey, req.Request.Operation = "refund", "refunds.create"
 	res = MustReserve(t, f.s, req)
-	assert.Equal(t, Refused, res.Outcome)
+	assert.Equal(t, ReserveRefused, res.Outcome)
 	assert.Equal(t, policy.ReasonOperationNotAllowed, res.Decision.Reason)
 	_, err = f.s.Reserve(ctx, ReserveRequest{KeyID: f.key.ID, IdempotencyKey: "x", Request: policy.Request{Amount: 5}})
 	assert.ErrorIs(t, err, ErrInvalid, "an amount on an unmetered request is a caller bug")
@@ -200,14 +200,14 @@ func TestReserveReportMode(t *testing.T) {
 	require.NoError(t, err)
 
 	res := MustReserve(t, f.s, charge(f.key.ID, "a", 12000))
-	require.Equal(t, Claimed, res.Outcome)
+	require.Equal(t, ReserveClaimed, res.Outcome)
 	assert.True(t, res.Decision.WouldRefuse)
 	assert.Equal(t, policy.ReasonCapExceeded, res.Decision.Reason)
 	MustSettle(t, f.s, SettleRequest{KeyID: f.key.ID, IdempotencyKey: "a", Outcome: SettleCommit, Amount: 12000})
 	events, _, err := f.s.ListEvents(ctx, f.key.ID, 0, "")
 	require.NoError(t, err)
 	require.Len(t, events, 2)
-	assert.Equal(t, "would_refuse", events[1].Decision)
+	assert.Equal(t, DecisionWouldRefuse, events[1].Decision)
 	require.NoError(t, f.s.CheckInvariant(ctx), "report-mode overage is excused, not a violation")
 }
 
@@ -245,10 +245,10 @@ func TestSettle(t *testing.T) {
 			ctx := context.Background()
 			f := newMeteringFixture(t)
 			id := f.key.ID
-			require.Equal(t, Claimed, MustReserve(t, f.s, charge(id, "a", 3000)).Outcome)
+			require.Equal(t, ReserveClaimed, MustReserve(t, f.s, charge(id, "a", 3000)).Outcome)
 			if tc.resumed {
 				MustSettle(t, f.s, SettleRequest{KeyID: id, IdempotencyKey: "a", Outcome: SettleUnknown})
-				require.Equal(t, Resume, MustReserve(t, f.s, charge(id, "a", 3000)).Outcome)
+				require.Equal(t, ReserveResume, MustReserve(t, f.s, charge(id, "a", 3000)).Outcome)
 			}
 			req := tc.req
 			req.KeyID, req.IdempotencyKey = id, "a"
@@ -274,14 +274,14 @@ func TestSettle(t *testing.T) {
 			res := MustReserve(t, f.s, charge(id, "a", 3000))
 			switch {
 			case tc.want.replays:
-				assert.Equal(t, Replay, res.Outcome)
+				assert.Equal(t, ReserveReplay, res.Outcome)
 			case tc.want.record == "":
-				assert.Equal(t, Claimed, res.Outcome, "an abandoned fresh claim starts afresh")
+				assert.Equal(t, ReserveClaimed, res.Outcome, "an abandoned fresh claim starts afresh")
 			default:
-				assert.Equal(t, Resume, res.Outcome)
+				assert.Equal(t, ReserveResume, res.Outcome)
 			}
 			// Settling again is a conflict unless the retry claimed it anew.
-			if res.Outcome == Replay {
+			if res.Outcome == ReserveReplay {
 				assert.ErrorIs(t, f.s.Settle(ctx, req), ErrConflict)
 			}
 		})
@@ -321,7 +321,7 @@ func TestSettleErrorsAndObjects(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, events, 1)
 	e := events[0]
-	assert.Equal(t, "settled", e.Decision)
+	assert.Equal(t, DecisionSettled, e.Decision)
 	assert.Equal(t, "commit", e.Reason)
 	assert.Equal(t, "pi_1", e.ObjectID)
 	assert.Equal(t, int64(300), e.Amount)
@@ -386,20 +386,14 @@ func TestResolveHold(t *testing.T) {
 	daily, _ := usageOf(t, f.s, id)
 	assert.Equal(t, policy.Counter{Committed: 1000}, daily)
 
+	// A retry is a replay of what the operator decided (the proxy words it).
 	res := MustReserve(t, f.s, charge(id, "c", 1000))
-	require.Equal(t, Replay, res.Outcome)
-	assert.Equal(t, http.StatusConflict, res.Record.Response.Status)
-	assert.Equal(t, "false", res.Record.Response.Header.Get("Stripe-Should-Retry"))
-	var body struct {
-		Error struct {
-			Type, Code string
-			Keybrake   map[string]string
-		}
-	}
-	require.NoError(t, json.Unmarshal(res.Record.Response.Body, &body))
-	assert.Equal(t, "idempotency_error", body.Error.Type)
-	assert.Equal(t, "idempotency_key_resolved", body.Error.Code)
-	assert.Equal(t, "committed", body.Error.Keybrake["outcome"])
+	require.Equal(t, ReserveReplay, res.Outcome)
+	assert.True(t, res.Record.Resolved)
+	assert.Nil(t, res.Record.Response, "keybrake never saw Stripe's answer: none is stored")
+	require.NotNil(t, res.Hold)
+	assert.Equal(t, HoldID(id, "c"), res.Hold.ID)
+	assert.Equal(t, HoldCommitted, res.Hold.State)
 
 	entries, _, err := f.s.ListAudit(ctx, 3, "")
 	require.NoError(t, err)
@@ -413,6 +407,35 @@ func TestResolveHold(t *testing.T) {
 	require.NoError(t, json.Unmarshal(e.After, &after))
 	assert.Equal(t, HoldUnknown, before.State)
 	assert.Equal(t, HoldCommitted, after.State)
+}
+
+// Records an operator resolved under earlier builds carry the answer those
+// stored for replay: they replay it as stored.
+func TestResolvedRecordOfAnEarlierVersionReplaysItsAnswer(t *testing.T) {
+	f := newMeteringFixture(t)
+	id := f.key.ID
+	MustReserve(t, f.s, charge(id, "old", 1000))
+	MustSettle(t, f.s, SettleRequest{KeyID: id, IdempotencyKey: "old", Outcome: SettleUnknown})
+	stored := &StoredResponse{Status: http.StatusConflict, Header: http.Header{"Content-Type": {"application/json"}},
+		Body: []byte(`{"error":{"code":"idempotency_key_resolved"}}`)}
+	_, err := f.s.ResolveHold(context.Background(), "op", HoldID(id, "old"), HoldReleased)
+	require.NoError(t, err)
+	require.NoError(t, f.s.update(func(tx *boltTx, now time.Time) error { // as earlier builds left it
+		rec, err := getRecord(tx, id, "old")
+		if err != nil {
+			return err
+		}
+		if rec.Response, err = f.s.sealResponse(id, "old", stored); err != nil {
+			return err
+		}
+		return putRecord(tx, rec)
+	}))
+	res := MustReserve(t, f.s, charge(id, "old", 1000))
+	require.Equal(t, ReserveReplay, res.Outcome)
+	assert.True(t, res.Record.Resolved)
+	require.NotNil(t, res.Record.Response)
+	assert.Equal(t, stored.Body, res.Record.Response.Body)
+	assert.Equal(t, http.StatusConflict, res.Record.Response.Status)
 }
 
 func TestListHoldsAndEventsPaginate(t *testing.T) {
@@ -498,7 +521,7 @@ func TestRecoveryAtOpen(t *testing.T) {
 	assert.Equal(t, policy.Counter{Committed: 500, Held: 2500}, daily, "the hold stays counted")
 
 	res := MustReserve(t, s, charge(id, "inflight", 2500))
-	require.Equal(t, Resume, res.Outcome)
+	require.Equal(t, ReserveResume, res.Outcome)
 	MustSettle(t, s, SettleRequest{KeyID: id, IdempotencyKey: "inflight", Outcome: SettleAbandon})
 	assert.Equal(t, map[RecordState]int{RecordUnknown: 1, RecordCompleted: 1}, recordStates(t, s), "abandoning a resume keeps it unknown")
 }
@@ -528,7 +551,7 @@ func TestReap(t *testing.T) {
 	assert.Equal(t, map[RecordState]int{RecordUnknown: 1, RecordCompleted: 1}, recordStates(t, f.s))
 	_, ok := allHolds(t, f.s)[HoldID(id, "old")]
 	assert.False(t, ok, "the settled hold goes with its record")
-	require.Equal(t, Claimed, MustReserve(t, f.s, charge(id, "old", 100)).Outcome, "a reaped key claims afresh")
+	require.Equal(t, ReserveClaimed, MustReserve(t, f.s, charge(id, "old", 100)).Outcome, "a reaped key claims afresh")
 	MustSettle(t, f.s, SettleRequest{KeyID: id, IdempotencyKey: "old", Outcome: SettleRelease})
 
 	// Days later: day:2026-09-14 still holds the unknown 200, so it stays;
@@ -617,7 +640,7 @@ func TestGroupCommitSharesTransactions(t *testing.T) {
 			defer wg.Done()
 			for i := range each {
 				res := MustReserve(t, f.s, charge(k.ID, idem(w*each+i), 1))
-				assert.Equal(t, Claimed, res.Outcome)
+				assert.Equal(t, ReserveClaimed, res.Outcome)
 			}
 		}()
 	}
@@ -638,7 +661,7 @@ func TestLoweredCapIsNotAViolation(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, f.s.CheckInvariant(ctx), "usage above a lowered cap was within the cap when it was placed")
 	res := MustReserve(t, f.s, charge(f.key.ID, "b", 1))
-	assert.Equal(t, Refused, res.Outcome, "the lowered cap is enforced from now on")
+	assert.Equal(t, ReserveRefused, res.Outcome, "the lowered cap is enforced from now on")
 	daily, _ := usageOf(t, f.s, f.key.ID)
 	assert.Equal(t, policy.Counter{Committed: 8000}, daily, "usage is never reset by a change")
 }
@@ -653,21 +676,21 @@ func TestEventsRecordTheTool(t *testing.T) {
 
 	req := charge(id, "mcp-1", 4000)
 	req.Tool = "create_payment_intent"
-	require.Equal(t, Claimed, MustReserve(t, f.s, req).Outcome)
+	require.Equal(t, ReserveClaimed, MustReserve(t, f.s, req).Outcome)
 	MustSettle(t, f.s, SettleRequest{KeyID: id, IdempotencyKey: "mcp-1", Outcome: SettleCommit, Amount: 4000,
 		Tool: "create_payment_intent"})
 
 	over := charge(id, "mcp-2", 9000) // 40 + 90 passes the daily cap of 100
 	over.Tool = "stripe_request"
-	require.Equal(t, Refused, MustReserve(t, f.s, over).Outcome)
+	require.Equal(t, ReserveRefused, MustReserve(t, f.s, over).Outcome)
 
-	require.Equal(t, Claimed, MustReserve(t, f.s, charge(id, "direct", 100)).Outcome)
+	require.Equal(t, ReserveClaimed, MustReserve(t, f.s, charge(id, "direct", 100)).Outcome)
 
 	events, _, err := f.s.ListEvents(ctx, id, 0, "")
 	require.NoError(t, err)
 	got := make([]string, len(events))
 	for i, e := range events {
-		got[i] = e.Decision + ":" + e.Tool
+		got[i] = string(e.Decision) + ":" + e.Tool
 	}
 	assert.Equal(t, []string{"allowed:", "refused:stripe_request", "settled:create_payment_intent", "allowed:create_payment_intent"}, got)
 }

@@ -42,9 +42,11 @@ type modelHold struct {
 
 // modelRun is one model-based run against a store.
 type modelRun struct {
-	s       *Store
+	s *Store
+	// split, when set, makes every Reserve of the run the broken one of
+	// splitReserve, with split called between its two transactions.
+	split   func()
 	keys    []Key
-	caps    map[string]int64 // counter key → cap (minor units)
 	workers int
 	ops     int
 
@@ -111,6 +113,34 @@ func (m *modelRun) commitParts(o *modelObject, amount int64) {
 		}
 	}
 	o.parts = keep
+}
+
+// reserve is the run's Reserve: the store's, or the mutant of splitReserve.
+func (m *modelRun) reserve(ctx context.Context, req ReserveRequest) (ReserveResult, error) {
+	if m.split != nil {
+		return splitReserve(ctx, m.s, req, m.split)
+	}
+	return m.s.Reserve(ctx, req)
+}
+
+// splitReserve is the broken Reserve the mutation test needs: it decides in a
+// read transaction, calls between, and writes in another transaction, so
+// concurrent callers can all see the same headroom.
+func splitReserve(ctx context.Context, s *Store, req ReserveRequest, between func()) (ReserveResult, error) {
+	var pl *reservePlan
+	err := s.view(func(tx *boltTx, now time.Time) error {
+		var err error
+		pl, err = s.planReserve(tx, now, &req)
+		return err
+	})
+	if err != nil {
+		return ReserveResult{}, fmt.Errorf("reserve: %w", err)
+	}
+	between()
+	if err := s.submit(ctx, func(tx *boltTx, _ time.Time) error { return pl.apply(tx) }); err != nil {
+		return ReserveResult{}, fmt.Errorf("reserve: %w", err)
+	}
+	return pl.res.val, pl.res.err
 }
 
 func (m *modelRun) problem(format string, args ...any) {
@@ -228,13 +258,13 @@ func (m *modelRun) worker(ctx context.Context, w, round int, mine []*modelIdem, 
 	}
 
 	claim := func(mi *modelIdem, amount int64) {
-		res, err := m.s.Reserve(ctx, charge(mi.keyID, mi.idem, amount))
+		res, err := m.reserve(ctx, charge(mi.keyID, mi.idem, amount))
 		if err != nil {
 			m.problem("reserve %s: %v", mi.idem, err)
 			return
 		}
 		switch res.Outcome {
-		case Refused:
+		case ReserveRefused:
 			m.mu.Lock()
 			m.refusals++
 			m.mu.Unlock()
@@ -244,7 +274,7 @@ func (m *modelRun) worker(ctx context.Context, w, round int, mine []*modelIdem, 
 			} else if d.Cap != policy.WindowPerRequest && d.Committed+d.Held+d.Requested <= d.Limit {
 				m.problem("reserve %s refused with room: %+v", mi.idem, d)
 			}
-		case Claimed:
+		case ReserveClaimed:
 			m.mu.Lock()
 			m.claims++
 			m.mu.Unlock()
@@ -293,37 +323,37 @@ func (m *modelRun) worker(ctx context.Context, w, round int, mine []*modelIdem, 
 		if rng.IntN(8) == 0 { // same key, different request
 			req := charge(mi.keyID, mi.idem, amount)
 			req.Fingerprint = "other"
-			res, err := m.s.Reserve(ctx, req)
-			if err != nil || res.Outcome != Mismatch {
+			res, err := m.reserve(ctx, req)
+			if err != nil || res.Outcome != ReserveMismatch {
 				m.problem("mismatch %s: outcome %d err %v", mi.idem, res.Outcome, err)
 			}
 			continue
 		}
-		res, err := m.s.Reserve(ctx, charge(mi.keyID, mi.idem, amount))
+		res, err := m.reserve(ctx, charge(mi.keyID, mi.idem, amount))
 		if err != nil {
 			m.problem("retry %s: %v", mi.idem, err)
 			continue
 		}
 		switch mi.state {
 		case RecordCompleted:
-			if res.Outcome != Replay || res.Record.Response == nil || string(res.Record.Response.Body) != mi.body {
+			if res.Outcome != ReserveReplay || res.Record.Response == nil || string(res.Record.Response.Body) != mi.body {
 				m.problem("retry of completed %s: outcome %d", mi.idem, res.Outcome)
 			}
 		case RecordInProgress:
 			if mi.lapsed {
-				if res.Outcome != Resume {
+				if res.Outcome != ReserveResume {
 					m.problem("retry of lapsed %s: outcome %d", mi.idem, res.Outcome)
 					continue
 				}
 				mi.fresh, mi.lapsed = false, false
 				settle(mi)
-			} else if res.Outcome != InFlight {
+			} else if res.Outcome != ReserveInFlight {
 				m.problem("retry of in-flight %s: outcome %d", mi.idem, res.Outcome)
 			} else {
 				settle(mi)
 			}
 		case RecordUnknown:
-			if res.Outcome != Resume {
+			if res.Outcome != ReserveResume {
 				m.problem("retry of unknown %s: outcome %d", mi.idem, res.Outcome)
 				continue
 			}
@@ -491,8 +521,7 @@ func TestMutationSplitReserveIsCaught(t *testing.T) {
 		clock := newClock(time.Date(2026, 9, 14, 22, 0, 0, 0, time.UTC))
 		workers, ops := modelSize()
 		s, keys, _ := newModelStore(t, clock, 4, ops)
-		s.splitReserve = runtime.Gosched
-		m := &modelRun{s: s, keys: keys, workers: workers, ops: ops}
+		m := &modelRun{s: s, keys: keys, workers: workers, ops: ops, split: runtime.Gosched}
 		m.run(clock, uint64(attempt+1))
 		violations := m.check(t)
 		err := s.CheckInvariant(context.Background())
@@ -525,7 +554,7 @@ func TestSameIdempotencyKeyConcurrently(t *testing.T) {
 				return
 			}
 			results[i] = res.Outcome
-			if res.Outcome == Claimed {
+			if res.Outcome == ReserveClaimed {
 				assert.NoError(t, f.s.Settle(ctx, SettleRequest{KeyID: f.key.ID, IdempotencyKey: "same",
 					Outcome: SettleCommit, Amount: 2500, Response: &StoredResponse{Status: 200, Body: []byte("ok")}}))
 			}
@@ -537,8 +566,8 @@ func TestSameIdempotencyKeyConcurrently(t *testing.T) {
 	for _, o := range results {
 		count[o]++
 	}
-	assert.Equal(t, 1, count[Claimed], "exactly one claim: %v", count)
-	assert.Equal(t, n-1, count[InFlight]+count[Replay], "the rest are in flight or replayed: %v", count)
+	assert.Equal(t, 1, count[ReserveClaimed], "exactly one claim: %v", count)
+	assert.Equal(t, n-1, count[ReserveInFlight]+count[ReserveReplay], "the rest are in flight or replayed: %v", count)
 	assert.Len(t, allHolds(t, f.s), 1)
 	daily, period := usageOf(t, f.s, f.key.ID)
 	assert.Equal(t, policy.Counter{Committed: 2500}, daily, "money moved once")

@@ -165,7 +165,7 @@ type recordRec struct {
 	UpdatedAt   time.Time    `json:"u"`
 	CompletedAt time.Time    `json:"done,omitzero"`
 	// Fresh is true while the current in_progress claim is the one that created the
-	// record (and its hold). SettleAbandon then deletes both; after a Resume it is
+	// record (and its hold). SettleAbandon then deletes both; after a ReserveResume it is
 	// false and abandoning puts the record back to unknown, keeping the hold.
 	Fresh bool `json:"fresh,omitempty"`
 	// Resolved is set when an operator settled the record's hold (ResolveHold):
@@ -286,7 +286,7 @@ func (s *Store) publicRecord(r *recordRec) (IdempotencyRecord, error) {
 	keyID, idem := r.KeyID, r.Idem
 	out := IdempotencyRecord{
 		KeyID: keyID, IdempotencyKey: idem, Fingerprint: r.Fingerprint, UpstreamKey: r.UpstreamKey,
-		State: r.State, LeaseUntil: r.LeaseUntil, HoldID: r.holdID(), RequestID: r.RequestID,
+		State: r.State, LeaseUntil: r.LeaseUntil, HoldID: r.holdID(), RequestID: r.RequestID, Resolved: r.Resolved,
 		CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt, CompletedAt: r.CompletedAt,
 	}
 	if r.Response != nil {
@@ -356,7 +356,7 @@ type eventRec struct {
 	Operation       string    `json:"op,omitempty"`
 	Amount          int64     `json:"amt,omitempty"`
 	Currency        string    `json:"cur,omitempty"`
-	Decision        string    `json:"d"`
+	Decision        Decision  `json:"d"`
 	Reason          string    `json:"r,omitempty"`
 	HoldID          string    `json:"h,omitempty"`
 	HoldState       HoldState `json:"hs,omitempty"`

@@ -45,7 +45,7 @@ func TestReaperSurvivesAClockJump(t *testing.T) {
 	f.clock.Set(t0) // the clock is corrected
 	daily, _ := usageOf(t, f.s, id)
 	assert.Equal(t, policy.Counter{Committed: 10000}, daily)
-	assert.Equal(t, Refused, MustReserve(t, f.s, charge(id, "again", 100)).Outcome, "today's cap is still spent")
+	assert.Equal(t, ReserveRefused, MustReserve(t, f.s, charge(id, "again", 100)).Outcome, "today's cap is still spent")
 
 	// A week of the key's own later use: the old day goes, the recent ones stay.
 	f.clock.Set(t0.Add(8 * 24 * time.Hour))
@@ -76,9 +76,10 @@ func TestResolvedRecordIsKept(t *testing.T) {
 	_, err = f.s.Reap(ctx)
 	require.NoError(t, err)
 	res := MustReserve(t, f.s, charge(id, "lost", 2500))
-	require.Equal(t, Replay, res.Outcome, "still resolved")
-	require.NotNil(t, res.Record.Response)
-	assert.Contains(t, string(res.Record.Response.Body), "idempotency_key_resolved")
-	assert.Equal(t, Claimed, MustReserve(t, f.s, charge(id, "normal", 100)).Outcome,
+	require.Equal(t, ReserveReplay, res.Outcome, "still resolved")
+	assert.True(t, res.Record.Resolved)
+	require.NotNil(t, res.Hold)
+	assert.Equal(t, HoldCommitted, res.Hold.State)
+	assert.Equal(t, ReserveClaimed, MustReserve(t, f.s, charge(id, "normal", 100)).Outcome,
 		"an ordinary completed record is reaped after the idempotency TTL")
 }

@@ -129,7 +129,7 @@ func TestSummarizeUsage(t *testing.T) {
 		req := charge(keyID, id, amount)
 		req.Request.Currency = cur
 		res := MustReserve(t, s, req)
-		require.Equal(t, Claimed, res.Outcome, "%s %s: %+v", keyID, id, res.Decision)
+		require.Equal(t, ReserveClaimed, res.Outcome, "%s %s: %+v", keyID, id, res.Decision)
 		MustSettle(t, s, SettleRequest{KeyID: keyID, IdempotencyKey: id, Outcome: SettleCommit, Amount: amount})
 	}
 	commit(a.ID, "a1", "usd", 9000)

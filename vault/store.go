@@ -148,10 +148,6 @@ type Store struct {
 	observe  func(ops int, d time.Duration) // Options.CommitObserver; may be nil
 	commits  atomic.Int64                   // write transactions run by commitLoop
 
-	// splitReserve is a test seam: when set, Reserve decides in one (read)
-	// transaction, calls splitReserve, and writes in another. Only the mutation test
-	// sets it, to prove the concurrency checks catch a check-then-write race.
-	splitReserve func()
 	// reapBatch is the most deletions one reaper transaction makes (reapBatchSize;
 	// tests lower it).
 	reapBatch int
@@ -446,26 +442,27 @@ type ReserveOutcome int
 
 // Reserve outcomes.
 const (
-	// Claimed: a new record (in_progress, with lease) and, if metered, a hold on every window.
-	Claimed ReserveOutcome = iota + 1
-	// Replay: the record is completed; Record.Response is Stripe's stored answer.
-	Replay
-	// InFlight: the record is in_progress under a live lease (409, Retry-After).
-	InFlight
-	// Mismatch: same idempotency key, different fingerprint (422).
-	Mismatch
-	// Resume: the record was unknown (or its lease lapsed); it is in_progress again under a
+	// ReserveClaimed: a new record (in_progress, with lease) and, if metered, a hold on every window.
+	ReserveClaimed ReserveOutcome = iota + 1
+	// ReserveReplay: the record is completed; Record.Response is Stripe's stored answer.
+	ReserveReplay
+	// ReserveInFlight: the record is in_progress under a live lease (409, Retry-After).
+	ReserveInFlight
+	// ReserveMismatch: same idempotency key, different fingerprint (422).
+	ReserveMismatch
+	// ReserveResume: the record was unknown (or its lease lapsed); it is in_progress again under a
 	// new lease and keeps its existing hold. Forward again with the SAME upstream key.
-	Resume
-	// Stale: the record is unknown and older than UnknownRetryLimit: not re-forwarded;
+	ReserveResume
+	// ReserveStale: the record is unknown and older than UnknownRetryLimit: not re-forwarded;
 	// an operator must resolve it.
-	Stale
-	// Refused: the policy refused (Decision says why). Nothing was written except the event.
-	Refused
+	ReserveStale
+	// ReserveRefused: the policy refused (Decision says why). Nothing was written except the event.
+	ReserveRefused
 )
 
-// ReserveResult is what Reserve returns. Decision is set for Claimed (possibly with
-// WouldRefuse in report mode) and Refused. Record is set for every outcome but Refused.
+// ReserveResult is what Reserve returns. Decision is set for ReserveClaimed (possibly
+// with WouldRefuse in report mode) and ReserveRefused. Record is set for every
+// outcome but ReserveRefused.
 type ReserveResult struct {
 	Outcome  ReserveOutcome
 	Decision policy.Decision
@@ -476,7 +473,8 @@ type ReserveResult struct {
 
 // Reserve authenticates nothing (the caller has the key) but re-reads the key in the
 // same write transaction: a revoked key gives ErrKeyRevoked. Then, atomically, it
-// looks up the idempotency record (Replay / InFlight / Mismatch / Resume / Stale),
+// looks up the idempotency record (ReserveReplay, ReserveInFlight, ReserveMismatch,
+// ReserveResume, ReserveStale),
 // else runs policy.Decide against the current window counters and, if allowed,
 // writes the record (in_progress with a lease) and adds Amount to `held` of every
 // window — or writes nothing but a refusal event. One write transaction, group
@@ -488,32 +486,13 @@ type ReserveResult struct {
 // ErrClosed, ctx's error when ctx ends before the request is queued. Once queued,
 // Reserve waits for its transaction even if ctx ends, so its result is never lost.
 func (s *Store) Reserve(ctx context.Context, req ReserveRequest) (ReserveResult, error) {
-	if s.splitReserve != nil {
-		return s.reserveSplit(ctx, req)
-	}
-	var pl *reservePlan
-	err := s.submit(ctx, func(tx *bolt.Tx, now time.Time) error {
-		pl = nil // a re-run starts over
-		p, err := s.planReserve(tx, now, &req)
-		if err != nil {
-			return err
-		}
-		if err := applyReserve(tx, p); err != nil {
-			return err
-		}
-		if err := applyReserveEvent(tx, p); err != nil {
-			return err
-		}
-		pl = p
-		return nil
+	res, err := submitResult(ctx, s, func(tx *bolt.Tx, now time.Time) (txResult[ReserveResult], error) {
+		return s.reserveTx(tx, now, &req)
 	})
 	if err != nil {
-		return ReserveResult{}, fmt.Errorf("reserve: %w", err)
+		return res, fmt.Errorf("reserve: %w", err)
 	}
-	if pl.err != nil {
-		return pl.res, pl.err
-	}
-	return pl.res, nil
+	return res, nil
 }
 
 // SettleOutcome is how a forwarded request ended.
@@ -582,15 +561,9 @@ type ObjectSettle struct {
 // is not in_progress; ErrInvalid for an unknown outcome, a negative amount, or a
 // commit above the hold plus the object's exposure without AllowOverrun.
 func (s *Store) Settle(ctx context.Context, req SettleRequest) error {
-	var dom error
-	err := s.submit(ctx, func(tx *bolt.Tx, now time.Time) error {
-		var err error
-		dom, err = s.settleTx(tx, now, &req)
-		return err
+	_, err := submitResult(ctx, s, func(tx *bolt.Tx, now time.Time) (txResult[noValue], error) {
+		return s.settleTx(tx, now, &req)
 	})
-	if err == nil {
-		err = dom
-	}
 	if err != nil {
 		return fmt.Errorf("settle: %w", err)
 	}
@@ -703,14 +676,8 @@ func (s *Store) ListAudit(ctx context.Context, limit int, cursor string) ([]Audi
 // holds of the records it removes and metered-object totals unchanged for
 // ObjectRetention; unknown and in_progress records are never removed.
 func (s *Store) Reap(ctx context.Context) (int, error) {
-	n, _, err := s.reap(ctx)
-	if err != nil {
-		return n, err
-	}
-	if n > 0 {
-		s.log.Info("reaped expired entries", "entries", n)
-	}
-	return n, nil
+	n, _, err := s.reap(ctx) // the caller logs what it removed (once)
+	return n, err
 }
 
 // Backup writes a hot, consistent copy of the database to w.

@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	bolt "go.etcd.io/bbolt"
+	bolterrors "go.etcd.io/bbolt/errors"
 
 	"github.com/keybrake/keybrake/policy"
 )
@@ -293,7 +294,7 @@ func TestRotateAndRevoke(t *testing.T) {
 	k, oldTok := MustMint(t, s, "k", testPolicy(t, "99", "", ""), nil)
 
 	res := MustReserve(t, s, charge(k.ID, "a", 500))
-	require.Equal(t, Claimed, res.Outcome)
+	require.Equal(t, ReserveClaimed, res.Outcome)
 	MustSettle(t, s, SettleRequest{KeyID: k.ID, IdempotencyKey: "a", Outcome: SettleCommit, Amount: 500})
 
 	rotated, newTok, err := s.RotateKey(ctx, "alice", k.ID)
@@ -545,9 +546,9 @@ func TestDerivedIDs(t *testing.T) {
 func TestErrorsAreTranslated(t *testing.T) {
 	assert.ErrorIs(t, translate(errors.New("disk on fire")), ErrStorage)
 	assert.ErrorIs(t, translate(ErrNotFound), ErrNotFound)
-	assert.ErrorIs(t, translate(bolt.ErrDatabaseNotOpen), ErrClosed)
-	assert.ErrorIs(t, translate(bolt.ErrTimeout), ErrLocked)
-	assert.NotErrorIs(t, translate(bolt.ErrTimeout), bolt.ErrTimeout, "bbolt errors do not leak")
+	assert.ErrorIs(t, translate(bolterrors.ErrDatabaseNotOpen), ErrClosed)
+	assert.ErrorIs(t, translate(bolterrors.ErrTimeout), ErrLocked)
+	assert.NotErrorIs(t, translate(bolterrors.ErrTimeout), bolterrors.ErrTimeout, "bbolt errors do not leak")
 }
 
 func TestGetKeyAndKeyUsage(t *testing.T) {
@@ -706,7 +707,7 @@ func TestRecordEvent(t *testing.T) {
 	events, _, err := s.ListEvents(ctx, k.ID, 10, "")
 	require.NoError(t, err)
 	require.Len(t, events, 1)
-	assert.Equal(t, "would_refuse", events[0].Decision)
+	assert.Equal(t, DecisionWouldRefuse, events[0].Decision)
 	assert.Equal(t, "operation_not_allowed", events[0].Reason)
 	assert.Equal(t, "customers.create", events[0].Operation)
 	assert.True(t, events[0].Time.Equal(t0.Add(time.Minute)), "stamped with the store clock, not the caller's: %s", events[0].Time)

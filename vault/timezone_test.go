@@ -34,7 +34,7 @@ func TestTimeZoneChangeCarriesTheDay(t *testing.T) {
 
 	MustCommit(t, s, k.ID, "a", 3000)
 	MustReserve(t, s, charge(k.ID, "b", 2000)) // still in flight: held
-	assert.Equal(t, Refused, MustReserve(t, s, charge(k.ID, "c", 100)).Outcome, "the day's cap is spent")
+	assert.Equal(t, ReserveRefused, MustReserve(t, s, charge(k.ID, "c", 100)).Outcome, "the day's cap is spent")
 
 	p.Timezone = "Pacific/Kiritimati" // 14:00 on the 15th
 	_, err := s.UpdateKey(ctx, "alice", k.ID, p, nil)
@@ -46,7 +46,7 @@ func TestTimeZoneChangeCarriesTheDay(t *testing.T) {
 	assert.Equal(t, policy.Counter{Committed: 5000}, usage[windows[0].ID], "committed and held carry, as committed")
 	assert.Equal(t, policy.Counter{Committed: 3000, Held: 2000}, usage["period"], "the period is not touched")
 	res := MustReserve(t, s, charge(k.ID, "c2", 100))
-	assert.Equal(t, Refused, res.Outcome, "no fresh daily budget")
+	assert.Equal(t, ReserveRefused, res.Outcome, "no fresh daily budget")
 	assert.Equal(t, policy.ReasonCapExceeded, res.Decision.Reason)
 	assert.Equal(t, policy.WindowDaily, res.Decision.Cap)
 
@@ -72,9 +72,9 @@ func TestTimeZoneChangeCarriesTheDay(t *testing.T) {
 
 	// The new zone's midnight (10:00 UTC) is the next reset.
 	clock.Set(time.Date(2026, 9, 15, 9, 59, 0, 0, time.UTC))
-	assert.Equal(t, Refused, MustReserve(t, s, charge(k.ID, "d", 100)).Outcome)
+	assert.Equal(t, ReserveRefused, MustReserve(t, s, charge(k.ID, "d", 100)).Outcome)
 	clock.Set(time.Date(2026, 9, 15, 10, 0, 0, 0, time.UTC))
-	assert.Equal(t, Claimed, MustReserve(t, s, charge(k.ID, "e", 5000)).Outcome)
+	assert.Equal(t, ReserveClaimed, MustReserve(t, s, charge(k.ID, "e", 5000)).Outcome)
 }
 
 // Changing the zone back, or to a zone whose current day already has usage,
@@ -103,6 +103,6 @@ func TestTimeZoneChangeTopsUpAndKeepsTheInvariant(t *testing.T) {
 	require.NoError(t, err)
 	daily, _ := usageOf(t, s, k2.ID)
 	assert.Equal(t, policy.Counter{Committed: 4000}, daily)
-	assert.Equal(t, Refused, MustReserve(t, s, charge(k2.ID, "b", 1)).Outcome, "40.00 carried over a 30.00 cap")
+	assert.Equal(t, ReserveRefused, MustReserve(t, s, charge(k2.ID, "b", 1)).Outcome, "40.00 carried over a 30.00 cap")
 	require.NoError(t, s.CheckInvariant(ctx), "the carry above the new cap is booked as allowance")
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/keybrake/keybrake/policy"
 	"github.com/keybrake/keybrake/proxy"
+	"github.com/keybrake/keybrake/proxy/stripeapi"
 	"github.com/keybrake/keybrake/vault"
 )
 
@@ -137,7 +138,7 @@ func benchPolicy(now time.Time) (policy.Policy, error) {
 // seedRecords writes opts.records completed charges, record n under key n mod
 // len(keyIDs), from seedWorkers callers.
 func seedRecords(ctx context.Context, s *vault.Store, keyIDs []string, opts storeOptions) error {
-	params, err := proxy.ParseForm([]byte(chargeBody))
+	params, err := stripeapi.ParseForm([]byte(chargeBody))
 	if err != nil {
 		return fmt.Errorf("seed: %w", err)
 	}
@@ -191,7 +192,7 @@ func seedOne(ctx context.Context, s *vault.Store, keyID string, n int64, fingerp
 	if err != nil {
 		return fmt.Errorf("seed record %d: %w", n, err)
 	}
-	if res.Outcome != vault.Claimed {
+	if res.Outcome != vault.ReserveClaimed {
 		return fmt.Errorf("seed record %d: reserve outcome %d, want claimed", n, res.Outcome)
 	}
 	reqID := "req_seed" + strconv.FormatInt(n, 10)

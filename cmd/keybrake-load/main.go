@@ -15,12 +15,13 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net"
 	"net/url"
 	"os"
 	"os/signal"
 	"syscall"
 	"time"
+
+	"github.com/keybrake/keybrake/cmd/internal/loopback"
 )
 
 // Exit codes.
@@ -130,19 +131,10 @@ func (c *Config) Validate() error {
 	if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		return fmt.Errorf("--proxy-url %q: must be an absolute http(s) URL", c.ProxyURL)
 	}
-	if !isLoopbackHost(u.Hostname()) && !c.UnsafeAllowRemote {
+	if !loopback.Host(u.Hostname()) && !c.UnsafeAllowRemote {
 		return fmt.Errorf("--proxy-url %q is not a loopback address: refusing to load it without --unsafe-allow-remote", c.ProxyURL)
 	}
 	return nil
-}
-
-// isLoopbackHost reports whether host is localhost or a loopback IP literal.
-func isLoopbackHost(host string) bool {
-	if host == "localhost" {
-		return true
-	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback()
 }
 
 // Main is the keybrake-load program: ParseFlags reads the command line, Run starts

@@ -9,6 +9,8 @@ import (
 	"net/url"
 	"strings"
 	"time"
+
+	"github.com/keybrake/keybrake/cmd/internal/loopback"
 )
 
 // Config is the configuration of `keybrake serve`. Flags and KEYBRAKE_* environment
@@ -69,7 +71,7 @@ type Config struct {
 	PprofListen string
 }
 
-// DefaultConfig returns the defaults documented in DESIGN.md and the README.
+// DefaultConfig returns the defaults the README documents.
 func DefaultConfig() Config {
 	return Config{
 		DataDir:           "./keybrake-data",
@@ -135,7 +137,7 @@ func (c Config) Validate() error {
 		}
 	}
 	if c.PprofListen != "" {
-		if host, _, err := net.SplitHostPort(c.PprofListen); err != nil || !isLoopbackHost(host) {
+		if host, _, err := net.SplitHostPort(c.PprofListen); err != nil || !loopback.Host(host) {
 			errs = append(errs, fmt.Errorf("pprof-listen: %q must be a loopback host:port (the profiler shows the program's internals)", c.PprofListen))
 		}
 	}

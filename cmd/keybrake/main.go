@@ -16,6 +16,7 @@ import (
 	"os/signal"
 	"sync"
 	"syscall"
+
 	// Policies name IANA time zones: the binary carries the zone database so that
 	// it does not depend on the host's (a distroless or scratch image may have none).
 	_ "time/tzdata"

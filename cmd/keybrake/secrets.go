@@ -11,6 +11,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+
+	"github.com/keybrake/keybrake/proxy/logfield"
 )
 
 // Secret names: environment variables, and the files in the data directory that
@@ -143,7 +145,7 @@ func loadSecret(spec secretSpec, getenv func(string) string, dir string, logger 
 		return nil, "", fmt.Errorf("%s: %w", path, err)
 	}
 	if fi, err := os.Stat(path); err == nil && fi.Mode().Perm()&0o077 != 0 && logger != nil {
-		logger.Warn("secret file is readable by other users; chmod 600 it", "path", path, "mode", fi.Mode().Perm().String())
+		logger.Warn("secret file is readable by other users; chmod 600 it", logfield.Path, path, "mode", fi.Mode().Perm().String())
 	}
 	return b, sourceFile, nil
 }
@@ -174,7 +176,7 @@ func loadOrGenerateSecret(spec secretSpec, getenv func(string) string, dir strin
 		return nil, "", fmt.Errorf("decode generated %s: %w", spec.file, err)
 	}
 	logger.Warn("generated a development secret; set the environment variable in production",
-		"variable", spec.env, "path", path)
+		"variable", spec.env, logfield.Path, path)
 	return b, sourceGenerated, nil
 }
 

@@ -16,7 +16,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/keybrake/keybrake/api"
+	"github.com/keybrake/keybrake/cmd/internal/loopback"
 	"github.com/keybrake/keybrake/proxy"
+	"github.com/keybrake/keybrake/proxy/logfield"
 	"github.com/keybrake/keybrake/vault"
 )
 
@@ -40,7 +42,7 @@ func (m *Main) runServe(ctx context.Context) error {
 		return err
 	}
 	m.logger = logger
-	log := logger.With("component", "main")
+	log := logger.With(logfield.Component, "main")
 
 	masterKey, masterSrc, jwtSecret, err := m.loadSecrets(log)
 	if err != nil {
@@ -51,7 +53,7 @@ func (m *Main) runServe(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("stripe url: %w", err)
 	}
-	if upstreamURL.Scheme == "http" && !isLoopbackHost(upstreamURL.Hostname()) {
+	if upstreamURL.Scheme == "http" && !loopback.Host(upstreamURL.Hostname()) {
 		log.Warn("the upstream is plain HTTP on a non-loopback host: the Stripe secret travels unencrypted", "stripe_url", cfg.StripeURL)
 	}
 
@@ -249,7 +251,7 @@ func (m *Main) startServing(ctx context.Context) {
 	m.wg.Add(1)
 	go func() {
 		defer m.wg.Done()
-		m.reap(reapCtx, m.logger.With("component", "reaper"))
+		m.reap(reapCtx, m.logger.With(logfield.Component, "reaper"))
 	}()
 }
 
@@ -265,7 +267,7 @@ func (m *Main) newServer(h http.Handler, writeTimeout time.Duration, certs *cert
 		WriteTimeout:      writeTimeout,
 		IdleTimeout:       m.Config.IdleTimeout,
 		MaxHeaderBytes:    1 << 20,
-		ErrorLog:          slog.NewLogLogger(m.logger.With("component", "http").Handler(), slog.LevelWarn),
+		ErrorLog:          slog.NewLogLogger(m.logger.With(logfield.Component, "http").Handler(), slog.LevelWarn),
 	}
 	if certs != nil {
 		srv.TLSConfig = certs.tlsConfig()
@@ -283,7 +285,7 @@ func (m *Main) registerDefaultUpstream(ctx context.Context, log *slog.Logger, se
 	if err != nil {
 		return fmt.Errorf("register upstream %s from %s: %w", upstreamDefault, envStripeKey, err)
 	}
-	attrs := []any{"upstream", up.Name, "secret_last4", up.SecretLast4, "variable", envStripeKey}
+	attrs := []any{logfield.Upstream, up.Name, logfield.SecretLast4, up.SecretLast4, "variable", envStripeKey}
 	switch action {
 	case vault.EnvUpstreamRegistered:
 		log.Info("upstream registered from the environment", attrs...)
@@ -302,7 +304,7 @@ func (m *Main) registerDefaultUpstream(ctx context.Context, log *slog.Logger, se
 func (m *Main) bootstrapBanner(ctx context.Context, log *slog.Logger, jwtSecret []byte) {
 	keys, _, err := m.store.ListKeys(ctx, vault.KeyFilter{Limit: 1})
 	if err != nil {
-		log.Warn("cannot tell whether this is a first start", "error", err)
+		log.Warn("cannot tell whether this is a first start", logfield.Error, err)
 		return
 	}
 	if len(keys) > 0 {
@@ -311,7 +313,7 @@ func (m *Main) bootstrapBanner(ctx context.Context, log *slog.Logger, jwtSecret 
 	ttl := m.Config.BootstrapTokenTTL
 	token, err := api.IssueToken(jwtSecret, "bootstrap", api.RoleAdmin, ttl, time.Now())
 	if err != nil {
-		log.Warn("cannot issue the first-start admin token", "error", err)
+		log.Warn("cannot issue the first-start admin token", logfield.Error, err)
 		return
 	}
 	// The sign-in link carries the token in the URL fragment, which browsers never
@@ -344,7 +346,7 @@ func (m *Main) reap(ctx context.Context, log *slog.Logger) {
 		}
 		switch {
 		case err != nil && ctx.Err() == nil:
-			log.Error("reap failed", "error", err)
+			log.Error("reap failed", logfield.Error, err)
 		case n > 0:
 			log.Info("reaped expired entries", "removed", n)
 		}
@@ -361,7 +363,7 @@ func (m *Main) close() error {
 	var errs []error
 	log := slog.New(slog.DiscardHandler)
 	if m.logger != nil {
-		log = m.logger.With("component", "main")
+		log = m.logger.With(logfield.Component, "main")
 	}
 	if m.proxySrv != nil || m.adminSrv != nil {
 		log.Info("shutting down", "timeout", m.Config.ShutdownTimeout.String())
@@ -449,15 +451,6 @@ func (m *Main) PublicURL() string { return m.publicURL }
 
 // Store is the open store while serving (nil otherwise); for tests and embedders.
 func (m *Main) Store() *vault.Store { return m.store }
-
-// isLoopbackHost reports whether host is localhost or a loopback IP.
-func isLoopbackHost(host string) bool {
-	if host == "localhost" {
-		return true
-	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback()
-}
 
 // inflight counts handlers that are running, so Close can wait for the ones whose
 // connections it had to close before it closes the store under them.

@@ -10,6 +10,9 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/keybrake/keybrake/cmd/internal/loopback"
+	"github.com/keybrake/keybrake/proxy/logfield"
 )
 
 // certReloader serves a certificate and key read from files, and reads them again
@@ -87,7 +90,7 @@ func (r *certReloader) Reload(trigger string) error {
 	defer r.mu.Unlock()
 	r.lastCheck = time.Now()
 	if err := r.load(); err != nil {
-		r.log.Warn("TLS certificate not reloaded; keeping the current one", "listener", r.name, "trigger", trigger, "error", err)
+		r.log.Warn("TLS certificate not reloaded; keeping the current one", "listener", r.name, "trigger", trigger, logfield.Error, err)
 		return fmt.Errorf("%s TLS: %w", r.name, err)
 	}
 	r.logLoaded(trigger)
@@ -124,7 +127,7 @@ func (r *certReloader) maybeReload() {
 	}
 	if err := r.load(); err != nil {
 		r.log.Warn("TLS certificate files changed but do not load; keeping the current certificate",
-			"listener", r.name, "error", err)
+			"listener", r.name, logfield.Error, err)
 		return
 	}
 	r.logLoaded("files changed")
@@ -157,5 +160,5 @@ func exposedWithoutTLS(addr net.Addr) bool {
 	if err != nil {
 		return true
 	}
-	return !isLoopbackHost(host)
+	return !loopback.Host(host)
 }

@@ -1,11 +1,9 @@
 package proxytest
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"sort"
@@ -24,8 +22,9 @@ type SpecOperation struct {
 
 // OpenAPISpec is what the tests read of Stripe's OpenAPI description.
 type OpenAPISpec struct {
-	Version    string          // the API version it describes (info.version)
-	Operations []SpecOperation // every v1 POST operation, sorted by path
+	Version     string          // the API version it describes (info.version)
+	MockVersion string          // the stripe-mock module it comes from (go.mod's tool)
+	Operations  []SpecOperation // every v1 POST operation, sorted by path
 }
 
 // moneyName matches parameter names that carry money: amount, amount_* and
@@ -37,66 +36,41 @@ var moneyName = regexp.MustCompile(`^(amount|amount_.+|.+_amount|.+_decimal|bala
 // money.
 func MoneyParamName(name string) bool { return moneyName.MatchString(name) }
 
-// StripeOpenAPI reads Stripe's OpenAPI description (embedded/openapi/spec3.json)
-// from the stripe-mock module of StripeMockVersion in the Go module cache,
-// downloading the module with `go mod download` when it is not there. When it
-// cannot be had the test is skipped, or fails when CI is "true".
+// StripeOpenAPI reads Stripe's OpenAPI description (see StripeOpenAPIDocument).
 func StripeOpenAPI(tb testing.TB) *OpenAPISpec {
 	tb.Helper()
-	path, err := stripeSpecPath()
-	if err != nil {
-		stripeMockUnavailable(tb, err)
-	}
-	raw, err := os.ReadFile(path)
-	if err != nil {
-		stripeMockUnavailable(tb, err)
-	}
+	raw, version := stripeOpenAPI(tb)
 	spec, err := parseOpenAPI(raw)
 	if err != nil {
-		tb.Fatalf("stripe OpenAPI description %s: %v", path, err)
+		tb.Fatalf("Stripe's OpenAPI description: %v", err)
 	}
+	spec.MockVersion = version
 	return spec
 }
 
-// stripeSpecPath finds spec3.json in the module cache, downloading the module
-// first when needed.
-func stripeSpecPath() (string, error) {
-	goBin, err := exec.LookPath("go")
+// StripeOpenAPIDocument returns Stripe's OpenAPI description of its API,
+// embedded/openapi/spec3.json of the stripe-mock module that go.mod's tool
+// directive pins, read from the Go module cache (go mod download fetches the
+// module first if need be). When it cannot be had the test is skipped, or fails
+// when CI is "true".
+func StripeOpenAPIDocument(tb testing.TB) []byte {
+	tb.Helper()
+	raw, _ := stripeOpenAPI(tb)
+	return raw
+}
+
+// stripeOpenAPI reads spec3.json and says which stripe-mock it comes from.
+func stripeOpenAPI(tb testing.TB) ([]byte, string) {
+	tb.Helper()
+	mod, err := findStripeMockModule()
 	if err != nil {
-		return "", fmt.Errorf("find the go command: %w", err)
+		stripeMockUnavailable(tb, err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), stripeMockInstallTime)
-	defer cancel()
-	out, err := exec.CommandContext(ctx, goBin, "env", "GOMODCACHE").Output()
+	raw, err := os.ReadFile(filepath.Join(mod.Dir, "embedded", "openapi", "spec3.json"))
 	if err != nil {
-		return "", fmt.Errorf("go env GOMODCACHE: %w", err)
+		stripeMockUnavailable(tb, err)
 	}
-	rel := filepath.Join("github.com", "stripe", "stripe-mock@"+StripeMockVersion, "embedded", "openapi", "spec3.json")
-	path := filepath.Join(strings.TrimSpace(string(out)), rel)
-	if isFile(path) {
-		return path, nil
-	}
-	tmp, err := os.MkdirTemp("", "keybrake-spec-")
-	if err != nil {
-		return "", fmt.Errorf("create a directory for go mod download: %w", err)
-	}
-	defer os.RemoveAll(tmp)
-	cmd := exec.CommandContext(ctx, goBin, "mod", "download", "-json", stripeMockModule+"@"+StripeMockVersion)
-	cmd.Dir = tmp
-	cmd.Env = append(os.Environ(), "GOFLAGS=-mod=mod")
-	dl, err := cmd.Output()
-	if err != nil {
-		return "", fmt.Errorf("go mod download %s@%s: %w", stripeMockModule, StripeMockVersion, err)
-	}
-	var mod struct{ Dir string }
-	if err := json.Unmarshal(dl, &mod); err != nil || mod.Dir == "" {
-		return "", fmt.Errorf("go mod download %s@%s: no module directory in %q", stripeMockModule, StripeMockVersion, clipOutput(string(dl)))
-	}
-	path = filepath.Join(mod.Dir, "embedded", "openapi", "spec3.json")
-	if !isFile(path) {
-		return "", fmt.Errorf("%s is not in the stripe-mock module", path)
-	}
-	return path, nil
+	return raw, mod.Version
 }
 
 // schema is the part of an OpenAPI schema the parameter walk needs.

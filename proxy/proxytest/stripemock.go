@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"net"
 	"net/http"
 	"net/url"
@@ -21,31 +20,29 @@ import (
 	"time"
 )
 
-// StripeMockVersion is the stripe-mock release the tests validate requests against.
-const StripeMockVersion = "v0.203.0"
-
 // StripeMockKey is an API key stripe-mock accepts (it wants exactly three
 // "_"-separated parts).
 const StripeMockKey = "sk_test_123"
 
 const (
-	stripeMockModule      = "github.com/stripe/stripe-mock"
-	stripeMockInstallTime = 5 * time.Minute
-	stripeMockStartTime   = 30 * time.Second
+	stripeMockModule    = "github.com/stripe/stripe-mock"
+	stripeMockBuildTime = 5 * time.Minute
+	stripeMockStartTime = 30 * time.Second
 )
 
-// StripeMock starts a stripe-mock (StripeMockVersion) bound to 127.0.0.1 on two
-// free ports (HTTP and HTTPS: it would otherwise open HTTPS on every interface) and
-// returns its HTTP base URL. The process is killed by PID in tb.Cleanup.
+// StripeMock starts stripe-mock bound to 127.0.0.1 on two free ports (HTTP and
+// HTTPS: it would otherwise open HTTPS on every interface) and returns its HTTP
+// base URL. The process is killed by PID in tb.Cleanup.
 //
-// The binary is installed once per machine with `go install` into
-// os.UserCacheDir()/keybrake/stripe-mock-v0.203.0/, under a lock file so that
-// concurrent tests and test binaries install it once, built in a private temporary
-// directory and renamed into place so that nobody runs a half-written file. When it cannot be installed or started the test is skipped with
-// the reason, or fails when the environment variable CI is "true".
+// stripe-mock is a tool of the module (the tool directive of go.mod pins its
+// version): `go tool -n stripe-mock` builds it once into the Go build cache,
+// downloading the module first if need be, and names the binary, which is run
+// directly so that its PID is the one to kill. When it cannot be built or
+// started the test is skipped with the reason, or fails when the environment
+// variable CI is "true".
 func StripeMock(tb testing.TB) *url.URL {
 	tb.Helper()
-	bin, err := installStripeMock()
+	bin, err := stripeMockBinary()
 	if err != nil {
 		stripeMockUnavailable(tb, err)
 	}
@@ -64,87 +61,84 @@ func StripeMock(tb testing.TB) *url.URL {
 func stripeMockUnavailable(tb testing.TB, err error) {
 	tb.Helper()
 	if os.Getenv("CI") == "true" {
-		tb.Fatalf("stripe-mock %s unavailable: %v", StripeMockVersion, err)
+		tb.Fatalf("stripe-mock unavailable: %v", err)
 	}
-	tb.Skipf("stripe-mock %s unavailable (set CI=true to make this fatal): %v", StripeMockVersion, err)
+	tb.Skipf("stripe-mock unavailable (set CI=true to make this fatal): %v", err)
 }
 
-// installStripeMock returns the path of the cached binary, installing it first
-// when it is missing.
-func installStripeMock() (string, error) {
-	cache, err := os.UserCacheDir()
-	if err != nil {
-		return "", fmt.Errorf("user cache dir: %w", err)
-	}
-	dir := filepath.Join(cache, "keybrake", "stripe-mock-"+StripeMockVersion)
-	bin := filepath.Join(dir, "stripe-mock")
-	if isFile(bin) {
-		return bin, nil
-	}
-	goBin, err := exec.LookPath("go")
-	if err != nil {
-		return "", fmt.Errorf("find the go command: %w", err)
-	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return "", fmt.Errorf("create %s: %w", dir, err)
-	}
-	unlock, err := lockInstall(filepath.Join(dir, "install.lock"))
+// stripeMockBinary is the path of the stripe-mock tool, built once per test
+// binary (and cached across them by the build cache).
+var stripeMockBinary = sync.OnceValues(func() (string, error) {
+	out, err := goCommand("tool", "-n", "stripe-mock")
 	if err != nil {
 		return "", err
 	}
-	defer unlock()
-	if isFile(bin) { // another test binary installed it while we waited
-		return bin, nil
-	}
-	tmp, err := os.MkdirTemp(dir, "install-")
-	if err != nil {
-		return "", fmt.Errorf("create install dir: %w", err)
-	}
-	defer os.RemoveAll(tmp)
-	ctx, cancel := context.WithTimeout(context.Background(), stripeMockInstallTime)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, goBin, "install", stripeMockModule+"@"+StripeMockVersion)
-	cmd.Dir = tmp
-	cmd.Env = append(os.Environ(), "GOBIN="+tmp, "GOFLAGS=-mod=mod")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("go install %s@%s: %w: %s", stripeMockModule, StripeMockVersion, err, bytes.TrimSpace(out))
-	}
-	if err := os.Rename(filepath.Join(tmp, "stripe-mock"), bin); err != nil {
-		return "", fmt.Errorf("move stripe-mock into the cache: %w", err)
+	bin := strings.TrimSpace(string(out))
+	if fi, err := os.Stat(bin); err != nil || !fi.Mode().IsRegular() {
+		return "", fmt.Errorf("go tool -n stripe-mock named %q, which is no file", bin)
 	}
 	return bin, nil
+})
+
+// findStripeMockModule says where the stripe-mock module of go.mod is, and its
+// version: `go mod download` fetches it into the module cache first if need be.
+var findStripeMockModule = sync.OnceValues(func() (stripeMockMod, error) {
+	out, err := goCommand("mod", "download", "-json", stripeMockModule)
+	if err != nil {
+		return stripeMockMod{}, err
+	}
+	var mod stripeMockMod
+	if err := json.Unmarshal(out, &mod); err != nil || mod.Dir == "" {
+		return stripeMockMod{}, fmt.Errorf("go mod download %s: no module directory in %q", stripeMockModule, clipOutput(string(out)))
+	}
+	return mod, nil
+})
+
+// stripeMockMod is what go mod download says of the stripe-mock module.
+type stripeMockMod struct {
+	Version string
+	Dir     string
 }
 
-func isFile(path string) bool {
-	fi, err := os.Stat(path)
-	return err == nil && fi.Mode().IsRegular()
+// goCommand runs the go command in the module's root directory (so that go.mod
+// decides the versions) and returns its standard output.
+func goCommand(args ...string) ([]byte, error) {
+	goBin, err := exec.LookPath("go")
+	if err != nil {
+		return nil, fmt.Errorf("find the go command: %w", err)
+	}
+	root, err := moduleRoot()
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), stripeMockBuildTime)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, goBin, args...)
+	cmd.Dir = root
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return nil, fmt.Errorf("go %s: %w: %s", strings.Join(args, " "), err, clipOutput(stderr.String()))
+	}
+	return out, nil
 }
 
-// lockInstall takes an exclusive lock file so that one process (or test) at a time
-// runs go install; the others wait for it and then find the binary. A lock older
-// than an install can take is left over by a killed process and is broken.
-func lockInstall(path string) (unlock func(), err error) {
-	deadline := time.Now().Add(stripeMockInstallTime + time.Minute)
+// moduleRoot is the directory holding go.mod, above the test's working directory.
+func moduleRoot() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", fmt.Errorf("working directory: %w", err)
+	}
 	for {
-		f, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o644)
-		if err == nil {
-			_, _ = fmt.Fprintf(f, "%d\n", os.Getpid())
-			if err := f.Close(); err != nil {
-				return nil, fmt.Errorf("write install lock: %w", err)
-			}
-			return func() { _ = os.Remove(path) }, nil
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return dir, nil
 		}
-		if !errors.Is(err, fs.ErrExist) {
-			return nil, fmt.Errorf("take install lock: %w", err)
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", errors.New("no go.mod above the test's working directory")
 		}
-		if fi, err := os.Stat(path); err == nil && time.Since(fi.ModTime()) > stripeMockInstallTime+time.Minute {
-			_ = os.Remove(path)
-			continue
-		}
-		if time.Now().After(deadline) {
-			return nil, fmt.Errorf("install lock %s still held", path)
-		}
-		time.Sleep(200 * time.Millisecond)
+		dir = parent
 	}
 }
 
@@ -249,20 +243,11 @@ func clipOutput(s string) string {
 // the working directory of the test to the directory holding go.mod.
 func TestdataDir(tb testing.TB) string {
 	tb.Helper()
-	dir, err := os.Getwd()
+	root, err := moduleRoot()
 	if err != nil {
-		tb.Fatalf("working directory: %v", err)
+		tb.Fatalf("testdata: %v", err)
 	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return filepath.Join(dir, "testdata")
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			tb.Fatalf("no go.mod above the test's working directory")
-		}
-		dir = parent
-	}
+	return filepath.Join(root, "testdata")
 }
 
 // CatalogueCase is one entry of testdata/catalogue/cases.json: a Stripe request and

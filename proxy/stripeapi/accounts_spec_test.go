@@ -1,10 +1,7 @@
-package proxy
+package stripeapi
 
 import (
 	"encoding/json"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"regexp"
 	"sort"
 	"strings"
@@ -138,31 +135,11 @@ type openAPISpec struct {
 	} `json:"paths"`
 }
 
-// stripeSpec reads Stripe's OpenAPI description from the stripe-mock module
-// (downloaded into the module cache with go mod download if it is not there
-// yet). It skips the test when the module cannot be had, or fails it when CI is
-// "true".
+// stripeSpec reads Stripe's OpenAPI description from the stripe-mock module.
 func stripeSpec(t *testing.T) openAPISpec {
 	t.Helper()
-	unavailable := func(err error) {
-		t.Helper()
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("Stripe's OpenAPI description unavailable: %v", err)
-		}
-		t.Skipf("Stripe's OpenAPI description unavailable (set CI=true to make this fatal): %v", err)
-	}
-	out, err := exec.Command("go", "mod", "download", "-json", "github.com/stripe/stripe-mock@"+proxytest.StripeMockVersion).Output()
-	if err != nil {
-		unavailable(err)
-	}
-	var mod struct{ Dir string }
-	require.NoError(t, json.Unmarshal(out, &mod))
-	raw, err := os.ReadFile(filepath.Join(mod.Dir, "embedded", "openapi", "spec3.json"))
-	if err != nil {
-		unavailable(err)
-	}
 	var spec openAPISpec
-	require.NoError(t, json.Unmarshal(raw, &spec))
+	require.NoError(t, json.Unmarshal(proxytest.StripeOpenAPIDocument(t), &spec))
 	require.NotEmpty(t, spec.Paths)
 	return spec
 }

@@ -1,4 +1,4 @@
-package proxy
+package stripeapi
 
 import (
 	"maps"
@@ -33,7 +33,7 @@ var knownOps = sync.OnceValue(func() *opNames {
 		add(res + ".read")
 		add(res + ".delete")
 	}
-	add(opUnknownRead) // reads outside the catalogue
+	add(OpUnknownRead) // reads outside the catalogue
 	n.sorted = slices.Sorted(maps.Keys(n.ops))
 	for _, v := range slices.Sorted(maps.Keys(n.verbs)) {
 		n.verbGlobs = append(n.verbGlobs, "*."+v)

@@ -1,4 +1,4 @@
-package proxy
+package stripeapi
 
 // Invoicing in the catalogue: invoice items, the lines of an invoice, and the
 // invoice settings that add tax. The decisions are summed up at the top of
@@ -257,7 +257,7 @@ func invoiceLines(add bool, single bool) moneyFunc {
 			if price != nil {
 				prices = append(prices, *price)
 			}
-			if total, err = addMinor(total, amount); err != nil {
+			if total, err = AddMinor(total, amount); err != nil {
 				return err
 			}
 		}

@@ -1,4 +1,4 @@
-package proxy
+package stripeapi
 
 // The Stripe operation catalogue: method + path pattern → operation, direction of
 // money, and how the amount is found. Decisions (the summary of what Classify and
@@ -446,23 +446,23 @@ func classify(method, path string, params *Params) (Classification, error) {
 		if readResources[resource] {
 			c.Operation, c.Known = resource+".read", true
 		} else {
-			c.Operation = "unknown.read"
+			c.Operation = OpUnknownRead
 		}
 		return c, nil
 	case "DELETE":
 		if readResources[resource] && len(ids) > 0 {
 			c.Operation, c.Known = resource+".delete", true
 		} else {
-			c.Operation = "unknown.write"
+			c.Operation = OpUnknownWrite
 		}
 		return c, nil
 	case "POST":
 	default:
-		c.Operation = "unknown.write"
+		c.Operation = OpUnknownWrite
 		return c, nil
 	}
 	if rt == nil {
-		c.Operation = "unknown.write"
+		c.Operation = OpUnknownWrite
 		return c, nil
 	}
 	c.Operation, c.Known = rt.op, true
@@ -517,8 +517,8 @@ func isPathByte(c byte) bool {
 	return 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '_' || c == '-' || c == '.'
 }
 
-// isID reports whether s is a plain Stripe id, safe to put into a lookup path.
-func isID(s string) bool {
+// IsID reports whether s is a plain Stripe id, safe to put into a lookup path.
+func IsID(s string) bool {
 	if s == "" || len(s) > 255 {
 		return false
 	}
@@ -566,7 +566,7 @@ func match(segs []string) (*route, []string) {
 		for j, s := range rt.segs {
 			switch {
 			case s == "{id}":
-				ok = isID(segs[j])
+				ok = IsID(segs[j])
 			case s == segs[j]:
 				score++
 			default:
@@ -596,7 +596,7 @@ func match(segs []string) (*route, []string) {
 // an unknown write.
 func classifyV2(method string, segs []string) Classification {
 	if method != "GET" {
-		return Classification{Operation: "unknown.write"}
+		return Classification{Operation: OpUnknownWrite}
 	}
 	names := []string{"v2"}
 	c := Classification{}
@@ -608,7 +608,7 @@ func classifyV2(method string, segs []string) Classification {
 		}
 	}
 	if len(names) == 1 {
-		return Classification{Operation: "unknown.read"}
+		return Classification{Operation: OpUnknownRead}
 	}
 	c.Operation = strings.Join(names, ".") + ".read"
 	return c
@@ -733,22 +733,24 @@ func idParam(p *Params, key string) (string, bool, error) {
 	if !ok {
 		return "", false, nil
 	}
-	if !isID(v) {
+	if !IsID(v) {
 		return "", false, formErr("parameter %s: %q is not an id", key, clipText(v))
 	}
 	return v, true, nil
 }
 
-// mulMinor multiplies two non-negative amounts, refusing overflow.
-func mulMinor(a, b int64) (int64, error) {
+// MulMinor multiplies two non-negative amounts; an overflow is an error wrapping
+// ErrMalformed.
+func MulMinor(a, b int64) (int64, error) {
 	if a != 0 && b > math.MaxInt64/a {
 		return 0, formErr("amount %d × %d overflows", a, b)
 	}
 	return a * b, nil
 }
 
-// addMinor adds two non-negative amounts, refusing overflow.
-func addMinor(a, b int64) (int64, error) {
+// AddMinor adds two non-negative amounts; an overflow is an error wrapping
+// ErrMalformed.
+func AddMinor(a, b int64) (int64, error) {
 	if b > math.MaxInt64-a {
 		return 0, formErr("amount %d + %d overflows", a, b)
 	}
@@ -959,7 +961,7 @@ func unitPricing(p *Params, prefix string, fields []string) (pr pricing, n int, 
 	pr.unit, pr.unitKnown = unit, pr.known && n == 1
 	pr.known = pr.known && qtyExact
 	if pr.known {
-		if pr.amount, err = mulMinor(unit, pr.quantity); err != nil {
+		if pr.amount, err = MulMinor(unit, pr.quantity); err != nil {
 			return pr, 0, err
 		}
 	}
@@ -1027,7 +1029,7 @@ func checkoutSessionCreate(r *catRequest, c *Classification) error {
 	if p.Has("shipping_options") && p.Keys("shipping_options") == nil {
 		known = false
 	}
-	if total, err = addMinor(total, shipping); err != nil {
+	if total, err = AddMinor(total, shipping); err != nil {
 		return err
 	}
 	c.Currency = cur
@@ -1052,7 +1054,7 @@ func requestLines(p *Params, names ...string) (lineTotal, error) {
 		if err != nil {
 			return all, err
 		}
-		if all.amount, err = addMinor(all.amount, lt.amount); err != nil {
+		if all.amount, err = AddMinor(all.amount, lt.amount); err != nil {
 			return all, err
 		}
 		all.prices = append(all.prices, lt.prices...)
@@ -1113,7 +1115,7 @@ func readLines(p *Params, name, cur string) (lineTotal, error) {
 		case hasPrice || !pr.known:
 			lt.known = false
 		default:
-			if lt.amount, err = addMinor(lt.amount, pr.amount); err != nil {
+			if lt.amount, err = AddMinor(lt.amount, pr.amount); err != nil {
 				return lt, err
 			}
 		}

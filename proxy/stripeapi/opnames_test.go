@@ -1,11 +1,11 @@
-package proxy_test
+package stripeapi_test
 
 import (
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 
-	"github.com/keybrake/keybrake/proxy"
+	"github.com/keybrake/keybrake/proxy/stripeapi"
 )
 
 func TestCheckOperation(t *testing.T) {
@@ -15,12 +15,12 @@ func TestCheckOperation(t *testing.T) {
 		"unknown.read", "v2.core.accounts.read", "v2.*", "v2.core.events.*", "payment_intents.increment_authorization",
 	}
 	for _, g := range known {
-		ok, sugg := proxy.CheckOperation(g)
+		ok, sugg := stripeapi.CheckOperation(g)
 		assert.True(t, ok, g)
 		assert.Empty(t, sugg, g)
 	}
-	for _, op := range proxy.Operations() {
-		ok, _ := proxy.CheckOperation(op)
+	for _, op := range stripeapi.Operations() {
+		ok, _ := stripeapi.CheckOperation(op)
 		assert.True(t, ok, "every catalogue operation is known: %s", op)
 	}
 
@@ -36,7 +36,7 @@ func TestCheckOperation(t *testing.T) {
 		"v2.core.accounts.write": nil,
 	}
 	for g, want := range unknown {
-		ok, sugg := proxy.CheckOperation(g)
+		ok, sugg := stripeapi.CheckOperation(g)
 		assert.False(t, ok, g)
 		if want == nil {
 			assert.Empty(t, sugg, g)

@@ -1,4 +1,4 @@
-package proxy
+package stripeapi
 
 import "errors"
 
@@ -75,6 +75,12 @@ const (
 	DirectionOut  Direction = "out" // refunds, transfers, payouts
 )
 
+// Operations of requests outside the catalogue (Classification.Known false).
+const (
+	OpUnknownRead  = "unknown.read"  // a GET of an unknown resource
+	OpUnknownWrite = "unknown.write" // any other request the catalogue does not know
+)
+
 // Classification is what the catalogue says about one request.
 //
 // For a request with MovesMoney, the money it moves is found like this, in order:
@@ -140,7 +146,7 @@ type Classification struct {
 	// ObjectID is the first id in the path, if any ("pi_123").
 	ObjectID string
 	// Target is the existing money object the request's money is counted on (see
-	// "Money objects" in the package documentation): the path's PaymentIntent,
+	// "The metering model" in docs/ARCHITECTURE.md): the path's PaymentIntent,
 	// Charge or invoice item of a confirm, a capture or a raise, the invoice of
 	// invoices.pay or of its lines, or the invoice an invoice item is added to.
 	Target string

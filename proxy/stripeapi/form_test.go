@@ -1,4 +1,4 @@
-package proxy_test
+package stripeapi_test
 
 import (
 	"bytes"
@@ -8,14 +8,14 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/keybrake/keybrake/proxy"
 	"github.com/keybrake/keybrake/proxy/proxytest"
+	"github.com/keybrake/keybrake/proxy/stripeapi"
 )
 
 // MustParseForm parses body or fails the test.
-func MustParseForm(tb testing.TB, body string) *proxy.Params {
+func MustParseForm(tb testing.TB, body string) *stripeapi.Params {
 	tb.Helper()
-	p, err := proxy.ParseForm([]byte(body))
+	p, err := stripeapi.ParseForm([]byte(body))
 	require.NoError(tb, err, "body %q", body)
 	return p
 }
@@ -23,73 +23,73 @@ func MustParseForm(tb testing.TB, body string) *proxy.Params {
 func TestParseFormAccepts(t *testing.T) {
 	tests := map[string]struct {
 		body string
-		want []proxy.Pair // in body order
+		want []stripeapi.Pair // in body order
 	}{
 		"empty body": {body: "", want: nil},
 		"plain pairs": {
 			body: "amount=100&currency=usd",
-			want: []proxy.Pair{{Key: "amount", Value: "100"}, {Key: "currency", Value: "usd"}},
+			want: []stripeapi.Pair{{Key: "amount", Value: "100"}, {Key: "currency", Value: "usd"}},
 		},
 		"plus and %20 are spaces": {
 			body: "description=Two+words&statement_descriptor=Three%20more%20words",
-			want: []proxy.Pair{{Key: "description", Value: "Two words"}, {Key: "statement_descriptor", Value: "Three more words"}},
+			want: []stripeapi.Pair{{Key: "description", Value: "Two words"}, {Key: "statement_descriptor", Value: "Three more words"}},
 		},
 		"encoded plus is a plus": {
 			body: "description=1%2B1",
-			want: []proxy.Pair{{Key: "description", Value: "1+1"}},
+			want: []stripeapi.Pair{{Key: "description", Value: "1+1"}},
 		},
 		"nested hash": {
 			body: "metadata[order_id]=42&metadata[billing_period]=2026-09",
-			want: []proxy.Pair{{Key: "metadata[order_id]", Value: "42"}, {Key: "metadata[billing_period]", Value: "2026-09"}},
+			want: []stripeapi.Pair{{Key: "metadata[order_id]", Value: "42"}, {Key: "metadata[billing_period]", Value: "2026-09"}},
 		},
 		"percent-encoded brackets": {
 			body: "metadata%5Border_id%5D=42&line_items%5b0%5d%5bquantity%5d=2",
-			want: []proxy.Pair{{Key: "metadata[order_id]", Value: "42"}, {Key: "line_items[0][quantity]", Value: "2"}},
+			want: []stripeapi.Pair{{Key: "metadata[order_id]", Value: "42"}, {Key: "line_items[0][quantity]", Value: "2"}},
 		},
 		"deep nesting": {
 			body: "line_items[0][price_data][product_data][metadata][sku]=A-1",
-			want: []proxy.Pair{{Key: "line_items[0][price_data][product_data][metadata][sku]", Value: "A-1"}},
+			want: []stripeapi.Pair{{Key: "line_items[0][price_data][product_data][metadata][sku]", Value: "A-1"}},
 		},
 		"array append repeats": {
 			body: "expand[]=customer&expand[]=latest_charge&expand[]=customer",
-			want: []proxy.Pair{{Key: "expand[]", Value: "customer"}, {Key: "expand[]", Value: "latest_charge"}, {Key: "expand[]", Value: "customer"}},
+			want: []stripeapi.Pair{{Key: "expand[]", Value: "customer"}, {Key: "expand[]", Value: "latest_charge"}, {Key: "expand[]", Value: "customer"}},
 		},
 		"indexed array": {
 			body: "expand[0]=customer&expand[1]=latest_charge",
-			want: []proxy.Pair{{Key: "expand[0]", Value: "customer"}, {Key: "expand[1]", Value: "latest_charge"}},
+			want: []stripeapi.Pair{{Key: "expand[0]", Value: "customer"}, {Key: "expand[1]", Value: "latest_charge"}},
 		},
 		"empty value": {
 			body: "description=",
-			want: []proxy.Pair{{Key: "description", Value: ""}},
+			want: []stripeapi.Pair{{Key: "description", Value: ""}},
 		},
 		"equals sign in value": {
 			body: "description=a=b",
-			want: []proxy.Pair{{Key: "description", Value: "a=b"}},
+			want: []stripeapi.Pair{{Key: "description", Value: "a=b"}},
 		},
 		"unicode value raw and encoded": {
 			body: "description=caf%C3%A9&name=café",
-			want: []proxy.Pair{{Key: "description", Value: "café"}, {Key: "name", Value: "café"}},
+			want: []stripeapi.Pair{{Key: "description", Value: "café"}, {Key: "name", Value: "café"}},
 		},
 		"newline and tab in value": {
 			body: "description=line1%0Aline2%09end%0D",
-			want: []proxy.Pair{{Key: "description", Value: "line1\nline2\tend\r"}},
+			want: []stripeapi.Pair{{Key: "description", Value: "line1\nline2\tend\r"}},
 		},
 		"space inside a metadata key": {
 			body: "metadata[my+key]=v",
-			want: []proxy.Pair{{Key: "metadata[my key]", Value: "v"}},
+			want: []stripeapi.Pair{{Key: "metadata[my key]", Value: "v"}},
 		},
 		"zero index": {
 			body: "items[0][price]=price_1",
-			want: []proxy.Pair{{Key: "items[0][price]", Value: "price_1"}},
+			want: []stripeapi.Pair{{Key: "items[0][price]", Value: "price_1"}},
 		},
 		"sixteen levels": {
 			body: "a[b][c][d][e][f][g][h][i][j][k][l][m][n][o][p]=1",
-			want: []proxy.Pair{{Key: "a[b][c][d][e][f][g][h][i][j][k][l][m][n][o][p]", Value: "1"}},
+			want: []stripeapi.Pair{{Key: "a[b][c][d][e][f][g][h][i][j][k][l][m][n][o][p]", Value: "1"}},
 		},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
-			p, err := proxy.ParseForm([]byte(tc.body))
+			p, err := stripeapi.ParseForm([]byte(tc.body))
 			require.NoError(t, err)
 			assert.Equal(t, tc.want, p.Pairs())
 			assert.Equal(t, len(tc.want), p.Len())
@@ -149,9 +149,9 @@ func TestParseFormRefuses(t *testing.T) {
 	}
 	for name, body := range tests {
 		t.Run(name, func(t *testing.T) {
-			p, err := proxy.ParseForm([]byte(body))
+			p, err := stripeapi.ParseForm([]byte(body))
 			require.Error(t, err)
-			assert.ErrorIs(t, err, proxy.ErrMalformed)
+			assert.ErrorIs(t, err, stripeapi.ErrMalformed)
 			assert.Nil(t, p)
 		})
 	}
@@ -188,7 +188,7 @@ func TestParamsLookups(t *testing.T) {
 	assert.Equal(t, []string{"amount", "expand", "line_items", "metadata"}, p.Keys(""))
 	assert.Nil(t, p.Keys("amount"))
 
-	var nilParams *proxy.Params
+	var nilParams *stripeapi.Params
 	_, ok = nilParams.Get("amount")
 	assert.False(t, ok)
 	assert.False(t, nilParams.Has("amount"))
@@ -255,12 +255,12 @@ func TestEncodeRoundTrip(t *testing.T) {
 		if c.Method != "POST" || c.Path[:4] == "/v2/" {
 			continue
 		}
-		p, err := proxy.ParseForm([]byte(c.Body))
+		p, err := stripeapi.ParseForm([]byte(c.Body))
 		if err != nil {
 			continue
 		}
 		t.Run(c.Name, func(t *testing.T) {
-			q, err := proxy.ParseForm(p.Encode())
+			q, err := stripeapi.ParseForm(p.Encode())
 			require.NoError(t, err)
 			assert.Equal(t, p.Canonical(), q.Canonical())
 		})
@@ -270,40 +270,40 @@ func TestEncodeRoundTrip(t *testing.T) {
 func TestParseJSON(t *testing.T) {
 	tests := map[string]struct {
 		body string
-		want []proxy.Pair
+		want []stripeapi.Pair
 	}{
 		"empty body":   {body: "", want: nil},
 		"empty object": {body: " {} ", want: nil},
 		"flat": {
 			body: `{"display_name":"Acme","amount":100}`,
-			want: []proxy.Pair{{Key: "display_name", Value: "Acme"}, {Key: "amount", Value: "100"}},
+			want: []stripeapi.Pair{{Key: "display_name", Value: "Acme"}, {Key: "amount", Value: "100"}},
 		},
 		"numbers keep their text": {
 			body: `{"a":1e5,"b":-0.50,"c":10000000000000000000000}`,
-			want: []proxy.Pair{{Key: "a", Value: "1e5"}, {Key: "b", Value: "-0.50"}, {Key: "c", Value: "10000000000000000000000"}},
+			want: []stripeapi.Pair{{Key: "a", Value: "1e5"}, {Key: "b", Value: "-0.50"}, {Key: "c", Value: "10000000000000000000000"}},
 		},
 		"nested objects and arrays": {
 			body: `{"a":{"b":[{"c":true},"x"]}}`,
-			want: []proxy.Pair{{Key: "a[b][0][c]", Value: "true"}, {Key: "a[b][1]", Value: "x"}},
+			want: []stripeapi.Pair{{Key: "a[b][0][c]", Value: "true"}, {Key: "a[b][1]", Value: "x"}},
 		},
 		"null and empty containers": {
 			body: `{"n":null,"o":{},"l":[]}`,
-			want: []proxy.Pair{{Key: "n", Value: "null"}, {Key: "o", Value: "{}"}, {Key: "l", Value: "[]"}},
+			want: []stripeapi.Pair{{Key: "n", Value: "null"}, {Key: "o", Value: "{}"}, {Key: "l", Value: "[]"}},
 		},
 		"same key in different objects": {
 			body: `{"a":{"k":1},"b":{"k":2}}`,
-			want: []proxy.Pair{{Key: "a[k]", Value: "1"}, {Key: "b[k]", Value: "2"}},
+			want: []stripeapi.Pair{{Key: "a[k]", Value: "1"}, {Key: "b[k]", Value: "2"}},
 		},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
-			p, err := proxy.ParseJSON([]byte(tc.body))
+			p, err := stripeapi.ParseJSON([]byte(tc.body))
 			require.NoError(t, err)
 			assert.Equal(t, tc.want, p.Pairs())
 		})
 	}
 
-	p, err := proxy.ParseJSON([]byte(`{"s":"1","n":1,"z":null,"o":{}}`))
+	p, err := stripeapi.ParseJSON([]byte(`{"s":"1","n":1,"z":null,"o":{}}`))
 	require.NoError(t, err)
 	v, ok := p.Get("s")
 	assert.True(t, ok)
@@ -316,19 +316,19 @@ func TestParseJSON(t *testing.T) {
 	_, ok = p.Get("o")
 	assert.False(t, ok, "an empty object is not a value")
 
-	str, err := proxy.ParseJSON([]byte(`{"a":"1"}`))
+	str, err := stripeapi.ParseJSON([]byte(`{"a":"1"}`))
 	require.NoError(t, err)
-	num, err := proxy.ParseJSON([]byte(`{"a":1}`))
+	num, err := stripeapi.ParseJSON([]byte(`{"a":1}`))
 	require.NoError(t, err)
 	assert.NotEqual(t, str.Canonical(), num.Canonical(), "a string and a number differ")
-	nul, err := proxy.ParseJSON([]byte(`{"a":null}`))
+	nul, err := stripeapi.ParseJSON([]byte(`{"a":null}`))
 	require.NoError(t, err)
-	nulStr, err := proxy.ParseJSON([]byte(`{"a":"null"}`))
+	nulStr, err := stripeapi.ParseJSON([]byte(`{"a":"null"}`))
 	require.NoError(t, err)
 	assert.NotEqual(t, nul.Canonical(), nulStr.Canonical(), "null and \"null\" differ")
-	reordered, err := proxy.ParseJSON([]byte(`{"b":{"y":2,"x":1},"a":1}`))
+	reordered, err := stripeapi.ParseJSON([]byte(`{"b":{"y":2,"x":1},"a":1}`))
 	require.NoError(t, err)
-	ordered, err := proxy.ParseJSON([]byte(`{"a":1,"b":{"x":1,"y":2}}`))
+	ordered, err := stripeapi.ParseJSON([]byte(`{"a":1,"b":{"x":1,"y":2}}`))
 	require.NoError(t, err)
 	assert.Equal(t, ordered.Canonical(), reordered.Canonical(), "member order does not matter")
 }
@@ -355,9 +355,9 @@ func TestParseJSONRefuses(t *testing.T) {
 	}
 	for name, body := range tests {
 		t.Run(name, func(t *testing.T) {
-			_, err := proxy.ParseJSON([]byte(body))
+			_, err := stripeapi.ParseJSON([]byte(body))
 			require.Error(t, err)
-			assert.ErrorIs(t, err, proxy.ErrMalformed)
+			assert.ErrorIs(t, err, stripeapi.ErrMalformed)
 		})
 	}
 }
@@ -374,9 +374,9 @@ func FuzzParseForm(f *testing.F) {
 		}
 	}
 	f.Fuzz(func(t *testing.T, body []byte) {
-		p, err := proxy.ParseForm(body)
+		p, err := stripeapi.ParseForm(body)
 		if err != nil {
-			if !errors.Is(err, proxy.ErrMalformed) {
+			if !errors.Is(err, stripeapi.ErrMalformed) {
 				t.Fatalf("error does not wrap ErrMalformed: %v", err)
 			}
 			return
@@ -385,11 +385,11 @@ func FuzzParseForm(f *testing.F) {
 		if !bytes.Equal(c1, c2) {
 			t.Fatalf("canonical form not deterministic")
 		}
-		again, err := proxy.ParseForm(body)
+		again, err := stripeapi.ParseForm(body)
 		if err != nil || !bytes.Equal(again.Canonical(), c1) {
 			t.Fatalf("second parse differs: %v", err)
 		}
-		q, err := proxy.ParseForm(p.Encode())
+		q, err := stripeapi.ParseForm(p.Encode())
 		if err != nil {
 			t.Fatalf("re-encoded body %q refused: %v", p.Encode(), err)
 		}
@@ -411,9 +411,9 @@ func FuzzParseJSON(f *testing.F) {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, body []byte) {
-		p, err := proxy.ParseJSON(body)
+		p, err := stripeapi.ParseJSON(body)
 		if err != nil {
-			if !errors.Is(err, proxy.ErrMalformed) {
+			if !errors.Is(err, stripeapi.ErrMalformed) {
 				t.Fatalf("error does not wrap ErrMalformed: %v", err)
 			}
 			return
@@ -437,7 +437,7 @@ func BenchmarkParseForm(b *testing.B) {
 			b.SetBytes(int64(len(body)))
 			b.ReportAllocs()
 			for b.Loop() {
-				if _, err := proxy.ParseForm(body); err != nil {
+				if _, err := stripeapi.ParseForm(body); err != nil {
 					b.Fatal(err)
 				}
 			}

@@ -1,4 +1,4 @@
-package proxy
+package stripeapi
 
 import (
 	"fmt"
@@ -113,11 +113,11 @@ func paymentLinkCreate(r *catRequest, c *Classification) error {
 		unknownBecause(c, "every line item needs a per-unit price (a stored price or price_data), a fixed whole quantity, and no tax rates")
 		return nil
 	}
-	if c.Amount, err = mulMinor(lines.amount, limit); err != nil {
+	if c.Amount, err = MulMinor(lines.amount, limit); err != nil {
 		return err
 	}
 	for _, pr := range lines.prices {
-		q, err := mulMinor(pr.Quantity, limit)
+		q, err := MulMinor(pr.Quantity, limit)
 		if err != nil {
 			return err
 		}

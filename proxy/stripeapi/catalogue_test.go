@@ -1,4 +1,4 @@
-package proxy_test
+package stripeapi_test
 
 import (
 	"context"
@@ -12,7 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/stripe/stripe-go/v84"
 
-	"github.com/keybrake/keybrake/proxy"
+	"github.com/keybrake/keybrake/proxy/stripeapi"
 )
 
 // sdkRequest is one request as an SDK put it on the wire.
@@ -67,7 +67,7 @@ func TestStripeGoRequests(t *testing.T) {
 	tests := []struct {
 		name string
 		call func() error
-		want proxy.Classification
+		want stripeapi.Classification
 	}{
 		{
 			name: "charge create",
@@ -78,7 +78,7 @@ func TestStripeGoRequests(t *testing.T) {
 				_, err := sc.V1Charges.Create(ctx, p)
 				return err
 			},
-			want: proxy.Classification{Operation: "charges.create", Known: true, MovesMoney: true, Direction: proxy.DirectionIn, Amount: 2000, Currency: "usd", AmountKnown: true, Customer: "cus_123", Creates: true},
+			want: stripeapi.Classification{Operation: "charges.create", Known: true, MovesMoney: true, Direction: stripeapi.DirectionIn, Amount: 2000, Currency: "usd", AmountKnown: true, Customer: "cus_123", Creates: true},
 		},
 		{
 			name: "charge capture without amount",
@@ -86,7 +86,7 @@ func TestStripeGoRequests(t *testing.T) {
 				_, err := sc.V1Charges.Capture(ctx, "ch_3NxAbC", &stripe.ChargeCaptureParams{})
 				return err
 			},
-			want: proxy.Classification{Operation: "charges.capture", Known: true, MovesMoney: true, Direction: proxy.DirectionIn, Lookup: &proxy.Lookup{Path: "/v1/charges/ch_3NxAbC", Field: "amount"}, ObjectID: "ch_3NxAbC", Target: "ch_3NxAbC"},
+			want: stripeapi.Classification{Operation: "charges.capture", Known: true, MovesMoney: true, Direction: stripeapi.DirectionIn, Lookup: &stripeapi.Lookup{Path: "/v1/charges/ch_3NxAbC", Field: "amount"}, ObjectID: "ch_3NxAbC", Target: "ch_3NxAbC"},
 		},
 		{
 			name: "payment intent create jpy",
@@ -97,7 +97,7 @@ func TestStripeGoRequests(t *testing.T) {
 				})
 				return err
 			},
-			want: proxy.Classification{Operation: "payment_intents.create", Known: true, MovesMoney: true, Direction: proxy.DirectionIn, Amount: 1000, Currency: "jpy", AmountKnown: true, Creates: true},
+			want: stripeapi.Classification{Operation: "payment_intents.create", Known: true, MovesMoney: true, Direction: stripeapi.DirectionIn, Amount: 1000, Currency: "jpy", AmountKnown: true, Creates: true},
 		},
 		{
 			name: "payment intent increment authorization",
@@ -105,7 +105,7 @@ func TestStripeGoRequests(t *testing.T) {
 				_, err := sc.V1PaymentIntents.IncrementAuthorization(ctx, "pi_123", &stripe.PaymentIntentIncrementAuthorizationParams{Amount: stripe.Int64(3000)})
 				return err
 			},
-			want: proxy.Classification{Operation: "payment_intents.increment_authorization", Known: true, MovesMoney: true, Direction: proxy.DirectionIn, Amount: 3000, AmountKnown: true, NewTotal: true, Lookup: &proxy.Lookup{Path: "/v1/payment_intents/pi_123", Field: "amount"}, ObjectID: "pi_123", Target: "pi_123"},
+			want: stripeapi.Classification{Operation: "payment_intents.increment_authorization", Known: true, MovesMoney: true, Direction: stripeapi.DirectionIn, Amount: 3000, AmountKnown: true, NewTotal: true, Lookup: &stripeapi.Lookup{Path: "/v1/payment_intents/pi_123", Field: "amount"}, ObjectID: "pi_123", Target: "pi_123"},
 		},
 		{
 			name: "refund of a payment intent",
@@ -113,7 +113,7 @@ func TestStripeGoRequests(t *testing.T) {
 				_, err := sc.V1Refunds.Create(ctx, &stripe.RefundCreateParams{PaymentIntent: stripe.String("pi_123")})
 				return err
 			},
-			want: proxy.Classification{Operation: "refunds.create", Known: true, MovesMoney: true, Direction: proxy.DirectionOut, Lookup: &proxy.Lookup{Path: "/v1/payment_intents/pi_123", Field: "amount_received"}},
+			want: stripeapi.Classification{Operation: "refunds.create", Known: true, MovesMoney: true, Direction: stripeapi.DirectionOut, Lookup: &stripeapi.Lookup{Path: "/v1/payment_intents/pi_123", Field: "amount_received"}},
 		},
 		{
 			name: "invoice item with price data",
@@ -124,7 +124,7 @@ func TestStripeGoRequests(t *testing.T) {
 				})
 				return err
 			},
-			want: proxy.Classification{Operation: "invoiceitems.create", Known: true, MovesMoney: true, Direction: proxy.DirectionIn, Amount: 3750, Currency: "kwd", AmountKnown: true, Customer: "cus_123", Creates: true},
+			want: stripeapi.Classification{Operation: "invoiceitems.create", Known: true, MovesMoney: true, Direction: stripeapi.DirectionIn, Amount: 3750, Currency: "kwd", AmountKnown: true, Customer: "cus_123", Creates: true},
 		},
 		{
 			name: "invoice item with unit_amount_decimal",
@@ -135,7 +135,7 @@ func TestStripeGoRequests(t *testing.T) {
 				})
 				return err
 			},
-			want: proxy.Classification{Operation: "invoiceitems.create", Known: true, MovesMoney: true, Direction: proxy.DirectionIn, Amount: 100000, Currency: "isk", AmountKnown: true, Customer: "cus_123", Creates: true},
+			want: stripeapi.Classification{Operation: "invoiceitems.create", Known: true, MovesMoney: true, Direction: stripeapi.DirectionIn, Amount: 100000, Currency: "isk", AmountKnown: true, Customer: "cus_123", Creates: true},
 		},
 		{
 			name: "checkout session with price data",
@@ -150,7 +150,7 @@ func TestStripeGoRequests(t *testing.T) {
 				})
 				return err
 			},
-			want: proxy.Classification{Operation: "checkout.sessions.create", Known: true, MovesMoney: true, Direction: proxy.DirectionIn, Amount: 4500, Currency: "usd", AmountKnown: true, Creates: true},
+			want: stripeapi.Classification{Operation: "checkout.sessions.create", Known: true, MovesMoney: true, Direction: stripeapi.DirectionIn, Amount: 4500, Currency: "usd", AmountKnown: true, Creates: true},
 		},
 		{
 			name: "invoice pay",
@@ -158,7 +158,7 @@ func TestStripeGoRequests(t *testing.T) {
 				_, err := sc.V1Invoices.Pay(ctx, "in_123", &stripe.InvoicePayParams{})
 				return err
 			},
-			want: proxy.Classification{Operation: "invoices.pay", Known: true, MovesMoney: true, Direction: proxy.DirectionIn, Lookup: &proxy.Lookup{Path: "/v1/invoices/in_123", Field: "amount_remaining"}, ObjectID: "in_123", Target: "in_123"},
+			want: stripeapi.Classification{Operation: "invoices.pay", Known: true, MovesMoney: true, Direction: stripeapi.DirectionIn, Lookup: &stripeapi.Lookup{Path: "/v1/invoices/in_123", Field: "amount_remaining"}, ObjectID: "in_123", Target: "in_123"},
 		},
 		{
 			name: "customer read",
@@ -166,7 +166,7 @@ func TestStripeGoRequests(t *testing.T) {
 				_, err := sc.V1Customers.Retrieve(ctx, "cus_123", nil)
 				return err
 			},
-			want: proxy.Classification{Operation: "customers.read", Known: true, Customer: "cus_123", ObjectID: "cus_123"},
+			want: stripeapi.Classification{Operation: "customers.read", Known: true, Customer: "cus_123", ObjectID: "cus_123"},
 		},
 	}
 	for _, tc := range tests {
@@ -179,9 +179,9 @@ func TestStripeGoRequests(t *testing.T) {
 			if req.method == http.MethodPost {
 				assert.Equal(t, "application/x-www-form-urlencoded", req.contentType)
 			}
-			p, err := proxy.ParseForm(req.body)
+			p, err := stripeapi.ParseForm(req.body)
 			require.NoError(t, err, "stripe-go body %q", req.body)
-			got, err := proxy.Classify(req.method, req.path, p)
+			got, err := stripeapi.Classify(req.method, req.path, p)
 			require.NoError(t, err)
 			assert.Equal(t, tc.want, got, "body %q", req.body)
 		})
@@ -189,17 +189,17 @@ func TestStripeGoRequests(t *testing.T) {
 }
 
 func TestOperationsAndRoutes(t *testing.T) {
-	ops := proxy.Operations()
+	ops := stripeapi.Operations()
 	require.NotEmpty(t, ops)
 	assert.IsIncreasing(t, ops)
-	routes := proxy.Routes()
+	routes := stripeapi.Routes()
 	seen := map[string]bool{}
 	for _, rt := range routes {
 		key := rt.Method + " " + rt.Path
 		assert.False(t, seen[key], "route %s listed twice", key)
 		seen[key] = true
 		assert.Contains(t, ops, rt.Operation)
-		assert.Equal(t, rt.MovesMoney, rt.Direction != proxy.DirectionNone, key)
+		assert.Equal(t, rt.MovesMoney, rt.Direction != stripeapi.DirectionNone, key)
 	}
 	for _, op := range []string{"charges.create", "refunds.create", "checkout.sessions.create", "invoices.pay"} {
 		assert.Contains(t, ops, op)

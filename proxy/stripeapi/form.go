@@ -1,4 +1,4 @@
-package proxy
+package stripeapi
 
 import (
 	"bytes"
@@ -12,6 +12,8 @@ import (
 	"strings"
 	"unicode"
 	"unicode/utf8"
+
+	"github.com/keybrake/keybrake/policy/strictjson"
 )
 
 // maxKeyDepth bounds the nesting of one parameter key ("a[b][c]" has depth 3).
@@ -305,7 +307,16 @@ func (p *Params) add(key, value string, vkind byte) error {
 	return nil
 }
 
-// clipText keeps error messages short when they quote request text.
+// Clip shortens caller-supplied text for messages and logs: at most 200 bytes.
+func Clip(s string) string {
+	const n = 200
+	if len(s) > n {
+		return s[:n] + "…"
+	}
+	return s
+}
+
+// clipText keeps parse error messages short when they quote request text.
 func clipText(s string) string {
 	const max = 64
 	if len(s) <= max {
@@ -489,6 +500,19 @@ func ParseJSON(body []byte) (*Params, error) {
 	if d, ok := tok.(json.Delim); !ok || d != '{' {
 		return nil, formErr("json body: not an object")
 	}
+	// encoding/json would resolve a member given twice silently; and two
+	// {"a":{…}} with different members would merge into one hash here.
+	dups, err := strictjson.Duplicates(body, maxKeyDepth)
+	switch {
+	case errors.Is(err, strictjson.ErrTooDeep):
+		return nil, formErr("json body: nested deeper than %d", maxKeyDepth)
+	case errors.Is(err, strictjson.ErrTrailingData):
+		return nil, formErr("json body: data after the object")
+	case err != nil:
+		return nil, formErr("json body: %v", err)
+	case len(dups) > 0:
+		return nil, formErr("json body: key %q given twice", clipText(dups[0].Name))
+	}
 	if err := p.jsonObject(dec, "", 1); err != nil {
 		return nil, err
 	}
@@ -498,12 +522,12 @@ func ParseJSON(body []byte) (*Params, error) {
 	return p, nil
 }
 
-// jsonObject reads the members of an object whose "{" was consumed.
+// jsonObject reads the members of an object whose "{" was consumed; ParseJSON
+// has checked that no member is given twice.
 func (p *Params) jsonObject(dec *json.Decoder, prefix string, depth int) error {
 	if depth > maxKeyDepth {
 		return formErr("json body: nested deeper than %d", maxKeyDepth)
 	}
-	seen := map[string]bool{}
 	empty := true
 	for {
 		tok, err := dec.Token()
@@ -520,10 +544,6 @@ func (p *Params) jsonObject(dec *json.Decoder, prefix string, depth int) error {
 		if name == "" || strings.ContainsAny(name, "[]") || strings.ContainsRune(name, utf8.RuneError) {
 			return formErr("json body: key %q not allowed", clipText(name))
 		}
-		if seen[name] {
-			return formErr("json body: key %q given twice", clipText(name))
-		}
-		seen[name] = true
 		empty = false
 		key := name
 		if prefix != "" {

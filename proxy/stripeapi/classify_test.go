@@ -1,4 +1,4 @@
-package proxy_test
+package stripeapi_test
 
 import (
 	"errors"
@@ -10,29 +10,29 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/keybrake/keybrake/proxy"
 	"github.com/keybrake/keybrake/proxy/proxytest"
+	"github.com/keybrake/keybrake/proxy/stripeapi"
 )
 
 // parseBody reads a body the way the pipeline does: JSON on /v2, a form on /v1.
-func parseBody(path string, body []byte) (*proxy.Params, error) {
+func parseBody(path string, body []byte) (*stripeapi.Params, error) {
 	if strings.HasPrefix(path, "/v2/") {
-		return proxy.ParseJSON(body)
+		return stripeapi.ParseJSON(body)
 	}
-	return proxy.ParseForm(body)
+	return stripeapi.ParseForm(body)
 }
 
 // classifyRaw parses and classifies one request.
-func classifyRaw(method, path string, body []byte) (proxy.Classification, error) {
+func classifyRaw(method, path string, body []byte) (stripeapi.Classification, error) {
 	p, err := parseBody(path, body)
 	if err != nil {
-		return proxy.Classification{}, err
+		return stripeapi.Classification{}, err
 	}
-	return proxy.Classify(method, path, p)
+	return stripeapi.Classify(method, path, p)
 }
 
 // wantOf turns a Classification into the case file's shape for comparison.
-func wantOf(c proxy.Classification) proxytest.CatalogueWant {
+func wantOf(c stripeapi.Classification) proxytest.CatalogueWant {
 	w := proxytest.CatalogueWant{
 		Operation:   c.Operation,
 		Known:       c.Known,
@@ -64,7 +64,7 @@ func TestClassifyCatalogueCases(t *testing.T) {
 			got, err := classifyRaw(c.Method, c.Path, []byte(c.Body))
 			if c.Want.Error == "malformed" {
 				require.Error(t, err)
-				assert.ErrorIs(t, err, proxy.ErrMalformed)
+				assert.ErrorIs(t, err, stripeapi.ErrMalformed)
 				return
 			}
 			require.Empty(t, c.Want.Error, "unknown want.error")
@@ -121,7 +121,7 @@ func TestEveryOperationHasACase(t *testing.T) {
 			covered[c.Want.Operation] = true
 		}
 	}
-	for _, rt := range proxy.Routes() {
+	for _, rt := range stripeapi.Routes() {
 		if !rt.MovesMoney {
 			continue
 		}
@@ -135,13 +135,13 @@ func TestEveryOperationHasACase(t *testing.T) {
 // each is known, and the money-moving ones never claim an exact amount they do
 // not have.
 func TestNamedWrites(t *testing.T) {
-	for _, rt := range proxy.Routes() {
+	for _, rt := range stripeapi.Routes() {
 		if rt.Method != "POST" {
 			continue
 		}
 		path := strings.ReplaceAll(rt.Path, "{id}", "obj_123")
 		t.Run(rt.Method+" "+rt.Path, func(t *testing.T) {
-			got, err := proxy.Classify(rt.Method, path, MustParseForm(t, ""))
+			got, err := stripeapi.Classify(rt.Method, path, MustParseForm(t, ""))
 			require.NoError(t, err)
 			assert.Equal(t, rt.Operation, got.Operation)
 			assert.True(t, got.Known)
@@ -169,7 +169,7 @@ func TestClassifyMalformedCorpus(t *testing.T) {
 			switch c.Unit {
 			case "malformed":
 				require.Error(t, err, "classified as %+v", got)
-				assert.ErrorIs(t, err, proxy.ErrMalformed)
+				assert.ErrorIs(t, err, stripeapi.ErrMalformed)
 				assert.Equal(t, "request_malformed", c.WantCode)
 			case "amount_unknown":
 				require.NoError(t, err)
@@ -239,10 +239,10 @@ func TestClassifyPaths(t *testing.T) {
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
-			got, err := proxy.Classify(tc.method, tc.path, nil)
+			got, err := stripeapi.Classify(tc.method, tc.path, nil)
 			if tc.wantOp == "" {
 				require.Error(t, err, "classified as %+v", got)
-				assert.ErrorIs(t, err, proxy.ErrMalformed)
+				assert.ErrorIs(t, err, stripeapi.ErrMalformed)
 				return
 			}
 			require.NoError(t, err)
@@ -285,7 +285,7 @@ func TestMoneyFields(t *testing.T) {
 				got, err := classifyRaw(op.method, op.path, []byte(op.body))
 				if tc.want < 0 {
 					require.Error(t, err, "%s %s: classified as %+v", op.path, op.body, got)
-					assert.ErrorIs(t, err, proxy.ErrMalformed)
+					assert.ErrorIs(t, err, stripeapi.ErrMalformed)
 					continue
 				}
 				require.NoError(t, err, op.body)
@@ -326,10 +326,10 @@ func TestCurrencies(t *testing.T) {
 			got, err := classifyRaw("POST", "/v1/charges", []byte(body))
 			if !tc.ok {
 				require.Error(t, err)
-				assert.ErrorIs(t, err, proxy.ErrMalformed)
+				assert.ErrorIs(t, err, stripeapi.ErrMalformed)
 				// Also where the currency does not decide the amount.
 				_, err = classifyRaw("POST", "/v1/customers/cus_1/balance_transactions", []byte(body))
-				assert.ErrorIs(t, err, proxy.ErrMalformed)
+				assert.ErrorIs(t, err, stripeapi.ErrMalformed)
 				return
 			}
 			require.NoError(t, err)
@@ -390,7 +390,7 @@ func TestCheckoutSums(t *testing.T) {
 	for name, body := range refused {
 		t.Run(name, func(t *testing.T) {
 			_, err := classifyRaw("POST", "/v1/checkout/sessions", []byte(body))
-			assert.ErrorIs(t, err, proxy.ErrMalformed)
+			assert.ErrorIs(t, err, stripeapi.ErrMalformed)
 		})
 	}
 }
@@ -418,7 +418,7 @@ func FuzzClassify(f *testing.F) {
 		method := methods[int(m)%len(methods)]
 		c, err := classifyRaw(method, path, body)
 		if err != nil {
-			if !errors.Is(err, proxy.ErrMalformed) {
+			if !errors.Is(err, stripeapi.ErrMalformed) {
 				t.Fatalf("error does not wrap ErrMalformed: %v", err)
 			}
 			return
@@ -468,7 +468,7 @@ func BenchmarkClassify(b *testing.B) {
 			p := MustParseForm(b, bc.body)
 			b.ReportAllocs()
 			for b.Loop() {
-				if _, err := proxy.Classify(bc.method, bc.path, p); err != nil {
+				if _, err := stripeapi.Classify(bc.method, bc.path, p); err != nil {
 					b.Fatal(err)
 				}
 			}

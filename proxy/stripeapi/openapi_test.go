@@ -1,4 +1,4 @@
-package proxy_test
+package stripeapi_test
 
 import (
 	"flag"
@@ -11,8 +11,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/keybrake/keybrake/proxy"
 	"github.com/keybrake/keybrake/proxy/proxytest"
+	"github.com/keybrake/keybrake/proxy/stripeapi"
 )
 
 var update = flag.Bool("update", false, "rewrite golden files from what the code does now")
@@ -26,7 +26,7 @@ const stripeAPIGolden = "stripe-openapi.golden"
 // verdict is what keybrake does with one POST operation of Stripe's API.
 func verdict(op proxytest.SpecOperation, reasons map[string]string) (string, error) {
 	path := specParam.ReplaceAllString(op.Path, "x_123")
-	cls, err := proxy.Classify("POST", path, nil)
+	cls, err := stripeapi.Classify("POST", path, nil)
 	if err != nil {
 		return "", fmt.Errorf("POST %s (%s): keybrake cannot classify the path: %v", op.Path, op.ID, err)
 	}
@@ -46,7 +46,7 @@ func verdict(op proxytest.SpecOperation, reasons map[string]string) (string, err
 
 // routeMoves reports whether the catalogue entry that path matches can move money.
 func routeMoves(op, path string) bool {
-	for _, rt := range proxy.Routes() {
+	for _, rt := range stripeapi.Routes() {
 		if rt.Operation == op && rt.MovesMoney && specParam.ReplaceAllString(strings.ReplaceAll(rt.Path, "{id}", "x_123"), "x_123") == path {
 			return true
 		}
@@ -65,7 +65,7 @@ func routeMoves(op, path string) bool {
 func TestCatalogueCoversStripesAPI(t *testing.T) {
 	spec := proxytest.StripeOpenAPI(t)
 	reasons := map[string]string{}
-	for _, rt := range proxy.Routes() {
+	for _, rt := range stripeapi.Routes() {
 		if rt.Unmetered != "" {
 			reasons[rt.Operation] = rt.Unmetered
 		}
@@ -90,7 +90,7 @@ func TestCatalogueCoversStripesAPI(t *testing.T) {
 	for _, op := range spec.Operations {
 		described[specParam.ReplaceAllString(op.Path, "{id}")] = true
 	}
-	for _, rt := range proxy.Routes() {
+	for _, rt := range stripeapi.Routes() {
 		if !described[rt.Path] {
 			problems = append(problems, fmt.Sprintf("catalogue entry POST %s (%s) is not in Stripe's description", rt.Path, rt.Operation))
 		}
@@ -102,8 +102,8 @@ func TestCatalogueCoversStripesAPI(t *testing.T) {
 	header := fmt.Sprintf("# Stripe API %s (stripe-mock %s): what keybrake does with every v1 POST operation.\n"+
 		"# metered OP: counted against the caps; unmetered OP: forwarded when a policy names it, moving no money\n"+
 		"# (with money-named parameters, the catalogue says why); refused: not in the catalogue.\n"+
-		"# Written by go test ./proxy -run TestCatalogueCoversStripesAPI -update, after review.\n",
-		spec.Version, proxytest.StripeMockVersion)
+		"# Written by go test ./proxy/stripeapi -run TestCatalogueCoversStripesAPI -update, after review.\n",
+		spec.Version, spec.MockVersion)
 	got := header + strings.Join(lines, "\n") + "\n"
 	path := filepath.Join(proxytest.TestdataDir(t), "catalogue", stripeAPIGolden)
 	if *update {

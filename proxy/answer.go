@@ -1,0 +1,125 @@
+package proxy
+
+import (
+	"context"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/keybrake/keybrake/policy"
+	"github.com/keybrake/keybrake/proxy/logfield"
+	"github.com/keybrake/keybrake/proxy/stripeapi"
+)
+
+// Step 9 of the pipeline (see prepare): the answers keybrake writes itself —
+// refusals and replays — and the canonical log line of every request.
+
+// writeRefusal answers with the refusal err (writeStripeError) and notes it for
+// the log line.
+func (p *Proxy) writeRefusal(w http.ResponseWriter, c *call, err error) {
+	rf := writeStripeError(w, c.requestID, err)
+	c.status, c.reason = rf.Status, rf.Code
+	if c.decision != decisionReplayed {
+		c.decision = decisionRefused
+	}
+	if rf.Status >= 500 {
+		c.err = err
+	} else if rf.cause != nil {
+		c.err = rf.cause
+	}
+}
+
+// writeReplay answers with the stored response of a completed record.
+func (p *Proxy) writeReplay(ctx context.Context, w http.ResponseWriter, c *call) {
+	resp := c.replay.Response
+	h := w.Header()
+	for k, vs := range resp.Header {
+		h[k] = append([]string(nil), vs...)
+	}
+	h.Set(headerRequestID, c.requestID)
+	h.Set(headerIdempotentReplayed, "true")
+	if c.replay.RequestID != "" {
+		h.Set(headerOriginalRequest, c.replay.RequestID)
+	}
+	if c.idemKey != "" {
+		h.Set(headerIdempotencyKey, c.idemKey)
+	}
+	if resp.Status >= 200 && resp.Status < 300 {
+		p.setRemaining(ctx, h, c)
+	}
+	h.Set("Content-Length", strconv.Itoa(len(resp.Body)))
+	c.status, c.stripeRequestID = resp.Status, c.replay.RequestID
+	w.WriteHeader(resp.Status)
+	_, _ = w.Write(resp.Body)
+}
+
+// setRemaining sets Keybrake-Remaining-Daily / -Period from the key's current
+// usage: what is left of each capped window after every commit and hold.
+func (p *Proxy) setRemaining(ctx context.Context, h http.Header, c *call) {
+	key, windows, usage, err := p.store.KeyUsage(ctx, c.key.ID)
+	if err != nil {
+		p.log.LogAttrs(ctx, slog.LevelWarn, "remaining budget unavailable",
+			slog.String(logfield.RequestID, c.requestID), slog.String(logfield.KeyID, c.key.ID), slog.Any(logfield.Error, err))
+		return
+	}
+	for _, win := range windows {
+		if !win.HasCap {
+			continue
+		}
+		cnt := usage[win.ID]
+		rem := max(0, win.Cap-cnt.Committed-cnt.Held)
+		v := policy.FormatMinor(key.Policy.Currency, rem)
+		switch win.Kind {
+		case policy.WindowDaily:
+			h.Set(headerRemainingDaily, v)
+		case policy.WindowPeriod:
+			h.Set(headerRemainingPeriod, v)
+		}
+	}
+}
+
+// logCall writes the canonical line: 5xx at Error, 4xx at Warn, else Info. It
+// never logs the token, the secret, the idempotency key or a body. It also counts
+// the request for /metrics, so every request is counted exactly once.
+func (p *Proxy) logCall(c *call) {
+	p.metrics.observeRequest(c, time.Since(c.began))
+	level := slog.LevelInfo
+	switch {
+	case c.status >= 500 || c.status == 0:
+		level = slog.LevelError
+	case c.status >= 400:
+		level = slog.LevelWarn
+	}
+	attrs := []slog.Attr{
+		slog.String(logfield.RequestID, c.requestID),
+		slog.String(logfield.Method, c.method),
+		slog.String(logfield.Path, stripeapi.Clip(c.path)),
+		slog.String(logfield.KeyID, c.key.ID),
+		slog.String(logfield.Operation, c.cls.Operation),
+		slog.Int64(logfield.Amount, c.amount),
+		slog.String(logfield.Currency, c.currency),
+		slog.String(logfield.Decision, string(c.decision)),
+		slog.String(logfield.Reason, c.reason),
+		slog.String(logfield.Idempotency, string(c.idemOutcome)),
+		slog.Int(logfield.UpstreamStatus, c.upstreamStatus),
+		slog.Int(logfield.Status, c.status),
+		logfield.Duration(p.now().Sub(c.start)),
+	}
+	if c.stripeRequestID != "" {
+		attrs = append(attrs, slog.String(logfield.StripeRequestID, c.stripeRequestID))
+	}
+	if c.tool != "" {
+		attrs = append(attrs, slog.String(logfield.Tool, c.tool))
+	}
+	if c.err != nil {
+		attrs = append(attrs, slog.String(logfield.Error, c.err.Error()))
+	}
+	p.log.LogAttrs(context.Background(), level, "stripe request", attrs...)
+}
+
+// errText is the text of a parse error without the stripeapi.ErrMalformed suffix.
+func errText(err error) string {
+	return strings.TrimSuffix(err.Error(), ": "+stripeapi.ErrMalformed.Error())
+}

@@ -1,0 +1,136 @@
+package proxy
+
+import (
+	"context"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/keybrake/keybrake/proxy/logfield"
+	"github.com/keybrake/keybrake/vault"
+)
+
+// Step 1 of the pipeline (see prepare): the vault key, from Authorization:
+// Bearer or the user name of HTTP Basic.
+
+// authenticate is step 1: the request's vault key, active and valid at the
+// proxy's clock, or a 401 (403 for a key not valid yet).
+func (p *Proxy) authenticate(ctx context.Context, r *http.Request, c *call) error {
+	now := p.now()
+	key, kr, err := AuthenticateVaultKey(ctx, p.store, r.Header, now)
+	c.key = key // the log line names even an expired key
+	switch {
+	case err != nil:
+		return internalError(err)
+	case kr == nil:
+	case errors.Is(kr.Cause, ErrStripeSecretKey):
+		p.log.LogAttrs(ctx, slog.LevelWarn, "a Stripe secret key was sent to the proxy instead of a vault key",
+			slog.String(logfield.RequestID, c.requestID), slog.String(logfield.StripeKeyKind, StripeKeyKind(r.Header)),
+			slog.String(logfield.RemoteAddr, r.RemoteAddr))
+		return refuse(CodeVaultKeyInvalid, "%s", StripeSecretKeyAdvice)
+	case kr.Code == CodeVaultKeyRevoked:
+		return refuse(CodeVaultKeyRevoked, "This vault key has been revoked.")
+	case kr.Code == CodeVaultKeyExpired:
+		return refuse(CodeVaultKeyExpired, "This vault key expired at %s.", kr.ExpiredAt.UTC().Format(time.RFC3339))
+	case kr.Cause != nil:
+		return refuse(CodeVaultKeyInvalid, "Invalid vault key: %s. Use it as the API key of your Stripe client.", kr.Cause)
+	default:
+		return refuse(CodeVaultKeyInvalid, "Invalid vault key provided.")
+	}
+	if now.Before(key.Policy.PeriodStart) {
+		return refuse(CodeVaultKeyNotYetValid, "This vault key is valid from %s.", key.Policy.PeriodStart.UTC().Format(time.RFC3339))
+	}
+	return nil
+}
+
+// KeyRefusal is why a request's vault key is refused. Each surface words it
+// its own way: the proxy as a Stripe error, the agent and MCP endpoints as a 401.
+type KeyRefusal struct {
+	// Code is CodeVaultKeyInvalid, CodeVaultKeyRevoked or CodeVaultKeyExpired.
+	Code string
+	// Cause says what is wrong with the credential itself (for
+	// CodeVaultKeyInvalid: no or several Authorization headers, another scheme,
+	// ErrStripeSecretKey); nil for a token that is no vault key's.
+	Cause error
+	// ExpiredAt is when an expired key expired.
+	ExpiredAt time.Time
+}
+
+// AuthenticateVaultKey finds the vault key a request carries (see VaultToken)
+// and checks it at now: it returns the key — also one that is not valid yet,
+// which only the proxy refuses — or why it is refused, or the store's failure.
+// An expired key is returned with its refusal.
+func AuthenticateVaultKey(ctx context.Context, store *vault.Store, h http.Header, now time.Time) (vault.Key, *KeyRefusal, error) {
+	token, kr := readVaultToken(h)
+	if kr != nil {
+		return vault.Key{}, kr, nil
+	}
+	key, err := store.Authenticate(ctx, token)
+	switch {
+	case errors.Is(err, vault.ErrKeyRevoked):
+		return vault.Key{}, &KeyRefusal{Code: CodeVaultKeyRevoked}, nil
+	case errors.Is(err, vault.ErrKeyInvalid), errors.Is(err, vault.ErrNotFound):
+		return vault.Key{}, &KeyRefusal{Code: CodeVaultKeyInvalid}, nil
+	case err != nil:
+		return vault.Key{}, nil, fmt.Errorf("authenticate vault key: %w", err)
+	}
+	if key.StatusAt(now) == vault.KeyExpired {
+		return key, &KeyRefusal{Code: CodeVaultKeyExpired, ExpiredAt: key.Policy.ExpiresAt}, nil
+	}
+	return key, nil, nil
+}
+
+// readVaultToken reads the vault key as VaultToken does, or the refusal of a
+// credential that is none.
+func readVaultToken(h http.Header) (string, *KeyRefusal) {
+	token, err := VaultToken(h)
+	if err != nil {
+		return "", &KeyRefusal{Code: CodeVaultKeyInvalid, Cause: err}
+	}
+	return token, nil
+}
+
+// VaultToken reads the vault key from "Authorization: Bearer <token>" or from the
+// user name of HTTP Basic (the password is ignored), as Stripe SDKs and curl -u
+// send it. The error says what is wrong; it never repeats the header. A Stripe
+// secret or restricted key is refused with ErrStripeSecretKey.
+func VaultToken(h http.Header) (string, error) {
+	token, err := readCredential(h)
+	if err != nil {
+		return "", err
+	}
+	if isStripeSecretKey(token) {
+		return "", ErrStripeSecretKey
+	}
+	return token, nil
+}
+
+// readCredential reads the bearer token or the Basic user name.
+func readCredential(h http.Header) (string, error) {
+	vals := h.Values("Authorization")
+	switch {
+	case len(vals) == 0 || strings.TrimSpace(vals[0]) == "":
+		return "", errors.New("missing Authorization header (send the vault key as Authorization: Bearer vk_...)")
+	case len(vals) > 1:
+		return "", errors.New("more than one Authorization header")
+	}
+	scheme, cred, _ := strings.Cut(strings.TrimSpace(vals[0]), " ")
+	cred = strings.TrimSpace(cred)
+	switch strings.ToLower(scheme) {
+	case "bearer":
+		if cred != "" {
+			return cred, nil
+		}
+	case "basic":
+		if raw, err := base64.StdEncoding.DecodeString(cred); err == nil {
+			if user, _, _ := strings.Cut(string(raw), ":"); user != "" {
+				return user, nil
+			}
+		}
+	}
+	return "", errors.New("invalid Authorization header: use Bearer with the vault key, or Basic with the vault key as the user name")
+}

@@ -1,0 +1,65 @@
+package proxy
+
+import (
+	"fmt"
+	"net/http"
+
+	"github.com/keybrake/keybrake/policy"
+	"github.com/keybrake/keybrake/proxy/stripeapi"
+)
+
+// Step 3 of the pipeline (see prepare): the policy's operation, customer and
+// connected accounts, before any amount is known (caps are Store.Reserve's).
+
+// authorise checks the operation, customer and accounts with amount 0; caps are
+// checked by Store.Reserve inside its write transaction.
+func (p *Proxy) authorise(c *call) error {
+	pol := &c.key.Policy
+	if !c.cls.Known && c.method != http.MethodGet {
+		return reasonRefusal(policy.Decision{Reason: policy.ReasonOperationNotAllowed,
+			Message: "This endpoint is not in keybrake's catalogue: only reads of unknown endpoints can pass."}, "")
+	}
+	if c.cls.MovesMoney && c.method != http.MethodPost {
+		return malformed(nil, "A %s request that moves money cannot be metered.", c.method)
+	}
+	d := policy.Decide(pol, nil, c.policyRequest(0, ""), p.now())
+	if !d.Allowed {
+		return reasonRefusal(d, "")
+	}
+	if d.WouldRefuse {
+		c.decision, c.reason = decisionWouldRefuse, string(d.Reason)
+	}
+	return checkAccounts(pol, stripeapi.Accounts(c.account, c.stripeContext, c.path, c.cls.Operation, c.params))
+}
+
+// checkAccounts refuses the first touched account the policy does not allow.
+// The refusal is never relaxed, not even in report mode.
+func checkAccounts(pol *policy.Policy, accounts []stripeapi.AccountRef) error {
+	for _, a := range accounts {
+		if a.ID != "" && pol.AllowsAccount(a.ID) {
+			continue
+		}
+		msg := fmt.Sprintf("The connected account %s named by %s is not allowed for this vault key.", stripeapi.Clip(a.ID), a.Where)
+		if a.ID == "" {
+			msg = fmt.Sprintf("The %s must name one connected account, as a plain value.", a.Where)
+		}
+		return reasonRefusal(policy.Decision{Reason: policy.ReasonAccountNotAllowed, Message: msg}, "")
+	}
+	return nil
+}
+
+// policyRequest is the policy.Request of this call for amount in currency.
+func (c *call) policyRequest(amount int64, currency string) policy.Request {
+	customer := c.cls.Customer
+	if customer == "" && c.method == http.MethodGet && c.params != nil {
+		// A list filtered by customer (GET /v1/charges?customer=cus_…) touches it.
+		customer, _ = c.params.Get("customer")
+	}
+	return policy.Request{
+		Operation: c.cls.Operation,
+		Amount:    amount,
+		Currency:  currency,
+		Customer:  customer,
+		Account:   c.account,
+	}
+}

@@ -1,0 +1,92 @@
+package stripeapi
+
+import "strings"
+
+// AccountRef is a connected account a request names, and where it names it (for
+// a refusal's message). ID is "" when a place that names an account holds no
+// single plain value.
+type AccountRef struct {
+	ID    string
+	Where string
+}
+
+// accountParams are the names of the parameters that name a connected account,
+// anywhere in a parameter key (transfer_data[destination],
+// payment_intent_data[on_behalf_of], the legacy destination[account],
+// parameters[connected_account] of a report run). true: the parameter only ever
+// holds an account, so any value counts; false: it names an account when its
+// value is an account id (acct_…) — destination is also a payout's bank account
+// or card, source a card or token (source=acct_… on a charge is an account
+// debit: it takes money from that account's balance), and account a Financial
+// Connections account elsewhere. customer_account (an Account as a customer) is
+// a customer, checked against the policy's customers. Keys under metadata are
+// the caller's own and name nothing.
+var accountParams = map[string]bool{
+	"on_behalf_of":      true,
+	"connected_account": true,
+	"destination":       false,
+	"source":            false,
+	"account":           false,
+}
+
+// accountCollections are the paths whose next segment is a connected account's
+// id, whatever its form: /v1/accounts/{id}/… (Stripe treats it as an implied
+// Stripe-Account) and /v2/core/accounts/{id}/….
+var accountCollections = []string{"/v1/accounts/", "/v2/core/accounts/"}
+
+// Accounts lists every connected account a request names: its Stripe-Account
+// and Stripe-Context headers (account, stripeContext; "" when absent), the id
+// of an account collection path and every acct_… path segment, the parameters
+// of accountParams, and the "account" of an account link or session (whatever
+// its value). This is the one place that knows where a Stripe request can name
+// an account; the proxy checks each against the policy's stripe_accounts.
+// path is the exact path Classify read; operation is its Classification's.
+func Accounts(account, stripeContext, path, operation string, params *Params) []AccountRef {
+	var out []AccountRef
+	if account != "" {
+		out = append(out, AccountRef{account, "the Stripe-Account header"})
+	}
+	if stripeContext != "" {
+		out = append(out, AccountRef{stripeContext, "the Stripe-Context header"})
+	}
+	for _, prefix := range accountCollections {
+		if rest, ok := strings.CutPrefix(path, prefix); ok {
+			id, _, _ := strings.Cut(rest, "/")
+			out = append(out, AccountRef{id, "the path"})
+		}
+	}
+	for seg := range strings.SplitSeq(path, "/") {
+		if strings.HasPrefix(seg, "acct_") {
+			out = append(out, AccountRef{seg, "the path"})
+		}
+	}
+	for _, pr := range params.Pairs() {
+		name, ok := accountParamName(pr.Key)
+		if ok && (accountParams[name] || strings.HasPrefix(pr.Value, "acct_")) {
+			out = append(out, AccountRef{pr.Value, "parameter " + Clip(pr.Key)})
+		}
+	}
+	if operation == "account_links.create" || operation == "account_sessions.create" {
+		if params.Has("account") {
+			v, _ := params.Get("account") // "" when it is not a single value
+			out = append(out, AccountRef{v, "parameter account"})
+		}
+	}
+	return out
+}
+
+// accountParamName is the name in accountParams that a parameter key ends with
+// (array indexes aside: account[0] names account), and whether there is one.
+func accountParamName(key string) (string, bool) {
+	segs, _, err := parseKey(key)
+	if err != nil || segs[0] == "metadata" {
+		return "", false
+	}
+	for i := len(segs) - 1; i >= 0; i-- {
+		if !isDigits(segs[i]) {
+			_, ok := accountParams[segs[i]]
+			return segs[i], ok
+		}
+	}
+	return "", false
+}
