@@ -259,9 +259,11 @@ func writeStripeError(w http.ResponseWriter, requestID string, err error) *refus
 // resolvedAnswer is what a retry of a request whose hold an operator resolved
 // (vault.Store.ResolveHold) replays: a Stripe-shaped idempotency error that says
 // what the operator decided and tells SDKs not to retry. It carries no Stripe
-// object, because keybrake never saw one. (Earlier builds stored these very
-// bytes in the record; such records replay them as stored.)
-func resolvedAnswer(holdID string, outcome vault.HoldState) *vault.StoredResponse {
+// object, because keybrake never saw one, and, like every error keybrake writes,
+// the reason and the id of the request it answers. (Earlier builds stored a
+// version of these bytes without reason and request id in the record; such
+// records replay them as stored.)
+func resolvedAnswer(holdID string, outcome vault.HoldState, requestID string) *vault.StoredResponse {
 	verb := "committed (the payment is counted as made)"
 	if outcome == vault.HoldReleased {
 		verb = "released (the payment is counted as not made)"
@@ -271,8 +273,10 @@ func resolvedAnswer(holdID string, outcome vault.HoldState) *vault.StoredRespons
 		"code":    CodeIdemKeyResolved,
 		"message": "The outcome of the request made with this idempotency key was unknown and an operator resolved it as " + verb + ". Check the object in Stripe before sending a new request.",
 		"keybrake": map[string]any{
-			"hold_id": holdID,
-			"outcome": string(outcome),
+			"reason":     CodeIdemKeyResolved,
+			"hold_id":    holdID,
+			"outcome":    string(outcome),
+			"request_id": requestID,
 		},
 	}})
 	h := http.Header{}

@@ -332,6 +332,10 @@ func TestResolvedHoldIsReplayedAsTheOperatorsDecision(t *testing.T) {
 		assert.Equal(t, "true", r.Header.Get("Idempotent-Replayed"))
 		assert.Equal(t, "committed", r.Keybrake()["outcome"])
 		assert.Equal(t, hold, r.Keybrake()["hold_id"])
+		// Like every answer keybrake writes itself: the reason and this request's id.
+		assert.Equal(t, "idempotency_key_resolved", r.Keybrake()["reason"])
+		assert.Equal(t, r.Header.Get("Request-Id"), r.Keybrake()["request_id"])
+		assert.True(t, strings.HasPrefix(r.Header.Get("Request-Id"), "req_kb_"))
 		assert.Contains(t, r.ErrMessage(), "an operator resolved it as committed")
 	}
 	assert.Equal(t, 1, e.Fake.Count(), "never forwarded again")

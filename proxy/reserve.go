@@ -96,7 +96,7 @@ func (p *Proxy) reserve(ctx context.Context, c *call) error {
 		c.idemOutcome = idemReplay
 		rec := res.Record
 		if rec.Response == nil && rec.Resolved && res.Hold != nil {
-			rec.Response = resolvedAnswer(res.Hold.ID, res.Hold.State)
+			rec.Response = resolvedAnswer(res.Hold.ID, res.Hold.State, c.requestID)
 		}
 		if rec.Response == nil {
 			return internalError(fmt.Errorf("replay of %s: no stored response", rec.IdempotencyKey))
