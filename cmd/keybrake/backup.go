@@ -121,7 +121,7 @@ func (m *Main) backupOffline(ctx context.Context) (int64, error) {
 	if _, err := os.Stat(dbPath); err != nil {
 		return 0, fmt.Errorf("database: %w", err)
 	}
-	masterKey, _, err := loadSecret(masterKeySpec, m.Getenv, c.DataDir, nil)
+	masterKey, masterSrc, err := loadSecret(masterKeySpec, m.Getenv, c.DataDir, nil)
 	if err != nil {
 		return 0, fmt.Errorf("master key: %w", err)
 	}
@@ -130,8 +130,11 @@ func (m *Main) backupOffline(ctx context.Context) (int64, error) {
 		OpenTimeout: c.OpenTimeout,
 		Logger:      newStderrLogger(m),
 	})
-	if err != nil {
+	if errors.Is(err, vault.ErrLocked) {
 		return 0, fmt.Errorf("open %s (is keybrake serve running on it? then use --admin-url): %w", dbPath, err)
+	}
+	if err != nil {
+		return 0, openStoreError(dbPath, masterSrc, err)
 	}
 	n, err := writeFileAtomic(c.Out, func(w io.Writer) (int64, error) { return store.Backup(ctx, w) })
 	if cerr := store.Close(); cerr != nil {

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
 	"flag"
 	"io"
 	"net"
@@ -624,6 +625,23 @@ func TestBackupOffline(t *testing.T) {
 
 	_, err = runCommand(env{}, "backup", "--out", filepath.Join(dataDir, databaseFile), "--data-dir", dataDir)
 	assert.ErrorContains(t, err, "database itself", "never overwrite the database with its own copy")
+}
+
+// An offline backup that cannot open the database says why: only a lock points
+// at the online copy; a wrong master key is named as such.
+func TestBackupWithAnotherMasterKeySaysSo(t *testing.T) {
+	fake := proxytest.NewFakeStripe(t, "sk_test_backup")
+	dataDir := t.TempDir()
+	m := MustServe(t, dataDir, fake.URL, env{envStripeKey: fake.Secret})
+	require.NoError(t, m.Close())
+
+	other := base64.StdEncoding.EncodeToString(bytes.Repeat([]byte{7}, 32))
+	out := filepath.Join(t.TempDir(), "copy.db")
+	_, err := runCommand(env{envMasterKey: other}, "backup", "--out", out, "--data-dir", dataDir)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "sealed with another master key")
+	assert.NotContains(t, err.Error(), "--admin-url", "no server runs: the online copy is no way out")
+	assert.NoFileExists(t, out)
 }
 
 func TestBackupWithoutMasterKeyFails(t *testing.T) {
