@@ -122,7 +122,7 @@ const (
 )
 
 // defaultOperations is the operation set of a policy that names no operations
-// (the README's "What is metered"): every read, plus the operations that bring
+// (the README's "Caps and idempotency"): every read, plus the operations that bring
 // money in with an amount keybrake can know. Money going out and every other write
 // must be named explicitly.
 var defaultOperations = [...]string{
