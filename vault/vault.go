@@ -31,6 +31,7 @@ package vault
 
 import (
 	"crypto/sha256"
+	"encoding/base32"
 	"encoding/base64"
 	"errors"
 	"net/http"
@@ -240,6 +241,10 @@ func HoldID(keyID, idempotencyKey string) string {
 	sum := pairHash("hold", keyID, idempotencyKey)
 	return "hold_" + lowerBase32.EncodeToString(sum[:16])
 }
+
+// lowerBase32 is base32 with the "extended hex" alphabet in lower case and no
+// padding, so that encodings sort like the bytes they encode.
+var lowerBase32 = base32.NewEncoding("0123456789abcdefghijklmnopqrstuv").WithPadding(base32.NoPadding)
 
 // pairHash hashes a (keyID, idempotencyKey) pair under a purpose label. The NUL
 // separators keep ("a", "bc") and ("ab", "c") apart; key ids never contain NUL.

@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/keybrake/keybrake/api"
-	"github.com/keybrake/keybrake/vault"
+	"github.com/keybrake/keybrake/vault/bolt"
 )
 
 // BackupConfig is the configuration of `keybrake backup`.
@@ -125,7 +125,7 @@ func (m *Main) backupOffline(ctx context.Context) (int64, error) {
 	if err != nil {
 		return 0, fmt.Errorf("master key: %w", err)
 	}
-	store, err := vault.Open(dbPath, vault.Options{
+	store, err := bolt.Open(dbPath, bolt.Options{
 		MasterKey:   masterKey,
 		OpenTimeout: c.OpenTimeout,
 		Logger:      newStderrLogger(m),

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/keybrake/keybrake/vault"
+	"github.com/keybrake/keybrake/vault/bolt"
 )
 
 // envNewMasterKey backs rekey's --new-master-key (safer than the flag, which
@@ -93,7 +94,7 @@ func (m *Main) runRekey(ctx context.Context) error {
 		return fmt.Errorf("rekey: new master key: %w", err)
 	}
 
-	stats, err := vault.Rekey(ctx, dbPath, oldKey, newKey, vault.RekeyOptions{OpenTimeout: c.OpenTimeout})
+	stats, err := bolt.Rekey(ctx, dbPath, oldKey, newKey, bolt.RekeyOptions{OpenTimeout: c.OpenTimeout})
 	switch {
 	case errors.Is(err, vault.ErrLocked):
 		return fmt.Errorf("rekey: another keybrake process holds %s: stop the server first", dbPath)
@@ -128,7 +129,7 @@ func (m *Main) runRekey(ctx context.Context) error {
 
 // sealedUnder reports whether key opens the database at path.
 func sealedUnder(path string, key []byte, timeout time.Duration) bool {
-	s, err := vault.Open(path, vault.Options{MasterKey: key, OpenTimeout: timeout, Logger: slog.New(slog.DiscardHandler)})
+	s, err := bolt.Open(path, bolt.Options{MasterKey: key, OpenTimeout: timeout, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		return false
 	}

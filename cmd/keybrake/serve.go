@@ -20,6 +20,7 @@ import (
 	"github.com/keybrake/keybrake/proxy"
 	"github.com/keybrake/keybrake/proxy/logfield"
 	"github.com/keybrake/keybrake/vault"
+	"github.com/keybrake/keybrake/vault/bolt"
 )
 
 // actorSystem names the program itself in the audit log.
@@ -65,7 +66,7 @@ func (m *Main) runServe(ctx context.Context) error {
 	}
 
 	dbPath := filepath.Join(cfg.DataDir, databaseFile)
-	store, err := vault.Open(dbPath, vault.Options{
+	store, err := bolt.Open(dbPath, bolt.Options{
 		MasterKey:      masterKey,
 		IdempotencyTTL: cfg.IdempotencyTTL,
 		Lease:          cfg.Lease(),
@@ -450,7 +451,7 @@ func (m *Main) AdminURL() string {
 func (m *Main) PublicURL() string { return m.publicURL }
 
 // Store is the open store while serving (nil otherwise); for tests and embedders.
-func (m *Main) Store() *vault.Store { return m.store }
+func (m *Main) Store() vault.Store { return m.store }
 
 // inflight counts handlers that are running, so Close can wait for the ones whose
 // connections it had to close before it closes the store under them.

@@ -1,17 +1,17 @@
-package vault
+package engine
 
 import (
 	"bytes"
 	"fmt"
 
-	bolt "go.etcd.io/bbolt"
+	"github.com/keybrake/keybrake/vault"
 )
 
 // listEventsTx pages through a key's ledger newest first. The cursor is the id of
 // the last event of the previous page.
-func listEventsTx(tx *bolt.Tx, keyID string, limit int, cursor string) ([]Event, string, error) {
+func listEventsTx(tx Tx, keyID string, limit int, cursor string) ([]vault.Event, string, error) {
 	if keyID == "" {
-		return nil, "", fmt.Errorf("list events: empty key id: %w", ErrInvalid)
+		return nil, "", fmt.Errorf("list events: empty key id: %w", vault.ErrInvalid)
 	}
 	prefix := append([]byte(keyID), 0)
 	start := append([]byte(keyID), 1) // sorts after every event of the key
@@ -22,18 +22,18 @@ func listEventsTx(tx *bolt.Tx, keyID string, limit int, cursor string) ([]Event,
 		}
 		seq, ok := parseSeqID("evt_", id)
 		if !ok {
-			return nil, "", fmt.Errorf("event cursor: %w", ErrInvalid)
+			return nil, "", fmt.Errorf("event cursor: %w", vault.ErrInvalid)
 		}
 		start = append(append([]byte(nil), prefix...), u64(seq)...)
 	}
-	return pageNewestFirst(tx.Bucket(bucketEvents), prefix, start, limit, newestFirst[Event]{
+	return pageNewestFirst(tx, BucketEvents, prefix, start, limit, newestFirst[vault.Event]{
 		decode: decodeEvent,
-		cursor: func(_ []byte, e Event) string { return e.ID },
+		cursor: func(_ []byte, e vault.Event) string { return e.ID },
 	})
 }
 
 // listAuditTx pages through the audit log newest first.
-func listAuditTx(tx *bolt.Tx, limit int, cursor string) ([]AuditEntry, string, error) {
+func listAuditTx(tx Tx, limit int, cursor string) ([]vault.AuditEntry, string, error) {
 	start := bytes.Repeat([]byte{0xff}, 9) // after every 8-byte sequence key
 	if cursor != "" {
 		id, err := decodeCursor(cursor)
@@ -42,17 +42,17 @@ func listAuditTx(tx *bolt.Tx, limit int, cursor string) ([]AuditEntry, string, e
 		}
 		seq, ok := parseSeqID("aud_", id)
 		if !ok {
-			return nil, "", fmt.Errorf("audit cursor: %w", ErrInvalid)
+			return nil, "", fmt.Errorf("audit cursor: %w", vault.ErrInvalid)
 		}
 		start = u64(seq)
 	}
-	return pageNewestFirst(tx.Bucket(bucketAudit), nil, start, limit, newestFirst[AuditEntry]{
-		decode: func(k, v []byte) (AuditEntry, error) {
-			var e AuditEntry
+	return pageNewestFirst(tx, BucketAudit, nil, start, limit, newestFirst[vault.AuditEntry]{
+		decode: func(k, v []byte) (vault.AuditEntry, error) {
+			var e vault.AuditEntry
 			err := decodeJSON(k, v, &e)
 			return e, err
 		},
-		cursor: func(_ []byte, e AuditEntry) string { return e.ID },
+		cursor: func(_ []byte, e vault.AuditEntry) string { return e.ID },
 	})
 }
 
@@ -70,12 +70,12 @@ type newestFirst[T any] struct {
 // pageNewestFirst reads one page of at most limit entries with prefix that sort
 // before start, newest first, and the cursor of the next page: "" when no entry
 // to list is left.
-func pageNewestFirst[T any](b *bolt.Bucket, prefix, start []byte, limit int, r newestFirst[T]) ([]T, string, error) {
+func pageNewestFirst[T any](tx Tx, b Bucket, prefix, start []byte, limit int, r newestFirst[T]) ([]T, string, error) {
 	limit = clampLimit(limit)
 	out := []T{}
 	var lastKey []byte
 	next := ""
-	err := pageBackward(b, prefix, start, func(k, v []byte) (bool, error) {
+	err := pageBackward(tx, b, prefix, start, func(k, v []byte) (bool, error) {
 		if r.keep != nil && !r.keep(k, v) {
 			return true, nil
 		}
@@ -100,8 +100,8 @@ func pageNewestFirst[T any](b *bolt.Bucket, prefix, start []byte, limit int, r n
 
 // pageBackward calls fn for every key with prefix that sorts strictly before start,
 // newest (greatest) first, until fn returns false.
-func pageBackward(b *bolt.Bucket, prefix, start []byte, fn func(k, v []byte) (bool, error)) error {
-	c := b.Cursor()
+func pageBackward(tx Tx, b Bucket, prefix, start []byte, fn func(k, v []byte) (bool, error)) error {
+	c := tx.Cursor(b)
 	var k, v []byte
 	if k, _ = c.Seek(start); k == nil {
 		k, v = c.Last()

@@ -1,4 +1,4 @@
-package vault
+package engine
 
 import (
 	"bytes"
@@ -7,9 +7,8 @@ import (
 	"strings"
 	"time"
 
-	bolt "go.etcd.io/bbolt"
-
 	"github.com/keybrake/keybrake/policy"
+	"github.com/keybrake/keybrake/vault"
 )
 
 // checkPolicy normalizes p (defaults only fill what is unset) and validates it as a
@@ -17,7 +16,7 @@ import (
 func checkPolicy(p *policy.Policy, now time.Time) error {
 	p.Normalize(now)
 	if err := p.ValidateNew(now); err != nil {
-		return fmt.Errorf("%w: %w", ErrInvalid, err)
+		return fmt.Errorf("%w: %w", vault.ErrInvalid, err)
 	}
 	return nil
 }
@@ -25,7 +24,7 @@ func checkPolicy(p *policy.Policy, now time.Time) error {
 func checkLabels(labels map[string]string) error {
 	for k, v := range labels {
 		if k == "" || len(k) > maxNameLen || len(v) > 1000 {
-			return fmt.Errorf("%w: %w", ErrInvalid, &policy.ValidationError{Errors: []policy.FieldError{
+			return fmt.Errorf("%w: %w", vault.ErrInvalid, &policy.ValidationError{Errors: []policy.FieldError{
 				{Field: "labels", Message: "keys must be 1-200 bytes and values at most 1000 bytes"},
 			}})
 		}
@@ -33,94 +32,99 @@ func checkLabels(labels map[string]string) error {
 	return nil
 }
 
-func (s *Store) mintKeyTx(tx *bolt.Tx, now time.Time, actor string, req MintRequest) (Key, string, error) {
+func (s *Engine) mintKeyTx(tx Tx, now time.Time, actor string, req vault.MintRequest) (vault.Key, string, error) {
 	if !validName(req.Name) {
-		return Key{}, "", fmt.Errorf("%w: %w", ErrInvalid, &policy.ValidationError{Errors: []policy.FieldError{
+		return vault.Key{}, "", fmt.Errorf("%w: %w", vault.ErrInvalid, &policy.ValidationError{Errors: []policy.FieldError{
 			{Field: "name", Message: "must be 1-200 printable bytes"},
 		}})
 	}
 	if err := checkLabels(req.Labels); err != nil {
-		return Key{}, "", err
+		return vault.Key{}, "", err
 	}
 	p := req.Policy
 	if err := checkPolicy(&p, now); err != nil {
-		return Key{}, "", err
+		return vault.Key{}, "", err
 	}
 	upstream := req.Upstream
 	if upstream == "" {
 		upstream = "default"
 	}
 	if _, err := getUpstream(tx, upstream); err != nil {
-		return Key{}, "", err
+		return vault.Key{}, "", err
 	}
-	names := tx.Bucket(bucketNames)
-	if names.Get([]byte(req.Name)) != nil {
-		return Key{}, "", fmt.Errorf("key name %q is taken: %w", req.Name, ErrConflict)
+	taken, err := tx.Get(BucketNames, []byte(req.Name))
+	if err != nil {
+		return vault.Key{}, "", err
 	}
-	keys := tx.Bucket(bucketKeys)
+	if taken != nil {
+		return vault.Key{}, "", fmt.Errorf("key name %q is taken: %w", req.Name, vault.ErrConflict)
+	}
 	var newest []byte
-	if last, _ := keys.Cursor().Last(); last != nil {
+	if last, _ := tx.Cursor(BucketKeys).Last(); last != nil {
 		newest, _ = decodeKeyID(string(last))
 	}
 	raw, err := newKeyIDRaw(now, newest)
 	if err != nil {
-		return Key{}, "", err
+		return vault.Key{}, "", err
 	}
 	token, err := newToken()
 	if err != nil {
-		return Key{}, "", err
+		return vault.Key{}, "", err
 	}
 	rec := &keyRec{
 		ID: encodeKeyID(raw), Name: req.Name, Upstream: upstream, Labels: maps.Clone(req.Labels), Policy: p,
-		Status: KeyActive, TokenHash: tokenHash(token), TokenPrefix: token[:tokenDisplayLen],
+		Status: vault.KeyActive, TokenHash: tokenHash(token), TokenPrefix: token[:tokenDisplayLen],
 		CreatedAt: now, UpdatedAt: now,
 	}
-	if err := putKey(tx, rec); err != nil {
-		return Key{}, "", err
+	if err := insertJSON(tx, BucketKeys, []byte(rec.ID), rec); err != nil {
+		return vault.Key{}, "", err
 	}
-	if err := names.Put([]byte(rec.Name), []byte(rec.ID)); err != nil {
-		return Key{}, "", fmt.Errorf("index key name: %w", err)
+	if err := tx.Insert(BucketNames, []byte(rec.Name), []byte(rec.ID)); err != nil {
+		return vault.Key{}, "", fmt.Errorf("index key name: %w", err)
 	}
-	if err := tx.Bucket(bucketTokens).Put([]byte(rec.TokenHash), []byte(rec.ID)); err != nil {
-		return Key{}, "", fmt.Errorf("index key token: %w", err)
+	if err := tx.Insert(BucketTokens, []byte(rec.TokenHash), []byte(rec.ID)); err != nil {
+		return vault.Key{}, "", fmt.Errorf("index key token: %w", err)
 	}
 	if err := putAudit(tx, now, actor, "key.mint", rec.ID, nil, rec.view()); err != nil {
-		return Key{}, "", err
+		return vault.Key{}, "", err
 	}
 	return rec.public(), token, nil
 }
 
-func (s *Store) authenticateTx(tx *bolt.Tx, token string) (Key, error) {
+func (s *Engine) authenticateTx(tx Tx, token string) (vault.Key, error) {
 	if !wellFormedToken(token) {
-		return Key{}, ErrKeyInvalid
+		return vault.Key{}, vault.ErrKeyInvalid
 	}
-	id := tx.Bucket(bucketTokens).Get([]byte(tokenHash(token)))
+	id, err := tx.Get(BucketTokens, []byte(tokenHash(token)))
+	if err != nil {
+		return vault.Key{}, err
+	}
 	if id == nil {
-		return Key{}, ErrKeyInvalid
+		return vault.Key{}, vault.ErrKeyInvalid
 	}
 	rec, err := s.keys.get(tx, string(id))
 	if err != nil {
-		return Key{}, err
+		return vault.Key{}, err
 	}
-	if rec.Status == KeyRevoked {
-		return rec.public(), fmt.Errorf("key %s: %w", rec.ID, ErrKeyRevoked)
+	if rec.Status == vault.KeyRevoked {
+		return rec.public(), fmt.Errorf("key %s: %w", rec.ID, vault.ErrKeyRevoked)
 	}
 	return rec.public(), nil
 }
 
-func listKeysTx(tx *bolt.Tx, now time.Time, f KeyFilter) ([]Key, string, error) {
+func listKeysTx(tx Tx, now time.Time, f vault.KeyFilter) ([]vault.Key, string, error) {
 	switch f.Status {
-	case "", KeyActive, KeyRevoked, KeyExpired:
+	case "", vault.KeyActive, vault.KeyRevoked, vault.KeyExpired:
 	default:
-		return nil, "", fmt.Errorf("key status %q: %w", f.Status, ErrInvalid)
+		return nil, "", fmt.Errorf("key status %q: %w", f.Status, vault.ErrInvalid)
 	}
 	after, err := decodeCursor(f.Cursor)
 	if err != nil {
 		return nil, "", err
 	}
 	limit := clampLimit(f.Limit)
-	out := []Key{}
-	c := tx.Bucket(bucketKeys).Cursor()
+	out := []vault.Key{}
+	c := tx.Cursor(BucketKeys)
 	var k, v []byte
 	if after == "" {
 		k, v = c.First()
@@ -148,7 +152,7 @@ func listKeysTx(tx *bolt.Tx, now time.Time, f KeyFilter) ([]Key, string, error) 
 	return out, "", nil
 }
 
-func keyMatches(k *Key, now time.Time, f KeyFilter) bool {
+func keyMatches(k *vault.Key, now time.Time, f vault.KeyFilter) bool {
 	if f.Status != "" && k.StatusAt(now) != f.Status {
 		return false
 	}
@@ -166,39 +170,39 @@ func keyMatches(k *Key, now time.Time, f KeyFilter) bool {
 	return true
 }
 
-func updateKeyTx(tx *bolt.Tx, now time.Time, actor, id string, p policy.Policy, labels map[string]string) (Key, error) {
+func updateKeyTx(tx Tx, now time.Time, actor, id string, p policy.Policy, labels map[string]string) (vault.Key, error) {
 	rec, err := getKey(tx, id)
 	if err != nil {
-		return Key{}, err
+		return vault.Key{}, err
 	}
-	if rec.Status == KeyRevoked {
-		return Key{}, fmt.Errorf("key %s is revoked: %w", id, ErrConflict)
+	if rec.Status == vault.KeyRevoked {
+		return vault.Key{}, fmt.Errorf("key %s is revoked: %w", id, vault.ErrConflict)
 	}
 	if err := checkLabels(labels); err != nil {
-		return Key{}, err
+		return vault.Key{}, err
 	}
 	if err := checkPolicy(&p, now); err != nil {
-		return Key{}, err
+		return vault.Key{}, err
 	}
 	// Counters are kept in minor units of the key's currency; a different currency
 	// would make every stored amount mean something else.
 	if p.Currency != rec.Policy.Currency {
-		return Key{}, fmt.Errorf("%w: %w", ErrInvalid, &policy.ValidationError{Errors: []policy.FieldError{
+		return vault.Key{}, fmt.Errorf("%w: %w", vault.ErrInvalid, &policy.ValidationError{Errors: []policy.FieldError{
 			{Field: "currency", Message: fmt.Sprintf("cannot be changed (the key meters %s)", rec.Policy.Currency)},
 		}})
 	}
 	if err := carryDailyUsage(tx, now, rec, &p); err != nil {
-		return Key{}, err
+		return vault.Key{}, err
 	}
 	before := rec.view()
 	rec.Policy = p
 	rec.Labels = maps.Clone(labels)
 	rec.UpdatedAt = now
 	if err := putKey(tx, rec); err != nil {
-		return Key{}, err
+		return vault.Key{}, err
 	}
 	if err := putAudit(tx, now, actor, "key.update", id, before, rec.view()); err != nil {
-		return Key{}, err
+		return vault.Key{}, err
 	}
 	return rec.public(), nil
 }
@@ -214,7 +218,7 @@ func updateKeyTx(tx *bolt.Tx, now time.Time, actor, id string, p policy.Policy, 
 // a ledger event ("carried", reason "timezone_changed") so that the ledger
 // still sums to the counters, and a carry above the new window's cap is booked
 // as allowance (the money was spent under the old zone's window).
-func carryDailyUsage(tx *bolt.Tx, now time.Time, rec *keyRec, p *policy.Policy) error {
+func carryDailyUsage(tx Tx, now time.Time, rec *keyRec, p *policy.Policy) error {
 	from, err := rec.Policy.Windows(now)
 	if err != nil {
 		return fmt.Errorf("key %s windows: %w", rec.ID, err)
@@ -251,51 +255,54 @@ func carryDailyUsage(tx *bolt.Tx, now time.Time, rec *keyRec, p *policy.Policy) 
 	if err := putCounter(tx, rec.ID, newDay.ID, c); err != nil {
 		return err
 	}
-	return putEvent(tx, &Event{
+	return putEvent(tx, &vault.Event{
 		Time: now, KeyID: rec.ID, Operation: "key.update", Amount: carry, Currency: p.EffectiveCurrency(),
-		Decision: DecisionCarried, Reason: "timezone_changed", WindowIDs: []string{newDay.ID}, CommittedDelta: carry,
+		Decision: vault.DecisionCarried, Reason: "timezone_changed", WindowIDs: []string{newDay.ID}, CommittedDelta: carry,
 		AllowanceDeltas: []int64{excused},
 	})
 }
 
-func revokeKeyTx(tx *bolt.Tx, now time.Time, actor, id string) (Key, error) {
+func revokeKeyTx(tx Tx, now time.Time, actor, id string) (vault.Key, error) {
 	rec, err := getKey(tx, id)
 	if err != nil {
-		return Key{}, err
+		return vault.Key{}, err
 	}
-	if rec.Status == KeyRevoked {
+	if rec.Status == vault.KeyRevoked {
 		return rec.public(), nil
 	}
 	before := rec.view()
-	rec.Status = KeyRevoked
+	rec.Status = vault.KeyRevoked
 	rec.RevokedAt = now
 	rec.UpdatedAt = now
 	if err := putKey(tx, rec); err != nil {
-		return Key{}, err
+		return vault.Key{}, err
 	}
 	// The token index entry stays, so the revoked token is answered "revoked", not "invalid".
 	if err := putAudit(tx, now, actor, "key.revoke", id, before, rec.view()); err != nil {
-		return Key{}, err
+		return vault.Key{}, err
 	}
 	return rec.public(), nil
 }
 
-func rotateKeyTx(tx *bolt.Tx, now time.Time, actor, id string) (Key, string, error) {
+func rotateKeyTx(tx Tx, now time.Time, actor, id string) (vault.Key, string, error) {
 	rec, err := getKey(tx, id)
 	if err != nil {
-		return Key{}, "", err
+		return vault.Key{}, "", err
 	}
-	if rec.Status == KeyRevoked {
-		return Key{}, "", fmt.Errorf("key %s is revoked: %w", id, ErrConflict)
+	if rec.Status == vault.KeyRevoked {
+		return vault.Key{}, "", fmt.Errorf("key %s is revoked: %w", id, vault.ErrConflict)
 	}
 	token, err := newToken()
 	if err != nil {
-		return Key{}, "", err
+		return vault.Key{}, "", err
 	}
-	tokens := tx.Bucket(bucketTokens)
-	if got := tokens.Get([]byte(rec.TokenHash)); got != nil && bytes.Equal(got, []byte(rec.ID)) {
-		if err := tokens.Delete([]byte(rec.TokenHash)); err != nil {
-			return Key{}, "", fmt.Errorf("unindex old token: %w", err)
+	got, err := tx.Get(BucketTokens, []byte(rec.TokenHash))
+	if err != nil {
+		return vault.Key{}, "", err
+	}
+	if got != nil && bytes.Equal(got, []byte(rec.ID)) {
+		if err := tx.Delete(BucketTokens, []byte(rec.TokenHash)); err != nil {
+			return vault.Key{}, "", fmt.Errorf("unindex old token: %w", err)
 		}
 	}
 	before := rec.view()
@@ -303,36 +310,36 @@ func rotateKeyTx(tx *bolt.Tx, now time.Time, actor, id string) (Key, string, err
 	rec.TokenPrefix = token[:tokenDisplayLen]
 	rec.UpdatedAt = now
 	if err := putKey(tx, rec); err != nil {
-		return Key{}, "", err
+		return vault.Key{}, "", err
 	}
-	if err := tokens.Put([]byte(rec.TokenHash), []byte(rec.ID)); err != nil {
-		return Key{}, "", fmt.Errorf("index new token: %w", err)
+	if err := tx.Insert(BucketTokens, []byte(rec.TokenHash), []byte(rec.ID)); err != nil {
+		return vault.Key{}, "", fmt.Errorf("index new token: %w", err)
 	}
 	if err := putAudit(tx, now, actor, "key.rotate", id, before, rec.view()); err != nil {
-		return Key{}, "", err
+		return vault.Key{}, "", err
 	}
 	return rec.public(), token, nil
 }
 
 // keyUsageTx reads a key's windows at now and their counters.
-func keyUsageTx(tx *bolt.Tx, now time.Time, id string) (Key, []policy.Window, policy.Usage, error) {
+func keyUsageTx(tx Tx, now time.Time, id string) (vault.Key, []policy.Window, policy.Usage, error) {
 	rec, err := getKey(tx, id)
 	if err != nil {
-		return Key{}, nil, nil, err
+		return vault.Key{}, nil, nil, err
 	}
 	windows, err := rec.Policy.Windows(now)
 	if err != nil {
-		return Key{}, nil, nil, fmt.Errorf("key %s windows: %w", id, err)
+		return vault.Key{}, nil, nil, fmt.Errorf("key %s windows: %w", id, err)
 	}
 	usage, err := readUsage(tx, id, windows)
 	if err != nil {
-		return Key{}, nil, nil, err
+		return vault.Key{}, nil, nil, err
 	}
 	return rec.public(), windows, usage, nil
 }
 
 // readUsage reads the counters of windows into a policy.Usage.
-func readUsage(tx *bolt.Tx, keyID string, windows []policy.Window) (policy.Usage, error) {
+func readUsage(tx Tx, keyID string, windows []policy.Window) (policy.Usage, error) {
 	usage := make(policy.Usage, len(windows))
 	for _, w := range windows {
 		c, ok, err := getCounter(tx, keyID, w.ID)

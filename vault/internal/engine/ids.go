@@ -1,4 +1,4 @@
-package vault
+package engine
 
 import (
 	"crypto/rand"
@@ -10,6 +10,8 @@ import (
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/keybrake/keybrake/vault"
 )
 
 // lowerBase32 is base32 with the "extended hex" alphabet in lower case and no
@@ -132,7 +134,7 @@ func decodeCursor(c string) (string, error) {
 	}
 	b, err := base64.RawURLEncoding.DecodeString(c)
 	if err != nil || len(b) == 0 {
-		return "", fmt.Errorf("cursor: %w", ErrInvalid)
+		return "", fmt.Errorf("cursor: %w", vault.ErrInvalid)
 	}
 	return string(b), nil
 }

@@ -1,13 +1,12 @@
-package vault
+package engine
 
 import (
 	"fmt"
 	"strings"
 	"time"
 
-	bolt "go.etcd.io/bbolt"
-
 	"github.com/keybrake/keybrake/policy"
+	"github.com/keybrake/keybrake/vault"
 )
 
 const maxNameLen = 200
@@ -31,25 +30,24 @@ func last4(secret string) string {
 	return secret[len(secret)-4:]
 }
 
-func (s *Store) putUpstreamTx(tx *bolt.Tx, now time.Time, actor, name, vendor, secret string) (Upstream, error) {
+func (s *Engine) putUpstreamTx(tx Tx, now time.Time, actor, name, vendor, secret string) (vault.Upstream, error) {
 	if !validName(name) {
-		return Upstream{}, fmt.Errorf("upstream name %q: %w", name, ErrInvalid)
+		return vault.Upstream{}, fmt.Errorf("upstream name %q: %w", name, vault.ErrInvalid)
 	}
 	if vendor != policy.VendorStripe {
-		return Upstream{}, fmt.Errorf("upstream vendor %q (only %q): %w", vendor, policy.VendorStripe, ErrInvalid)
+		return vault.Upstream{}, fmt.Errorf("upstream vendor %q (only %q): %w", vendor, policy.VendorStripe, vault.ErrInvalid)
 	}
 	if strings.TrimSpace(secret) == "" {
-		return Upstream{}, fmt.Errorf("upstream %q: empty secret: %w", name, ErrInvalid)
+		return vault.Upstream{}, fmt.Errorf("upstream %q: empty secret: %w", name, vault.ErrInvalid)
 	}
 	sealed, err := s.seal.seal([]byte(secret), upstreamAD(name))
 	if err != nil {
-		return Upstream{}, err
+		return vault.Upstream{}, err
 	}
-	b := tx.Bucket(bucketUpstreams)
 	var old upstreamRec
-	existed, err := getJSON(b, []byte(name), &old)
+	existed, err := getJSON(tx, BucketUpstreams, []byte(name), &old)
 	if err != nil {
-		return Upstream{}, err
+		return vault.Upstream{}, err
 	}
 	rec := upstreamRec{Name: name, Vendor: vendor, SealedSecret: sealed, SecretLast4: last4(secret), CreatedAt: now, UpdatedAt: now}
 	var before any
@@ -57,31 +55,31 @@ func (s *Store) putUpstreamTx(tx *bolt.Tx, now time.Time, actor, name, vendor, s
 		rec.CreatedAt = old.CreatedAt
 		before = upstreamView{Name: old.Name, Vendor: old.Vendor, SecretLast4: old.SecretLast4}
 	}
-	if err := putJSON(b, []byte(name), &rec); err != nil {
-		return Upstream{}, err
+	if err := putJSON(tx, BucketUpstreams, []byte(name), &rec); err != nil {
+		return vault.Upstream{}, err
 	}
 	after := upstreamView{Name: rec.Name, Vendor: rec.Vendor, SecretLast4: rec.SecretLast4}
 	if err := putAudit(tx, now, actor, "upstream.put", name, before, after); err != nil {
-		return Upstream{}, err
+		return vault.Upstream{}, err
 	}
 	return rec.public(), nil
 }
 
-func getUpstream(tx *bolt.Tx, name string) (*upstreamRec, error) {
+func getUpstream(tx Tx, name string) (*upstreamRec, error) {
 	var rec upstreamRec
-	ok, err := getJSON(tx.Bucket(bucketUpstreams), []byte(name), &rec)
+	ok, err := getJSON(tx, BucketUpstreams, []byte(name), &rec)
 	if err != nil {
 		return nil, err
 	}
 	if !ok {
-		return nil, fmt.Errorf("upstream %q: %w", name, ErrNotFound)
+		return nil, fmt.Errorf("upstream %q: %w", name, vault.ErrNotFound)
 	}
 	return &rec, nil
 }
 
-func listUpstreamsTx(tx *bolt.Tx) ([]Upstream, error) {
-	out := []Upstream{}
-	err := tx.Bucket(bucketUpstreams).ForEach(func(k, v []byte) error {
+func listUpstreamsTx(tx Tx) ([]vault.Upstream, error) {
+	out := []vault.Upstream{}
+	err := forEach(tx, BucketUpstreams, func(k, v []byte) error {
 		var rec upstreamRec
 		if err := decodeJSON(k, v, &rec); err != nil {
 			return err
@@ -94,13 +92,13 @@ func listUpstreamsTx(tx *bolt.Tx) ([]Upstream, error) {
 
 // deleteUpstreamTx refuses while any key that is not revoked names the upstream:
 // an expired key can be given a new expiry by UpdateKey and would then need it.
-func deleteUpstreamTx(tx *bolt.Tx, now time.Time, actor, name string) error {
+func deleteUpstreamTx(tx Tx, now time.Time, actor, name string) error {
 	rec, err := getUpstream(tx, name)
 	if err != nil {
 		return err
 	}
 	var user string
-	err = tx.Bucket(bucketKeys).ForEach(func(k, v []byte) error {
+	err = forEach(tx, BucketKeys, func(k, v []byte) error {
 		if user != "" {
 			return nil
 		}
@@ -108,7 +106,7 @@ func deleteUpstreamTx(tx *bolt.Tx, now time.Time, actor, name string) error {
 		if err := decodeJSON(k, v, &kr); err != nil {
 			return err
 		}
-		if kr.Upstream == name && kr.Status != KeyRevoked {
+		if kr.Upstream == name && kr.Status != vault.KeyRevoked {
 			user = kr.ID
 		}
 		return nil
@@ -117,9 +115,9 @@ func deleteUpstreamTx(tx *bolt.Tx, now time.Time, actor, name string) error {
 		return err
 	}
 	if user != "" {
-		return fmt.Errorf("upstream %q is used by key %s: %w", name, user, ErrConflict)
+		return fmt.Errorf("upstream %q is used by key %s: %w", name, user, vault.ErrConflict)
 	}
-	if err := tx.Bucket(bucketUpstreams).Delete([]byte(name)); err != nil {
+	if err := tx.Delete(BucketUpstreams, []byte(name)); err != nil {
 		return fmt.Errorf("delete upstream %q: %w", name, err)
 	}
 	before := upstreamView{Name: rec.Name, Vendor: rec.Vendor, SecretLast4: rec.SecretLast4}

@@ -1,4 +1,4 @@
-package vault
+package bolt
 
 import (
 	"context"
@@ -6,7 +6,10 @@ import (
 	"runtime"
 	"time"
 
-	bolt "go.etcd.io/bbolt"
+	bbolt "go.etcd.io/bbolt"
+
+	"github.com/keybrake/keybrake/vault"
+	"github.com/keybrake/keybrake/vault/internal/engine"
 )
 
 // maxBatch bounds how many operations share one write transaction (and its fsyncs).
@@ -20,51 +23,14 @@ const maxBatch = 256
 // errors found before any write are recorded in the op's own result instead, so one
 // op cannot fail the others.
 type batchOp struct {
-	run  func(tx *bolt.Tx, now time.Time) error
+	run  engine.TxFunc
 	done chan error
 }
 
-// txResult is what one store operation answers its caller: its value and, when
-// the operation was turned down before it wrote anything, the domain error that
-// says why (ErrNotFound, ErrConflict, ErrInvalid, ErrKeyRevoked, …). A
-// transaction function returns it beside an error kept for failures — storage,
-// or a rule broken after a write — which roll the transaction back. Keeping the
-// two apart is what lets an operation that is turned down share a batch with
-// others without failing them.
-type txResult[T any] struct {
-	val T
-	err error
-}
-
-// noValue is the value of an operation that answers only whether it was done.
-type noValue = struct{}
-
-// accept is the result of an operation that did what it was asked.
-func accept[T any](v T) txResult[T] { return txResult[T]{val: v} }
-
-// reject is the result of an operation turned down before any write.
-func reject[T any](err error) txResult[T] { return txResult[T]{err: err} }
-
-// submitResult runs fn as one group-committed operation and returns its result:
-// its value and its domain error, or the failure of its transaction.
-func submitResult[T any](ctx context.Context, s *Store, fn func(tx *bolt.Tx, now time.Time) (txResult[T], error)) (T, error) {
-	var r txResult[T]
-	err := s.submit(ctx, func(tx *bolt.Tx, now time.Time) error {
-		var err error
-		r, err = fn(tx, now) // a re-run starts over
-		return err
-	})
-	if err != nil {
-		var zero T
-		return zero, err
-	}
-	return r.val, r.err
-}
-
-// submit queues run for the committer and waits for its transaction to commit.
-// Once queued, it waits even if ctx ends: the write may already be durable, and the
-// caller must learn its result.
-func (s *Store) submit(ctx context.Context, run func(tx *bolt.Tx, now time.Time) error) error {
+// Submit queues run for the committer and waits for its transaction to commit.
+// Once queued, it waits even if ctx ends: the write may already be durable, and
+// the caller must learn its result.
+func (s *backend) Submit(ctx context.Context, run engine.TxFunc) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -72,7 +38,7 @@ func (s *Store) submit(ctx context.Context, run func(tx *bolt.Tx, now time.Time)
 	s.closeMu.RLock()
 	if s.closed {
 		s.closeMu.RUnlock()
-		return ErrClosed
+		return vault.ErrClosed
 	}
 	s.ops <- op
 	s.closeMu.RUnlock()
@@ -153,8 +119,9 @@ func drain(ops <-chan *batchOp, batch []*batchOp) []*batchOp {
 
 func (s *Store) runBatch(batch []*batchOp) {
 	start := time.Now()
-	err := s.db.Update(func(tx *bolt.Tx) error {
+	err := s.db.Update(func(btx *bbolt.Tx) error {
 		now := s.now()
+		tx := newTx(btx)
 		for _, op := range batch {
 			if err := safeRun(op, tx, now); err != nil {
 				return err
@@ -174,7 +141,7 @@ func (s *Store) runBatch(batch []*batchOp) {
 	s.log.Warn("group commit failed; retrying its operations one by one", "ops", len(batch), "error", err)
 	for _, op := range batch {
 		start := time.Now()
-		err := s.db.Update(func(tx *bolt.Tx) error { return safeRun(op, tx, s.now()) })
+		err := s.db.Update(func(btx *bbolt.Tx) error { return safeRun(op, newTx(btx), s.now()) })
 		s.observeCommit(1, start)
 		op.done <- translate(err)
 	}
@@ -191,7 +158,7 @@ func (s *Store) observeCommit(ops int, start time.Time) {
 
 // safeRun runs one op, turning a panic into an error so that a bug in one op can
 // neither kill the committer (and hang every caller) nor commit half an op.
-func safeRun(op *batchOp, tx *bolt.Tx, now time.Time) (err error) {
+func safeRun(op *batchOp, tx engine.Tx, now time.Time) (err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			err = fmt.Errorf("panic in store operation: %v", r)

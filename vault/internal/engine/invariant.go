@@ -1,4 +1,4 @@
-package vault
+package engine
 
 import (
 	"context"
@@ -8,21 +8,20 @@ import (
 	"strings"
 	"time"
 
-	bolt "go.etcd.io/bbolt"
-
 	"github.com/keybrake/keybrake/policy"
+	"github.com/keybrake/keybrake/vault"
 )
 
 // CheckInvariant verifies, in one read transaction, that the counters agree with
 // the holds, the ledger and the caps (the rule is in docs/ARCHITECTURE.md, "The
 // invariant and its exceptions"). It returns nil, or ErrInvariant joined with one
 // error per violation.
-func (s *Store) CheckInvariant(ctx context.Context) error {
+func (s *Engine) CheckInvariant(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
 	var problems []error
-	err := s.view(func(tx *bolt.Tx, now time.Time) error {
+	err := s.view(ctx, func(tx Tx, now time.Time) error {
 		var err error
 		problems, err = checkInvariantTx(tx, now)
 		return err
@@ -33,12 +32,12 @@ func (s *Store) CheckInvariant(ctx context.Context) error {
 	if len(problems) == 0 {
 		return nil
 	}
-	return errors.Join(append([]error{ErrInvariant}, problems...)...)
+	return errors.Join(append([]error{vault.ErrInvariant}, problems...)...)
 }
 
 type sums struct{ held, committed, allowance int64 }
 
-func checkInvariantTx(tx *bolt.Tx, now time.Time) ([]error, error) {
+func checkInvariantTx(tx Tx, now time.Time) ([]error, error) {
 	var problems []error
 	bad := func(format string, args ...any) { problems = append(problems, fmt.Errorf(format, args...)) }
 
@@ -46,8 +45,8 @@ func checkInvariantTx(tx *bolt.Tx, now time.Time) ([]error, error) {
 	// holds must agree on state.
 	live := map[string]int64{}
 	committedHolds := map[string]int64{}
-	holdState := map[string]HoldState{}
-	err := tx.Bucket(bucketIdem).ForEach(func(k, v []byte) error {
+	holdState := map[string]vault.HoldState{}
+	err := forEach(tx, BucketIdem, func(k, v []byte) error {
 		r, err := decodeRecord(k, v)
 		if err != nil {
 			return err
@@ -58,9 +57,9 @@ func checkInvariantTx(tx *bolt.Tx, now time.Time) ([]error, error) {
 		}
 		holdState[h.ID] = h.State
 		switch {
-		case r.State == RecordInProgress && h.State != HoldHeld,
-			r.State == RecordUnknown && h.State != HoldUnknown,
-			r.State == RecordCompleted && h.State != HoldCommitted && h.State != HoldReleased:
+		case r.State == vault.RecordInProgress && h.State != vault.HoldHeld,
+			r.State == vault.RecordUnknown && h.State != vault.HoldUnknown,
+			r.State == vault.RecordCompleted && h.State != vault.HoldCommitted && h.State != vault.HoldReleased:
 			bad("record of %s/%q is %s but its hold %s is %s", r.KeyID, r.Idem, r.State, h.ID, h.State)
 		}
 		if h.Amount < 0 {
@@ -69,9 +68,9 @@ func checkInvariantTx(tx *bolt.Tx, now time.Time) ([]error, error) {
 		for _, w := range h.WindowIDs {
 			ck := string(counterKey(h.KeyID, w))
 			switch h.State {
-			case HoldHeld, HoldUnknown:
+			case vault.HoldHeld, vault.HoldUnknown:
 				live[ck] += h.Amount
-			case HoldCommitted:
+			case vault.HoldCommitted:
 				committedHolds[ck] += h.Amount
 			}
 		}
@@ -82,7 +81,7 @@ func checkInvariantTx(tx *bolt.Tx, now time.Time) ([]error, error) {
 	}
 
 	// Live exposure of money objects is held on its windows like a hold.
-	err = tx.Bucket(bucketObjects).ForEach(func(k, v []byte) error {
+	err = forEach(tx, BucketObjects, func(k, v []byte) error {
 		keyID, objectID, _ := splitNul(k)
 		var o objectRec
 		if err := decodeJSON(k, v, &o); err != nil {
@@ -107,7 +106,7 @@ func checkInvariantTx(tx *bolt.Tx, now time.Time) ([]error, error) {
 
 	// The hold index lists every hold once, with its state.
 	indexed := 0
-	err = tx.Bucket(bucketHoldIndex).ForEach(func(k, v []byte) error {
+	err = forEach(tx, BucketHoldIndex, func(k, v []byte) error {
 		indexed++
 		id := string(k[8:])
 		if st, ok := holdState[id]; !ok || string(v) != string(st) {
@@ -124,7 +123,7 @@ func checkInvariantTx(tx *bolt.Tx, now time.Time) ([]error, error) {
 
 	// The ledger, summed per counter.
 	ledger := map[string]sums{}
-	err = tx.Bucket(bucketEvents).ForEach(func(k, v []byte) error {
+	err = forEach(tx, BucketEvents, func(k, v []byte) error {
 		e, err := decodeEvent(k, v)
 		if err != nil {
 			return err
@@ -150,7 +149,7 @@ func checkInvariantTx(tx *bolt.Tx, now time.Time) ([]error, error) {
 
 	keys := map[string]*keyRec{}
 	seen := map[string]bool{}
-	err = tx.Bucket(bucketCounters).ForEach(func(k, v []byte) error {
+	err = forEach(tx, BucketCounters, func(k, v []byte) error {
 		ck := string(k)
 		seen[ck] = true
 		c, err := decodeCounter(v)

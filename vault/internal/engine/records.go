@@ -1,4 +1,4 @@
-package vault
+package engine
 
 import (
 	"bytes"
@@ -12,9 +12,8 @@ import (
 	"sync"
 	"time"
 
-	bolt "go.etcd.io/bbolt"
-
 	"github.com/keybrake/keybrake/policy"
+	"github.com/keybrake/keybrake/vault"
 )
 
 // upstreamRec is an upstream as stored: the secret only sealed.
@@ -27,8 +26,8 @@ type upstreamRec struct {
 	UpdatedAt    time.Time `json:"updated_at"`
 }
 
-func (r *upstreamRec) public() Upstream {
-	return Upstream{Name: r.Name, Vendor: r.Vendor, SecretLast4: r.SecretLast4, CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt}
+func (r *upstreamRec) public() vault.Upstream {
+	return vault.Upstream{Name: r.Name, Vendor: r.Vendor, SecretLast4: r.SecretLast4, CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt}
 }
 
 // keyRec is a vault key as stored.
@@ -38,7 +37,7 @@ type keyRec struct {
 	Upstream    string            `json:"upstream"`
 	Labels      map[string]string `json:"labels,omitempty"`
 	Policy      policy.Policy     `json:"policy"`
-	Status      KeyStatus         `json:"status"`
+	Status      vault.KeyStatus   `json:"status"`
 	TokenHash   string            `json:"token_hash"`
 	TokenPrefix string            `json:"token_prefix"`
 	CreatedAt   time.Time         `json:"created_at"`
@@ -46,13 +45,13 @@ type keyRec struct {
 	RevokedAt   time.Time         `json:"revoked_at,omitzero"`
 }
 
-func (r *keyRec) public() Key {
+func (r *keyRec) public() vault.Key {
 	p := r.Policy
 	p.Operations = slices.Clone(p.Operations)
 	p.Customers = slices.Clone(p.Customers)
 	p.StripeAccounts = slices.Clone(p.StripeAccounts)
 	p.Idempotency.Fields = slices.Clone(p.Idempotency.Fields)
-	return Key{
+	return vault.Key{
 		ID: r.ID, Name: r.Name, Upstream: r.Upstream, Labels: maps.Clone(r.Labels), Policy: p,
 		Status: r.Status, TokenHash: r.TokenHash, TokenPrefix: r.TokenPrefix,
 		CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt, RevokedAt: r.RevokedAt,
@@ -66,7 +65,7 @@ type keyView struct {
 	Upstream string            `json:"upstream"`
 	Labels   map[string]string `json:"labels,omitempty"`
 	Policy   policy.Policy     `json:"policy"`
-	Status   KeyStatus         `json:"status"`
+	Status   vault.KeyStatus   `json:"status"`
 }
 
 func (r *keyRec) view() keyView {
@@ -81,14 +80,14 @@ type upstreamView struct {
 }
 
 // getKey reads and decodes a key in tx.
-func getKey(tx *bolt.Tx, id string) (*keyRec, error) {
+func getKey(tx Tx, id string) (*keyRec, error) {
 	var r keyRec
-	ok, err := getJSON(tx.Bucket(bucketKeys), []byte(id), &r)
+	ok, err := getJSON(tx, BucketKeys, []byte(id), &r)
 	if err != nil {
 		return nil, err
 	}
 	if !ok {
-		return nil, fmt.Errorf("key %s: %w", id, ErrNotFound)
+		return nil, fmt.Errorf("key %s: %w", id, vault.ErrNotFound)
 	}
 	return &r, nil
 }
@@ -112,10 +111,13 @@ const keyCacheMax = 10000
 // get reads key id in tx, decoding it only when the cache has no entry for these
 // bytes. The result shares maps and slices with the cache: read it, or take
 // public(); never modify it.
-func (c *keyCache) get(tx *bolt.Tx, id string) (*keyRec, error) {
-	raw := tx.Bucket(bucketKeys).Get([]byte(id))
+func (c *keyCache) get(tx Tx, id string) (*keyRec, error) {
+	raw, err := tx.Get(BucketKeys, []byte(id))
+	if err != nil {
+		return nil, err
+	}
 	if raw == nil {
-		return nil, fmt.Errorf("key %s: %w", id, ErrNotFound)
+		return nil, fmt.Errorf("key %s: %w", id, vault.ErrNotFound)
 	}
 	c.mu.Lock()
 	e, ok := c.m[id]
@@ -138,7 +140,7 @@ func (c *keyCache) get(tx *bolt.Tx, id string) (*keyRec, error) {
 	return &out, nil
 }
 
-func putKey(tx *bolt.Tx, r *keyRec) error { return putJSON(tx.Bucket(bucketKeys), []byte(r.ID), r) }
+func putKey(tx Tx, r *keyRec) error { return putJSON(tx, BucketKeys, []byte(r.ID), r) }
 
 // responseRec is a stored response; the body is sealed.
 type responseRec struct {
@@ -152,18 +154,18 @@ type responseRec struct {
 // encodes, so a hold id leads straight to its record, and a claim or a settle
 // rewrites one randomly placed page, not two.
 type recordRec struct {
-	KeyID       string       `json:"k"`
-	Idem        string       `json:"i"`
-	Fingerprint string       `json:"fp"`
-	UpstreamKey string       `json:"uk"`
-	State       RecordState  `json:"st"`
-	LeaseUntil  time.Time    `json:"lease,omitzero"`
-	Hold        *holdRec     `json:"hold,omitempty"`
-	Response    *responseRec `json:"resp,omitempty"`
-	RequestID   string       `json:"rid,omitempty"`
-	CreatedAt   time.Time    `json:"c"`
-	UpdatedAt   time.Time    `json:"u"`
-	CompletedAt time.Time    `json:"done,omitzero"`
+	KeyID       string            `json:"k"`
+	Idem        string            `json:"i"`
+	Fingerprint string            `json:"fp"`
+	UpstreamKey string            `json:"uk"`
+	State       vault.RecordState `json:"st"`
+	LeaseUntil  time.Time         `json:"lease,omitzero"`
+	Hold        *holdRec          `json:"hold,omitempty"`
+	Response    *responseRec      `json:"resp,omitempty"`
+	RequestID   string            `json:"rid,omitempty"`
+	CreatedAt   time.Time         `json:"c"`
+	UpdatedAt   time.Time         `json:"u"`
+	CompletedAt time.Time         `json:"done,omitzero"`
 	// Fresh is true while the current in_progress claim is the one that created the
 	// record (and its hold). SettleAbandon then deletes both; after a ReserveResume it is
 	// false and abandoning puts the record back to unknown, keeping the hold.
@@ -182,8 +184,8 @@ func (r *recordRec) holdID() string {
 
 // recordKey is the idem bucket key of (keyID, idempotency key).
 func recordKey(keyID, idem string) []byte {
-	sum := pairHash("hold", keyID, idem)
-	return bytes.Clone(sum[:16])
+	k, _ := recordKeyOfHold(vault.HoldID(keyID, idem)) // HoldID is well formed
+	return k
 }
 
 // recordKeyOfHold is the idem bucket key of the record a hold id belongs to.
@@ -206,17 +208,17 @@ func decodeRecord(k, v []byte) (*recordRec, error) {
 		return nil, err
 	}
 	if r.Hold != nil {
-		r.Hold.ID, r.Hold.KeyID, r.Hold.IdempotencyKey = HoldID(r.KeyID, r.Idem), r.KeyID, r.Idem
+		r.Hold.ID, r.Hold.KeyID, r.Hold.IdempotencyKey = vault.HoldID(r.KeyID, r.Idem), r.KeyID, r.Idem
 	}
 	return &r, nil
 }
 
 // getRecord returns the record of (keyID, idem), nil when there is none.
-func getRecord(tx *bolt.Tx, keyID, idem string) (*recordRec, error) {
+func getRecord(tx Tx, keyID, idem string) (*recordRec, error) {
 	k := recordKey(keyID, idem)
-	v := tx.Bucket(bucketIdem).Get(k)
-	if v == nil {
-		return nil, nil
+	v, err := tx.Get(BucketIdem, k)
+	if err != nil || v == nil {
+		return nil, err
 	}
 	r, err := decodeRecord(k, v)
 	if err != nil {
@@ -224,57 +226,74 @@ func getRecord(tx *bolt.Tx, keyID, idem string) (*recordRec, error) {
 	}
 	if r.KeyID != keyID || r.Idem != idem {
 		// Two pairs with one 128-bit hash: refuse rather than mix them up.
-		return nil, fmt.Errorf("idempotency record of %s collides with one of %s: %w", keyID, r.KeyID, ErrConflict)
+		return nil, fmt.Errorf("idempotency record of %s collides with one of %s: %w", keyID, r.KeyID, vault.ErrConflict)
 	}
 	return r, nil
 }
 
 // getRecordByHold returns the record a hold belongs to (ErrNotFound).
-func getRecordByHold(tx *bolt.Tx, holdID string) (*recordRec, error) {
+func getRecordByHold(tx Tx, holdID string) (*recordRec, error) {
 	k, ok := recordKeyOfHold(holdID)
 	if !ok {
-		return nil, fmt.Errorf("hold %q: %w", holdID, ErrNotFound)
+		return nil, fmt.Errorf("hold %q: %w", holdID, vault.ErrNotFound)
 	}
-	v := tx.Bucket(bucketIdem).Get(k)
+	v, err := tx.Get(BucketIdem, k)
+	if err != nil {
+		return nil, err
+	}
 	if v == nil {
-		return nil, fmt.Errorf("hold %s: %w", holdID, ErrNotFound)
+		return nil, fmt.Errorf("hold %s: %w", holdID, vault.ErrNotFound)
 	}
 	r, err := decodeRecord(k, v)
 	if err != nil {
 		return nil, err
 	}
 	if r.Hold == nil || r.Hold.ID != holdID {
-		return nil, fmt.Errorf("hold %s: %w", holdID, ErrNotFound)
+		return nil, fmt.Errorf("hold %s: %w", holdID, vault.ErrNotFound)
 	}
 	return r, nil
 }
 
 // putRecord writes the record and, when it has a hold, the hold's index entry (its
 // value is the hold's state, so ListHolds filters without decoding records).
-func putRecord(tx *bolt.Tx, r *recordRec) error {
-	if err := putJSON(tx.Bucket(bucketIdem), recordKey(r.KeyID, r.Idem), r); err != nil {
+func putRecord(tx Tx, r *recordRec) error {
+	if err := putJSON(tx, BucketIdem, recordKey(r.KeyID, r.Idem), r); err != nil {
 		return err
 	}
+	return putHoldIndex(tx, r)
+}
+
+// insertRecord writes a new record (a fresh claim of its idempotency key) and
+// its hold's index entry: like putRecord, but the record's key must be free
+// (Tx.Insert), so that no two claims of one idempotency key can both commit.
+func insertRecord(tx Tx, r *recordRec) error {
+	if err := insertJSON(tx, BucketIdem, recordKey(r.KeyID, r.Idem), r); err != nil {
+		return err
+	}
+	return putHoldIndex(tx, r)
+}
+
+// putHoldIndex writes the index entry of r's hold, if it has one: its value is
+// the hold's state, so ListHolds filters without decoding records.
+func putHoldIndex(tx Tx, r *recordRec) error {
 	if r.Hold == nil {
 		return nil
 	}
-	idx := tx.Bucket(bucketHoldIndex)
-	idx.FillPercent = appendFill
-	if err := idx.Put(holdIndexKey(r.Hold), []byte(r.Hold.State)); err != nil {
+	if err := tx.Put(BucketHoldIndex, holdIndexKey(r.Hold), []byte(r.Hold.State)); err != nil {
 		return fmt.Errorf("put hold index %s: %w", r.Hold.ID, err)
 	}
 	return nil
 }
 
 // deleteRecord deletes the record and its hold's index entry.
-func deleteRecord(tx *bolt.Tx, r *recordRec) error {
-	if err := tx.Bucket(bucketIdem).Delete(recordKey(r.KeyID, r.Idem)); err != nil {
+func deleteRecord(tx Tx, r *recordRec) error {
+	if err := tx.Delete(BucketIdem, recordKey(r.KeyID, r.Idem)); err != nil {
 		return fmt.Errorf("delete idempotency record: %w", err)
 	}
 	if r.Hold == nil {
 		return nil
 	}
-	if err := tx.Bucket(bucketHoldIndex).Delete(holdIndexKey(r.Hold)); err != nil {
+	if err := tx.Delete(BucketHoldIndex, holdIndexKey(r.Hold)); err != nil {
 		return fmt.Errorf("delete hold index %s: %w", r.Hold.ID, err)
 	}
 	return nil
@@ -282,19 +301,19 @@ func deleteRecord(tx *bolt.Tx, r *recordRec) error {
 
 // publicRecord turns a stored record into an IdempotencyRecord, unsealing its
 // response.
-func (s *Store) publicRecord(r *recordRec) (IdempotencyRecord, error) {
+func (s *Engine) publicRecord(r *recordRec) (vault.IdempotencyRecord, error) {
 	keyID, idem := r.KeyID, r.Idem
-	out := IdempotencyRecord{
+	out := vault.IdempotencyRecord{
 		KeyID: keyID, IdempotencyKey: idem, Fingerprint: r.Fingerprint, UpstreamKey: r.UpstreamKey,
 		State: r.State, LeaseUntil: r.LeaseUntil, HoldID: r.holdID(), RequestID: r.RequestID, Resolved: r.Resolved,
 		CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt, CompletedAt: r.CompletedAt,
 	}
 	if r.Response != nil {
-		resp := &StoredResponse{Status: r.Response.Status, Header: r.Response.Header.Clone()}
+		resp := &vault.StoredResponse{Status: r.Response.Status, Header: r.Response.Header.Clone()}
 		if r.Response.SealedBody != nil {
 			body, err := s.seal.open(r.Response.SealedBody, responseAD(keyID, idem))
 			if err != nil {
-				return IdempotencyRecord{}, fmt.Errorf("stored response of %s: %w", keyID, err)
+				return vault.IdempotencyRecord{}, fmt.Errorf("stored response of %s: %w", keyID, err)
 			}
 			resp.Body = body
 		}
@@ -304,7 +323,7 @@ func (s *Store) publicRecord(r *recordRec) (IdempotencyRecord, error) {
 }
 
 // sealResponse prepares a response for storage.
-func (s *Store) sealResponse(keyID, idem string, resp *StoredResponse) (*responseRec, error) {
+func (s *Engine) sealResponse(keyID, idem string, resp *vault.StoredResponse) (*responseRec, error) {
 	if resp == nil {
 		return nil, nil
 	}
@@ -322,20 +341,20 @@ func (s *Store) sealResponse(keyID, idem string, resp *StoredResponse) (*respons
 // holdRec is a hold as stored inside its record; ID, KeyID and IdempotencyKey come
 // from the record.
 type holdRec struct {
-	ID             string    `json:"-"`
-	KeyID          string    `json:"-"`
-	IdempotencyKey string    `json:"-"`
-	Operation      string    `json:"op"`
-	Currency       string    `json:"cur,omitempty"`
-	Amount         int64     `json:"amt"`
-	WindowIDs      []string  `json:"w"`
-	State          HoldState `json:"st"`
-	CreatedAt      time.Time `json:"c"`
-	SettledAt      time.Time `json:"s,omitzero"`
+	ID             string          `json:"-"`
+	KeyID          string          `json:"-"`
+	IdempotencyKey string          `json:"-"`
+	Operation      string          `json:"op"`
+	Currency       string          `json:"cur,omitempty"`
+	Amount         int64           `json:"amt"`
+	WindowIDs      []string        `json:"w"`
+	State          vault.HoldState `json:"st"`
+	CreatedAt      time.Time       `json:"c"`
+	SettledAt      time.Time       `json:"s,omitzero"`
 }
 
-func (h *holdRec) public() Hold {
-	return Hold{
+func (h *holdRec) public() vault.Hold {
+	return vault.Hold{
 		ID: h.ID, KeyID: h.KeyID, IdempotencyKey: h.IdempotencyKey, Operation: h.Operation,
 		Currency: h.Currency, Amount: h.Amount, WindowIDs: append([]string(nil), h.WindowIDs...),
 		State: h.State, CreatedAt: h.CreatedAt, SettledAt: h.SettledAt,
@@ -351,40 +370,34 @@ func holdIndexKey(h *holdRec) []byte {
 // eventRec is an Event as stored: short names, empty fields left out. The id is
 // the bucket key's sequence.
 type eventRec struct {
-	Time            time.Time `json:"t"`
-	KeyID           string    `json:"k"`
-	Operation       string    `json:"op,omitempty"`
-	Amount          int64     `json:"amt,omitempty"`
-	Currency        string    `json:"cur,omitempty"`
-	Decision        Decision  `json:"d"`
-	Reason          string    `json:"r,omitempty"`
-	HoldID          string    `json:"h,omitempty"`
-	HoldState       HoldState `json:"hs,omitempty"`
-	UpstreamStatus  int       `json:"us,omitempty"`
-	StripeRequestID string    `json:"rid,omitempty"`
-	ObjectID        string    `json:"obj,omitempty"`
-	Tool            string    `json:"tool,omitempty"`
-	WindowIDs       []string  `json:"w,omitempty"`
-	HeldDelta       int64     `json:"dh,omitempty"`
-	CommittedDelta  int64     `json:"dc,omitempty"`
-	AllowanceDeltas []int64   `json:"da,omitempty"`
+	Time            time.Time       `json:"t"`
+	KeyID           string          `json:"k"`
+	Operation       string          `json:"op,omitempty"`
+	Amount          int64           `json:"amt,omitempty"`
+	Currency        string          `json:"cur,omitempty"`
+	Decision        vault.Decision  `json:"d"`
+	Reason          string          `json:"r,omitempty"`
+	HoldID          string          `json:"h,omitempty"`
+	HoldState       vault.HoldState `json:"hs,omitempty"`
+	UpstreamStatus  int             `json:"us,omitempty"`
+	StripeRequestID string          `json:"rid,omitempty"`
+	ObjectID        string          `json:"obj,omitempty"`
+	Tool            string          `json:"tool,omitempty"`
+	WindowIDs       []string        `json:"w,omitempty"`
+	HeldDelta       int64           `json:"dh,omitempty"`
+	CommittedDelta  int64           `json:"dc,omitempty"`
+	AllowanceDeltas []int64         `json:"da,omitempty"`
 }
 
-// appendFill is the fill percent of buckets whose keys only grow (events, audit,
-// the hold index): pages split full rather than half full.
-const appendFill = 0.9
-
 // putEvent appends an event to its key's ledger, assigning its id.
-func putEvent(tx *bolt.Tx, e *Event) error {
-	b := tx.Bucket(bucketEvents)
-	b.FillPercent = appendFill
-	seq, err := b.NextSequence()
+func putEvent(tx Tx, e *vault.Event) error {
+	seq, err := tx.NextSequence(BucketEvents)
 	if err != nil {
 		return fmt.Errorf("event sequence: %w", err)
 	}
 	e.ID = seqID("evt_", seq)
 	k := append(append([]byte(e.KeyID), 0), u64(seq)...)
-	return putJSON(b, k, &eventRec{
+	return putJSON(tx, BucketEvents, k, &eventRec{
 		Time: e.Time, KeyID: e.KeyID, Operation: e.Operation, Amount: e.Amount, Currency: e.Currency,
 		Decision: e.Decision, Reason: e.Reason, HoldID: e.HoldID, HoldState: e.HoldState,
 		UpstreamStatus: e.UpstreamStatus, StripeRequestID: e.StripeRequestID, ObjectID: e.ObjectID, Tool: e.Tool,
@@ -394,15 +407,15 @@ func putEvent(tx *bolt.Tx, e *Event) error {
 }
 
 // decodeEvent decodes a stored event; k is its events bucket key.
-func decodeEvent(k, v []byte) (Event, error) {
+func decodeEvent(k, v []byte) (vault.Event, error) {
 	var r eventRec
 	if err := decodeJSON(k, v, &r); err != nil {
-		return Event{}, err
+		return vault.Event{}, err
 	}
 	if len(k) < 9 {
-		return Event{}, fmt.Errorf("event key %q: %w", k, ErrStorage)
+		return vault.Event{}, fmt.Errorf("event key %q: %w", k, vault.ErrStorage)
 	}
-	return Event{
+	return vault.Event{
 		ID: seqID("evt_", binary.BigEndian.Uint64(k[len(k)-8:])), Time: r.Time, KeyID: r.KeyID,
 		Operation: r.Operation, Amount: r.Amount, Currency: r.Currency, Decision: r.Decision, Reason: r.Reason,
 		HoldID: r.HoldID, HoldState: r.HoldState, UpstreamStatus: r.UpstreamStatus,
@@ -413,14 +426,12 @@ func decodeEvent(k, v []byte) (Event, error) {
 
 // putAudit appends an audit entry, assigning its id. before and after are encoded
 // to JSON here (nil stays empty).
-func putAudit(tx *bolt.Tx, now time.Time, actor, action, target string, before, after any) error {
-	b := tx.Bucket(bucketAudit)
-	b.FillPercent = appendFill
-	seq, err := b.NextSequence()
+func putAudit(tx Tx, now time.Time, actor, action, target string, before, after any) error {
+	seq, err := tx.NextSequence(BucketAudit)
 	if err != nil {
 		return fmt.Errorf("audit sequence: %w", err)
 	}
-	e := AuditEntry{ID: seqID("aud_", seq), Time: now, Actor: actor, Action: action, Target: target}
+	e := vault.AuditEntry{ID: seqID("aud_", seq), Time: now, Actor: actor, Action: action, Target: target}
 	if before != nil {
 		if e.Before, err = json.Marshal(before); err != nil {
 			return fmt.Errorf("encode audit before: %w", err)
@@ -431,5 +442,5 @@ func putAudit(tx *bolt.Tx, now time.Time, actor, action, target string, before, 
 			return fmt.Errorf("encode audit after: %w", err)
 		}
 	}
-	return putJSON(b, u64(seq), &e)
+	return putJSON(tx, BucketAudit, u64(seq), &e)
 }

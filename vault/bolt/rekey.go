@@ -1,10 +1,9 @@
-package vault
+package bolt
 
 import (
 	"bytes"
 	"context"
 	"encoding/binary"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -12,7 +11,9 @@ import (
 	"path/filepath"
 	"time"
 
-	bolt "go.etcd.io/bbolt"
+	"github.com/keybrake/keybrake/vault"
+	"github.com/keybrake/keybrake/vault/internal/engine"
+	bbolt "go.etcd.io/bbolt"
 )
 
 // RekeyOptions configure Rekey. Zero values take the documented defaults.
@@ -63,19 +64,19 @@ func Rekey(ctx context.Context, path string, oldKey, newKey []byte, opts RekeyOp
 }
 
 func rekey(ctx context.Context, path string, oldKey, newKey []byte, opts RekeyOptions) (RekeyStats, error) {
-	from, err := newSealer(oldKey)
+	from, err := engine.NewSealer(oldKey)
 	if err != nil {
 		return RekeyStats{}, fmt.Errorf("old key: %w", err)
 	}
-	to, err := newSealer(newKey)
+	to, err := engine.NewSealer(newKey)
 	if err != nil {
 		return RekeyStats{}, fmt.Errorf("new key: %w", err)
 	}
 	if bytes.Equal(oldKey, newKey) {
-		return RekeyStats{}, fmt.Errorf("the new master key is the old one: %w", ErrInvalid)
+		return RekeyStats{}, fmt.Errorf("the new master key is the old one: %w", vault.ErrInvalid)
 	}
 	if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) {
-		return RekeyStats{}, fmt.Errorf("no database: %w", ErrNotFound)
+		return RekeyStats{}, fmt.Errorf("no database: %w", vault.ErrNotFound)
 	}
 	if opts.OpenTimeout <= 0 {
 		opts.OpenTimeout = DefaultOpenTimeout
@@ -90,12 +91,12 @@ func rekey(ctx context.Context, path string, oldKey, newKey []byte, opts RekeyOp
 
 	// The exclusive lock keeps a server (and a second rekey) out until the copy is
 	// in place.
-	src, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: opts.OpenTimeout})
+	src, err := bbolt.Open(path, 0o600, &bbolt.Options{Timeout: opts.OpenTimeout})
 	if err != nil {
 		return RekeyStats{}, translate(err)
 	}
 	defer src.Close()
-	if err := translate(src.View(func(tx *bolt.Tx) error { return checkRekeySource(tx, from) })); err != nil {
+	if err := translate(src.View(func(tx *bbolt.Tx) error { return checkRekeySource(tx, from) })); err != nil {
 		return RekeyStats{}, err
 	}
 	if err := removeRekeyLeftovers(path); err != nil {
@@ -104,7 +105,7 @@ func rekey(ctx context.Context, path string, oldKey, newKey []byte, opts RekeyOp
 
 	tmp, err := os.CreateTemp(filepath.Dir(path), rekeyTempPrefix(path)+"*")
 	if err != nil {
-		return RekeyStats{}, fmt.Errorf("%w: create the copy: %s", ErrStorage, err.Error())
+		return RekeyStats{}, fmt.Errorf("%w: create the copy: %s", vault.ErrStorage, err.Error())
 	}
 	tmpPath := tmp.Name()
 	_ = tmp.Close()
@@ -115,12 +116,12 @@ func rekey(ctx context.Context, path string, oldKey, newKey []byte, opts RekeyOp
 		}
 	}()
 	// The copy is synced once, at the end: it becomes the database only after.
-	dst, err := bolt.Open(tmpPath, 0o600, &bolt.Options{Timeout: opts.OpenTimeout, NoSync: true})
+	dst, err := bbolt.Open(tmpPath, 0o600, &bbolt.Options{Timeout: opts.OpenTimeout, NoSync: true})
 	if err != nil {
 		return RekeyStats{}, translate(err)
 	}
 	c := &rekeyCopy{from: from, to: to, dst: dst, batch: opts.batch, hook: hook}
-	err = src.View(func(stx *bolt.Tx) error { return c.copyAll(ctx, stx) })
+	err = src.View(func(stx *bbolt.Tx) error { return c.copyAll(ctx, stx) })
 	if cerr := ctx.Err(); err != nil && cerr != nil {
 		err = cerr // not a storage failure
 	} else {
@@ -130,7 +131,7 @@ func rekey(ctx context.Context, path string, oldKey, newKey []byte, opts RekeyOp
 		err = translate(dst.Sync())
 	}
 	if err == nil {
-		err = translate(dst.View(func(tx *bolt.Tx) error { return checkRekeySource(tx, to) }))
+		err = translate(dst.View(func(tx *bbolt.Tx) error { return checkRekeySource(tx, to) }))
 	}
 	if cerr := dst.Close(); err == nil {
 		err = translate(cerr)
@@ -140,7 +141,7 @@ func rekey(ctx context.Context, path string, oldKey, newKey []byte, opts RekeyOp
 	}
 	hook("copied")
 	if err := os.Rename(tmpPath, path); err != nil {
-		return RekeyStats{}, fmt.Errorf("%w: rename the copy into place: %s", ErrStorage, err.Error())
+		return RekeyStats{}, fmt.Errorf("%w: rename the copy into place: %s", vault.ErrStorage, err.Error())
 	}
 	renamed = true
 	hook("renamed")
@@ -158,11 +159,11 @@ func rekeyTempPrefix(path string) string { return "." + filepath.Base(path) + ".
 func removeRekeyLeftovers(path string) error {
 	leftovers, err := filepath.Glob(filepath.Join(filepath.Dir(path), rekeyTempPrefix(path)+"*"))
 	if err != nil {
-		return fmt.Errorf("%w: %s", ErrStorage, err.Error())
+		return fmt.Errorf("%w: %s", vault.ErrStorage, err.Error())
 	}
 	for _, f := range leftovers {
 		if err := os.Remove(f); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			return fmt.Errorf("%w: remove the leftover %s: %s", ErrStorage, f, err.Error())
+			return fmt.Errorf("%w: remove the leftover %s: %s", vault.ErrStorage, f, err.Error())
 		}
 	}
 	return nil
@@ -172,40 +173,36 @@ func removeRekeyLeftovers(path string) error {
 func syncDirectory(dir string) error {
 	d, err := os.Open(dir)
 	if err != nil {
-		return fmt.Errorf("%w: %s", ErrStorage, err.Error())
+		return fmt.Errorf("%w: %s", vault.ErrStorage, err.Error())
 	}
 	defer d.Close()
 	if err := d.Sync(); err != nil {
-		return fmt.Errorf("%w: sync %s: %s", ErrStorage, dir, err.Error())
+		return fmt.Errorf("%w: sync %s: %s", vault.ErrStorage, dir, err.Error())
 	}
 	return nil
 }
 
 // checkRekeySource checks that tx is a keybrake database this code can read
 // whose master key check opens with sl.
-func checkRekeySource(tx *bolt.Tx, sl *sealer) error {
-	meta := tx.Bucket(bucketMeta)
+func checkRekeySource(tx *bbolt.Tx, sl *engine.Sealer) error {
+	meta := tx.Bucket([]byte(engine.BucketMeta.Name()))
 	if meta == nil {
-		return fmt.Errorf("not a keybrake database (no meta bucket): %w", ErrStorage)
+		return fmt.Errorf("not a keybrake database (no meta bucket): %w", vault.ErrStorage)
 	}
-	v := meta.Get(metaSchemaVersion)
+	v := meta.Get(engine.MetaSchemaVersion)
 	if len(v) != 8 {
-		return fmt.Errorf("schema version missing or malformed: %w", ErrSchemaVersion)
+		return fmt.Errorf("schema version missing or malformed: %w", vault.ErrSchemaVersion)
 	}
-	if got := binary.BigEndian.Uint64(v); got > schemaVersion {
-		return fmt.Errorf("database schema version %d is newer than this keybrake's %d: %w", got, schemaVersion, ErrSchemaVersion)
+	if got := binary.BigEndian.Uint64(v); got > engine.SchemaVersion {
+		return fmt.Errorf("database schema version %d is newer than this keybrake's %d: %w", got, engine.SchemaVersion, vault.ErrSchemaVersion)
 	}
-	pt, err := sl.open(meta.Get(metaMasterCheck), checkAD)
-	if err != nil || !bytes.Equal(pt, checkPlaintext) {
-		return fmt.Errorf("master key does not match the database: %w", ErrSealed)
-	}
-	return nil
+	return sl.CheckMaster(meta.Get(engine.MetaMasterCheck))
 }
 
 // rekeyCopy copies a database into dst, sealing every sealed value again.
 type rekeyCopy struct {
-	from, to *sealer
-	dst      *bolt.DB
+	from, to *engine.Sealer
+	dst      *bbolt.DB
 	batch    int
 	hook     func(string)
 	stats    RekeyStats
@@ -213,8 +210,8 @@ type rekeyCopy struct {
 
 // copyAll copies every top-level bucket of stx, in transactions of at most c.batch
 // entries, with their sequences.
-func (c *rekeyCopy) copyAll(ctx context.Context, stx *bolt.Tx) error {
-	return stx.ForEach(func(name []byte, sb *bolt.Bucket) error {
+func (c *rekeyCopy) copyAll(ctx context.Context, stx *bbolt.Tx) error {
+	return stx.ForEach(func(name []byte, sb *bbolt.Bucket) error {
 		tx, err := c.dst.Begin(true)
 		if err != nil {
 			return err
@@ -267,7 +264,7 @@ func (c *rekeyCopy) copyAll(ctx context.Context, stx *bolt.Tx) error {
 
 // copyBucket copies the nested bucket sb, entries, sub-buckets and sequence, as
 // the bucket name under parent.
-func copyBucket(sb, parent *bolt.Bucket, name []byte) error {
+func copyBucket(sb, parent *bbolt.Bucket, name []byte) error {
 	db, err := parent.CreateBucket(name)
 	if err != nil {
 		return fmt.Errorf("create nested bucket %q: %w", name, err)
@@ -283,62 +280,21 @@ func copyBucket(sb, parent *bolt.Bucket, name []byte) error {
 	})
 }
 
-// reseal returns the value to write for the entry k of bucket b: the entry with its
-// sealed value opened with the old key and sealed with the new one, or the entry
-// as it is when it holds nothing sealed. Every value sealed anywhere in the store
-// is handled here (a test holds the list and the package's sealing calls together).
+// reseal returns the value to write for the entry k of bucket: its sealed
+// value sealed again under the new key (engine.Reseal), counted.
 func (c *rekeyCopy) reseal(bucket, k, v []byte) ([]byte, error) {
-	switch {
-	case bytes.Equal(bucket, bucketMeta) && bytes.Equal(k, metaMasterCheck):
-		return c.again(v, checkAD)
-	case bytes.Equal(bucket, bucketUpstreams):
-		var r upstreamRec
-		if err := decodeJSON(k, v, &r); err != nil {
-			return nil, err
-		}
-		var err error
-		if r.SealedSecret, err = c.again(r.SealedSecret, upstreamAD(string(k))); err != nil {
-			return nil, fmt.Errorf("upstream %s: %w", k, err)
-		}
+	b, ok := engine.BucketByName(string(bucket))
+	if !ok {
+		return v, nil // not keybrake's: copied as it is
+	}
+	out, kind, err := engine.Reseal(b, k, v, c.from, c.to)
+	switch kind {
+	case engine.ResealedUpstream:
 		c.stats.Upstreams++
-		return json.Marshal(&r)
-	case bytes.Equal(bucket, bucketIdem):
-		var r recordRec
-		if err := decodeJSON(k, v, &r); err != nil {
-			return nil, err
-		}
-		if r.Response == nil || r.Response.SealedBody == nil {
-			return v, nil
-		}
-		var err error
-		if r.Response.SealedBody, err = c.again(r.Response.SealedBody, responseAD(r.KeyID, r.Idem)); err != nil {
-			return nil, fmt.Errorf("stored response of %s: %w", r.KeyID, err)
-		}
+	case engine.ResealedResponse:
 		c.stats.Responses++
-		return json.Marshal(&r)
-	case bytes.Equal(bucket, bucketClaims):
-		var r claimRec
-		if err := decodeJSON(k, v, &r); err != nil {
-			return nil, err
-		}
-		if r.SealedResult == nil {
-			return v, nil
-		}
-		var err error
-		if r.SealedResult, err = c.again(r.SealedResult, claimAD(r.KeyID, r.Key)); err != nil {
-			return nil, fmt.Errorf("claim result of %s: %w", r.KeyID, err)
-		}
+	case engine.ResealedClaimResult:
 		c.stats.ClaimResults++
-		return json.Marshal(&r)
 	}
-	return v, nil
-}
-
-// again opens sealed with the old key and seals the plaintext with the new one.
-func (c *rekeyCopy) again(sealed, ad []byte) ([]byte, error) {
-	pt, err := c.from.open(sealed, ad)
-	if err != nil {
-		return nil, err
-	}
-	return c.to.seal(pt, ad)
+	return out, err
 }
