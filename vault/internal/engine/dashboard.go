@@ -24,10 +24,10 @@ import (
 // Bounds on the ledger events one dashboard query decodes. They are variables so
 // that tests can lower them.
 var (
-	// spendScanLimit bounds DailySpend's walk of one key's ledger.
-	spendScanLimit = 200_000
-	// refusalScanLimit bounds Overview's walk of every key's recent ledger.
-	refusalScanLimit = 100_000
+	// SpendScanLimit bounds DailySpend's walk of one key's ledger.
+	SpendScanLimit = 200_000
+	// RefusalScanLimit bounds Overview's walk of every key's recent ledger.
+	RefusalScanLimit = 100_000
 )
 
 // KeysUsage returns each key of ids with its windows at the store clock and their
@@ -120,13 +120,13 @@ func spendDays(p *policy.Policy, now time.Time) ([]vault.DaySpend, error) {
 // sumDailyDeltas adds the deltas of keyID's ledger events to the days they apply
 // to, back to the first event a day older than the first day (a hold settles on
 // the window it was placed on, even the next day; the margin covers a change of
-// time zone), at most spendScanLimit events.
+// time zone), at most SpendScanLimit events.
 func sumDailyDeltas(tx Tx, keyID string, days []vault.DaySpend) (truncated bool, err error) {
 	index := make(map[string]int, len(days))
 	for i, d := range days {
 		index["day:"+d.Date] = i
 	}
-	_, truncated, err = recentEvents(tx, keyID, days[0].Start.Add(-24*time.Hour), spendScanLimit, func(e vault.Event) {
+	_, truncated, err = recentEvents(tx, keyID, days[0].Start.Add(-24*time.Hour), SpendScanLimit, func(e vault.Event) {
 		for _, w := range e.WindowIDs {
 			if i, ok := index[w]; ok {
 				days[i].Committed += e.CommittedDelta
@@ -259,7 +259,7 @@ func overviewKeysTx(tx Tx, now time.Time, ov *vault.Overview, opts vault.Overvie
 				ov.NearCap = append(ov.NearCap, vault.NearCap{Key: key, Window: w, Counter: c, Percent: pct})
 			}
 		}
-		n, truncated, err := recentEvents(tx, key.ID, ov.RefusalsSince, refusalScanLimit-scanned, func(e vault.Event) {
+		n, truncated, err := recentEvents(tx, key.ID, ov.RefusalsSince, RefusalScanLimit-scanned, func(e vault.Event) {
 			if e.Decision == vault.DecisionRefused || e.Decision == vault.DecisionWouldRefuse {
 				refusals[refusalKey{e.Decision, e.Reason}]++
 			}
