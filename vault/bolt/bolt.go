@@ -241,12 +241,8 @@ func translate(err error) error {
 		errors.Is(err, bolterrors.ErrIncompatibleValue), errors.Is(err, bolterrors.ErrMaxSizeReached):
 		return fmt.Errorf("%w: %s", vault.ErrStorage, err.Error())
 	}
-	for _, known := range []error{vault.ErrNotFound, vault.ErrConflict, vault.ErrInvalid, vault.ErrKeyInvalid,
-		vault.ErrKeyRevoked, vault.ErrKeyExpired, vault.ErrSealed, vault.ErrClosed, vault.ErrLocked,
-		vault.ErrSchemaVersion, vault.ErrStorage, vault.ErrInvariant, context.Canceled, context.DeadlineExceeded} {
-		if errors.Is(err, known) {
-			return err
-		}
+	if engine.IsVaultError(err) {
+		return err
 	}
 	// I/O errors and anything else from the engine: keep the text, not the chain.
 	return fmt.Errorf("%w: %s", vault.ErrStorage, err.Error())

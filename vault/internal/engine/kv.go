@@ -2,7 +2,10 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"time"
+
+	"github.com/keybrake/keybrake/vault"
 )
 
 // Bucket names one keyspace of the store. The engine writes every record as a
@@ -139,4 +142,17 @@ func forEach(tx Tx, b Bucket, fn func(k, v []byte) error) error {
 		}
 	}
 	return nil
+}
+
+// IsVaultError reports whether err is one of the vault's sentinels or a
+// context's error, which a backend passes on as it is.
+func IsVaultError(err error) bool {
+	for _, known := range []error{vault.ErrNotFound, vault.ErrConflict, vault.ErrInvalid, vault.ErrKeyInvalid,
+		vault.ErrKeyRevoked, vault.ErrKeyExpired, vault.ErrSealed, vault.ErrClosed, vault.ErrLocked,
+		vault.ErrSchemaVersion, vault.ErrStorage, vault.ErrInvariant, context.Canceled, context.DeadlineExceeded} {
+		if errors.Is(err, known) {
+			return true
+		}
+	}
+	return false
 }
