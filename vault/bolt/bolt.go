@@ -10,7 +10,9 @@
 package bolt
 
 import (
+	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -276,7 +278,25 @@ func (t *tx) bucket(b engine.Bucket) *bbolt.Bucket {
 
 func (t *tx) Get(b engine.Bucket, k []byte) ([]byte, error) { return t.bucket(b).Get(k), nil }
 
+func (t *tx) GetMany(b engine.Bucket, keys [][]byte) ([][]byte, error) {
+	bk := t.bucket(b)
+	out := make([][]byte, len(keys))
+	for i, k := range keys {
+		out[i] = bk.Get(k)
+	}
+	return out, nil
+}
+
 func (t *tx) Put(b engine.Bucket, k, v []byte) error { return t.bucket(b).Put(k, v) }
+
+func (t *tx) Append(b engine.Bucket, prefix, v []byte) error {
+	bk := t.bucket(b)
+	seq, err := bk.NextSequence()
+	if err != nil {
+		return err
+	}
+	return bk.Put(binary.BigEndian.AppendUint64(bytes.Clone(prefix), seq), v)
+}
 
 // Insert is Put after a check: with one writer at a time, a key the engine
 // found free in this transaction is still free, so a key that is taken is a

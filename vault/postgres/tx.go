@@ -42,14 +42,16 @@ func tableNames() []string {
 
 // SQL of each bucket, built once.
 var queries = func() (q [engine.NumBuckets]struct {
-	get, getForUpdate, put, insert, del, nextval, first, last, from, after, before string
+	get, getForUpdate, getMany, put, insert, appendSeq, del, nextval, first, last, from, after, before string
 }) {
 	for _, b := range engine.Buckets() {
 		t := table(b)
 		q[b].get = "SELECT v FROM " + t + " WHERE k = $1"
 		q[b].getForUpdate = q[b].get + " FOR UPDATE"
+		q[b].getMany = "SELECT k, v FROM " + t + " WHERE k = ANY($1::bytea[])"
 		q[b].put = "INSERT INTO " + t + " (k, v) VALUES ($1, $2) ON CONFLICT (k) DO UPDATE SET v = EXCLUDED.v"
 		q[b].insert = "INSERT INTO " + t + " (k, v) VALUES ($1, $2)"
+		q[b].appendSeq = "INSERT INTO " + t + " (k, v) VALUES ($1 || int8send(nextval('" + t + "_seq')), $2)"
 		q[b].del = "DELETE FROM " + t + " WHERE k = $1"
 		q[b].nextval = "SELECT nextval('" + t + "_seq')"
 		q[b].first = "SELECT k, v FROM " + t + " ORDER BY k LIMIT $1"
@@ -200,6 +202,12 @@ const (
 	opDelete
 )
 
+// appended is an entry of Append, buffered.
+type appended struct {
+	b         engine.Bucket
+	prefix, v []byte
+}
+
 type opKey struct {
 	b engine.Bucket
 	k string
@@ -211,14 +219,16 @@ type opKey struct {
 // with the COMMIT in one round trip — or before a cursor's query, which must
 // see them.
 type tx struct {
-	ctx    context.Context
-	s      *backend
-	conn   *pgx.Conn
-	write  bool
-	ops    map[opKey]*op
-	order  []opKey
-	locked map[string]bool
-	err    error // the first failure of a cursor
+	ctx   context.Context
+	s     *backend
+	conn  *pgx.Conn
+	write bool
+	ops   map[opKey]*op
+	order []opKey
+	// appends are the entries of Append, whose keys the database completes.
+	appends []appended
+	locked  map[string]bool
+	err     error // the first failure of a cursor
 }
 
 // begin starts the transaction and reads the database's clock, in one round
@@ -264,7 +274,7 @@ func (t *tx) commit() error {
 
 // flush sends the buffered writes, so that a query sees them.
 func (t *tx) flush() error {
-	if len(t.order) == 0 {
+	if len(t.order) == 0 && len(t.appends) == 0 {
 		return nil
 	}
 	return t.send(t.batch())
@@ -286,7 +296,10 @@ func (t *tx) batch() *pgx.Batch {
 			b.Queue(q.del, []byte(k.k))
 		}
 	}
-	t.ops, t.order = nil, nil
+	for _, a := range t.appends {
+		b.Queue(queries[a.b].appendSeq, a.prefix, a.v)
+	}
+	t.ops, t.order, t.appends = nil, nil, nil
 	return b
 }
 
@@ -355,6 +368,51 @@ func (t *tx) Get(b engine.Bucket, k []byte) ([]byte, error) {
 		t.markLocked(string(k))
 	}
 	return v, nil
+}
+
+func (t *tx) GetMany(b engine.Bucket, keys [][]byte) ([][]byte, error) {
+	out := make([][]byte, len(keys))
+	var missing [][]byte
+	for i, k := range keys {
+		if o, ok := t.buffered(b, k); ok {
+			if o.kind != opDelete {
+				out[i] = o.v
+			}
+			continue
+		}
+		missing = append(missing, k)
+	}
+	if len(missing) == 0 {
+		return out, nil
+	}
+	rows, err := t.conn.Query(t.ctx, queries[b].getMany, missing)
+	t.s.roundTrips.Add(1)
+	if err != nil {
+		return nil, err
+	}
+	found := map[string][]byte{}
+	for rows.Next() {
+		var k, v []byte
+		if err := rows.Scan(&k, &v); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		found[string(k)] = v
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	for i, k := range keys {
+		if v, ok := found[string(k)]; ok {
+			out[i] = v
+		}
+	}
+	return out, nil
+}
+
+func (t *tx) Append(b engine.Bucket, prefix, v []byte) error {
+	t.appends = append(t.appends, appended{b: b, prefix: bytes.Clone(prefix), v: bytes.Clone(v)})
+	return nil
 }
 
 func (t *tx) Put(b engine.Bucket, k, v []byte) error {

@@ -68,4 +68,8 @@ var suite = []struct {
 	{"RecordEvent", testRecordEvent},
 	{"TimeZoneChangeCarriesTheDay", testTimeZoneChangeCarriesTheDay},
 	{"TimeZoneChangeTopsUpAndKeepsTheInvariant", testTimeZoneChangeTopsUpAndKeepsTheInvariant},
+	{"LapsedLeaseBecomesUnknown", testLapsedLeaseBecomesUnknown},
+	{"DaylightSavingDay", testDaylightSavingDay},
+	{"NoSecretOrTokenStored", testNoSecretOrTokenStored},
+	{"Backup", testBackup},
 }

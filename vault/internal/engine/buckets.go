@@ -172,6 +172,29 @@ func getCounter(tx Tx, keyID, windowID string) (counter, bool, error) {
 	return c, true, err
 }
 
+// getCounters reads the counters of a key's windows in one go; a window
+// without one has a zero counter.
+func getCounters(tx Tx, keyID string, windowIDs []string) ([]counter, error) {
+	keys := make([][]byte, len(windowIDs))
+	for i, id := range windowIDs {
+		keys[i] = counterKey(keyID, id)
+	}
+	vals, err := tx.GetMany(BucketCounters, keys)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]counter, len(windowIDs))
+	for i, v := range vals {
+		if v == nil {
+			continue
+		}
+		if out[i], err = decodeCounter(v); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
 func putCounter(tx Tx, keyID, windowID string, c counter) error {
 	if err := tx.Put(BucketCounters, counterKey(keyID, windowID), c.encode()); err != nil {
 		return fmt.Errorf("put counter %s/%s: %w", keyID, windowID, err)

@@ -340,15 +340,29 @@ func keyUsageTx(tx Tx, now time.Time, id string) (vault.Key, []policy.Window, po
 
 // readUsage reads the counters of windows into a policy.Usage.
 func readUsage(tx Tx, keyID string, windows []policy.Window) (policy.Usage, error) {
+	counters, err := getCounters(tx, keyID, windowIDs(windows))
+	if err != nil {
+		return nil, err
+	}
+	return usageOf(windows, counters), nil
+}
+
+// usageOf is the policy's view of the counters of windows.
+func usageOf(windows []policy.Window, counters []counter) policy.Usage {
 	usage := make(policy.Usage, len(windows))
-	for _, w := range windows {
-		c, ok, err := getCounter(tx, keyID, w.ID)
-		if err != nil {
-			return nil, err
-		}
-		if ok {
+	for i, w := range windows {
+		if c := counters[i]; c != (counter{}) {
 			usage[w.ID] = policy.Counter{Committed: c.Committed, Held: c.Held}
 		}
 	}
-	return usage, nil
+	return usage
+}
+
+// windowIDs lists the ids of windows.
+func windowIDs(windows []policy.Window) []string {
+	ids := make([]string, len(windows))
+	for i, w := range windows {
+		ids[i] = w.ID
+	}
+	return ids
 }

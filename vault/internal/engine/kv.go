@@ -78,6 +78,9 @@ type Tx interface {
 	// transaction, a Get from BucketKeys or BucketUpstreams locks the entry
 	// until the transaction ends (see LockKey).
 	Get(b Bucket, k []byte) ([]byte, error)
+	// GetMany returns the values under keys, in their order: nil where there
+	// is none. A backend over a network reads them in one round trip.
+	GetMany(b Bucket, keys [][]byte) ([][]byte, error)
 	// Put writes v under k, replacing any value.
 	Put(b Bucket, k, v []byte) error
 	// Insert writes v under k, which the engine has found to be free in this
@@ -86,6 +89,10 @@ type Tx interface {
 	Insert(b Bucket, k, v []byte) error
 	// Delete removes k; deleting a missing key is no error.
 	Delete(b Bucket, k []byte) error
+	// Append writes v under prefix followed by the bucket's next sequence
+	// number (8 bytes, big-endian): an entry that sorts after every entry of
+	// prefix written before it.
+	Append(b Bucket, prefix, v []byte) error
 	// NextSequence returns the bucket's next sequence number: greater than
 	// every number it returned before, never handed out twice (gaps allowed).
 	NextSequence(b Bucket) (uint64, error)

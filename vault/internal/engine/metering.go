@@ -20,7 +20,10 @@ type reservePlan struct {
 	claim   bool       // record is new: a fresh claim of its idempotency key
 	newHold bool       // add the record's hold amount to held on every window
 	windows []policy.Window
-	event   *vault.Event
+	// counters are the windows' counters as the plan read them, which the
+	// hold is added to.
+	counters []counter
+	event    *vault.Event
 }
 
 func validateReserve(req *vault.ReserveRequest) error {
@@ -80,15 +83,17 @@ func (s *Engine) planNew(tx Tx, now time.Time, req *vault.ReserveRequest, res va
 		return nil, fmt.Errorf("key %s windows: %w", key.ID, err)
 	}
 	usage := policy.Usage{}
+	var counters []counter
 	if req.Metered {
 		// An unmetered request holds nothing, so only the non-cap rules may refuse it.
-		if usage, err = readUsage(tx, key.ID, windows); err != nil {
+		if counters, err = getCounters(tx, key.ID, windowIDs(windows)); err != nil {
 			return nil, err
 		}
+		usage = usageOf(windows, counters)
 	}
 	dec := policy.Decide(&key.Policy, usage, req.Request, now)
 	res.Decision = dec
-	pl := &reservePlan{}
+	pl := &reservePlan{counters: counters}
 	if !dec.Allowed {
 		res.Outcome = vault.ReserveRefused
 		pl.res = accept(res)
@@ -218,10 +223,7 @@ func (pl *reservePlan) placeHold(tx Tx) error {
 	amount := r.Hold.Amount
 	var excused []int64
 	for i, w := range pl.windows {
-		c, _, err := getCounter(tx, r.KeyID, w.ID)
-		if err != nil {
-			return err
-		}
+		c := pl.counters[i]
 		if w.HasCap {
 			c.CapPeak = max(c.CapPeak, w.Cap)
 			if pl.res.val.Decision.WouldRefuse {
@@ -251,11 +253,12 @@ func (pl *reservePlan) placeHold(tx Tx) error {
 
 // addToWindows moves money on a hold's windows.
 func addToWindows(tx Tx, keyID string, windowIDs []string, heldDelta, committedDelta, allowance int64) error {
-	for _, id := range windowIDs {
-		c, _, err := getCounter(tx, keyID, id)
-		if err != nil {
-			return err
-		}
+	counters, err := getCounters(tx, keyID, windowIDs)
+	if err != nil {
+		return err
+	}
+	for i, id := range windowIDs {
+		c := counters[i]
 		c.Held += heldDelta
 		c.Committed += committedDelta
 		c.Allowance += allowance

@@ -391,19 +391,20 @@ type eventRec struct {
 
 // putEvent appends an event to its key's ledger, assigning its id.
 func putEvent(tx Tx, e *vault.Event) error {
-	seq, err := tx.NextSequence(BucketEvents)
-	if err != nil {
-		return fmt.Errorf("event sequence: %w", err)
-	}
-	e.ID = seqID("evt_", seq)
-	k := append(append([]byte(e.KeyID), 0), u64(seq)...)
-	return putJSON(tx, BucketEvents, k, &eventRec{
+	v, err := json.Marshal(&eventRec{
 		Time: e.Time, KeyID: e.KeyID, Operation: e.Operation, Amount: e.Amount, Currency: e.Currency,
 		Decision: e.Decision, Reason: e.Reason, HoldID: e.HoldID, HoldState: e.HoldState,
 		UpstreamStatus: e.UpstreamStatus, StripeRequestID: e.StripeRequestID, ObjectID: e.ObjectID, Tool: e.Tool,
 		WindowIDs: e.WindowIDs, HeldDelta: e.HeldDelta, CommittedDelta: e.CommittedDelta,
 		AllowanceDeltas: e.AllowanceDeltas,
 	})
+	if err != nil {
+		return fmt.Errorf("encode event: %w", err)
+	}
+	if err := tx.Append(BucketEvents, append([]byte(e.KeyID), 0), v); err != nil {
+		return fmt.Errorf("append event: %w", err)
+	}
+	return nil
 }
 
 // decodeEvent decodes a stored event; k is its events bucket key.

@@ -147,7 +147,16 @@ func ReserveInTwoTransactions(e *Engine, ctx context.Context, req vault.ReserveR
 		return vault.ReserveResult{}, err
 	}
 	between()
-	if err := e.submit(ctx, func(tx Tx, _ time.Time) error { return pl.apply(tx) }); err != nil {
+	err = e.submit(ctx, func(tx Tx, _ time.Time) error {
+		if pl.newHold { // the hold is added to the counters as they are now
+			var err error
+			if pl.counters, err = getCounters(tx, pl.record.KeyID, windowIDs(pl.windows)); err != nil {
+				return err
+			}
+		}
+		return pl.apply(tx)
+	})
+	if err != nil {
 		return vault.ReserveResult{}, err
 	}
 	return pl.res.val, pl.res.err
