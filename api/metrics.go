@@ -130,7 +130,7 @@ func newStoreCollector(store vault.Store) *storeCollector {
 		unknown: prometheus.NewDesc("keybrake_holds_unknown",
 			"Holds whose outcome is unknown (Stripe gave no answer): money that may have moved, waiting for a retry with the same idempotency key or an operator (GET /api/v1/holds?state=unknown).", nil, nil),
 		size: prometheus.NewDesc("keybrake_store_size_bytes",
-			"Size of the database file on disk.", nil, nil),
+			"Size of the store on disk: the bbolt database file, or keybrake's tables in PostgreSQL (with their indexes).", nil, nil),
 		active: prometheus.NewDesc("keybrake_keys_active",
 			"Vault keys that are neither revoked nor expired.", nil, nil),
 		nearCap: prometheus.NewDesc("keybrake_keys_near_cap",

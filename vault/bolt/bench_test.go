@@ -2,11 +2,8 @@ package bolt
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"path/filepath"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -25,55 +22,6 @@ func benchStore(b *testing.B) (*Store, string) {
 	vaulttest.MustUpstream(b, s, "sk_test_abcdef1234")
 	k, _ := vaulttest.MustMint(b, s, "bench", vaulttest.Policy(b, "", "1000000000", ""), nil)
 	return s, k.ID
-}
-
-// runConcurrent runs op b.N times spread over exactly callers goroutines.
-func runConcurrent(b *testing.B, callers int, op func(i int64) error) {
-	b.Helper()
-	var next atomic.Int64
-	errs := make(chan error, callers)
-	b.ResetTimer()
-	for range callers {
-		go func() {
-			for {
-				i := next.Add(1) - 1
-				if i >= int64(b.N) {
-					errs <- nil
-					return
-				}
-				if err := op(i); err != nil {
-					errs <- err
-					return
-				}
-			}
-		}()
-	}
-	for range callers {
-		if err := <-errs; err != nil {
-			b.Fatal(err)
-		}
-	}
-	b.StopTimer()
-	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "ops/s")
-	b.ReportMetric(b.Elapsed().Seconds()*1e3*float64(callers)/float64(b.N), "ms/call")
-}
-
-// BenchmarkReserve measures hold + claim (one durable, group-committed write
-// transaction per batch) at 1, 8 and 64 concurrent callers.
-func BenchmarkReserve(b *testing.B) {
-	for _, callers := range []int{1, 8, 64} {
-		b.Run(fmt.Sprintf("callers=%d", callers), func(b *testing.B) {
-			s, keyID := benchStore(b)
-			ctx := context.Background()
-			runConcurrent(b, callers, func(i int64) error {
-				res, err := s.Reserve(ctx, vaulttest.Charge(keyID, fmt.Sprintf("bench-%d", i), 100))
-				if err == nil && res.Outcome != vault.ReserveClaimed {
-					err = fmt.Errorf("outcome %d", res.Outcome)
-				}
-				return err
-			})
-		})
-	}
 }
 
 // BenchmarkCommitterVersusBatch compares the store's group committer (commit.go)
@@ -106,7 +54,7 @@ func BenchmarkCommitterVersusBatch(b *testing.B) {
 						return res, err
 					}
 				}
-				runConcurrent(b, callers, func(i int64) error {
+				vaulttest.RunConcurrent(b, callers, func(i int64) error {
 					res, err := reserve(vaulttest.Charge(keyID, fmt.Sprintf("bench-%d", i), 100))
 					if err == nil && res.Outcome != vault.ReserveClaimed {
 						err = fmt.Errorf("outcome %d", res.Outcome)
@@ -115,25 +63,6 @@ func BenchmarkCommitterVersusBatch(b *testing.B) {
 				})
 			})
 		}
-	}
-}
-
-// BenchmarkReserveSettle measures a whole metered request: Reserve then Settle
-// (commit), two durable write transactions, at 1, 8 and 64 concurrent callers.
-func BenchmarkReserveSettle(b *testing.B) {
-	for _, callers := range []int{1, 8, 64} {
-		b.Run(fmt.Sprintf("callers=%d", callers), func(b *testing.B) {
-			s, keyID := benchStore(b)
-			ctx := context.Background()
-			runConcurrent(b, callers, func(i int64) error {
-				key := fmt.Sprintf("bench-%d", i)
-				if _, err := s.Reserve(ctx, vaulttest.Charge(keyID, key, 100)); err != nil {
-					return err
-				}
-				return s.Settle(ctx, vault.SettleRequest{KeyID: keyID, IdempotencyKey: key, Outcome: vault.SettleCommit, Amount: 100,
-					Response: &vault.StoredResponse{Status: 200, Body: []byte(`{"id":"ch_123","object":"charge","amount":100}`)}})
-			})
-		})
 	}
 }
 
@@ -174,35 +103,20 @@ func BenchmarkSummarizeUsage(b *testing.B) {
 	}
 }
 
-// BenchmarkSettle measures the settle alone (commit, the answer stored for
-// replay: one durable write transaction per batch) at 1, 8 and 64 concurrent
-// callers; the records it settles are reserved before the timer starts.
-func BenchmarkSettle(b *testing.B) {
-	for _, callers := range []int{1, 8, 64} {
-		b.Run(fmt.Sprintf("callers=%d", callers), func(b *testing.B) {
-			s, keyID := benchStore(b)
-			ctx := context.Background()
-			var reserved atomic.Int64
-			fill := make([]error, 64)
-			var wg sync.WaitGroup
-			for w := range fill {
-				wg.Go(func() {
-					for i := reserved.Add(1) - 1; i < int64(b.N); i = reserved.Add(1) - 1 {
-						if _, err := s.Reserve(ctx, vaulttest.Charge(keyID, fmt.Sprintf("bench-%d", i), 100)); err != nil {
-							fill[w] = err
-							return
-						}
-					}
-				})
-			}
-			wg.Wait()
-			if err := errors.Join(fill...); err != nil {
-				b.Fatal(err)
-			}
-			runConcurrent(b, callers, func(i int64) error {
-				return s.Settle(ctx, vault.SettleRequest{KeyID: keyID, IdempotencyKey: fmt.Sprintf("bench-%d", i), Outcome: vault.SettleCommit, Amount: 100,
-					Response: &vault.StoredResponse{Status: 200, Body: []byte(`{"id":"ch_123","object":"charge","amount":100}`)}})
-			})
-		})
-	}
+// openForBenchmark opens a store in a temporary directory with durable commits.
+func openForBenchmark(b *testing.B) vault.Store {
+	s, err := Open(filepath.Join(b.TempDir(), "keybrake.db"), Options{MasterKey: vaulttest.MasterKey,
+		Now: vaulttest.NewClock(vaulttest.T0).Now, Logger: vaulttest.QuietLogger()})
+	require.NoError(b, err)
+	return s
 }
+
+// BenchmarkReserve measures hold + claim (one durable, group-committed write
+// transaction per batch) at 1, 8 and 64 concurrent callers.
+func BenchmarkReserve(b *testing.B) { vaulttest.BenchmarkReserve(b, openForBenchmark) }
+
+// BenchmarkReserveSettle measures a whole metered request: Reserve then Settle.
+func BenchmarkReserveSettle(b *testing.B) { vaulttest.BenchmarkReserveSettle(b, openForBenchmark) }
+
+// BenchmarkSettle measures the settle alone.
+func BenchmarkSettle(b *testing.B) { vaulttest.BenchmarkSettle(b, openForBenchmark) }

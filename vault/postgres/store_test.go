@@ -165,3 +165,19 @@ func TestRestartOfPostgreSQL(t *testing.T) {
 	assert.Equal(t, vault.ReserveClaimed, res.Outcome, "the failed attempt left nothing behind")
 	require.NoError(t, s.CheckInvariant(ctx))
 }
+
+// openForBenchmark opens a store on a new database of the test binary's
+// PostgreSQL (fsync on: commits wait for the disk).
+func openForBenchmark(b *testing.B) vault.Store {
+	return mustOpenURL(b, pgtest.URL(b), vaulttest.Options{MasterKey: vaulttest.MasterKey, Now: vaulttest.NewClock(vaulttest.T0).Now})
+}
+
+// BenchmarkReserve measures hold + claim (one transaction, one commit) at 1,
+// 8 and 64 concurrent callers.
+func BenchmarkReserve(b *testing.B) { vaulttest.BenchmarkReserve(b, openForBenchmark) }
+
+// BenchmarkReserveSettle measures a whole metered request: Reserve then Settle.
+func BenchmarkReserveSettle(b *testing.B) { vaulttest.BenchmarkReserveSettle(b, openForBenchmark) }
+
+// BenchmarkSettle measures the settle alone.
+func BenchmarkSettle(b *testing.B) { vaulttest.BenchmarkSettle(b, openForBenchmark) }
