@@ -4,7 +4,6 @@ import (
 	"context"
 	"path/filepath"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -98,12 +97,4 @@ func usageOf(tb testing.TB, s *Store, keyID string) (daily, period policy.Counte
 	require.NoError(tb, err)
 	require.Len(tb, windows, 2)
 	return usage[windows[0].ID], usage[windows[1].ID]
-}
-
-// mustClaim claims and requires no error.
-func mustClaim(tb testing.TB, s *Store, keyID, key, fp string, lease time.Duration) vault.ClaimResult {
-	tb.Helper()
-	res, err := s.Claim(context.Background(), keyID, key, fp, lease)
-	require.NoError(tb, err)
-	return res
 }

@@ -176,6 +176,9 @@ func openForBenchmark(b *testing.B) vault.Store {
 // 8 and 64 concurrent callers.
 func BenchmarkReserve(b *testing.B) { vaulttest.BenchmarkReserve(b, openForBenchmark) }
 
+// BenchmarkReserveManyKeys measures Reserve at 64 callers over 64 keys.
+func BenchmarkReserveManyKeys(b *testing.B) { vaulttest.BenchmarkReserveManyKeys(b, openForBenchmark) }
+
 // BenchmarkReserveSettle measures a whole metered request: Reserve then Settle.
 func BenchmarkReserveSettle(b *testing.B) { vaulttest.BenchmarkReserveSettle(b, openForBenchmark) }
 

@@ -51,6 +51,27 @@ func BenchmarkReserve(b *testing.B, open BenchOpener) {
 	}
 }
 
+// BenchmarkReserveManyKeys measures Reserve at 64 concurrent callers spread
+// over 64 keys, one each: a store that orders the writes under one key (a
+// PostgreSQL row lock) runs different keys' writes side by side.
+func BenchmarkReserveManyKeys(b *testing.B, open BenchOpener) {
+	s, first := benchStore(b, open)
+	const callers = 64
+	keys := []string{first}
+	for i := 1; i < callers; i++ {
+		k, _ := MustMint(b, s, fmt.Sprintf("bench-%d", i), Policy(b, "", "1000000000", ""), nil)
+		keys = append(keys, k.ID)
+	}
+	ctx := context.Background()
+	RunConcurrent(b, callers, func(i int64) error {
+		res, err := s.Reserve(ctx, Charge(keys[i%callers], fmt.Sprintf("bench-%d", i), 100))
+		if err == nil && res.Outcome != vault.ReserveClaimed {
+			err = fmt.Errorf("outcome %d", res.Outcome)
+		}
+		return err
+	})
+}
+
 // BenchmarkReserveSettle measures a whole metered request: Reserve then Settle
 // (commit), two durable write transactions, at 1, 8 and 64 concurrent callers.
 func BenchmarkReserveSettle(b *testing.B, open BenchOpener) {
