@@ -98,8 +98,16 @@ func testDaylightSavingDay(t *testing.T) {
 // every bucket — holds no upstream secret, no token and no stored answer in
 // clear.
 func testNoSecretOrTokenStored(t *testing.T) {
-	ctx := context.Background()
 	s := mustOpen(t, NewClock(T0))
+	AssertNoSecretStored(t, s, func() []byte { return rawStore(t, s) })
+}
+
+// AssertNoSecretStored stores an upstream secret, two tokens of a key, a
+// Stripe answer and a claim's result in s, then requires that none of them is
+// in clear in what stored returns (a store's file, its tables), while the hash
+// of a token, which is stored, is found there.
+func AssertNoSecretStored(t *testing.T, s vault.Store, stored func() []byte) {
+	ctx := context.Background()
 	const secret = "sk_live_SuperSecretValue_9f8e7d6c5b4a"
 	MustUpstream(t, s, secret)
 	k, tok := MustMint(t, s, "k", Policy(t, "99", "", ""), nil)
@@ -113,7 +121,7 @@ func testNoSecretOrTokenStored(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, s.CompleteClaim(ctx, k.ID, "job", c.Claim.FencingToken, []byte(`{"ch":"ch_SecretClaimResult_456"}`)))
 
-	raw := rawStore(t, s)
+	raw := stored()
 	for name, needle := range map[string]string{
 		"secret":            secret,
 		"secret body":       "SuperSecretValue",
