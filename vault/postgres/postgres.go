@@ -98,8 +98,9 @@ type Options struct {
 	UnsafeNow func() time.Time
 }
 
-// DefaultMaxConns is the pool size when the URL does not set pool_max_conns:
-// enough connections for concurrent requests to share PostgreSQL's commits.
+// DefaultMaxConns is the pool size when the URL does not set pool_max_conns
+// (at least 4 per CPU): enough connections for concurrent requests to share
+// PostgreSQL's commits. A pool_max_conns below 2 is raised to 2.
 const DefaultMaxConns = 16
 
 // Store is the vault on PostgreSQL. It is safe for concurrent use, and any
@@ -146,6 +147,9 @@ func open(ctx context.Context, url string, opts Options) (*Store, error) {
 	if !hasParam(url, "pool_max_conns") {
 		cfg.MaxConns = max(DefaultMaxConns, 4*int32(runtime.GOMAXPROCS(0)))
 	}
+	// The reaper keeps one connection for its advisory lock while it reaps
+	// on another.
+	cfg.MaxConns = max(cfg.MaxConns, 2)
 	params := cfg.ConnConfig.RuntimeParams
 	if params["application_name"] == "" {
 		params["application_name"] = "keybrake"

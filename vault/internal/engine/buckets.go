@@ -82,7 +82,7 @@ func insertJSON(tx Tx, b Bucket, key []byte, v any) error {
 }
 
 // getJSON decodes the value under key into v; ok is false when there is none. The
-// decode copies everything out of bbolt's memory.
+// decode copies everything out of the transaction's memory.
 func getJSON(tx Tx, b Bucket, key []byte, v any) (bool, error) {
 	data, err := tx.Get(b, key)
 	if err != nil || data == nil {
@@ -94,7 +94,7 @@ func getJSON(tx Tx, b Bucket, key []byte, v any) (bool, error) {
 	return true, nil
 }
 
-// decodeJSON decodes a value read from bbolt (k names it in errors).
+// decodeJSON decodes a value read from the store (k names it in errors).
 func decodeJSON(k, v []byte, into any) error {
 	if err := json.Unmarshal(v, into); err != nil {
 		return fmt.Errorf("decode %q: %w", k, err)

@@ -106,7 +106,7 @@ func (s *Engine) openResult(r *claimRec) ([]byte, error) {
 }
 
 // Claim claims the unit of work key under the vault key keyID for lease, in one
-// group-committed write transaction that re-reads the key:
+// hot-path write transaction that re-reads the key:
 //
 //	no claim                                → new claim, next fencing token    Claimed
 //	another fingerprint                     → unchanged                        FingerprintMismatch
@@ -194,7 +194,7 @@ func withFencing(rec *claimRec, seq uint64, now time.Time, lease time.Duration) 
 }
 
 // CompleteClaim stores result (JSON) as the outcome of the claim and marks it
-// completed, in one group-committed write transaction that re-reads the key. Only
+// completed, in one hot-path write transaction that re-reads the key. Only
 // the current owner may complete: fencing must be the token its Claim returned. A
 // lapsed lease that nobody took over still belongs to its owner. Completing again
 // with the same token and the same result succeeds (a retried request).
@@ -240,7 +240,7 @@ func (s *Engine) completeClaimTx(tx Tx, now time.Time, owned ownedClaim, result,
 	return accept(noValue{}), putJSON(tx, BucketClaims, owned.k, rec)
 }
 
-// submitOwnedClaim runs op, in one group-committed write, on the claim (keyID,
+// submitOwnedClaim runs op, in one hot-path write, on the claim (keyID,
 // key) when the holder of fencing owns it (ownedClaimTx); otherwise the call is
 // turned down as ownedClaimTx says.
 func (s *Engine) submitOwnedClaim(ctx context.Context, keyID, key string, fencing uint64,
@@ -285,7 +285,7 @@ func (s *Engine) ownedClaimTx(tx Tx, now time.Time, keyID, key string, fencing u
 
 // ReleaseClaim gives an in-progress claim up (a transient failure): it is deleted,
 // so the work can be claimed again at once (with a new, higher fencing token). One
-// group-committed write transaction that re-reads the key.
+// hot-path write transaction that re-reads the key.
 //
 // Errors: ErrInvalid, ErrNotFound (no such claim or vault key), ErrConflict (a
 // stale owner, or the claim is completed), ErrKeyRevoked, ErrKeyExpired, ErrClosed.

@@ -66,7 +66,7 @@ func (s *Engine) walkInChunks(ctx context.Context, bucket Bucket, visit func(tx 
 			}
 			for seen := 0; k != nil; k, v = c.Next() {
 				if seen == chunk {
-					next = bytes.Clone(k) // bbolt's key is valid only inside the transaction
+					next = bytes.Clone(k) // a key is valid only inside the transaction
 					return nil
 				}
 				seen++
@@ -83,10 +83,12 @@ func (s *Engine) walkInChunks(ctx context.Context, bucket Bucket, visit func(tx 
 	}
 }
 
-// Ping proves the store can write: it runs an empty write transaction through the
-// group committer (which bbolt commits with its fsyncs), so a closed store, a
-// stopped committer or a file that can no longer be written fails it. It shares
-// a batch with concurrent writers. Errors: ErrClosed, ErrStorage, ctx's error.
+// Ping proves the store can write: it runs an empty hot-path write transaction
+// (on bbolt through the group committer, sharing a batch with concurrent
+// writers; on PostgreSQL a READ WRITE transaction, which a standby refuses), so
+// a closed store, a stopped committer, a file that can no longer be written or a
+// database that cannot take writes fails it. Errors: ErrClosed, ErrStorage,
+// ctx's error.
 func (s *Engine) Ping(ctx context.Context) error {
 	if err := s.submit(ctx, func(Tx, time.Time) error { return nil }); err != nil {
 		return fmt.Errorf("ping: %w", err)

@@ -365,7 +365,7 @@ func (s *Engine) Reserve(ctx context.Context, req vault.ReserveRequest) (vault.R
 	return res, nil
 }
 
-// Settle applies the outcome in one write transaction, group committed, and writes
+// Settle applies the outcome in one hot-path write transaction and writes
 // the settle event. A commit takes Amount first from the live exposure of ObjectID
 // (oldest part first), then from the request's hold; what is left of the hold
 // becomes the object's exposure (Object.Expose) or is released, and a terminal
@@ -428,7 +428,7 @@ func (s *Engine) ResolveHold(ctx context.Context, actor, holdID string, outcome 
 
 // RecordEvent appends an event that no hold belongs to — a request that moves no
 // money but that report mode let through although the policy would refuse it —
-// to its key's ledger, stamped with the store clock. One group-committed write.
+// to its key's ledger, stamped with the store clock. One hot-path write.
 // Errors: ErrInvalid (no key id, or an event that carries money: holds write
 // their own events), ErrClosed.
 func (s *Engine) RecordEvent(ctx context.Context, e vault.Event) error {
