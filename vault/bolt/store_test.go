@@ -160,3 +160,14 @@ func TestErrorsAreTranslated(t *testing.T) {
 	assert.ErrorIs(t, translate(bolterrors.ErrTimeout), vault.ErrLocked)
 	assert.NotErrorIs(t, translate(bolterrors.ErrTimeout), bolterrors.ErrTimeout, "bbolt errors do not leak")
 }
+
+// TestSizeIsTheFile: bbolt's store size is its file's, as the filesystem
+// sees it.
+func TestSizeIsTheFile(t *testing.T) {
+	s, path := MustOpen(t, vaulttest.NewClock(vaulttest.T0))
+	n, err := s.Size(context.Background())
+	require.NoError(t, err)
+	fi, err := os.Stat(path)
+	require.NoError(t, err)
+	assert.Equal(t, fi.Size(), n, "the file's size")
+}
