@@ -29,7 +29,7 @@ const (
 
 // admin serves the admin REST API.
 type admin struct {
-	store     *vault.Store
+	store     vault.Store
 	log       *slog.Logger
 	secret    []byte
 	publicURL string

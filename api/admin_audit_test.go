@@ -19,6 +19,7 @@ import (
 
 	"github.com/keybrake/keybrake/api"
 	"github.com/keybrake/keybrake/vault"
+	"github.com/keybrake/keybrake/vault/bolt"
 )
 
 // auditEntry is one entry of GET /api/v1/audit.
@@ -191,7 +192,7 @@ func TestAdminBackupIsAConsistentDatabase(t *testing.T) {
 
 	path := filepath.Join(t.TempDir(), "restored.db")
 	require.NoError(t, os.WriteFile(path, r.Body, 0o600))
-	restored, err := vault.Open(path, vault.Options{MasterKey: env.masterKey, Now: env.clock.Now})
+	restored, err := bolt.Open(path, bolt.Options{MasterKey: env.masterKey, Now: env.clock.Now})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = restored.Close() })
 	ctx := context.Background()

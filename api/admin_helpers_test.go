@@ -24,6 +24,7 @@ import (
 	"github.com/keybrake/keybrake/api"
 	"github.com/keybrake/keybrake/policy"
 	"github.com/keybrake/keybrake/vault"
+	"github.com/keybrake/keybrake/vault/bolt"
 )
 
 // adminTestNow is the fixed instant admin tests run at (both the store's and the
@@ -71,7 +72,7 @@ type adminEnv struct {
 	tb          testing.TB
 	srv         *httptest.Server
 	handler     http.Handler
-	store       *vault.Store
+	store       vault.Store
 	dbPath      string
 	masterKey   []byte
 	secret      []byte
@@ -109,7 +110,7 @@ func MustAdminEnv(tb testing.TB, opts ...adminEnvOptions) *adminEnv {
 		logs:      &adminLogBuffer{},
 	}
 	logger := slog.New(slog.NewJSONHandler(env.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	store, err := vault.Open(env.dbPath, vault.Options{MasterKey: env.masterKey, Now: env.clock.Now, Logger: logger})
+	store, err := bolt.Open(env.dbPath, bolt.Options{MasterKey: env.masterKey, Now: env.clock.Now, Logger: logger})
 	require.NoError(tb, err)
 	env.store = store
 	tb.Cleanup(func() { _ = store.Close() })

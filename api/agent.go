@@ -64,7 +64,7 @@ const ctxKeyVaultKey = "keybrake.vault_key"
 
 // agent serves the agent endpoints.
 type agent struct {
-	store   *vault.Store
+	store   vault.Store
 	log     *slog.Logger
 	now     func() time.Time
 	maxBody int64
@@ -162,7 +162,7 @@ func (a *agent) authenticate(next echo.HandlerFunc) echo.HandlerFunc {
 // authenticateVaultKey reads the vault key of h as the proxy does and looks it up:
 // an active key (not-yet-valid included), or the reason it is refused (no,
 // unknown, revoked or expired key), or the store's error.
-func authenticateVaultKey(ctx context.Context, store *vault.Store, log *slog.Logger, h http.Header, remoteAddr string, now time.Time) (key vault.Key, refused string, err error) {
+func authenticateVaultKey(ctx context.Context, store vault.Store, log *slog.Logger, h http.Header, remoteAddr string, now time.Time) (key vault.Key, refused string, err error) {
 	key, kr, err := proxy.AuthenticateVaultKey(ctx, store, h, now)
 	switch {
 	case err != nil:
@@ -227,7 +227,7 @@ func (a *agent) me(c echo.Context) error {
 
 // loadMeView reads the key with this id and its usage in one transaction and shows them as
 // the key may see itself (GET /keybrake/v1/me, the MCP tool get_budget).
-func loadMeView(ctx context.Context, store *vault.Store, id string, now time.Time) (meView, error) {
+func loadMeView(ctx context.Context, store vault.Store, id string, now time.Time) (meView, error) {
 	key, windows, usage, err := store.KeyUsage(ctx, id)
 	if err != nil {
 		return meView{}, fmt.Errorf("usage of %s: %w", id, err)

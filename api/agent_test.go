@@ -30,6 +30,7 @@ import (
 	"github.com/keybrake/keybrake/proxy"
 	"github.com/keybrake/keybrake/proxy/proxytest"
 	"github.com/keybrake/keybrake/vault"
+	"github.com/keybrake/keybrake/vault/bolt"
 )
 
 // agentEnv is the real proxy listener (metering proxy and agent endpoints) on
@@ -37,7 +38,7 @@ import (
 // store, the proxy and the agent endpoints share one settable clock.
 type agentEnv struct {
 	tb     testing.TB
-	store  *vault.Store
+	store  vault.Store
 	clock  *adminTestClock
 	fake   *proxytest.FakeStripe
 	proxy  *proxy.Proxy
@@ -62,7 +63,7 @@ func MustAgentEnv(tb testing.TB) *agentEnv {
 	metrics, err := api.NewMetrics(env.registry, metricsTestVersion)
 	require.NoError(tb, err)
 	env.metrics = metrics
-	store, err := vault.Open(filepath.Join(tb.TempDir(), "keybrake.db"), vault.Options{
+	store, err := bolt.Open(filepath.Join(tb.TempDir(), "keybrake.db"), bolt.Options{
 		MasterKey: bytes.Repeat([]byte{0x24}, 32), Now: env.clock.Now, Logger: logger,
 		CommitObserver: metrics.ObserveCommit,
 	})

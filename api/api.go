@@ -15,7 +15,7 @@ import (
 
 // AdminConfig configures the admin listener's handler.
 type AdminConfig struct {
-	Store     *vault.Store
+	Store     vault.Store
 	Logger    *slog.Logger
 	JWTSecret []byte
 	// PublicURL is the proxy base URL handed out with each minted key (base_url).
@@ -32,7 +32,7 @@ type AdminConfig struct {
 type ProxyConfig struct {
 	// Store serves the agent endpoints (/keybrake/v1/*) and, with Stripe, the MCP
 	// endpoint (/mcp); without one they are not mounted.
-	Store  *vault.Store
+	Store  vault.Store
 	Logger *slog.Logger
 	// Stripe serves /v1/* and /v2/* (the metering proxy); the MCP endpoint runs
 	// its tool calls through it in process.

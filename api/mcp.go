@@ -68,7 +68,7 @@ const mcpInstructions = `This MCP server is keybrake, a spend-cap vault in front
 
 // mcpEndpoint serves the MCP endpoint.
 type mcpEndpoint struct {
-	store   *vault.Store
+	store   vault.Store
 	stripe  http.Handler
 	log     *slog.Logger
 	now     func() time.Time

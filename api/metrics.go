@@ -40,7 +40,7 @@ type Metrics struct {
 
 // NewMetrics registers on reg the build info (version), the Go runtime and process
 // collectors, the store's commit histograms and the reaper's counters. Feed them
-// with ObserveCommit (vault.Options.CommitObserver) and ObserveReap, and add the
+// with ObserveCommit (bolt.Options.CommitObserver) and ObserveReap, and add the
 // store's own gauges with WatchStore once the store is open.
 func NewMetrics(reg prometheus.Registerer, version string) (*Metrics, error) {
 	m := &Metrics{
@@ -86,7 +86,7 @@ func NewMetrics(reg prometheus.Registerer, version string) (*Metrics, error) {
 }
 
 // ObserveCommit records one write transaction of the store's group committer; it
-// is a vault.Options.CommitObserver.
+// is a bolt.Options.CommitObserver.
 func (m *Metrics) ObserveCommit(ops int, d time.Duration) {
 	m.commitDuration.Observe(d.Seconds())
 	m.batchSize.Observe(float64(ops))
@@ -106,7 +106,7 @@ func (m *Metrics) ObserveReap(removed int, err error) {
 // WatchStore registers the gauges read from the store at each scrape: unknown
 // holds, the file's size, the active keys, the money in their current windows per
 // currency, and the keys near a cap.
-func (m *Metrics) WatchStore(store *vault.Store) error {
+func (m *Metrics) WatchStore(store vault.Store) error {
 	if err := m.reg.Register(newStoreCollector(store)); err != nil {
 		return fmt.Errorf("register store metrics: %w", err)
 	}
@@ -118,19 +118,19 @@ func (m *Metrics) WatchStore(store *vault.Store) error {
 // and concurrent scrapes must not multiply that work. A store failure fails the
 // whole scrape (500), so Prometheus's up metric shows it.
 type storeCollector struct {
-	store *vault.Store
+	store vault.Store
 	mu    sync.Mutex
 
 	unknown, size, active, nearCap, committed, held *prometheus.Desc
 }
 
-func newStoreCollector(store *vault.Store) *storeCollector {
+func newStoreCollector(store vault.Store) *storeCollector {
 	return &storeCollector{
 		store: store,
 		unknown: prometheus.NewDesc("keybrake_holds_unknown",
 			"Holds whose outcome is unknown (Stripe gave no answer): money that may have moved, waiting for a retry with the same idempotency key or an operator (GET /api/v1/holds?state=unknown).", nil, nil),
 		size: prometheus.NewDesc("keybrake_store_size_bytes",
-			"Size of the database file on disk.", nil, nil),
+			"Size of the store on disk: the bbolt database file, or keybrake's tables in PostgreSQL (with their indexes).", nil, nil),
 		active: prometheus.NewDesc("keybrake_keys_active",
 			"Vault keys that are neither revoked nor expired.", nil, nil),
 		nearCap: prometheus.NewDesc("keybrake_keys_near_cap",

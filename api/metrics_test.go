@@ -28,7 +28,7 @@ import (
 
 	"github.com/keybrake/keybrake/api"
 	"github.com/keybrake/keybrake/proxy/proxytest"
-	"github.com/keybrake/keybrake/vault"
+	"github.com/keybrake/keybrake/vault/bolt"
 )
 
 // A version with every character the text format must escape in a label value.
@@ -224,7 +224,7 @@ func TestMetricsScrapeFailsWhenTheStoreFails(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	m, err := api.NewMetrics(reg, "test")
 	require.NoError(t, err)
-	store, err := vault.Open(filepath.Join(t.TempDir(), "keybrake.db"), vault.Options{MasterKey: bytes.Repeat([]byte{1}, 32)})
+	store, err := bolt.Open(filepath.Join(t.TempDir(), "keybrake.db"), bolt.Options{MasterKey: bytes.Repeat([]byte{1}, 32)})
 	require.NoError(t, err)
 	require.NoError(t, m.WatchStore(store))
 	logs := &adminLogBuffer{}

@@ -144,6 +144,10 @@ func problemFor(err error) (p *Problem, internal bool) {
 		return newProblem(http.StatusConflict, err.Error()), false
 	case errors.Is(err, vault.ErrKeyInvalid):
 		return newProblem(http.StatusNotFound, err.Error()), false
+	case errors.Is(err, errors.ErrUnsupported):
+		// What this store does not do (a PostgreSQL store's backup): the
+		// message says what to use instead.
+		return newProblem(http.StatusNotImplemented, err.Error()), false
 	case errors.Is(err, vault.ErrClosed):
 		return newProblem(http.StatusServiceUnavailable, "the store is closed; the server is shutting down"), false
 	case errors.Is(err, context.Canceled):

@@ -33,7 +33,7 @@ type readiness struct {
 // writable (an empty write transaction through its group committer commits) and
 // at least one upstream is registered. Otherwise it says why, without internal
 // detail (the proxy listener is public); the detail is logged at Error.
-func notReadyReason(ctx context.Context, store *vault.Store, log *slog.Logger) string {
+func notReadyReason(ctx context.Context, store vault.Store, log *slog.Logger) string {
 	if store == nil {
 		return "no store is configured"
 	}
@@ -59,7 +59,7 @@ func notReadyReason(ctx context.Context, store *vault.Store, log *slog.Logger) s
 
 // serveReadyz answers GET /readyz on either listener: 200 when ready, else 503
 // with the reason. Load balancers and orchestrators poll it without a token.
-func serveReadyz(c echo.Context, store *vault.Store, log *slog.Logger) error {
+func serveReadyz(c echo.Context, store vault.Store, log *slog.Logger) error {
 	c.Response().Header().Set("Cache-Control", "no-store")
 	if reason := notReadyReason(c.Request().Context(), store, log); reason != "" {
 		return c.JSON(http.StatusServiceUnavailable, readiness{Status: statusNotReady, Reason: reason})

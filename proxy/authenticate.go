@@ -64,7 +64,7 @@ type KeyRefusal struct {
 // and checks it at now: it returns the key — also one that is not valid yet,
 // which only the proxy refuses — or why it is refused, or the store's failure.
 // An expired key is returned with its refusal.
-func AuthenticateVaultKey(ctx context.Context, store *vault.Store, h http.Header, now time.Time) (vault.Key, *KeyRefusal, error) {
+func AuthenticateVaultKey(ctx context.Context, store vault.Store, h http.Header, now time.Time) (vault.Key, *KeyRefusal, error) {
 	token, kr := readVaultToken(h)
 	if kr != nil {
 		return vault.Key{}, kr, nil

@@ -19,6 +19,7 @@ import (
 	"github.com/keybrake/keybrake/policy"
 	"github.com/keybrake/keybrake/proxy/proxytest"
 	"github.com/keybrake/keybrake/vault"
+	"github.com/keybrake/keybrake/vault/bolt"
 )
 
 // Seed failure mode 1: Stripe creates the charge, then answers 500.
@@ -268,7 +269,7 @@ func TestSettleFailureStillAnswers(t *testing.T) {
 	assert.Equal(t, e.Fake.Charges()[0].ID, r.Body["id"])
 	assert.Contains(t, e.Logs.String(), `"level":"ERROR","msg":"settle failed`)
 
-	reopened, err := vault.Open(e.DBPath, vault.Options{MasterKey: e.Master})
+	reopened, err := bolt.Open(e.DBPath, bolt.Options{MasterKey: e.Master})
 	require.NoError(t, err)
 	defer reopened.Close()
 	holds, _, err := reopened.ListHolds(ctx, vault.HoldUnknown, 10, "")

@@ -28,6 +28,7 @@ import (
 	"github.com/keybrake/keybrake/proxy"
 	"github.com/keybrake/keybrake/proxy/proxytest"
 	"github.com/keybrake/keybrake/vault"
+	"github.com/keybrake/keybrake/vault/bolt"
 )
 
 const upstreamSecret = "sk_test_keybrakeupstream"
@@ -35,7 +36,7 @@ const upstreamSecret = "sk_test_keybrakeupstream"
 // env is one keybrake proxy on 127.0.0.1 with a real vault in t.TempDir() in front
 // of a fake Stripe.
 type env struct {
-	Store *vault.Store
+	Store vault.Store
 	Fake  *proxytest.FakeStripe
 	Proxy *proxy.Proxy
 	URL   string
@@ -76,7 +77,7 @@ func MustEnv(tb testing.TB, opts ...func(*envOptions)) *env {
 	master := make([]byte, 32)
 	_, _ = rand.Read(master)
 	dbPath := filepath.Join(tb.TempDir(), "keybrake.db")
-	store, err := vault.Open(dbPath, vault.Options{
+	store, err := bolt.Open(dbPath, bolt.Options{
 		MasterKey: master,
 		Lease:     o.upstreamTimeout + 5*time.Second,
 		Now:       o.storeNow,

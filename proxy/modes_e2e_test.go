@@ -124,7 +124,7 @@ func TestDeriveModePolicyValidation(t *testing.T) {
 }
 
 // keyUsage returns a key's daily and period counters now.
-func keyUsage(tb testing.TB, s *vault.Store, keyID string) (daily, period policy.Counter) {
+func keyUsage(tb testing.TB, s vault.Store, keyID string) (daily, period policy.Counter) {
 	tb.Helper()
 	_, windows, u, err := s.KeyUsage(context.Background(), keyID)
 	require.NoError(tb, err)
@@ -133,7 +133,7 @@ func keyUsage(tb testing.TB, s *vault.Store, keyID string) (daily, period policy
 }
 
 // wouldRefuseEvents returns the reasons of a key's would_refuse events.
-func wouldRefuseEvents(tb testing.TB, s *vault.Store, keyID string) []string {
+func wouldRefuseEvents(tb testing.TB, s vault.Store, keyID string) []string {
 	tb.Helper()
 	events, _, err := s.ListEvents(context.Background(), keyID, 500, "")
 	require.NoError(tb, err)

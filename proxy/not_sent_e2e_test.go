@@ -44,9 +44,10 @@ func frontedEnv(t *testing.T) (*env, *front) {
 }
 
 func (f *front) serve(ln net.Listener) {
-	f.srv = &http.Server{Handler: httputil.NewSingleHostReverseProxy(f.target), ErrorLog: log.New(io.Discard, "", 0)}
-	f.srv.SetKeepAlivesEnabled(false)
-	go func() { _ = f.srv.Serve(ln) }()
+	srv := &http.Server{Handler: httputil.NewSingleHostReverseProxy(f.target), ErrorLog: log.New(io.Discard, "", 0)}
+	srv.SetKeepAlivesEnabled(false)
+	f.srv = srv
+	go func() { _ = srv.Serve(ln) }() // not f.srv: Up replaces it while this one may not have started yet
 }
 
 // Down closes the listener: connecting to the address is refused from now on.

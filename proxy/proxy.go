@@ -41,7 +41,7 @@ const (
 	DefaultSecretCacheTTL   = 5 * time.Second
 )
 
-// RecommendedLease is the vault.Options.Lease to use with an upstream timeout: a
+// RecommendedLease is the bolt.Options.Lease to use with an upstream timeout: a
 // claim must outlive the upstream request it covers plus its Settle, or a retry
 // could take it over (Resume) while the first attempt is still waiting for Stripe.
 // Amount lookups run before the claim and do not count.
@@ -52,7 +52,7 @@ func RecommendedLease(upstreamTimeout time.Duration) time.Duration {
 // Config configures the proxy.
 type Config struct {
 	// Store is the vault. Required.
-	Store *vault.Store
+	Store vault.Store
 	// Upstream is Stripe's base URL (https://api.stripe.com); never taken from a request.
 	Upstream *url.URL
 	// UpstreamTimeout bounds one upstream request (default 80s).
@@ -115,7 +115,7 @@ func (c *Config) Validate() error {
 // Proxy serves Stripe's API surface (/v1/*, /v2/*) with metering. It is an
 // http.Handler, safe for concurrent use.
 type Proxy struct {
-	store       *vault.Store
+	store       vault.Store
 	upstream    *url.URL
 	timeout     time.Duration
 	maxBody     int64

@@ -2,268 +2,254 @@ package vault
 
 import (
 	"context"
-	"fmt"
 	"io"
-	"log/slog"
-	"sync"
-	"sync/atomic"
 	"time"
-
-	bolt "go.etcd.io/bbolt"
 
 	"github.com/keybrake/keybrake/policy"
 )
 
-// Options configure a Store. Zero values take the documented defaults.
-type Options struct {
-	// MasterKey is the 32-byte AES-256-GCM key that seals upstream secrets and stored
-	// responses. Required.
-	MasterKey []byte
-	// Now is the clock; time.Now when nil. Captured once per transaction.
-	Now func() time.Time
-	// IdempotencyTTL is how long completed records replay (default 24h).
-	IdempotencyTTL time.Duration
-	// UnknownRetryLimit is the age after which an unknown record is no longer
-	// re-forwarded (default 23h).
-	UnknownRetryLimit time.Duration
-	// Lease is how long an in_progress claim is held before it may be taken over
-	// (default 2 minutes; the proxy sets upstream timeout + margin).
-	Lease time.Duration
-	// Logger; slog.Default() when nil.
-	Logger *slog.Logger
-	// OpenTimeout is how long Open waits for the file lock (default 5s).
-	OpenTimeout time.Duration
-	// CommitObserver, when set, is called after every write transaction of the
-	// group committer (Reserve, Settle, the claims API) with the number of
-	// operations it carried and how long it took, fsyncs included. It runs on the
-	// committer's goroutine, so it must return at once (a metrics observation).
-	CommitObserver func(ops int, d time.Duration)
+// Store is the vault's storage contract. Two implementations exist, each in
+// its own package: vault/bolt (one bbolt file, the default) and
+// vault/postgres (PostgreSQL, which several keybrake replicas may share).
+// Both run the same metering code and pass the same conformance suite
+// (vault/vaulttest); nothing above this package knows which one runs.
+//
+// Every method is safe for concurrent use and is one transaction (the long
+// walks and the reaper a series of short ones) that reads the store's clock
+// once. Business outcomes (ReserveOutcome, ClaimOutcome, EnvUpstreamAction)
+// are results, never errors. Errors are the sentinels of this package,
+// wrapped with context; every method may also return ErrStorage (the engine
+// failed: I/O, a lost connection, corruption), ErrClosed (after Close) and,
+// where it takes one, ctx's error. The errors a method returns beyond those
+// are named in its doc.
+type Store interface {
+	// ---- upstreams ----
+
+	// PutUpstream registers or replaces the upstream name with a sealed
+	// secret, with its audit entry. Errors: ErrInvalid (an empty or
+	// unprintable name, an empty secret, a vendor other than "stripe").
+	PutUpstream(ctx context.Context, actor, name, vendor, secret string) (Upstream, error)
+	// GetUpstream returns the upstream name. Errors: ErrNotFound.
+	GetUpstream(ctx context.Context, name string) (Upstream, error)
+	// ListUpstreams lists the upstreams by name.
+	ListUpstreams(ctx context.Context) ([]Upstream, error)
+	// DeleteUpstream deletes the upstream name, with its audit entry. Errors:
+	// ErrNotFound; ErrConflict while a key that is not revoked names it (an
+	// expired key can be given a new expiry and would need it again).
+	DeleteUpstream(ctx context.Context, actor, name string) error
+	// UpstreamSecret unseals the upstream's secret. Errors: ErrNotFound,
+	// ErrSealed.
+	UpstreamSecret(ctx context.Context, name string) (string, error)
+	// SyncEnvUpstream registers secret, given to the process at start (the
+	// STRIPE_SECRET_KEY of serve), as the upstream name only when it is new:
+	// when there is no such upstream, or when the value changed since the last
+	// start. An upstream an admin changed through the API is therefore not
+	// overwritten by an environment that did not change. Only a salted
+	// fingerprint of the value is kept, never the value. A registration or
+	// replacement writes an audit entry under actor. It returns the upstream
+	// as it now is. Errors: ErrInvalid (see PutUpstream).
+	SyncEnvUpstream(ctx context.Context, actor, name, vendor, secret string) (Upstream, EnvUpstreamAction, error)
+
+	// ---- keys ----
+
+	// MintKey creates a key and returns it with its token ("vk_" + 256
+	// random bits, base64url), with its audit entry. Only the token's SHA-256
+	// is stored. Errors: ErrInvalid (wrapping *policy.ValidationError),
+	// ErrConflict (the name is taken), ErrNotFound (no such upstream; the
+	// message names it).
+	MintKey(ctx context.Context, actor string, req MintRequest) (Key, string, error)
+	// Authenticate finds the key of a token. Expiry and not-yet-valid are the
+	// policy's business (policy.Decide), so an expired key is returned without
+	// error. Errors: ErrKeyInvalid (unknown or malformed token), ErrKeyRevoked
+	// (the key is returned with it).
+	Authenticate(ctx context.Context, token string) (Key, error)
+	// GetKey returns the key id. Errors: ErrNotFound.
+	GetKey(ctx context.Context, id string) (Key, error)
+	// ListKeys lists the keys f selects, oldest first (by id); next is "" on
+	// the last page. Errors: ErrInvalid (an unknown status, a malformed
+	// cursor).
+	ListKeys(ctx context.Context, f KeyFilter) (keys []Key, next string, err error)
+	// UpdateKey replaces the key's policy and labels, validated like a new
+	// key's, with its audit entry. Usage is never touched; a change of time
+	// zone carries the day's usage into the new zone's day (a "carried"
+	// event). Errors: ErrNotFound, ErrInvalid (also a change of currency),
+	// ErrConflict (a revoked key cannot be changed).
+	UpdateKey(ctx context.Context, actor, id string, p policy.Policy, labels map[string]string) (Key, error)
+	// RevokeKey revokes the key at once, with its audit entry; revoking a
+	// revoked key returns it unchanged. Errors: ErrNotFound.
+	RevokeKey(ctx context.Context, actor, id string) (Key, error)
+	// RotateKey gives the key a new token, with its audit entry; the old one
+	// stops working at once. Errors: ErrNotFound, ErrConflict (revoked).
+	RotateKey(ctx context.Context, actor, id string) (Key, string, error)
+	// KeyUsage returns the key, its windows at the store clock and their
+	// counters. Errors: ErrNotFound.
+	KeyUsage(ctx context.Context, id string) (Key, []policy.Window, policy.Usage, error)
+
+	// ---- metering ----
+
+	// Reserve re-reads the key in a write transaction (a revoked key gives
+	// ErrKeyRevoked, with ReserveResult.Key set), then, atomically, looks up
+	// the idempotency record (ReserveReplay, ReserveInFlight,
+	// ReserveMismatch, ReserveResume, ReserveStale), else runs policy.Decide
+	// against the current window counters and, if allowed, claims the record
+	// (in_progress, with a lease) and adds the amount to held on every window
+	// (ReserveClaimed) — or writes nothing but a refusal event
+	// (ReserveRefused). It returns once the transaction is durable. Errors:
+	// ErrNotFound (no such key), ErrKeyRevoked, ErrInvalid (an empty or
+	// over-255-byte idempotency key, a negative amount, an amount on an
+	// unmetered request), ErrSealed (a stored response does not open).
+	// Once its transaction has begun, Reserve waits for it even if ctx ends,
+	// so its result is never lost.
+	Reserve(ctx context.Context, req ReserveRequest) (ReserveResult, error)
+	// Settle applies the outcome of a forwarded request to its in_progress
+	// record and hold in one durable write transaction, with its ledger
+	// events, and stores Stripe's answer for replay. A commit takes Amount
+	// first from the live exposure of ObjectID (oldest part first), then from
+	// the request's hold; what is left of the hold becomes the object's
+	// exposure (Object.Expose) or is released, and a terminal answer
+	// (Object.Terminal) releases the object's remaining exposure too. Errors:
+	// ErrNotFound (no such record), ErrConflict (the record is not
+	// in_progress), ErrInvalid (an unknown outcome, a negative amount, a
+	// commit above the hold plus the object's exposure without
+	// AllowOverrun).
+	Settle(ctx context.Context, req SettleRequest) error
+	// ResolveHold settles an unknown hold (or a held one whose lease lapsed)
+	// by an operator's decision, HoldCommitted or HoldReleased, completes its
+	// record and writes the audit entry. No answer is stored: a retry with the
+	// same idempotency key is told the record was resolved
+	// (IdempotencyRecord.Resolved). Errors: ErrNotFound, ErrConflict (the
+	// hold is in another state), ErrInvalid (another outcome).
+	ResolveHold(ctx context.Context, actor, holdID string, outcome HoldState) (Hold, error)
+	// ListHolds lists the holds in state ("" for all), newest first (by
+	// creation). Limit defaults to 50, max 500; cursor is the previous page's
+	// next. Errors: ErrInvalid (an unknown state, a malformed cursor).
+	ListHolds(ctx context.Context, state HoldState, limit int, cursor string) ([]Hold, string, error)
+	// CountHolds counts the holds in state. It walks the holds in read
+	// transactions of a bounded number of entries, so the count is not one
+	// snapshot: a hold that changes state during the walk counts in the state
+	// it had when it was read. Errors: ErrInvalid (another state).
+	CountHolds(ctx context.Context, state HoldState) (int, error)
+	// ObjectExposure returns what keyID has counted for the Stripe object
+	// objectID; ok is false when the key never metered anything for it (or
+	// its record was reaped).
+	ObjectExposure(ctx context.Context, keyID, objectID string) (exp Exposure, ok bool, err error)
+	// ObserveObject applies a Stripe answer about a money object to the key's
+	// live exposure on it: money the object moved since the last answer the
+	// key saw is committed from the exposure (never more than the exposure),
+	// and a terminal answer releases the rest. It returns whether anything
+	// changed; an object without live exposure is left alone (no write).
+	// Errors: ErrInvalid (an empty key or object id, a negative amount).
+	ObserveObject(ctx context.Context, keyID, objectID string, ob Observation) (bool, error)
+
+	// ---- ledger and audit ----
+
+	// RecordEvent appends an event that no hold belongs to (a request that
+	// moves no money but that report mode let through) to its key's ledger,
+	// stamped with the store clock. Errors: ErrInvalid (no key id, or an event
+	// that carries money).
+	RecordEvent(ctx context.Context, e Event) error
+	// ListEvents lists a key's events newest first. Limit defaults to 50, max
+	// 500; cursor is the previous page's next. Errors: ErrInvalid.
+	ListEvents(ctx context.Context, keyID string, limit int, cursor string) ([]Event, string, error)
+	// ListAudit lists the audit entries newest first. Limit defaults to 50,
+	// max 500; cursor is the previous page's next. Errors: ErrInvalid.
+	ListAudit(ctx context.Context, limit int, cursor string) ([]AuditEntry, string, error)
+
+	// ---- claims ----
+
+	// Claim claims the unit of work key under the vault key keyID for lease,
+	// in one durable write transaction that re-reads the key:
+	//
+	//	no claim                   → new claim, next fencing token   Claimed
+	//	another fingerprint        → unchanged                       FingerprintMismatch
+	//	completed                  → unchanged, with its result      Completed
+	//	in_progress, lease live    → unchanged                       InProgress
+	//	in_progress, lease lapsed  → new lease, next fencing token   Claimed (TookOver)
+	//
+	// Fencing tokens increase across every claim of every key and are never
+	// handed out twice. Errors: ErrInvalid (a bad key, a fingerprint over
+	// MaxClaimFingerprintLen, a lease that is not positive), ErrNotFound (no
+	// such vault key), ErrKeyRevoked, ErrKeyExpired, ErrSealed (a stored
+	// result does not open).
+	Claim(ctx context.Context, keyID, key, fingerprint string, lease time.Duration) (ClaimResult, error)
+	// CompleteClaim stores result (JSON) as the outcome of the claim and
+	// marks it completed. Only the current owner may: fencing must be the
+	// token its Claim returned (a lapsed lease nobody took over still belongs
+	// to its owner). Completing again with the same token and result
+	// succeeds. Errors: ErrInvalid (a bad key; a result that is not JSON or
+	// is over MaxClaimResultBytes), ErrNotFound (no such claim or vault key),
+	// ErrConflict (a stale owner, or completed with another result),
+	// ErrKeyRevoked, ErrKeyExpired.
+	CompleteClaim(ctx context.Context, keyID, key string, fencing uint64, result []byte) error
+	// ReleaseClaim gives an in-progress claim up: it is deleted, so the work
+	// can be claimed again at once (with a new, higher fencing token).
+	// Errors: ErrInvalid, ErrNotFound, ErrConflict (a stale owner, or the
+	// claim is completed), ErrKeyRevoked, ErrKeyExpired.
+	ReleaseClaim(ctx context.Context, keyID, key string, fencing uint64) error
+	// GetClaim returns the claim, with its result when it is completed, never
+	// its fencing token. Errors: ErrInvalid, ErrNotFound, ErrSealed.
+	GetClaim(ctx context.Context, keyID, key string) (Claim, error)
+
+	// ---- dashboard and metrics ----
+
+	// KeysUsage returns each key of ids with its windows at the store clock
+	// and their counters, in the order of ids, in one read transaction.
+	// Errors: ErrInvalid (no id, or more than MaxKeysUsage), ErrNotFound
+	// (naming the first id that is no key).
+	KeysUsage(ctx context.Context, ids []string) ([]KeyWindows, error)
+	// DailySpend returns what keyID committed and holds on each day of its
+	// billing period, summed from the key's ledger. Errors: ErrNotFound.
+	DailySpend(ctx context.Context, keyID string) (SpendReport, error)
+	// Overview summarizes the vault at the store clock (see Overview).
+	Overview(ctx context.Context, opts OverviewOptions) (Overview, error)
+	// SummarizeUsage walks the active keys and their current windows'
+	// counters (see UsageSummary) in transactions of a bounded number of
+	// keys, so the summary is not one snapshot. Errors: ErrInvalid (a
+	// percentage outside 1–100).
+	SummarizeUsage(ctx context.Context, nearCapPercent int) (UsageSummary, error)
+
+	// ---- maintenance ----
+
+	// Reap removes what has outlived its use, in small transactions:
+	// completed idempotency records IdempotencyTTL after completion (never
+	// unknown, in-progress or operator-resolved ones) with their settled
+	// holds, daily counters with nothing held long after their day, money
+	// objects without exposure unchanged for ObjectRetention, and claims
+	// IdempotencyTTL after completion or after their lease lapsed. It also
+	// turns in-progress records whose lease lapsed into outcome unknown,
+	// keeping their holds (their request's process is gone). It returns how
+	// many entries it removed. Running it on several replicas at once is
+	// harmless.
+	Reap(ctx context.Context) (int, error)
+	// CheckInvariant verifies, in one read snapshot, that the counters agree
+	// with the holds, the exposure, the ledger and the caps (see
+	// docs/ARCHITECTURE.md, "The invariant and its exceptions"). It returns
+	// nil, or ErrInvariant joined with one error per violation.
+	CheckInvariant(ctx context.Context) error
+	// Ping proves the store can write: an empty durable write transaction.
+	Ping(ctx context.Context) error
+	// Size is how many bytes the store takes on disk.
+	Size(ctx context.Context) (int64, error)
+	// Backup writes a hot, consistent copy of the store to w. Errors:
+	// errors.ErrUnsupported from a store that is backed up with its engine's
+	// own tools (PostgreSQL: pg_dump).
+	Backup(ctx context.Context, w io.Writer) (int64, error)
+	// Close releases the store; pending writes finish first. Calls after
+	// Close return ErrClosed.
+	Close() error
 }
 
-// Defaults for Options.
+// ObjectRetention is how long a metered-object total is kept after its last
+// change: longer than a PaymentIntent or an uncaptured Charge stays confirmable
+// or capturable at Stripe (at most 30 days with extended authorization).
+const ObjectRetention = 35 * 24 * time.Hour
+
+// Defaults of the stores' options.
 const (
 	DefaultIdempotencyTTL    = 24 * time.Hour
 	DefaultUnknownRetryLimit = 23 * time.Hour
 	DefaultLease             = 2 * time.Minute
-	DefaultOpenTimeout       = 5 * time.Second
 )
-
-// initialMmapSize is mapped up front so that growing the file rarely has to remap
-// (a remap waits for every read transaction).
-const initialMmapSize = 64 << 20
-
-// Open opens (creating if needed) the bbolt database at path, checks or writes the
-// schema version, and recovers: records left in_progress by a previous process
-// become unknown (their holds stay held, counted as held).
-//
-// Errors: ErrInvalid (master key not 32 bytes), ErrLocked (another process has the
-// file), ErrSchemaVersion (written by a newer keybrake), ErrSealed (the master key
-// is not the one the database was created with), ErrStorage.
-func Open(path string, opts Options) (*Store, error) {
-	sl, err := newSealer(opts.MasterKey)
-	if err != nil {
-		return nil, fmt.Errorf("open %s: %w", path, err)
-	}
-	s := &Store{
-		seal:         sl,
-		now:          opts.Now,
-		ttl:          opts.IdempotencyTTL,
-		unknownLimit: opts.UnknownRetryLimit,
-		lease:        opts.Lease,
-		log:          opts.Logger,
-		observe:      opts.CommitObserver,
-		ops:          make(chan *batchOp, maxBatch),
-		loopDone:     make(chan struct{}),
-		reapBatch:    reapBatchSize,
-		countChunk:   holdCountChunk,
-	}
-	if s.now == nil {
-		s.now = time.Now
-	}
-	if s.ttl <= 0 {
-		s.ttl = DefaultIdempotencyTTL
-	}
-	if s.unknownLimit <= 0 {
-		s.unknownLimit = DefaultUnknownRetryLimit
-	}
-	if s.lease <= 0 {
-		s.lease = DefaultLease
-	}
-	if s.log == nil {
-		s.log = slog.Default()
-	}
-	s.log = s.log.With("component", "vault")
-	timeout := opts.OpenTimeout
-	if timeout <= 0 {
-		timeout = DefaultOpenTimeout
-	}
-	db, err := bolt.Open(path, 0o600, &bolt.Options{
-		Timeout:         timeout,
-		FreelistType:    bolt.FreelistMapType,
-		InitialMmapSize: initialMmapSize,
-		// NoSync, NoGrowSync and NoFreelistSync stay false: every commit is durable.
-	})
-	if err != nil {
-		return nil, fmt.Errorf("open %s: %w", path, translate(err))
-	}
-	s.db = db
-	var recovered int
-	err = db.Update(func(tx *bolt.Tx) error {
-		if err := s.initBuckets(tx); err != nil {
-			return err
-		}
-		n, err := recoverInProgress(tx, s.now())
-		recovered = n
-		return err
-	})
-	if err != nil {
-		_ = db.Close()
-		return nil, fmt.Errorf("open %s: %w", path, translate(err))
-	}
-	if recovered > 0 {
-		s.log.Warn("recovered in-flight requests as outcome unknown", "records", recovered)
-	}
-	go s.commitLoop()
-	return s, nil
-}
-
-// Store is the vault on bbolt. It is safe for concurrent use. Reserve and Settle
-// are group-committed: concurrent callers share fsyncs.
-type Store struct {
-	db           *bolt.DB
-	seal         *sealer
-	now          func() time.Time
-	ttl          time.Duration
-	unknownLimit time.Duration
-	lease        time.Duration
-	log          *slog.Logger
-	keys         keyCache
-
-	// Group commit: ops go to commitLoop through ops. closeMu guards closed and the
-	// send on ops, so Close can close ops once no sender is left.
-	closeMu  sync.RWMutex
-	closed   bool
-	ops      chan *batchOp
-	loopDone chan struct{}
-	observe  func(ops int, d time.Duration) // Options.CommitObserver; may be nil
-	commits  atomic.Int64                   // write transactions run by commitLoop
-
-	// reapBatch is the most deletions one reaper transaction makes (reapBatchSize;
-	// tests lower it).
-	reapBatch int
-	// countChunk is the most hold index entries one read transaction of CountHolds
-	// looks at (holdCountChunk; tests lower it).
-	countChunk int
-}
-
-// Close stops the committer (pending Reserve and Settle calls finish first), then
-// closes the database. Calls after Close return ErrClosed.
-func (s *Store) Close() error {
-	s.closeMu.Lock()
-	if s.closed {
-		s.closeMu.Unlock()
-		return nil
-	}
-	s.closed = true
-	close(s.ops)
-	s.closeMu.Unlock()
-	<-s.loopDone
-	if err := s.db.Close(); err != nil {
-		return fmt.Errorf("close: %w", translate(err))
-	}
-	return nil
-}
-
-// update runs fn in one write transaction with the clock read once.
-func (s *Store) update(fn func(tx *bolt.Tx, now time.Time) error) error {
-	return translate(s.db.Update(func(tx *bolt.Tx) error { return fn(tx, s.now()) }))
-}
-
-// view runs fn in one read transaction with the clock read once.
-func (s *Store) view(fn func(tx *bolt.Tx, now time.Time) error) error {
-	return translate(s.db.View(func(tx *bolt.Tx) error { return fn(tx, s.now()) }))
-}
-
-// ---- upstreams ----
-
-// PutUpstream registers or replaces the upstream `name` with a sealed secret.
-// Returns ErrInvalid for an empty name/secret or a vendor other than "stripe".
-func (s *Store) PutUpstream(ctx context.Context, actor, name, vendor, secret string) (Upstream, error) {
-	var up Upstream
-	err := s.update(func(tx *bolt.Tx, now time.Time) error {
-		var err error
-		up, err = s.putUpstreamTx(tx, now, actor, name, vendor, secret)
-		return err
-	})
-	if err != nil {
-		return Upstream{}, fmt.Errorf("put upstream: %w", err)
-	}
-	return up, nil
-}
-
-// GetUpstream returns ErrNotFound when there is no such upstream.
-func (s *Store) GetUpstream(ctx context.Context, name string) (Upstream, error) {
-	var up Upstream
-	err := s.view(func(tx *bolt.Tx, now time.Time) error {
-		rec, err := getUpstream(tx, name)
-		if err == nil {
-			up = rec.public()
-		}
-		return err
-	})
-	if err != nil {
-		return Upstream{}, fmt.Errorf("get upstream: %w", err)
-	}
-	return up, nil
-}
-
-// ListUpstreams lists upstreams by name.
-func (s *Store) ListUpstreams(ctx context.Context) ([]Upstream, error) {
-	var out []Upstream
-	err := s.view(func(tx *bolt.Tx, now time.Time) error {
-		var err error
-		out, err = listUpstreamsTx(tx)
-		return err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("list upstreams: %w", err)
-	}
-	return out, nil
-}
-
-// DeleteUpstream returns ErrNotFound, or ErrConflict while an active key uses it.
-func (s *Store) DeleteUpstream(ctx context.Context, actor, name string) error {
-	err := s.update(func(tx *bolt.Tx, now time.Time) error {
-		return deleteUpstreamTx(tx, now, actor, name)
-	})
-	if err != nil {
-		return fmt.Errorf("delete upstream: %w", err)
-	}
-	return nil
-}
-
-// UpstreamSecret unseals the upstream's secret (ErrNotFound, ErrSealed).
-func (s *Store) UpstreamSecret(ctx context.Context, name string) (string, error) {
-	var secret string
-	err := s.view(func(tx *bolt.Tx, now time.Time) error {
-		rec, err := getUpstream(tx, name)
-		if err != nil {
-			return err
-		}
-		pt, err := s.seal.open(rec.SealedSecret, upstreamAD(name))
-		if err != nil {
-			return err
-		}
-		secret = string(pt)
-		return nil
-	})
-	if err != nil {
-		return "", fmt.Errorf("upstream secret: %w", err)
-	}
-	return secret, nil
-}
-
-// ---- keys ----
 
 // MintRequest is what MintKey needs. Policy must already be normalized; MintKey
 // validates it with ValidateNew (ErrInvalid wrapping *policy.ValidationError).
@@ -272,58 +258,6 @@ type MintRequest struct {
 	Upstream string
 	Labels   map[string]string
 	Policy   policy.Policy
-}
-
-// MintKey creates a key and returns it with its token ("vk_" + ≥ 256 random bits,
-// base62 or base64url). Only the token's SHA-256 is stored. Errors: ErrInvalid,
-// ErrConflict (name taken), ErrNotFound (upstream unknown; wrapped so the message
-// names the upstream).
-func (s *Store) MintKey(ctx context.Context, actor string, req MintRequest) (Key, string, error) {
-	var (
-		key   Key
-		token string
-	)
-	err := s.update(func(tx *bolt.Tx, now time.Time) error {
-		var err error
-		key, token, err = s.mintKeyTx(tx, now, actor, req)
-		return err
-	})
-	if err != nil {
-		return Key{}, "", fmt.Errorf("mint key: %w", err)
-	}
-	return key, token, nil
-}
-
-// Authenticate finds the key for a token: ErrKeyInvalid (unknown or malformed),
-// ErrKeyRevoked. Expiry and not-yet-valid are the policy's business (Decide), so an
-// expired key is returned without error.
-func (s *Store) Authenticate(ctx context.Context, token string) (Key, error) {
-	var key Key
-	err := s.view(func(tx *bolt.Tx, now time.Time) error {
-		var err error
-		key, err = s.authenticateTx(tx, token)
-		return err
-	})
-	if err != nil {
-		return key, fmt.Errorf("authenticate: %w", err)
-	}
-	return key, nil
-}
-
-// GetKey returns ErrNotFound when there is no such key.
-func (s *Store) GetKey(ctx context.Context, id string) (Key, error) {
-	var key Key
-	err := s.view(func(tx *bolt.Tx, now time.Time) error {
-		rec, err := getKey(tx, id)
-		if err == nil {
-			key = rec.public()
-		}
-		return err
-	})
-	if err != nil {
-		return Key{}, fmt.Errorf("get key: %w", err)
-	}
-	return key, nil
 }
 
 // KeyFilter selects keys for ListKeys. Status may be "active", "revoked" or
@@ -337,88 +271,6 @@ type KeyFilter struct {
 	Limit      int
 	Cursor     string
 }
-
-// ListKeys lists keys oldest first (by id). next is "" on the last page.
-func (s *Store) ListKeys(ctx context.Context, f KeyFilter) (keys []Key, next string, err error) {
-	err = s.view(func(tx *bolt.Tx, now time.Time) error {
-		var err error
-		keys, next, err = listKeysTx(tx, now, f)
-		return err
-	})
-	if err != nil {
-		return nil, "", fmt.Errorf("list keys: %w", err)
-	}
-	return keys, next, nil
-}
-
-// UpdateKey replaces the key's policy and labels in one transaction, validating the
-// policy with ValidateNew. Usage is never touched. Errors: ErrNotFound,
-// ErrInvalid, ErrConflict (revoked keys cannot be changed).
-func (s *Store) UpdateKey(ctx context.Context, actor, id string, p policy.Policy, labels map[string]string) (Key, error) {
-	var key Key
-	err := s.update(func(tx *bolt.Tx, now time.Time) error {
-		var err error
-		key, err = updateKeyTx(tx, now, actor, id, p, labels)
-		return err
-	})
-	if err != nil {
-		return Key{}, fmt.Errorf("update key: %w", err)
-	}
-	return key, nil
-}
-
-// RevokeKey revokes at once (idempotent: revoking a revoked key returns it).
-func (s *Store) RevokeKey(ctx context.Context, actor, id string) (Key, error) {
-	var key Key
-	err := s.update(func(tx *bolt.Tx, now time.Time) error {
-		var err error
-		key, err = revokeKeyTx(tx, now, actor, id)
-		return err
-	})
-	if err != nil {
-		return Key{}, fmt.Errorf("revoke key: %w", err)
-	}
-	return key, nil
-}
-
-// RotateKey gives the key a new token; the old one stops working at once.
-// ErrConflict for a revoked key.
-func (s *Store) RotateKey(ctx context.Context, actor, id string) (Key, string, error) {
-	var (
-		key   Key
-		token string
-	)
-	err := s.update(func(tx *bolt.Tx, now time.Time) error {
-		var err error
-		key, token, err = rotateKeyTx(tx, now, actor, id)
-		return err
-	})
-	if err != nil {
-		return Key{}, "", fmt.Errorf("rotate key: %w", err)
-	}
-	return key, token, nil
-}
-
-// KeyUsage returns the key, its windows at the store clock and their counters, in one
-// read transaction.
-func (s *Store) KeyUsage(ctx context.Context, id string) (Key, []policy.Window, policy.Usage, error) {
-	var (
-		key     Key
-		windows []policy.Window
-		usage   policy.Usage
-	)
-	err := s.view(func(tx *bolt.Tx, now time.Time) error {
-		var err error
-		key, windows, usage, err = keyUsageTx(tx, now, id)
-		return err
-	})
-	if err != nil {
-		return Key{}, nil, nil, fmt.Errorf("key usage: %w", err)
-	}
-	return key, windows, usage, nil
-}
-
-// ---- metering ----
 
 // ReserveRequest is one request that wants to be forwarded under a vault key.
 // IdempotencyKey is required (the proxy derives or demands one for every request
@@ -469,30 +321,6 @@ type ReserveResult struct {
 	Key      Key
 	Record   IdempotencyRecord
 	Hold     *Hold
-}
-
-// Reserve authenticates nothing (the caller has the key) but re-reads the key in the
-// same write transaction: a revoked key gives ErrKeyRevoked. Then, atomically, it
-// looks up the idempotency record (ReserveReplay, ReserveInFlight, ReserveMismatch,
-// ReserveResume, ReserveStale),
-// else runs policy.Decide against the current window counters and, if allowed,
-// writes the record (in_progress with a lease) and adds Amount to `held` of every
-// window — or writes nothing but a refusal event. One write transaction, group
-// committed. Business outcomes are results, not errors.
-//
-// Errors: ErrNotFound (no such key), ErrKeyRevoked (ReserveResult.Key is still
-// set), ErrInvalid (empty or over-255-byte idempotency key, negative amount, an
-// amount on an unmetered request), ErrSealed (a stored response does not open),
-// ErrClosed, ctx's error when ctx ends before the request is queued. Once queued,
-// Reserve waits for its transaction even if ctx ends, so its result is never lost.
-func (s *Store) Reserve(ctx context.Context, req ReserveRequest) (ReserveResult, error) {
-	res, err := submitResult(ctx, s, func(tx *bolt.Tx, now time.Time) (txResult[ReserveResult], error) {
-		return s.reserveTx(tx, now, &req)
-	})
-	if err != nil {
-		return res, fmt.Errorf("reserve: %w", err)
-	}
-	return res, nil
 }
 
 // SettleOutcome is how a forwarded request ended.
@@ -549,150 +377,4 @@ type ObjectSettle struct {
 	// (MovedKnown false when it does not), kept for later observations.
 	Moved      int64
 	MovedKnown bool
-}
-
-// Settle applies the outcome in one write transaction, group committed, and writes
-// the settle event. A commit takes Amount first from the live exposure of ObjectID
-// (oldest part first), then from the request's hold; what is left of the hold
-// becomes the object's exposure (Object.Expose) or is released, and a terminal
-// answer (Object.Terminal) releases the object's remaining exposure too. Every
-// change of the object's exposure writes an "exposure" event on the windows it was
-// placed on. ErrNotFound when there is no such record; ErrConflict when the record
-// is not in_progress; ErrInvalid for an unknown outcome, a negative amount, or a
-// commit above the hold plus the object's exposure without AllowOverrun.
-func (s *Store) Settle(ctx context.Context, req SettleRequest) error {
-	_, err := submitResult(ctx, s, func(tx *bolt.Tx, now time.Time) (txResult[noValue], error) {
-		return s.settleTx(tx, now, &req)
-	})
-	if err != nil {
-		return fmt.Errorf("settle: %w", err)
-	}
-	return nil
-}
-
-// ListHolds lists holds in the given state ("" for all), newest first (by creation).
-// Limit defaults to 50, max 500; cursor is the previous page's next (ErrInvalid when
-// malformed, as is an unknown state).
-func (s *Store) ListHolds(ctx context.Context, state HoldState, limit int, cursor string) ([]Hold, string, error) {
-	var (
-		holds []Hold
-		next  string
-	)
-	err := s.view(func(tx *bolt.Tx, now time.Time) error {
-		var err error
-		holds, next, err = listHoldsTx(tx, state, limit, cursor)
-		return err
-	})
-	if err != nil {
-		return nil, "", fmt.Errorf("list holds: %w", err)
-	}
-	return holds, next, nil
-}
-
-// ResolveHold settles an unknown hold by an operator's decision (HoldCommitted or
-// HoldReleased) and completes its record. ErrNotFound; ErrConflict unless the hold
-// is unknown (or held with its lease lapsed); ErrInvalid for another outcome.
-//
-// Keybrake never saw Stripe's answer, so the record stores a synthetic one that a
-// retry with the same idempotency key replays: 409, Stripe-Should-Retry: false,
-// {"error": {"type": "idempotency_error", "code": "idempotency_key_resolved",
-// "message": ..., "keybrake": {"hold_id", "outcome"}}}.
-func (s *Store) ResolveHold(ctx context.Context, actor, holdID string, outcome HoldState) (Hold, error) {
-	var hold Hold
-	err := s.update(func(tx *bolt.Tx, now time.Time) error {
-		var err error
-		hold, err = s.resolveHoldTx(tx, now, actor, holdID, outcome)
-		return err
-	})
-	if err != nil {
-		return Hold{}, fmt.Errorf("resolve hold: %w", err)
-	}
-	return hold, nil
-}
-
-// ---- ledger and audit ----
-
-// RecordEvent appends an event that no hold belongs to — a request that moves no
-// money but that report mode let through although the policy would refuse it —
-// to its key's ledger, stamped with the store clock. One group-committed write.
-// Errors: ErrInvalid (no key id, or an event that carries money: holds write
-// their own events), ErrClosed.
-func (s *Store) RecordEvent(ctx context.Context, e Event) error {
-	if e.KeyID == "" || e.Amount != 0 || e.HoldID != "" || e.HeldDelta != 0 || e.CommittedDelta != 0 {
-		return fmt.Errorf("record event: only events without money: %w", ErrInvalid)
-	}
-	err := s.submit(ctx, func(tx *bolt.Tx, now time.Time) error {
-		ev := e
-		ev.Time = now
-		return putEvent(tx, &ev)
-	})
-	if err != nil {
-		return fmt.Errorf("record event: %w", err)
-	}
-	return nil
-}
-
-// ListEvents lists a key's events newest first. Limit defaults to 50, max 500;
-// cursor is the previous page's next.
-func (s *Store) ListEvents(ctx context.Context, keyID string, limit int, cursor string) ([]Event, string, error) {
-	var (
-		events []Event
-		next   string
-	)
-	err := s.view(func(tx *bolt.Tx, now time.Time) error {
-		var err error
-		events, next, err = listEventsTx(tx, keyID, limit, cursor)
-		return err
-	})
-	if err != nil {
-		return nil, "", fmt.Errorf("list events: %w", err)
-	}
-	return events, next, nil
-}
-
-// ListAudit lists audit entries newest first. Limit defaults to 50, max 500;
-// cursor is the previous page's next.
-func (s *Store) ListAudit(ctx context.Context, limit int, cursor string) ([]AuditEntry, string, error) {
-	var (
-		entries []AuditEntry
-		next    string
-	)
-	err := s.view(func(tx *bolt.Tx, now time.Time) error {
-		var err error
-		entries, next, err = listAuditTx(tx, limit, cursor)
-		return err
-	})
-	if err != nil {
-		return nil, "", fmt.Errorf("list audit: %w", err)
-	}
-	return entries, next, nil
-}
-
-// ---- maintenance ----
-
-// Reap deletes completed idempotency records older than IdempotencyTTL and daily
-// counters of days that ended more than 48 hours ago with nothing held, in small
-// transactions. It returns how many entries it removed. It also deletes the settled
-// holds of the records it removes and metered-object totals unchanged for
-// ObjectRetention; unknown and in_progress records are never removed.
-func (s *Store) Reap(ctx context.Context) (int, error) {
-	n, _, err := s.reap(ctx) // the caller logs what it removed (once)
-	return n, err
-}
-
-// Backup writes a hot, consistent copy of the database to w.
-func (s *Store) Backup(ctx context.Context, w io.Writer) (int64, error) {
-	if err := ctx.Err(); err != nil {
-		return 0, err
-	}
-	var n int64
-	err := translate(s.db.View(func(tx *bolt.Tx) error {
-		var err error
-		n, err = tx.WriteTo(w)
-		return err
-	}))
-	if err != nil {
-		return n, fmt.Errorf("backup: %w", err)
-	}
-	return n, nil
 }

@@ -1,26 +1,31 @@
 // Package vault is keybrake's key vault: the domain types (keys, upstreams,
 // holds, idempotency records, ledger events, audit entries, claims), the
-// sentinel errors, token minting and secret sealing, and Store, on bbolt.
+// sentinel errors, and Store, the storage contract.
 //
-// Store's contract:
+// Store's contract, which both stores keep — vault/bolt (one bbolt file, the
+// default) and vault/postgres (PostgreSQL, shared by replicas) — because both
+// run the same rules, vault/internal/engine, and pass the same conformance
+// suite, vault/vaulttest:
 //
-//   - Each method is one transaction and reads the clock once. Reserve, Settle,
-//     ObserveObject, RecordEvent, the claims API and Ping are group-committed:
-//     concurrent callers share fsyncs, and a call returns once its write is on
-//     disk. The admin's changes are one write transaction each, with their
-//     audit entry; reads are read transactions, long walks chunked.
+//   - Each method is one transaction and reads the store's clock once. The
+//     hot path (Reserve, Settle, ObserveObject, RecordEvent, the claims API,
+//     Ping) returns once its write is durable. The admin's changes are one
+//     write transaction each, with their audit entry; reads see one snapshot,
+//     long walks are chunked.
 //   - Reserve claims an idempotency key and places a hold for the request's
 //     amount on every cap window of the key in the same transaction, after
 //     policy.Decide against the counters read in it; Settle settles that hold,
 //     on the windows it was placed on, and stores Stripe's answer for replay. A
 //     money object's exposure is held money too (ObjectExposure, ObserveObject).
 //     So committed + held ≤ cap holds for every window under any concurrency,
-//     except where the ledger records why (CheckInvariant).
+//     across processes sharing a store, except where the ledger records why
+//     (CheckInvariant).
 //   - Business outcomes (ReserveOutcome, ClaimOutcome) are results, never
 //     errors; errors are the sentinels below, wrapped with context. Nothing
-//     above this package sees bbolt.
-//   - Open recovers: a request left in flight by a crash becomes outcome
-//     unknown, its hold still counted.
+//     above the stores sees their engines.
+//   - A request left in flight by a process that died becomes outcome
+//     unknown, its hold still counted: at the next open of a bbolt file, and
+//     once its lease lapsed on any store (the reaper).
 //   - Secrets, stored answers and claim results are sealed under the master key
 //     (AES-256-GCM), bound to their place; tokens are stored only as hashes.
 //
@@ -31,6 +36,7 @@ package vault
 
 import (
 	"crypto/sha256"
+	"encoding/base32"
 	"encoding/base64"
 	"errors"
 	"net/http"
@@ -240,6 +246,10 @@ func HoldID(keyID, idempotencyKey string) string {
 	sum := pairHash("hold", keyID, idempotencyKey)
 	return "hold_" + lowerBase32.EncodeToString(sum[:16])
 }
+
+// lowerBase32 is base32 with the "extended hex" alphabet in lower case and no
+// padding, so that encodings sort like the bytes they encode.
+var lowerBase32 = base32.NewEncoding("0123456789abcdefghijklmnopqrstuv").WithPadding(base32.NoPadding)
 
 // pairHash hashes a (keyID, idempotencyKey) pair under a purpose label. The NUL
 // separators keep ("a", "bc") and ("ab", "c") apart; key ids never contain NUL.

@@ -17,6 +17,7 @@ import (
 	"github.com/keybrake/keybrake/proxy"
 	"github.com/keybrake/keybrake/proxy/stripeapi"
 	"github.com/keybrake/keybrake/vault"
+	"github.com/keybrake/keybrake/vault/bolt"
 )
 
 // chargeAmount is every charge's amount, in minor units of usd.
@@ -62,7 +63,7 @@ type storeOptions struct {
 // writes them, so the records, holds, counters and ledger events look like
 // production's).
 func prepareStore(ctx context.Context, opts storeOptions) (storeSetup, error) {
-	s, err := vault.Open(opts.path, vault.Options{
+	s, err := bolt.Open(opts.path, bolt.Options{
 		MasterKey: opts.masterKey,
 		Now:       opts.now,
 		Logger:    slog.New(slog.DiscardHandler),
@@ -77,7 +78,7 @@ func prepareStore(ctx context.Context, opts storeOptions) (storeSetup, error) {
 	return setup, err
 }
 
-func fillStore(ctx context.Context, s *vault.Store, opts storeOptions) (storeSetup, error) {
+func fillStore(ctx context.Context, s vault.Store, opts storeOptions) (storeSetup, error) {
 	var setup storeSetup
 	if _, err := s.PutUpstream(ctx, "keybrake-bench", "default", "stripe", opts.secret); err != nil {
 		return setup, fmt.Errorf("register upstream: %w", err)
@@ -137,7 +138,7 @@ func benchPolicy(now time.Time) (policy.Policy, error) {
 
 // seedRecords writes opts.records completed charges, record n under key n mod
 // len(keyIDs), from seedWorkers callers.
-func seedRecords(ctx context.Context, s *vault.Store, keyIDs []string, opts storeOptions) error {
+func seedRecords(ctx context.Context, s vault.Store, keyIDs []string, opts storeOptions) error {
 	params, err := stripeapi.ParseForm([]byte(chargeBody))
 	if err != nil {
 		return fmt.Errorf("seed: %w", err)
@@ -183,7 +184,7 @@ func seedRecords(ctx context.Context, s *vault.Store, keyIDs []string, opts stor
 
 // seedOne writes one completed charge as the proxy would: the claim and hold,
 // then the commit with Stripe's answer.
-func seedOne(ctx context.Context, s *vault.Store, keyID string, n int64, fingerprint string, body []byte) error {
+func seedOne(ctx context.Context, s vault.Store, keyID string, n int64, fingerprint string, body []byte) error {
 	idem := "bench-seed-" + strconv.FormatInt(n, 10)
 	res, err := s.Reserve(ctx, vault.ReserveRequest{
 		KeyID: keyID, IdempotencyKey: idem, Fingerprint: fingerprint, Metered: true,
@@ -218,7 +219,7 @@ type storeTotals struct {
 // readTotals opens the store after keybrake stopped and sums the period windows
 // of keyIDs.
 func readTotals(ctx context.Context, path string, masterKey []byte, keyIDs []string) (storeTotals, error) {
-	s, err := vault.Open(path, vault.Options{MasterKey: masterKey, Logger: slog.New(slog.DiscardHandler)})
+	s, err := bolt.Open(path, bolt.Options{MasterKey: masterKey, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		return storeTotals{}, fmt.Errorf("open store: %w", err)
 	}

@@ -24,6 +24,7 @@ import (
 	"github.com/keybrake/keybrake/policy"
 	"github.com/keybrake/keybrake/proxy"
 	"github.com/keybrake/keybrake/vault"
+	"github.com/keybrake/keybrake/vault/bolt"
 )
 
 // upstreamTimeout is the self target's --upstream-timeout.
@@ -118,7 +119,7 @@ func stripeError(w http.ResponseWriter, status int, typ, msg string) {
 type selfTarget struct {
 	fake     *fakeStripe
 	dir      string
-	store    *vault.Store
+	store    vault.Store
 	servers  []*http.Server
 	proxyURL string
 	adminURL string
@@ -145,7 +146,7 @@ func startSelf(ctx context.Context, capMinor int64, logw io.Writer) (*selfTarget
 		return st, fmt.Errorf("data directory: %w", err)
 	}
 	st.dir = dir
-	st.store, err = vault.Open(filepath.Join(dir, "keybrake.db"), vault.Options{
+	st.store, err = bolt.Open(filepath.Join(dir, "keybrake.db"), bolt.Options{
 		MasterKey: masterKey,
 		Lease:     proxy.RecommendedLease(upstreamTimeout),
 		Logger:    logger,

@@ -13,6 +13,7 @@ import (
 
 	"github.com/keybrake/keybrake/api"
 	"github.com/keybrake/keybrake/vault"
+	"github.com/keybrake/keybrake/vault/bolt"
 )
 
 // BackupConfig is the configuration of `keybrake backup`.
@@ -28,6 +29,9 @@ type BackupConfig struct {
 	Token string
 	// OpenTimeout is how long the offline copy waits for the database's file lock.
 	OpenTimeout time.Duration
+	// DatabaseURL, when set, names a PostgreSQL store, which backup refuses:
+	// pg_dump copies it.
+	DatabaseURL string
 	// Timeout bounds the whole online copy.
 	Timeout time.Duration
 }
@@ -43,6 +47,10 @@ func DefaultBackupConfig() BackupConfig {
 
 // Validate returns every problem with the configuration at once.
 func (c BackupConfig) Validate() error {
+	if c.DatabaseURL != "" {
+		return errors.New("database-url: keybrake backup copies a bbolt data directory; a PostgreSQL store is backed up with its own tools: " +
+			`pg_dump --format=custom --file=keybrake.dump "$KEYBRAKE_DATABASE_URL" (a consistent copy while replicas write)`)
+	}
 	var errs []error
 	if c.Out == "" {
 		errs = append(errs, errors.New("out: required"))
@@ -75,10 +83,12 @@ func (m *Main) parseBackup(args []string) error {
 	fs.StringVar(&c.Token, "token", c.Token, "admin JWT for --admin-url (default: "+envAdminToken+", else minted from the local JWT secret)")
 	fs.DurationVar(&c.OpenTimeout, "open-timeout", c.OpenTimeout, "how long to wait for the database lock (offline copy)")
 	fs.DurationVar(&c.Timeout, "timeout", c.Timeout, "time limit of the online copy")
+	fs.StringVar(&c.DatabaseURL, "database-url", c.DatabaseURL, "a PostgreSQL store's URL: refused, pg_dump backs it up")
 	if err := parseArgs(fs, args); err != nil {
 		return err
 	}
-	envs := map[string]string{"data-dir": envName("data-dir"), "admin-url": envName("admin-url"), "token": envAdminToken}
+	envs := map[string]string{"data-dir": envName("data-dir"), "admin-url": envName("admin-url"), "token": envAdminToken,
+		"database-url": envName("database-url")}
 	if err := applyEnv(fs, m.Getenv, envs); err != nil {
 		return fmt.Errorf("backup: %w", err)
 	}
@@ -125,7 +135,7 @@ func (m *Main) backupOffline(ctx context.Context) (int64, error) {
 	if err != nil {
 		return 0, fmt.Errorf("master key: %w", err)
 	}
-	store, err := vault.Open(dbPath, vault.Options{
+	store, err := bolt.Open(dbPath, bolt.Options{
 		MasterKey:   masterKey,
 		OpenTimeout: c.OpenTimeout,
 		Logger:      newStderrLogger(m),

@@ -19,6 +19,9 @@ import (
 type Config struct {
 	// DataDir holds keybrake.db and, in development, the generated secrets.
 	DataDir string
+	// DatabaseURL, when set (postgres://…), selects the PostgreSQL store, which
+	// several replicas may share, instead of bbolt in DataDir.
+	DatabaseURL string
 	// Listen is the proxy listener's address (Stripe API surface + agent endpoints).
 	Listen string
 	// AdminListen is the admin API and UI listener's address.
@@ -115,6 +118,9 @@ func (c Config) Validate() error {
 	if strings.TrimSpace(c.DataDir) == "" {
 		errs = append(errs, errors.New("data-dir: must not be empty"))
 	}
+	if err := validateDatabaseURL(c.DatabaseURL); err != nil {
+		errs = append(errs, fmt.Errorf("database-url: %w", err))
+	}
 	for _, a := range []struct{ name, addr string }{{"listen", c.Listen}, {"admin-listen", c.AdminListen}} {
 		if _, port, err := net.SplitHostPort(a.addr); err != nil || port == "" {
 			errs = append(errs, fmt.Errorf("%s: %q is not host:port", a.name, a.addr))
@@ -190,6 +196,31 @@ func validateBaseURL(s string) error {
 	return nil
 }
 
+// validateDatabaseURL accepts "" (bbolt) or a postgres:// (postgresql://) URL.
+// The error never quotes the URL: it may carry a password.
+func validateDatabaseURL(s string) error {
+	if s == "" {
+		return nil
+	}
+	u, err := url.Parse(s)
+	if err != nil {
+		return errors.New("does not parse as a URL (postgres://user:password@host:port/database?sslmode=…)")
+	}
+	if u.Scheme != "postgres" && u.Scheme != "postgresql" {
+		return fmt.Errorf("scheme %q: must be postgres:// or postgresql://", u.Scheme)
+	}
+	return nil
+}
+
+// redactedDatabaseURL is the URL without its password, for logs and messages.
+func redactedDatabaseURL(s string) string {
+	u, err := url.Parse(s)
+	if err != nil {
+		return "(unparsable URL)"
+	}
+	return u.Redacted()
+}
+
 // parseLevel maps a log level name to its slog level.
 func parseLevel(s string) (slog.Level, error) {
 	var l slog.Level
@@ -202,6 +233,7 @@ func parseLevel(s string) (slog.Level, error) {
 // bindFlags registers serve's flags on fs, writing into c.
 func (c *Config) bindFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.DataDir, "data-dir", c.DataDir, "directory holding keybrake.db (and the generated development secrets)")
+	fs.StringVar(&c.DatabaseURL, "database-url", c.DatabaseURL, "postgres://… URL: use the PostgreSQL store, which several replicas may share, instead of bbolt in --data-dir (prefer KEYBRAKE_DATABASE_URL or PGPASSWORD to keep a password off the command line)")
 	fs.StringVar(&c.Listen, "listen", c.Listen, "proxy listener address (Stripe API surface)")
 	fs.StringVar(&c.AdminListen, "admin-listen", c.AdminListen, "admin API listener address")
 	fs.StringVar(&c.StripeURL, "stripe-url", c.StripeURL, "upstream Stripe API base URL")

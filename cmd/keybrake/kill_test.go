@@ -25,7 +25,7 @@ import (
 
 	"github.com/keybrake/keybrake/policy"
 	"github.com/keybrake/keybrake/proxy/proxytest"
-	"github.com/keybrake/keybrake/vault"
+	"github.com/keybrake/keybrake/vault/bolt"
 )
 
 // MustBuildBinary builds cmd/keybrake into a temporary directory (with -race when
@@ -181,7 +181,7 @@ func TestKill9UnderLoad(t *testing.T) {
 	capCents := capDollars * 100
 	var keyID, vaultKey string
 	func() {
-		s, err := vault.Open(dbPath, vault.Options{MasterKey: masterKey})
+		s, err := bolt.Open(dbPath, bolt.Options{MasterKey: masterKey})
 		require.NoError(t, err)
 		defer s.Close()
 		_, err = s.PutUpstream(context.Background(), "test", upstreamDefault, "stripe", fake.Secret)

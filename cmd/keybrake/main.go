@@ -107,7 +107,7 @@ type Main struct {
 
 	logger    *slog.Logger
 	metrics   *api.Metrics
-	store     *vault.Store
+	store     vault.Store
 	proxyLn   net.Listener
 	adminLn   net.Listener
 	proxyTLS  *certReloader // nil without --tls-cert

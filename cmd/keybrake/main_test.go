@@ -24,6 +24,7 @@ import (
 	"github.com/keybrake/keybrake/policy"
 	"github.com/keybrake/keybrake/proxy/proxytest"
 	"github.com/keybrake/keybrake/vault"
+	"github.com/keybrake/keybrake/vault/bolt"
 )
 
 // syncBuffer collects a program's output.
@@ -129,9 +130,9 @@ func MustMasterKey(tb testing.TB, dataDir string) []byte {
 }
 
 // MustOpenStore opens a database file with masterKey and closes it in t.Cleanup.
-func MustOpenStore(tb testing.TB, path string, masterKey []byte) *vault.Store {
+func MustOpenStore(tb testing.TB, path string, masterKey []byte) vault.Store {
 	tb.Helper()
-	s, err := vault.Open(path, vault.Options{MasterKey: masterKey, OpenTimeout: 2 * time.Second})
+	s, err := bolt.Open(path, bolt.Options{MasterKey: masterKey, OpenTimeout: 2 * time.Second})
 	require.NoError(tb, err)
 	tb.Cleanup(func() { _ = s.Close() })
 	return s
@@ -155,7 +156,7 @@ func MustPolicy(tb testing.TB, capDollars int64) policy.Policy {
 }
 
 // MustMintKey mints a vault key on upstream "default" directly in the store.
-func MustMintKey(tb testing.TB, s *vault.Store, name string, capDollars int64) (vault.Key, string) {
+func MustMintKey(tb testing.TB, s vault.Store, name string, capDollars int64) (vault.Key, string) {
 	tb.Helper()
 	k, token, err := s.MintKey(context.Background(), "test", vault.MintRequest{
 		Name: name, Upstream: upstreamDefault, Policy: MustPolicy(tb, capDollars),

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/keybrake/keybrake/vault"
+	"github.com/keybrake/keybrake/vault/bolt"
 )
 
 // envNewMasterKey backs rekey's --new-master-key (safer than the flag, which
@@ -26,6 +27,9 @@ type RekeyConfig struct {
 	NewMasterKey string
 	// OpenTimeout is how long rekey waits for the database's file lock.
 	OpenTimeout time.Duration
+	// DatabaseURL, when set, names a PostgreSQL store, which rekey refuses for
+	// now (docs/decisions/0019-rekey-is-bbolt-only.md).
+	DatabaseURL string
 }
 
 // DefaultRekeyConfig returns rekey's defaults.
@@ -35,6 +39,9 @@ func DefaultRekeyConfig() RekeyConfig {
 
 // Validate returns every problem with the configuration at once.
 func (c RekeyConfig) Validate() error {
+	if c.DatabaseURL != "" {
+		return errors.New("database-url: keybrake rekey re-seals a bbolt data directory; it cannot rekey a PostgreSQL store yet")
+	}
 	var errs []error
 	if c.NewMasterKey == "" {
 		errs = append(errs, fmt.Errorf("new-master-key: required (or %s); make one with: openssl rand -base64 32", envNewMasterKey))
@@ -62,10 +69,12 @@ func (m *Main) parseRekey(args []string) error {
 	fs.StringVar(&c.DataDir, "data-dir", c.DataDir, "data directory holding keybrake.db")
 	fs.StringVar(&c.NewMasterKey, "new-master-key", c.NewMasterKey, "the new master key, base64 of 32 bytes (default: "+envNewMasterKey+")")
 	fs.DurationVar(&c.OpenTimeout, "open-timeout", c.OpenTimeout, "how long to wait for the database lock")
+	fs.StringVar(&c.DatabaseURL, "database-url", c.DatabaseURL, "a PostgreSQL store's URL: refused, rekey works on bbolt only for now")
 	if err := parseArgs(fs, args); err != nil {
 		return err
 	}
-	envs := map[string]string{"data-dir": envName("data-dir"), "new-master-key": envNewMasterKey}
+	envs := map[string]string{"data-dir": envName("data-dir"), "new-master-key": envNewMasterKey,
+		"database-url": envName("database-url")}
 	if err := applyEnv(fs, m.Getenv, envs); err != nil {
 		return fmt.Errorf("rekey: %w", err)
 	}
@@ -93,7 +102,7 @@ func (m *Main) runRekey(ctx context.Context) error {
 		return fmt.Errorf("rekey: new master key: %w", err)
 	}
 
-	stats, err := vault.Rekey(ctx, dbPath, oldKey, newKey, vault.RekeyOptions{OpenTimeout: c.OpenTimeout})
+	stats, err := bolt.Rekey(ctx, dbPath, oldKey, newKey, bolt.RekeyOptions{OpenTimeout: c.OpenTimeout})
 	switch {
 	case errors.Is(err, vault.ErrLocked):
 		return fmt.Errorf("rekey: another keybrake process holds %s: stop the server first", dbPath)
@@ -128,7 +137,7 @@ func (m *Main) runRekey(ctx context.Context) error {
 
 // sealedUnder reports whether key opens the database at path.
 func sealedUnder(path string, key []byte, timeout time.Duration) bool {
-	s, err := vault.Open(path, vault.Options{MasterKey: key, OpenTimeout: timeout, Logger: slog.New(slog.DiscardHandler)})
+	s, err := bolt.Open(path, bolt.Options{MasterKey: key, OpenTimeout: timeout, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		return false
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/keybrake/keybrake/proxy/proxytest"
 	"github.com/keybrake/keybrake/vault"
+	"github.com/keybrake/keybrake/vault/bolt"
 )
 
 // MustNewMasterKeyText returns a fresh master key in its environment form.
@@ -94,7 +95,7 @@ func TestRekeyFinishesAnInterruptedRekey(t *testing.T) {
 	newText := MustNewMasterKeyText(t)
 	newKey, err := decodeMasterKey(newText)
 	require.NoError(t, err)
-	_, err = vault.Rekey(context.Background(), filepath.Join(dataDir, databaseFile), oldKey, newKey, vault.RekeyOptions{})
+	_, err = bolt.Rekey(context.Background(), filepath.Join(dataDir, databaseFile), oldKey, newKey, bolt.RekeyOptions{})
 	require.NoError(t, err) // the database is replaced; master.key still holds the old key
 
 	out := MustRunCommand(t, env{envNewMasterKey: newText}, "rekey", "--data-dir", dataDir)

@@ -20,6 +20,8 @@ import (
 	"github.com/keybrake/keybrake/proxy"
 	"github.com/keybrake/keybrake/proxy/logfield"
 	"github.com/keybrake/keybrake/vault"
+	"github.com/keybrake/keybrake/vault/bolt"
+	"github.com/keybrake/keybrake/vault/postgres"
 )
 
 // actorSystem names the program itself in the audit log.
@@ -64,17 +66,9 @@ func (m *Main) runServe(ctx context.Context) error {
 		return err
 	}
 
-	dbPath := filepath.Join(cfg.DataDir, databaseFile)
-	store, err := vault.Open(dbPath, vault.Options{
-		MasterKey:      masterKey,
-		IdempotencyTTL: cfg.IdempotencyTTL,
-		Lease:          cfg.Lease(),
-		Logger:         logger, // each package adds its own "component"
-		OpenTimeout:    cfg.OpenTimeout,
-		CommitObserver: m.metrics.ObserveCommit,
-	})
+	store, err := m.openStore(ctx, masterKey, masterSrc, log)
 	if err != nil {
-		return openStoreError(dbPath, masterSrc, err)
+		return err
 	}
 	m.store = store
 	if err := m.metrics.WatchStore(store); err != nil {
@@ -201,6 +195,52 @@ func (m *Main) loadSecrets(log *slog.Logger) (masterKey []byte, masterSrc secret
 	}
 	log.Info("secrets loaded", "master_key", masterSrc, "jwt_secret", jwtSrc)
 	return masterKey, masterSrc, jwtSecret, nil
+}
+
+// openStore opens the store the configuration names: PostgreSQL with
+// --database-url, else bbolt in the data directory.
+func (m *Main) openStore(ctx context.Context, masterKey []byte, masterSrc secretSource, log *slog.Logger) (vault.Store, error) {
+	cfg := m.Config
+	if cfg.DatabaseURL != "" {
+		store, err := postgres.Open(ctx, cfg.DatabaseURL, postgres.Options{
+			MasterKey:      masterKey,
+			IdempotencyTTL: cfg.IdempotencyTTL,
+			Lease:          cfg.Lease(),
+			Logger:         m.logger, // each package adds its own "component"
+			CommitObserver: m.metrics.ObserveCommit,
+		})
+		if err != nil {
+			return nil, openPostgresError(redactedDatabaseURL(cfg.DatabaseURL), masterSrc, err)
+		}
+		log.Info("store opened", "store", "postgres", "database", redactedDatabaseURL(cfg.DatabaseURL))
+		return store, nil
+	}
+	dbPath := filepath.Join(cfg.DataDir, databaseFile)
+	store, err := bolt.Open(dbPath, bolt.Options{
+		MasterKey:      masterKey,
+		IdempotencyTTL: cfg.IdempotencyTTL,
+		Lease:          cfg.Lease(),
+		Logger:         m.logger,
+		OpenTimeout:    cfg.OpenTimeout,
+		CommitObserver: m.metrics.ObserveCommit,
+	})
+	if err != nil {
+		return nil, openStoreError(dbPath, masterSrc, err)
+	}
+	return store, nil
+}
+
+// openPostgresError is openStoreError for the PostgreSQL store at db (its URL
+// without the password).
+func openPostgresError(db string, masterSrc secretSource, err error) error {
+	switch {
+	case errors.Is(err, vault.ErrSealed):
+		return fmt.Errorf("the PostgreSQL store %s was created with another master key than this replica's (from %s): "+
+			"every replica of one store needs the same %s: %w", db, masterSrc, envMasterKey, err)
+	case errors.Is(err, vault.ErrSchemaVersion):
+		return fmt.Errorf("the PostgreSQL store %s was migrated by a newer keybrake: run that version on every replica: %w", db, err)
+	}
+	return fmt.Errorf("open the PostgreSQL store %s: %w", db, err)
 }
 
 // openStoreError turns the store's refusal to open into what the operator should
@@ -450,7 +490,7 @@ func (m *Main) AdminURL() string {
 func (m *Main) PublicURL() string { return m.publicURL }
 
 // Store is the open store while serving (nil otherwise); for tests and embedders.
-func (m *Main) Store() *vault.Store { return m.store }
+func (m *Main) Store() vault.Store { return m.store }
 
 // inflight counts handlers that are running, so Close can wait for the ones whose
 // connections it had to close before it closes the store under them.

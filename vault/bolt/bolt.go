@@ -1,0 +1,318 @@
+// Package bolt is the vault's store on bbolt: one file, one writer, the
+// default. The vault's rules run in the shared engine (vault/internal/engine)
+// over this package's transactions; this package owns the file — its buckets,
+// the group committer that shares fsyncs between concurrent writers, recovery
+// at start, hot backups and rekeying.
+//
+// Only one process opens the file at a time (a file lock), so Open recovers
+// every request a previous process left in flight: its record becomes outcome
+// unknown, its hold still counted.
+package bolt
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	bbolt "go.etcd.io/bbolt"
+	bolterrors "go.etcd.io/bbolt/errors"
+
+	"github.com/keybrake/keybrake/vault"
+	"github.com/keybrake/keybrake/vault/internal/engine"
+)
+
+// Options configure a Store. Zero values take the documented defaults.
+type Options struct {
+	// MasterKey is the 32-byte AES-256-GCM key that seals upstream secrets and stored
+	// responses. Required.
+	MasterKey []byte
+	// Now is the clock; time.Now when nil. Captured once per transaction.
+	Now func() time.Time
+	// IdempotencyTTL is how long completed records replay (default 24h).
+	IdempotencyTTL time.Duration
+	// UnknownRetryLimit is the age after which an unknown record is no longer
+	// re-forwarded (default 23h).
+	UnknownRetryLimit time.Duration
+	// Lease is how long an in_progress claim is held before it may be taken over
+	// (default 2 minutes; the proxy sets upstream timeout + margin).
+	Lease time.Duration
+	// Logger; slog.Default() when nil.
+	Logger *slog.Logger
+	// OpenTimeout is how long Open waits for the file lock (default 5s).
+	OpenTimeout time.Duration
+	// CommitObserver, when set, is called after every write transaction of the
+	// group committer (Reserve, Settle, the claims API) with the number of
+	// operations it carried and how long it took, fsyncs included. It runs on the
+	// committer's goroutine, so it must return at once (a metrics observation).
+	CommitObserver func(ops int, d time.Duration)
+}
+
+// DefaultOpenTimeout is how long Open waits for the file lock by default.
+const DefaultOpenTimeout = 5 * time.Second
+
+// initialMmapSize is mapped up front so that growing the file rarely has to remap
+// (a remap waits for every read transaction).
+const initialMmapSize = 64 << 20
+
+// Store is the vault on bbolt. It is safe for concurrent use. Reserve, Settle
+// and the other hot-path writes are group-committed: concurrent callers share
+// fsyncs.
+type Store struct {
+	*engine.Engine
+	db  *bbolt.DB
+	now func() time.Time
+	log *slog.Logger
+
+	// Group commit: ops go to commitLoop through ops. closeMu guards closed and the
+	// send on ops, so Close can close ops once no sender is left.
+	closeMu  sync.RWMutex
+	closed   bool
+	ops      chan *batchOp
+	loopDone chan struct{}
+	observe  func(ops int, d time.Duration) // Options.CommitObserver; may be nil
+	commits  atomic.Int64                   // write transactions run by commitLoop
+}
+
+var _ vault.Store = (*Store)(nil)
+
+// Open opens (creating if needed) the bbolt database at path, checks or writes the
+// schema version, and recovers: records left in_progress by a previous process
+// become unknown (their holds stay held, counted as held).
+//
+// Errors: ErrInvalid (master key not 32 bytes), ErrLocked (another process has the
+// file), ErrSchemaVersion (written by a newer keybrake), ErrSealed (the master key
+// is not the one the database was created with), ErrStorage.
+func Open(path string, opts Options) (*Store, error) {
+	s := &Store{
+		now:      opts.Now,
+		observe:  opts.CommitObserver,
+		ops:      make(chan *batchOp, maxBatch),
+		loopDone: make(chan struct{}),
+	}
+	if s.now == nil {
+		s.now = time.Now
+	}
+	var err error
+	s.Engine, err = engine.New((*backend)(s), engine.Config{
+		MasterKey: opts.MasterKey, IdempotencyTTL: opts.IdempotencyTTL,
+		UnknownRetryLimit: opts.UnknownRetryLimit, Lease: opts.Lease, Logger: opts.Logger,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("open %s: %w", path, err)
+	}
+	s.log = s.Log()
+	timeout := opts.OpenTimeout
+	if timeout <= 0 {
+		timeout = DefaultOpenTimeout
+	}
+	db, err := bbolt.Open(path, 0o600, &bbolt.Options{
+		Timeout:         timeout,
+		FreelistType:    bbolt.FreelistMapType,
+		InitialMmapSize: initialMmapSize,
+		// NoSync, NoGrowSync and NoFreelistSync stay false: every commit is durable.
+	})
+	if err != nil {
+		return nil, fmt.Errorf("open %s: %w", path, translate(err))
+	}
+	s.db = db
+	var recovered int
+	err = db.Update(func(btx *bbolt.Tx) error {
+		for _, b := range engine.Buckets() {
+			if _, err := btx.CreateBucketIfNotExists([]byte(b.Name())); err != nil {
+				return fmt.Errorf("create bucket %s: %w", b.Name(), err)
+			}
+		}
+		tx := newTx(btx)
+		if err := s.InitMeta(tx); err != nil {
+			return err
+		}
+		n, err := engine.RecoverInProgress(tx, s.now())
+		recovered = n
+		return err
+	})
+	if err != nil {
+		_ = db.Close()
+		return nil, fmt.Errorf("open %s: %w", path, translate(err))
+	}
+	if recovered > 0 {
+		s.log.Warn("recovered in-flight requests as outcome unknown", "records", recovered)
+	}
+	go s.commitLoop()
+	return s, nil
+}
+
+// Close stops the committer (pending Reserve and Settle calls finish first), then
+// closes the database. Calls after Close return ErrClosed.
+func (s *Store) Close() error {
+	s.closeMu.Lock()
+	if s.closed {
+		s.closeMu.Unlock()
+		return nil
+	}
+	s.closed = true
+	close(s.ops)
+	s.closeMu.Unlock()
+	<-s.loopDone
+	if err := s.db.Close(); err != nil {
+		return fmt.Errorf("close: %w", translate(err))
+	}
+	return nil
+}
+
+// isClosed reports whether Close has been called.
+func (s *Store) isClosed() bool {
+	s.closeMu.RLock()
+	defer s.closeMu.RUnlock()
+	return s.closed
+}
+
+// backend is the Store as the engine's Backend: its transactions.
+type backend Store
+
+// Update runs fn in one bbolt write transaction with the clock read once.
+func (s *backend) Update(ctx context.Context, fn engine.TxFunc) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return translate(s.db.Update(func(btx *bbolt.Tx) error { return fn(newTx(btx), s.now()) }))
+}
+
+// View runs fn in one bbolt read transaction with the clock read once.
+func (s *backend) View(ctx context.Context, fn engine.TxFunc) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return translate(s.db.View(func(btx *bbolt.Tx) error { return fn(newTx(btx), s.now()) }))
+}
+
+// Size is the size of the database file in bytes: what it takes on disk (bbolt
+// grows the file ahead of its data and never shrinks it). ErrClosed after Close.
+func (s *Store) Size(ctx context.Context) (int64, error) {
+	if s.isClosed() {
+		return 0, fmt.Errorf("size: %w", vault.ErrClosed)
+	}
+	fi, err := os.Stat(s.db.Path())
+	if err != nil {
+		return 0, fmt.Errorf("size: %w: %s", vault.ErrStorage, err.Error())
+	}
+	return fi.Size(), nil
+}
+
+// Backup writes a hot, consistent copy of the database to w: tx.WriteTo in
+// one read transaction, while writers go on.
+func (s *Store) Backup(ctx context.Context, w io.Writer) (int64, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	var n int64
+	err := translate(s.db.View(func(tx *bbolt.Tx) error {
+		var err error
+		n, err = tx.WriteTo(w)
+		return err
+	}))
+	if err != nil {
+		return n, fmt.Errorf("backup: %w", err)
+	}
+	return n, nil
+}
+
+// translate maps bbolt's errors to the vault's vocabulary so that nothing above this
+// package sees bbolt. Errors that already belong to the vault pass through.
+func translate(err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, bolterrors.ErrDatabaseNotOpen), errors.Is(err, bolterrors.ErrTxClosed):
+		return vault.ErrClosed
+	case errors.Is(err, bolterrors.ErrTimeout):
+		return vault.ErrLocked
+	case errors.Is(err, bolterrors.ErrKeyTooLarge), errors.Is(err, bolterrors.ErrKeyRequired),
+		errors.Is(err, bolterrors.ErrValueTooLarge):
+		return fmt.Errorf("%w: %s", vault.ErrInvalid, err.Error())
+	case errors.Is(err, bolterrors.ErrInvalid), errors.Is(err, bolterrors.ErrVersionMismatch),
+		errors.Is(err, bolterrors.ErrChecksum), errors.Is(err, bolterrors.ErrDatabaseReadOnly),
+		errors.Is(err, bolterrors.ErrTxNotWritable), errors.Is(err, bolterrors.ErrBucketNotFound),
+		errors.Is(err, bolterrors.ErrIncompatibleValue), errors.Is(err, bolterrors.ErrMaxSizeReached):
+		return fmt.Errorf("%w: %s", vault.ErrStorage, err.Error())
+	}
+	if engine.IsVaultError(err) {
+		return err
+	}
+	// I/O errors and anything else from the engine: keep the text, not the chain.
+	return fmt.Errorf("%w: %s", vault.ErrStorage, err.Error())
+}
+
+// tx is a bbolt transaction as the engine sees it.
+type tx struct {
+	btx     *bbolt.Tx
+	buckets [engine.NumBuckets]*bbolt.Bucket
+}
+
+func newTx(btx *bbolt.Tx) *tx { return &tx{btx: btx} }
+
+// appendFill is the fill percent of buckets whose keys only grow (events, audit,
+// the hold index): pages split full rather than half full.
+const appendFill = 0.9
+
+// bucket returns b's bbolt bucket, looked up once per transaction.
+func (t *tx) bucket(b engine.Bucket) *bbolt.Bucket {
+	if bk := t.buckets[b]; bk != nil {
+		return bk
+	}
+	bk := t.btx.Bucket([]byte(b.Name()))
+	switch b {
+	case engine.BucketEvents, engine.BucketAudit, engine.BucketHoldIndex:
+		bk.FillPercent = appendFill
+	}
+	t.buckets[b] = bk
+	return bk
+}
+
+func (t *tx) Get(b engine.Bucket, k []byte) ([]byte, error) { return t.bucket(b).Get(k), nil }
+
+func (t *tx) GetMany(b engine.Bucket, keys [][]byte) ([][]byte, error) {
+	bk := t.bucket(b)
+	out := make([][]byte, len(keys))
+	for i, k := range keys {
+		out[i] = bk.Get(k)
+	}
+	return out, nil
+}
+
+func (t *tx) Put(b engine.Bucket, k, v []byte) error { return t.bucket(b).Put(k, v) }
+
+func (t *tx) Append(b engine.Bucket, prefix, v []byte) error {
+	bk := t.bucket(b)
+	seq, err := bk.NextSequence()
+	if err != nil {
+		return err
+	}
+	return bk.Put(binary.BigEndian.AppendUint64(bytes.Clone(prefix), seq), v)
+}
+
+// Insert is Put after a check: with one writer at a time, a key the engine
+// found free in this transaction is still free, so a key that is taken is a
+// bug, refused rather than overwritten.
+func (t *tx) Insert(b engine.Bucket, k, v []byte) error {
+	if t.bucket(b).Get(k) != nil {
+		return fmt.Errorf("insert into %s: the key is taken: %w", b.Name(), vault.ErrConflict)
+	}
+	return t.bucket(b).Put(k, v)
+}
+
+func (t *tx) Delete(b engine.Bucket, k []byte) error { return t.bucket(b).Delete(k) }
+
+func (t *tx) NextSequence(b engine.Bucket) (uint64, error) { return t.bucket(b).NextSequence() }
+
+func (t *tx) Cursor(b engine.Bucket) engine.Cursor { return t.bucket(b).Cursor() }
+
+// LockKey has nothing to do: bbolt runs one write transaction at a time.
+func (t *tx) LockKey(string) error { return nil }

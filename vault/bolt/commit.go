@@ -1,0 +1,168 @@
+package bolt
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+	"time"
+
+	bbolt "go.etcd.io/bbolt"
+
+	"github.com/keybrake/keybrake/vault"
+	"github.com/keybrake/keybrake/vault/internal/engine"
+)
+
+// maxBatch bounds how many operations share one write transaction (and its fsyncs).
+const maxBatch = 256
+
+// batchOp is one group-committed operation. run must be safe to run more than once:
+// it resets its result state at the start of every run, because a batch whose
+// transaction fails is rolled back and its ops are re-run one by one. run returns an
+// error only when the transaction must be rolled back (a storage failure, or a
+// domain error found after it has written something); business outcomes and domain
+// errors found before any write are recorded in the op's own result instead, so one
+// op cannot fail the others.
+type batchOp struct {
+	run  engine.TxFunc
+	done chan error
+}
+
+// Submit queues run for the committer and waits for its transaction to commit.
+// Once queued, it waits even if ctx ends: the write may already be durable, and
+// the caller must learn its result.
+func (s *backend) Submit(ctx context.Context, run engine.TxFunc) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	op := &batchOp{run: run, done: make(chan error, 1)}
+	s.closeMu.RLock()
+	if s.closed {
+		s.closeMu.RUnlock()
+		return vault.ErrClosed
+	}
+	s.ops <- op
+	s.closeMu.RUnlock()
+	return <-op.done
+}
+
+// commitLoop is the group committer. It takes every op queued while the previous
+// transaction was committing and applies them all in one write transaction, so
+// concurrent callers share its fsyncs. It exits when ops is closed and drained.
+func (s *Store) commitLoop() {
+	defer close(s.loopDone)
+	batch := make([]*batchOp, 0, maxBatch)
+	prev := 0
+	for op := range s.ops {
+		batch = append(batch[:0], op)
+		batch = drain(s.ops, batch)
+		if prev > 1 {
+			batch = linger(s.ops, batch)
+		}
+		s.runBatch(batch)
+		prev = len(batch)
+		clear(batch)
+	}
+}
+
+// Lingering: when the previous batch had several operations, the callers it just
+// answered are about to queue their next one. The committer waits for them while
+// they keep arriving (each within lingerQuiet of the last, lingerMax in all), so
+// concurrent callers share one batch instead of alternating between two half-size
+// ones. A lone caller never waits; the wait is short next to an fsync.
+const (
+	lingerQuiet = 50 * time.Microsecond
+	lingerMax   = 500 * time.Microsecond
+)
+
+// linger collects operations while they keep arriving; see lingerQuiet. It polls
+// and yields rather than sleeping on a timer: a timer shorter than a millisecond
+// may fire a millisecond late on an idle process, longer than the commit it is
+// meant to fill.
+func linger(ops <-chan *batchOp, batch []*batchOp) []*batchOp {
+	start := time.Now()
+	last := start
+	for len(batch) < maxBatch {
+		select {
+		case next, ok := <-ops:
+			if !ok {
+				return batch
+			}
+			batch = append(batch, next)
+			last = time.Now()
+			continue
+		default:
+		}
+		now := time.Now()
+		if now.Sub(last) >= lingerQuiet || now.Sub(start) >= lingerMax {
+			return batch
+		}
+		runtime.Gosched()
+	}
+	return batch
+}
+
+// drain appends whatever is queued, without waiting, up to maxBatch.
+func drain(ops <-chan *batchOp, batch []*batchOp) []*batchOp {
+	for len(batch) < maxBatch {
+		select {
+		case next, ok := <-ops:
+			if !ok {
+				return batch
+			}
+			batch = append(batch, next)
+		default:
+			return batch
+		}
+	}
+	return batch
+}
+
+func (s *Store) runBatch(batch []*batchOp) {
+	start := time.Now()
+	err := s.db.Update(func(btx *bbolt.Tx) error {
+		now := s.now()
+		tx := newTx(btx)
+		for _, op := range batch {
+			if err := safeRun(op, tx, now); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	s.observeCommit(len(batch), start)
+	if err == nil || len(batch) == 1 {
+		for _, op := range batch {
+			op.done <- translate(err)
+		}
+		return
+	}
+	// Something failed and rolled the whole batch back: run each op alone so that
+	// only the op that fails sees the failure.
+	s.log.Warn("group commit failed; retrying its operations one by one", "ops", len(batch), "error", err)
+	for _, op := range batch {
+		start := time.Now()
+		err := s.db.Update(func(btx *bbolt.Tx) error { return safeRun(op, newTx(btx), s.now()) })
+		s.observeCommit(1, start)
+		op.done <- translate(err)
+	}
+}
+
+// observeCommit counts one write transaction of the committer and reports it to
+// the CommitObserver, if there is one.
+func (s *Store) observeCommit(ops int, start time.Time) {
+	s.commits.Add(1)
+	if s.observe != nil {
+		s.observe(ops, time.Since(start))
+	}
+}
+
+// safeRun runs one op, turning a panic into an error so that a bug in one op can
+// neither kill the committer (and hang every caller) nor commit half an op.
+func safeRun(op *batchOp, tx engine.Tx, now time.Time) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("panic in store operation: %v", r)
+		}
+	}()
+	return op.run(tx, now)
+}

@@ -1,0 +1,300 @@
+package bolt
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/keybrake/keybrake/vault"
+	"github.com/keybrake/keybrake/vault/internal/engine"
+	bbolt "go.etcd.io/bbolt"
+)
+
+// RekeyOptions configure Rekey. Zero values take the documented defaults.
+type RekeyOptions struct {
+	// OpenTimeout is how long Rekey waits for the database's file lock (default
+	// DefaultOpenTimeout): a running server holds it.
+	OpenTimeout time.Duration
+
+	// batch is the most entries one transaction of the copy writes (tests lower it).
+	batch int
+	// hook, when set, is called at each stage of the copy ("batch" after every
+	// transaction of the copy, "copied" before the rename, "renamed" after it), so
+	// a test can kill the process at any of them.
+	hook func(stage string)
+}
+
+// RekeyStats counts the values Rekey sealed again under the new master key.
+type RekeyStats struct {
+	Upstreams    int // upstream secrets
+	Responses    int // stored Stripe answers of idempotency records
+	ClaimResults int // results of completed claims
+}
+
+// rekeyBatch is how many entries one write transaction of the copy carries.
+const rekeyBatch = 10000
+
+// Rekey seals every sealed value of the database at path again under newKey.
+// oldKey must be the master key the database was sealed with. The database must
+// not be in use: Rekey takes its file lock (ErrLocked when a server holds it).
+//
+// It never changes the file in place. It writes a complete copy beside it (every
+// bucket and entry, with each sealed value — upstream secrets, stored responses,
+// claim results and the master key check — opened with oldKey and sealed with
+// newKey), syncs it, checks that newKey opens it, and renames it over path. A
+// failure or a crash at any moment leaves path as it was, sealed under oldKey, or
+// replaced by the complete copy, sealed under newKey; never a mix. A temporary
+// file a crash left behind is removed by the next Rekey.
+//
+// Errors: ErrInvalid (a key not 32 bytes, or the same key twice), ErrNotFound (no
+// database at path), ErrLocked, ErrSealed (oldKey does not open the database),
+// ErrSchemaVersion, ErrStorage.
+func Rekey(ctx context.Context, path string, oldKey, newKey []byte, opts RekeyOptions) (RekeyStats, error) {
+	stats, err := rekey(ctx, path, oldKey, newKey, opts)
+	if err != nil {
+		return RekeyStats{}, fmt.Errorf("rekey %s: %w", path, err)
+	}
+	return stats, nil
+}
+
+func rekey(ctx context.Context, path string, oldKey, newKey []byte, opts RekeyOptions) (RekeyStats, error) {
+	from, err := engine.NewSealer(oldKey)
+	if err != nil {
+		return RekeyStats{}, fmt.Errorf("old key: %w", err)
+	}
+	to, err := engine.NewSealer(newKey)
+	if err != nil {
+		return RekeyStats{}, fmt.Errorf("new key: %w", err)
+	}
+	if bytes.Equal(oldKey, newKey) {
+		return RekeyStats{}, fmt.Errorf("the new master key is the old one: %w", vault.ErrInvalid)
+	}
+	if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) {
+		return RekeyStats{}, fmt.Errorf("no database: %w", vault.ErrNotFound)
+	}
+	if opts.OpenTimeout <= 0 {
+		opts.OpenTimeout = DefaultOpenTimeout
+	}
+	if opts.batch <= 0 {
+		opts.batch = rekeyBatch
+	}
+	hook := opts.hook
+	if hook == nil {
+		hook = func(string) {}
+	}
+
+	// The exclusive lock keeps a server (and a second rekey) out until the copy is
+	// in place.
+	src, err := bbolt.Open(path, 0o600, &bbolt.Options{Timeout: opts.OpenTimeout})
+	if err != nil {
+		return RekeyStats{}, translate(err)
+	}
+	defer src.Close()
+	if err := translate(src.View(func(tx *bbolt.Tx) error { return checkRekeySource(tx, from) })); err != nil {
+		return RekeyStats{}, err
+	}
+	if err := removeRekeyLeftovers(path); err != nil {
+		return RekeyStats{}, err
+	}
+
+	tmp, err := os.CreateTemp(filepath.Dir(path), rekeyTempPrefix(path)+"*")
+	if err != nil {
+		return RekeyStats{}, fmt.Errorf("%w: create the copy: %s", vault.ErrStorage, err.Error())
+	}
+	tmpPath := tmp.Name()
+	_ = tmp.Close()
+	renamed := false
+	defer func() {
+		if !renamed {
+			_ = os.Remove(tmpPath)
+		}
+	}()
+	// The copy is synced once, at the end: it becomes the database only after.
+	dst, err := bbolt.Open(tmpPath, 0o600, &bbolt.Options{Timeout: opts.OpenTimeout, NoSync: true})
+	if err != nil {
+		return RekeyStats{}, translate(err)
+	}
+	c := &rekeyCopy{from: from, to: to, dst: dst, batch: opts.batch, hook: hook}
+	err = src.View(func(stx *bbolt.Tx) error { return c.copyAll(ctx, stx) })
+	if cerr := ctx.Err(); err != nil && cerr != nil {
+		err = cerr // not a storage failure
+	} else {
+		err = translate(err)
+	}
+	if err == nil {
+		err = translate(dst.Sync())
+	}
+	if err == nil {
+		err = translate(dst.View(func(tx *bbolt.Tx) error { return checkRekeySource(tx, to) }))
+	}
+	if cerr := dst.Close(); err == nil {
+		err = translate(cerr)
+	}
+	if err != nil {
+		return RekeyStats{}, err
+	}
+	hook("copied")
+	if err := os.Rename(tmpPath, path); err != nil {
+		return RekeyStats{}, fmt.Errorf("%w: rename the copy into place: %s", vault.ErrStorage, err.Error())
+	}
+	renamed = true
+	hook("renamed")
+	if err := syncDirectory(filepath.Dir(path)); err != nil {
+		return c.stats, err
+	}
+	return c.stats, nil
+}
+
+// rekeyTempPrefix is the name prefix of Rekey's copy of the database at path.
+func rekeyTempPrefix(path string) string { return "." + filepath.Base(path) + ".rekey-" }
+
+// removeRekeyLeftovers removes the copies of a Rekey that died before its rename.
+// The caller holds the database's lock, so no other Rekey is writing one.
+func removeRekeyLeftovers(path string) error {
+	leftovers, err := filepath.Glob(filepath.Join(filepath.Dir(path), rekeyTempPrefix(path)+"*"))
+	if err != nil {
+		return fmt.Errorf("%w: %s", vault.ErrStorage, err.Error())
+	}
+	for _, f := range leftovers {
+		if err := os.Remove(f); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("%w: remove the leftover %s: %s", vault.ErrStorage, f, err.Error())
+		}
+	}
+	return nil
+}
+
+// syncDirectory fsyncs a directory so that a rename in it is durable.
+func syncDirectory(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return fmt.Errorf("%w: %s", vault.ErrStorage, err.Error())
+	}
+	defer d.Close()
+	if err := d.Sync(); err != nil {
+		return fmt.Errorf("%w: sync %s: %s", vault.ErrStorage, dir, err.Error())
+	}
+	return nil
+}
+
+// checkRekeySource checks that tx is a keybrake database this code can read
+// whose master key check opens with sl.
+func checkRekeySource(tx *bbolt.Tx, sl *engine.Sealer) error {
+	meta := tx.Bucket([]byte(engine.BucketMeta.Name()))
+	if meta == nil {
+		return fmt.Errorf("not a keybrake database (no meta bucket): %w", vault.ErrStorage)
+	}
+	v := meta.Get(engine.MetaSchemaVersion)
+	if len(v) != 8 {
+		return fmt.Errorf("schema version missing or malformed: %w", vault.ErrSchemaVersion)
+	}
+	if got := binary.BigEndian.Uint64(v); got > engine.SchemaVersion {
+		return fmt.Errorf("database schema version %d is newer than this keybrake's %d: %w", got, engine.SchemaVersion, vault.ErrSchemaVersion)
+	}
+	return sl.CheckMaster(meta.Get(engine.MetaMasterCheck))
+}
+
+// rekeyCopy copies a database into dst, sealing every sealed value again.
+type rekeyCopy struct {
+	from, to *engine.Sealer
+	dst      *bbolt.DB
+	batch    int
+	hook     func(string)
+	stats    RekeyStats
+}
+
+// copyAll copies every top-level bucket of stx, in transactions of at most c.batch
+// entries, with their sequences.
+func (c *rekeyCopy) copyAll(ctx context.Context, stx *bbolt.Tx) error {
+	return stx.ForEach(func(name []byte, sb *bbolt.Bucket) error {
+		tx, err := c.dst.Begin(true)
+		if err != nil {
+			return err
+		}
+		defer func() { _ = tx.Rollback() }() // after a Commit, a no-op
+		db, err := tx.CreateBucket(name)
+		if err != nil {
+			return fmt.Errorf("create bucket %s: %w", name, err)
+		}
+		n := 0
+		cur := sb.Cursor()
+		for k, v := cur.First(); k != nil; k, v = cur.Next() {
+			if v == nil { // a nested bucket: keybrake has none; copied as it is
+				if err := copyBucket(sb.Bucket(k), db, k); err != nil {
+					return err
+				}
+				continue
+			}
+			out, err := c.reseal(name, k, v)
+			if err != nil {
+				return err
+			}
+			if err := db.Put(k, out); err != nil {
+				return fmt.Errorf("put %s/%q: %w", name, k, err)
+			}
+			if n++; n%c.batch == 0 {
+				if err := ctx.Err(); err != nil {
+					return err
+				}
+				if err := tx.Commit(); err != nil {
+					return err
+				}
+				c.hook("batch")
+				if tx, err = c.dst.Begin(true); err != nil {
+					return err
+				}
+				db = tx.Bucket(name)
+			}
+		}
+		if err := db.SetSequence(sb.Sequence()); err != nil {
+			return fmt.Errorf("sequence of %s: %w", name, err)
+		}
+		if err := tx.Commit(); err != nil {
+			return err
+		}
+		c.hook("batch")
+		return nil
+	})
+}
+
+// copyBucket copies the nested bucket sb, entries, sub-buckets and sequence, as
+// the bucket name under parent.
+func copyBucket(sb, parent *bbolt.Bucket, name []byte) error {
+	db, err := parent.CreateBucket(name)
+	if err != nil {
+		return fmt.Errorf("create nested bucket %q: %w", name, err)
+	}
+	if err := db.SetSequence(sb.Sequence()); err != nil {
+		return err
+	}
+	return sb.ForEach(func(k, v []byte) error {
+		if v == nil {
+			return copyBucket(sb.Bucket(k), db, k)
+		}
+		return db.Put(k, v)
+	})
+}
+
+// reseal returns the value to write for the entry k of bucket: its sealed
+// value sealed again under the new key (engine.Reseal), counted.
+func (c *rekeyCopy) reseal(bucket, k, v []byte) ([]byte, error) {
+	b, ok := engine.BucketByName(string(bucket))
+	if !ok {
+		return v, nil // not keybrake's: copied as it is
+	}
+	out, kind, err := engine.Reseal(b, k, v, c.from, c.to)
+	switch kind {
+	case engine.ResealedUpstream:
+		c.stats.Upstreams++
+	case engine.ResealedResponse:
+		c.stats.Responses++
+	case engine.ResealedClaimResult:
+		c.stats.ClaimResults++
+	}
+	return out, err
+}

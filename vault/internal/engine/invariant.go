@@ -1,0 +1,234 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/keybrake/keybrake/policy"
+	"github.com/keybrake/keybrake/vault"
+)
+
+// CheckInvariant verifies, in one read transaction, that the counters agree with
+// the holds, the ledger and the caps (the rule is in docs/ARCHITECTURE.md, "The
+// invariant and its exceptions"). It returns nil, or ErrInvariant joined with one
+// error per violation.
+func (s *Engine) CheckInvariant(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	var problems []error
+	err := s.view(ctx, func(tx Tx, now time.Time) error {
+		var err error
+		problems, err = checkInvariantTx(tx, now)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("check invariant: %w", err)
+	}
+	if len(problems) == 0 {
+		return nil
+	}
+	return errors.Join(append([]error{vault.ErrInvariant}, problems...)...)
+}
+
+type sums struct{ held, committed, allowance int64 }
+
+func checkInvariantTx(tx Tx, now time.Time) ([]error, error) {
+	var problems []error
+	bad := func(format string, args ...any) { problems = append(problems, fmt.Errorf(format, args...)) }
+
+	// Live holds (held, unknown) and committed holds per counter; records and their
+	// holds must agree on state.
+	live := map[string]int64{}
+	committedHolds := map[string]int64{}
+	holdState := map[string]vault.HoldState{}
+	err := forEach(tx, BucketIdem, func(k, v []byte) error {
+		r, err := decodeRecord(k, v)
+		if err != nil {
+			return err
+		}
+		h := r.Hold
+		if h == nil {
+			return nil
+		}
+		holdState[h.ID] = h.State
+		switch {
+		case r.State == vault.RecordInProgress && h.State != vault.HoldHeld,
+			r.State == vault.RecordUnknown && h.State != vault.HoldUnknown,
+			r.State == vault.RecordCompleted && h.State != vault.HoldCommitted && h.State != vault.HoldReleased:
+			bad("record of %s/%q is %s but its hold %s is %s", r.KeyID, r.Idem, r.State, h.ID, h.State)
+		}
+		if h.Amount < 0 {
+			bad("hold %s has negative amount %d", h.ID, h.Amount)
+		}
+		for _, w := range h.WindowIDs {
+			ck := string(counterKey(h.KeyID, w))
+			switch h.State {
+			case vault.HoldHeld, vault.HoldUnknown:
+				live[ck] += h.Amount
+			case vault.HoldCommitted:
+				committedHolds[ck] += h.Amount
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+
+	// Live exposure of money objects is held on its windows like a hold.
+	err = forEach(tx, BucketObjects, func(k, v []byte) error {
+		keyID, objectID, _ := splitNul(k)
+		var o objectRec
+		if err := decodeJSON(k, v, &o); err != nil {
+			return err
+		}
+		if o.Amount < 0 {
+			bad("object %s of %s has negative committed amount %d", objectID, keyID, o.Amount)
+		}
+		for _, p := range o.Parts {
+			if p.Amount <= 0 {
+				bad("object %s of %s has an exposure part of %d", objectID, keyID, p.Amount)
+			}
+			for _, w := range p.WindowIDs {
+				live[string(counterKey(keyID, w))] += p.Amount
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+
+	// The hold index lists every hold once, with its state.
+	indexed := 0
+	err = forEach(tx, BucketHoldIndex, func(k, v []byte) error {
+		indexed++
+		id := string(k[8:])
+		if st, ok := holdState[id]; !ok || string(v) != string(st) {
+			bad("hold index says %s is %q; its record says %q", id, v, st)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	if indexed != len(holdState) {
+		bad("hold index has %d entries for %d holds", indexed, len(holdState))
+	}
+
+	// The ledger, summed per counter.
+	ledger := map[string]sums{}
+	err = forEach(tx, BucketEvents, func(k, v []byte) error {
+		e, err := decodeEvent(k, v)
+		if err != nil {
+			return err
+		}
+		if e.AllowanceDeltas != nil && len(e.AllowanceDeltas) != len(e.WindowIDs) {
+			bad("event %s has %d allowance deltas for %d windows", e.ID, len(e.AllowanceDeltas), len(e.WindowIDs))
+		}
+		for i, w := range e.WindowIDs {
+			ck := string(counterKey(e.KeyID, w))
+			sm := ledger[ck]
+			sm.held += e.HeldDelta
+			sm.committed += e.CommittedDelta
+			if i < len(e.AllowanceDeltas) {
+				sm.allowance += e.AllowanceDeltas[i]
+			}
+			ledger[ck] = sm
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+
+	keys := map[string]*keyRec{}
+	seen := map[string]bool{}
+	err = forEach(tx, BucketCounters, func(k, v []byte) error {
+		ck := string(k)
+		seen[ck] = true
+		c, err := decodeCounter(v)
+		if err != nil {
+			return err
+		}
+		if c.Held < 0 || c.Committed < 0 {
+			bad("counter %s is negative: committed %d held %d", ck, c.Committed, c.Held)
+		}
+		if c.Held != live[ck] {
+			bad("counter %s: held %d but live holds sum to %d", ck, c.Held, live[ck])
+		}
+		if l := ledger[ck]; c.Held != l.held || c.Committed != l.committed {
+			bad("counter %s: committed %d held %d but the ledger sums to committed %d held %d", ck, c.Committed, c.Held, l.committed, l.held)
+		}
+		// Allowance only ever comes from report-mode holds past a cap and overrun
+		// commits, each recorded in the ledger.
+		if l := ledger[ck]; c.Allowance != l.allowance {
+			bad("counter %s: allowance %d but the ledger excuses %d", ck, c.Allowance, l.allowance)
+		}
+		// Committed holds are reaped with their records, so they can only sum lower.
+		if c.Committed < committedHolds[ck] {
+			bad("counter %s: committed %d but committed holds sum to %d", ck, c.Committed, committedHolds[ck])
+		}
+		keyID, windowID, _ := strings.Cut(ck, "/")
+		kr, ok := keys[keyID]
+		if !ok {
+			if kr, err = getKey(tx, keyID); err != nil {
+				return err
+			}
+			keys[keyID] = kr
+		}
+		limit, capped, err := capFor(kr, windowID, now)
+		if err != nil {
+			return err
+		}
+		if c.Uncapped {
+			return nil
+		}
+		limit = max(limit, c.CapPeak)
+		if !capped && c.CapPeak == 0 {
+			return nil
+		}
+		if c.Committed+c.Held > limit+c.Allowance {
+			bad("counter %s: committed %d + held %d exceeds cap %d (+ allowance %d)", ck, c.Committed, c.Held, limit, c.Allowance)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	// A window with live holds must have a counter (reaped counters had none).
+	var missing []string
+	for ck, amount := range live {
+		if !seen[ck] && amount != 0 {
+			missing = append(missing, ck)
+		}
+	}
+	sort.Strings(missing)
+	for _, ck := range missing {
+		bad("live holds on %s (%d) but no counter", ck, live[ck])
+	}
+	return problems, nil
+}
+
+// capFor is the current cap of a key's window, by the window id's kind.
+func capFor(kr *keyRec, windowID string, now time.Time) (int64, bool, error) {
+	windows, err := kr.Policy.Windows(now)
+	if err != nil {
+		return 0, false, fmt.Errorf("key %s windows: %w", kr.ID, err)
+	}
+	kind := policy.WindowPeriod
+	if strings.HasPrefix(windowID, "day:") {
+		kind = policy.WindowDaily
+	}
+	for _, w := range windows {
+		if w.Kind == kind {
+			return w.Cap, w.HasCap, nil
+		}
+	}
+	return 0, false, nil
+}

@@ -1,0 +1,368 @@
+package engine
+
+import (
+	"bytes"
+	"fmt"
+	"maps"
+	"strings"
+	"time"
+
+	"github.com/keybrake/keybrake/policy"
+	"github.com/keybrake/keybrake/vault"
+)
+
+// checkPolicy normalizes p (defaults only fill what is unset) and validates it as a
+// new or changed policy: ErrInvalid wrapping the *policy.ValidationError.
+func checkPolicy(p *policy.Policy, now time.Time) error {
+	p.Normalize(now)
+	if err := p.ValidateNew(now); err != nil {
+		return fmt.Errorf("%w: %w", vault.ErrInvalid, err)
+	}
+	return nil
+}
+
+func checkLabels(labels map[string]string) error {
+	for k, v := range labels {
+		if k == "" || len(k) > maxNameLen || len(v) > 1000 {
+			return fmt.Errorf("%w: %w", vault.ErrInvalid, &policy.ValidationError{Errors: []policy.FieldError{
+				{Field: "labels", Message: "keys must be 1-200 bytes and values at most 1000 bytes"},
+			}})
+		}
+	}
+	return nil
+}
+
+func (s *Engine) mintKeyTx(tx Tx, now time.Time, actor string, req vault.MintRequest) (vault.Key, string, error) {
+	if !validName(req.Name) {
+		return vault.Key{}, "", fmt.Errorf("%w: %w", vault.ErrInvalid, &policy.ValidationError{Errors: []policy.FieldError{
+			{Field: "name", Message: "must be 1-200 printable bytes"},
+		}})
+	}
+	if err := checkLabels(req.Labels); err != nil {
+		return vault.Key{}, "", err
+	}
+	p := req.Policy
+	if err := checkPolicy(&p, now); err != nil {
+		return vault.Key{}, "", err
+	}
+	upstream := req.Upstream
+	if upstream == "" {
+		upstream = "default"
+	}
+	if _, err := getUpstream(tx, upstream); err != nil {
+		return vault.Key{}, "", err
+	}
+	taken, err := tx.Get(BucketNames, []byte(req.Name))
+	if err != nil {
+		return vault.Key{}, "", err
+	}
+	if taken != nil {
+		return vault.Key{}, "", fmt.Errorf("key name %q is taken: %w", req.Name, vault.ErrConflict)
+	}
+	var newest []byte
+	if last, _ := tx.Cursor(BucketKeys).Last(); last != nil {
+		newest, _ = decodeKeyID(string(last))
+	}
+	raw, err := newKeyIDRaw(now, newest)
+	if err != nil {
+		return vault.Key{}, "", err
+	}
+	token, err := newToken()
+	if err != nil {
+		return vault.Key{}, "", err
+	}
+	rec := &keyRec{
+		ID: encodeKeyID(raw), Name: req.Name, Upstream: upstream, Labels: maps.Clone(req.Labels), Policy: p,
+		Status: vault.KeyActive, TokenHash: tokenHash(token), TokenPrefix: token[:tokenDisplayLen],
+		CreatedAt: now, UpdatedAt: now,
+	}
+	if err := insertJSON(tx, BucketKeys, []byte(rec.ID), rec); err != nil {
+		return vault.Key{}, "", err
+	}
+	if err := tx.Insert(BucketNames, []byte(rec.Name), []byte(rec.ID)); err != nil {
+		return vault.Key{}, "", fmt.Errorf("index key name: %w", err)
+	}
+	if err := tx.Insert(BucketTokens, []byte(rec.TokenHash), []byte(rec.ID)); err != nil {
+		return vault.Key{}, "", fmt.Errorf("index key token: %w", err)
+	}
+	if err := putAudit(tx, now, actor, "key.mint", rec.ID, nil, rec.view()); err != nil {
+		return vault.Key{}, "", err
+	}
+	return rec.public(), token, nil
+}
+
+func (s *Engine) authenticateTx(tx Tx, token string) (vault.Key, error) {
+	if !wellFormedToken(token) {
+		return vault.Key{}, vault.ErrKeyInvalid
+	}
+	id, err := tx.Get(BucketTokens, []byte(tokenHash(token)))
+	if err != nil {
+		return vault.Key{}, err
+	}
+	if id == nil {
+		return vault.Key{}, vault.ErrKeyInvalid
+	}
+	rec, err := s.keys.get(tx, string(id))
+	if err != nil {
+		return vault.Key{}, err
+	}
+	if rec.Status == vault.KeyRevoked {
+		return rec.public(), fmt.Errorf("key %s: %w", rec.ID, vault.ErrKeyRevoked)
+	}
+	return rec.public(), nil
+}
+
+func listKeysTx(tx Tx, now time.Time, f vault.KeyFilter) ([]vault.Key, string, error) {
+	switch f.Status {
+	case "", vault.KeyActive, vault.KeyRevoked, vault.KeyExpired:
+	default:
+		return nil, "", fmt.Errorf("key status %q: %w", f.Status, vault.ErrInvalid)
+	}
+	after, err := decodeCursor(f.Cursor)
+	if err != nil {
+		return nil, "", err
+	}
+	limit := clampLimit(f.Limit)
+	out := []vault.Key{}
+	c := tx.Cursor(BucketKeys)
+	var k, v []byte
+	if after == "" {
+		k, v = c.First()
+	} else {
+		k, v = c.Seek([]byte(after))
+		if k != nil && string(k) == after {
+			k, v = c.Next()
+		}
+	}
+	for ; k != nil; k, v = c.Next() {
+		var rec keyRec
+		if err := decodeJSON(k, v, &rec); err != nil {
+			return nil, "", err
+		}
+		key := rec.public()
+		if !keyMatches(&key, now, f) {
+			continue
+		}
+		if len(out) == limit {
+			// There is at least one more match: the page ends at the last one returned.
+			return out, encodeCursor(out[len(out)-1].ID), nil
+		}
+		out = append(out, key)
+	}
+	return out, "", nil
+}
+
+func keyMatches(k *vault.Key, now time.Time, f vault.KeyFilter) bool {
+	if f.Status != "" && k.StatusAt(now) != f.Status {
+		return false
+	}
+	if f.Upstream != "" && k.Upstream != f.Upstream {
+		return false
+	}
+	if f.NamePrefix != "" && !strings.HasPrefix(k.Name, f.NamePrefix) {
+		return false
+	}
+	for lk, lv := range f.Labels {
+		if got, ok := k.Labels[lk]; !ok || got != lv {
+			return false
+		}
+	}
+	return true
+}
+
+func updateKeyTx(tx Tx, now time.Time, actor, id string, p policy.Policy, labels map[string]string) (vault.Key, error) {
+	rec, err := getKey(tx, id)
+	if err != nil {
+		return vault.Key{}, err
+	}
+	if rec.Status == vault.KeyRevoked {
+		return vault.Key{}, fmt.Errorf("key %s is revoked: %w", id, vault.ErrConflict)
+	}
+	if err := checkLabels(labels); err != nil {
+		return vault.Key{}, err
+	}
+	if err := checkPolicy(&p, now); err != nil {
+		return vault.Key{}, err
+	}
+	// Counters are kept in minor units of the key's currency; a different currency
+	// would make every stored amount mean something else.
+	if p.Currency != rec.Policy.Currency {
+		return vault.Key{}, fmt.Errorf("%w: %w", vault.ErrInvalid, &policy.ValidationError{Errors: []policy.FieldError{
+			{Field: "currency", Message: fmt.Sprintf("cannot be changed (the key meters %s)", rec.Policy.Currency)},
+		}})
+	}
+	if err := carryDailyUsage(tx, now, rec, &p); err != nil {
+		return vault.Key{}, err
+	}
+	before := rec.view()
+	rec.Policy = p
+	rec.Labels = maps.Clone(labels)
+	rec.UpdatedAt = now
+	if err := putKey(tx, rec); err != nil {
+		return vault.Key{}, err
+	}
+	if err := putAudit(tx, now, actor, "key.update", id, before, rec.view()); err != nil {
+		return vault.Key{}, err
+	}
+	return rec.public(), nil
+}
+
+// carryDailyUsage keeps a change of time zone from opening a fresh daily
+// budget. Daily counters are keyed by the local date, so a new zone can put now
+// in another day's window; what the current window of the old zone has used
+// (committed and held) is then carried into the current window of the new
+// zone as committed usage, topped up rather than added when that window has
+// usage already. The new window resets at the new zone's next midnight. Holds
+// still settle on the windows they were placed on, so carried money stays
+// counted until the new window ends even if its hold is released. The carry is
+// a ledger event ("carried", reason "timezone_changed") so that the ledger
+// still sums to the counters, and a carry above the new window's cap is booked
+// as allowance (the money was spent under the old zone's window).
+func carryDailyUsage(tx Tx, now time.Time, rec *keyRec, p *policy.Policy) error {
+	from, err := rec.Policy.Windows(now)
+	if err != nil {
+		return fmt.Errorf("key %s windows: %w", rec.ID, err)
+	}
+	to, err := p.Windows(now)
+	if err != nil {
+		return fmt.Errorf("key %s windows: %w", rec.ID, err)
+	}
+	oldDay, newDay := from[0], to[0] // Windows puts the daily window first
+	if oldDay.ID == newDay.ID {
+		return nil
+	}
+	used, _, err := getCounter(tx, rec.ID, oldDay.ID)
+	if err != nil {
+		return err
+	}
+	c, _, err := getCounter(tx, rec.ID, newDay.ID)
+	if err != nil {
+		return err
+	}
+	carry := used.Committed + used.Held - (c.Committed + c.Held)
+	if carry <= 0 {
+		return nil
+	}
+	c.Committed += carry
+	var excused int64
+	if newDay.HasCap {
+		c.CapPeak = max(c.CapPeak, newDay.Cap)
+		excused = max(0, c.Committed+c.Held-c.CapPeak-c.Allowance)
+		c.Allowance += excused
+	} else {
+		c.Uncapped = true
+	}
+	if err := putCounter(tx, rec.ID, newDay.ID, c); err != nil {
+		return err
+	}
+	return putEvent(tx, &vault.Event{
+		Time: now, KeyID: rec.ID, Operation: "key.update", Amount: carry, Currency: p.EffectiveCurrency(),
+		Decision: vault.DecisionCarried, Reason: "timezone_changed", WindowIDs: []string{newDay.ID}, CommittedDelta: carry,
+		AllowanceDeltas: []int64{excused},
+	})
+}
+
+func revokeKeyTx(tx Tx, now time.Time, actor, id string) (vault.Key, error) {
+	rec, err := getKey(tx, id)
+	if err != nil {
+		return vault.Key{}, err
+	}
+	if rec.Status == vault.KeyRevoked {
+		return rec.public(), nil
+	}
+	before := rec.view()
+	rec.Status = vault.KeyRevoked
+	rec.RevokedAt = now
+	rec.UpdatedAt = now
+	if err := putKey(tx, rec); err != nil {
+		return vault.Key{}, err
+	}
+	// The token index entry stays, so the revoked token is answered "revoked", not "invalid".
+	if err := putAudit(tx, now, actor, "key.revoke", id, before, rec.view()); err != nil {
+		return vault.Key{}, err
+	}
+	return rec.public(), nil
+}
+
+func rotateKeyTx(tx Tx, now time.Time, actor, id string) (vault.Key, string, error) {
+	rec, err := getKey(tx, id)
+	if err != nil {
+		return vault.Key{}, "", err
+	}
+	if rec.Status == vault.KeyRevoked {
+		return vault.Key{}, "", fmt.Errorf("key %s is revoked: %w", id, vault.ErrConflict)
+	}
+	token, err := newToken()
+	if err != nil {
+		return vault.Key{}, "", err
+	}
+	got, err := tx.Get(BucketTokens, []byte(rec.TokenHash))
+	if err != nil {
+		return vault.Key{}, "", err
+	}
+	if got != nil && bytes.Equal(got, []byte(rec.ID)) {
+		if err := tx.Delete(BucketTokens, []byte(rec.TokenHash)); err != nil {
+			return vault.Key{}, "", fmt.Errorf("unindex old token: %w", err)
+		}
+	}
+	before := rec.view()
+	rec.TokenHash = tokenHash(token)
+	rec.TokenPrefix = token[:tokenDisplayLen]
+	rec.UpdatedAt = now
+	if err := putKey(tx, rec); err != nil {
+		return vault.Key{}, "", err
+	}
+	if err := tx.Insert(BucketTokens, []byte(rec.TokenHash), []byte(rec.ID)); err != nil {
+		return vault.Key{}, "", fmt.Errorf("index new token: %w", err)
+	}
+	if err := putAudit(tx, now, actor, "key.rotate", id, before, rec.view()); err != nil {
+		return vault.Key{}, "", err
+	}
+	return rec.public(), token, nil
+}
+
+// keyUsageTx reads a key's windows at now and their counters.
+func keyUsageTx(tx Tx, now time.Time, id string) (vault.Key, []policy.Window, policy.Usage, error) {
+	rec, err := getKey(tx, id)
+	if err != nil {
+		return vault.Key{}, nil, nil, err
+	}
+	windows, err := rec.Policy.Windows(now)
+	if err != nil {
+		return vault.Key{}, nil, nil, fmt.Errorf("key %s windows: %w", id, err)
+	}
+	usage, err := readUsage(tx, id, windows)
+	if err != nil {
+		return vault.Key{}, nil, nil, err
+	}
+	return rec.public(), windows, usage, nil
+}
+
+// readUsage reads the counters of windows into a policy.Usage.
+func readUsage(tx Tx, keyID string, windows []policy.Window) (policy.Usage, error) {
+	counters, err := getCounters(tx, keyID, windowIDs(windows))
+	if err != nil {
+		return nil, err
+	}
+	return usageOf(windows, counters), nil
+}
+
+// usageOf is the policy's view of the counters of windows.
+func usageOf(windows []policy.Window, counters []counter) policy.Usage {
+	usage := make(policy.Usage, len(windows))
+	for i, w := range windows {
+		if c := counters[i]; c != (counter{}) {
+			usage[w.ID] = policy.Counter{Committed: c.Committed, Held: c.Held}
+		}
+	}
+	return usage
+}
+
+// windowIDs lists the ids of windows.
+func windowIDs(windows []policy.Window) []string {
+	ids := make([]string, len(windows))
+	for i, w := range windows {
+		ids[i] = w.ID
+	}
+	return ids
+}

@@ -1,0 +1,165 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/keybrake/keybrake/vault"
+)
+
+// Bucket names one keyspace of the store. The engine writes every record as a
+// value under a key in one of them; a backend keeps each bucket's entries in
+// key order (bbolt: a bucket of the file; PostgreSQL: a table).
+type Bucket uint8
+
+// The buckets, with their key layouts and values. The encodings are the bbolt
+// file's since schema version 1, unchanged:
+//
+//	meta        "schema_version" → uint64 BE; "master_key_check" → sealed constant;
+//	            "env_upstream/" + name → salted fingerprint (envupstream.go)
+//	upstreams   name → upstreamRec (JSON; secret sealed)
+//	keys        key id → keyRec (JSON)
+//	key_tokens  hex SHA-256 of token → key id
+//	key_names   name → key id
+//	idem        16-byte hash of (key id, idempotency key), as in HoldID → recordRec
+//	            (JSON, with the hold of a metered request; response body sealed)
+//	hold_index  created-at unix ns (8 bytes BE) + hold id → hold state
+//	counters    key id "/" window id → counter (binary, 33 bytes)
+//	events      key id NUL seq (8 bytes BE) → Event (JSON); seq from the bucket sequence
+//	audit       seq (8 bytes BE) → AuditEntry (JSON)
+//	objects     key id NUL Stripe object id → objectRec (JSON)
+//	claims      key id NUL claim key → claimRec (JSON; result sealed); the bucket
+//	            sequence is the fencing-token counter
+const (
+	BucketMeta Bucket = iota
+	BucketUpstreams
+	BucketKeys
+	BucketTokens
+	BucketNames
+	BucketIdem
+	BucketHoldIndex
+	BucketCounters
+	BucketEvents
+	BucketAudit
+	BucketObjects
+	BucketClaims
+	// NumBuckets counts the buckets.
+	NumBuckets
+)
+
+var bucketLabels = [NumBuckets]string{
+	"meta", "upstreams", "keys", "key_tokens", "key_names", "idem",
+	"hold_index", "counters", "events", "audit", "objects", "claims",
+}
+
+// Name is the bucket's name (bbolt's bucket name).
+func (b Bucket) Name() string { return bucketLabels[b] }
+
+// Buckets lists every bucket.
+func Buckets() []Bucket {
+	out := make([]Bucket, NumBuckets)
+	for i := range out {
+		out[i] = Bucket(i)
+	}
+	return out
+}
+
+// Tx is one transaction of a backend: an ordered key-value store of buckets.
+// The engine runs every rule of the vault against it, so the rules are written
+// once, whichever backend stores the bytes.
+//
+// Values returned by Get and by cursors are valid only until the transaction
+// ends; the engine decodes or copies them before. A backend whose reads can
+// fail (a network) records the first failure of a cursor, returns nil from it
+// as at the end of the bucket, and fails the whole transaction with it.
+type Tx interface {
+	// Get returns the value under k, nil when there is none. In a write
+	// transaction, a Get from BucketKeys or BucketUpstreams locks the entry
+	// until the transaction ends (see LockKey).
+	Get(b Bucket, k []byte) ([]byte, error)
+	// GetMany returns the values under keys, in their order: nil where there
+	// is none. A backend over a network reads them in one round trip.
+	GetMany(b Bucket, keys [][]byte) ([][]byte, error)
+	// Put writes v under k, replacing any value.
+	Put(b Bucket, k, v []byte) error
+	// Insert writes v under k, which the engine has found to be free in this
+	// transaction. A backend where another writer can take the key in between
+	// detects it and runs the whole transaction again.
+	Insert(b Bucket, k, v []byte) error
+	// Delete removes k; deleting a missing key is no error.
+	Delete(b Bucket, k []byte) error
+	// Append writes v under prefix followed by the bucket's next sequence
+	// number (8 bytes, big-endian): an entry that sorts after every entry of
+	// prefix written before it.
+	Append(b Bucket, prefix, v []byte) error
+	// NextSequence returns the bucket's next sequence number: greater than
+	// every number it returned before, never handed out twice (gaps allowed).
+	NextSequence(b Bucket) (uint64, error)
+	// Cursor iterates over the bucket in key order (bytewise).
+	Cursor(b Bucket) Cursor
+	// LockKey locks the vault key id until the transaction ends, so that every
+	// transaction that reads or writes a key's records, counters, objects or
+	// claims after locking it sees the writes of those before it. The engine
+	// locks a key before it reads anything of the key's in a write
+	// transaction; a Get of the key itself from BucketKeys locks it too. A
+	// backend with one writer at a time (bbolt) has nothing to do.
+	LockKey(id string) error
+}
+
+// Cursor walks a bucket in key order. Each method returns the entry it moves
+// to, or nil at either end.
+type Cursor interface {
+	First() (k, v []byte)
+	Last() (k, v []byte)
+	// Seek moves to the first key at or after seek.
+	Seek(seek []byte) (k, v []byte)
+	Next() (k, v []byte)
+	Prev() (k, v []byte)
+}
+
+// TxFunc is the body of one transaction; now is the store clock, read once for
+// the transaction. A write transaction's body may run more than once (a batch
+// rolled back, a retry after a serialization failure): it must start over each
+// time, keeping no state from an earlier run.
+type TxFunc func(tx Tx, now time.Time) error
+
+// Backend runs transactions. It translates its own errors into the vault's
+// sentinels (ErrStorage, ErrClosed, …) and passes the vault's own through.
+type Backend interface {
+	// View runs fn in a read-only transaction that sees one consistent
+	// snapshot.
+	View(ctx context.Context, fn TxFunc) error
+	// Update runs fn in a durable write transaction.
+	Update(ctx context.Context, fn TxFunc) error
+	// Submit runs fn in a durable write transaction of the hot path (Reserve,
+	// Settle, ObserveObject, the claims API, Ping); a backend may commit
+	// several callers' bodies in one transaction (bbolt's group committer).
+	// Once fn has been handed over, Submit waits for its outcome even if ctx
+	// ends, so that a durable write is never reported lost.
+	Submit(ctx context.Context, fn TxFunc) error
+}
+
+// forEach calls fn for every entry of b in key order until fn fails.
+func forEach(tx Tx, b Bucket, fn func(k, v []byte) error) error {
+	c := tx.Cursor(b)
+	for k, v := c.First(); k != nil; k, v = c.Next() {
+		if err := fn(k, v); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// IsVaultError reports whether err is one of the vault's sentinels or a
+// context's error, which a backend passes on as it is.
+func IsVaultError(err error) bool {
+	for _, known := range []error{vault.ErrNotFound, vault.ErrConflict, vault.ErrInvalid, vault.ErrKeyInvalid,
+		vault.ErrKeyRevoked, vault.ErrKeyExpired, vault.ErrSealed, vault.ErrClosed, vault.ErrLocked,
+		vault.ErrSchemaVersion, vault.ErrStorage, vault.ErrInvariant, context.Canceled, context.DeadlineExceeded} {
+		if errors.Is(err, known) {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,584 @@
+package engine
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/keybrake/keybrake/policy"
+	"github.com/keybrake/keybrake/vault"
+)
+
+// reservePlan is what a Reserve decided, reading only, and what it must write.
+// Keeping the decision apart from the writes lets the mutation test run them in
+// two transactions; Reserve always runs both in one.
+type reservePlan struct {
+	res txResult[vault.ReserveResult]
+
+	// Writes, applied by apply; none when res is rejected.
+	record  *recordRec // record (with its hold) to put: claim, resume, stale
+	claim   bool       // record is new: a fresh claim of its idempotency key
+	newHold bool       // add the record's hold amount to held on every window
+	windows []policy.Window
+	// counters are the windows' counters as the plan read them, which the
+	// hold is added to.
+	counters []counter
+	event    *vault.Event
+}
+
+func validateReserve(req *vault.ReserveRequest) error {
+	switch {
+	case req.KeyID == "":
+		return fmt.Errorf("empty key id: %w", vault.ErrInvalid)
+	case req.IdempotencyKey == "" || len(req.IdempotencyKey) > maxIdemKeyLen:
+		return fmt.Errorf("idempotency key must be 1-%d bytes: %w", maxIdemKeyLen, vault.ErrInvalid)
+	case req.Request.Amount < 0:
+		return fmt.Errorf("negative amount: %w", vault.ErrInvalid)
+	case !req.Metered && req.Request.Amount != 0:
+		return fmt.Errorf("unmetered request with an amount: %w", vault.ErrInvalid)
+	}
+	return nil
+}
+
+// reserveTx is one Reserve: plan and apply in tx.
+func (s *Engine) reserveTx(tx Tx, now time.Time, req *vault.ReserveRequest) (txResult[vault.ReserveResult], error) {
+	pl, err := s.planReserve(tx, now, req)
+	if err != nil {
+		return txResult[vault.ReserveResult]{}, err
+	}
+	return pl.res, pl.apply(tx)
+}
+
+// planReserve reads everything Reserve needs in tx and decides. It writes nothing.
+func (s *Engine) planReserve(tx Tx, now time.Time, req *vault.ReserveRequest) (*reservePlan, error) {
+	if err := validateReserve(req); err != nil {
+		return &reservePlan{res: reject[vault.ReserveResult](err)}, nil
+	}
+	key, err := s.keys.get(tx, req.KeyID)
+	if errors.Is(err, vault.ErrNotFound) {
+		return &reservePlan{res: reject[vault.ReserveResult](err)}, nil
+	} else if err != nil {
+		return nil, err
+	}
+	res := vault.ReserveResult{Key: key.public()}
+	if key.Status == vault.KeyRevoked {
+		return &reservePlan{res: txResult[vault.ReserveResult]{val: res,
+			err: fmt.Errorf("reserve under key %s: %w", key.ID, vault.ErrKeyRevoked)}}, nil
+	}
+	rec, err := getRecord(tx, req.KeyID, req.IdempotencyKey)
+	if err != nil {
+		return nil, err
+	}
+	if rec != nil {
+		return s.planExisting(now, req, res, rec)
+	}
+	return s.planNew(tx, now, req, res, key)
+}
+
+// planNew decides a Reserve without an idempotency record: against the key's
+// current policy and counters.
+func (s *Engine) planNew(tx Tx, now time.Time, req *vault.ReserveRequest, res vault.ReserveResult, key *keyRec) (*reservePlan, error) {
+	windows, err := key.Policy.Windows(now)
+	if err != nil {
+		return nil, fmt.Errorf("key %s windows: %w", key.ID, err)
+	}
+	usage := policy.Usage{}
+	var counters []counter
+	if req.Metered {
+		// An unmetered request holds nothing, so only the non-cap rules may refuse it.
+		if counters, err = getCounters(tx, key.ID, windowIDs(windows)); err != nil {
+			return nil, err
+		}
+		usage = usageOf(windows, counters)
+	}
+	dec := policy.Decide(&key.Policy, usage, req.Request, now)
+	res.Decision = dec
+	pl := &reservePlan{counters: counters}
+	if !dec.Allowed {
+		res.Outcome = vault.ReserveRefused
+		pl.res = accept(res)
+		if req.Metered {
+			pl.event = &vault.Event{
+				Time: now, KeyID: key.ID, Operation: req.Request.Operation, Amount: req.Request.Amount,
+				Currency: req.Request.Currency, Decision: vault.DecisionRefused, Reason: string(dec.Reason), Tool: req.Tool,
+			}
+		}
+		return pl, nil
+	}
+	r := &recordRec{
+		KeyID: key.ID, Idem: req.IdempotencyKey,
+		Fingerprint: req.Fingerprint, UpstreamKey: vault.UpstreamKey(key.ID, req.IdempotencyKey),
+		State: vault.RecordInProgress, LeaseUntil: now.Add(s.lease), CreatedAt: now, UpdatedAt: now, Fresh: true,
+	}
+	pl.record, pl.claim = r, true
+	res.Outcome = vault.ReserveClaimed
+	if req.Metered {
+		ids := make([]string, len(windows))
+		for i, w := range windows {
+			ids[i] = w.ID
+		}
+		h := &holdRec{
+			ID: vault.HoldID(key.ID, req.IdempotencyKey), KeyID: key.ID, IdempotencyKey: req.IdempotencyKey,
+			Operation: req.Request.Operation, Currency: req.Request.Currency, Amount: req.Request.Amount,
+			WindowIDs: ids, State: vault.HoldHeld, CreatedAt: now,
+		}
+		r.Hold = h
+		pl.newHold, pl.windows = true, windows
+		decision := vault.DecisionAllowed
+		if dec.WouldRefuse {
+			decision = vault.DecisionWouldRefuse
+		}
+		pl.event = &vault.Event{
+			Time: now, KeyID: key.ID, Operation: h.Operation, Amount: h.Amount, Currency: h.Currency,
+			Decision: decision, Reason: string(dec.Reason), HoldID: h.ID, HoldState: vault.HoldHeld,
+			WindowIDs: ids, HeldDelta: h.Amount, Tool: req.Tool,
+		}
+		pub := h.public()
+		res.Hold = &pub
+	}
+	res.Record = vault.IdempotencyRecord{
+		KeyID: key.ID, IdempotencyKey: req.IdempotencyKey, Fingerprint: r.Fingerprint, UpstreamKey: r.UpstreamKey,
+		State: r.State, LeaseUntil: r.LeaseUntil, HoldID: r.holdID(), CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt,
+	}
+	pl.res = accept(res)
+	return pl, nil
+}
+
+// planExisting answers a Reserve whose idempotency record exists.
+func (s *Engine) planExisting(now time.Time, req *vault.ReserveRequest, res vault.ReserveResult, rec *recordRec) (*reservePlan, error) {
+	pl := &reservePlan{}
+	hold := rec.Hold
+	switch {
+	case rec.Fingerprint != req.Fingerprint:
+		res.Outcome = vault.ReserveMismatch
+	case rec.State == vault.RecordCompleted:
+		res.Outcome = vault.ReserveReplay
+	case rec.State == vault.RecordInProgress && now.Before(rec.LeaseUntil):
+		res.Outcome = vault.ReserveInFlight
+	case now.Sub(rec.CreatedAt) > s.unknownLimit:
+		// Stripe may have pruned the upstream key by now: an operator decides.
+		res.Outcome = vault.ReserveStale
+		if rec.State == vault.RecordInProgress {
+			rec.State, rec.LeaseUntil, rec.Fresh, rec.UpdatedAt = vault.RecordUnknown, time.Time{}, false, now
+			if hold != nil {
+				hold.State = vault.HoldUnknown
+			}
+			pl.record = rec
+		}
+	default:
+		// Unknown, or in_progress under a lapsed lease: forward again with the same
+		// upstream key; the hold it already has stays.
+		res.Outcome = vault.ReserveResume
+		rec.State, rec.LeaseUntil, rec.Fresh, rec.UpdatedAt = vault.RecordInProgress, now.Add(s.lease), false, now
+		if hold != nil {
+			hold.State = vault.HoldHeld
+		}
+		pl.record = rec
+	}
+	pub, err := s.publicRecord(rec)
+	if err != nil {
+		// A stored response that does not open must not be replayed, nor the
+		// record changed.
+		return &reservePlan{res: txResult[vault.ReserveResult]{val: vault.ReserveResult{Key: res.Key}, err: err}}, nil
+	}
+	res.Record = pub
+	if hold != nil {
+		h := hold.public()
+		res.Hold = &h
+	}
+	pl.res = accept(res)
+	return pl, nil
+}
+
+// apply writes what planReserve decided: the record, the hold on every window,
+// the event (a refusal writes only that).
+func (pl *reservePlan) apply(tx Tx) error {
+	if pl.res.err != nil {
+		return nil
+	}
+	if r := pl.record; r != nil {
+		write := putRecord
+		if pl.claim {
+			write = insertRecord
+		}
+		if err := write(tx, r); err != nil {
+			return err
+		}
+		if pl.newHold {
+			if err := pl.placeHold(tx); err != nil {
+				return err
+			}
+		}
+	}
+	if pl.event == nil {
+		return nil
+	}
+	return putEvent(tx, pl.event)
+}
+
+// placeHold adds a new hold's amount to held on each of its windows, raising each
+// counter's CapPeak to the cap in force (see CheckInvariant).
+func (pl *reservePlan) placeHold(tx Tx) error {
+	r := pl.record
+	amount := r.Hold.Amount
+	var excused []int64
+	for i, w := range pl.windows {
+		c := pl.counters[i]
+		if w.HasCap {
+			c.CapPeak = max(c.CapPeak, w.Cap)
+			if pl.res.val.Decision.WouldRefuse {
+				// Report mode lets this hold pass the cap: excuse what it adds
+				// beyond, and say so in the ledger.
+				if over := c.Committed + c.Held + amount - w.Cap; over > 0 {
+					if excused == nil {
+						excused = make([]int64, len(pl.windows))
+					}
+					excused[i] = min(over, amount)
+					c.Allowance += excused[i]
+				}
+			}
+		} else {
+			c.Uncapped = true
+		}
+		c.Held += amount
+		if err := putCounter(tx, r.KeyID, w.ID, c); err != nil {
+			return err
+		}
+	}
+	if pl.event != nil {
+		pl.event.AllowanceDeltas = excused
+	}
+	return nil
+}
+
+// addToWindows moves money on a hold's windows.
+func addToWindows(tx Tx, keyID string, windowIDs []string, heldDelta, committedDelta, allowance int64) error {
+	counters, err := getCounters(tx, keyID, windowIDs)
+	if err != nil {
+		return err
+	}
+	for i, id := range windowIDs {
+		c := counters[i]
+		c.Held += heldDelta
+		c.Committed += committedDelta
+		c.Allowance += allowance
+		if err := putCounter(tx, keyID, id, c); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// settleTx applies a Settle. Every reason to turn it down is found before any write.
+func (s *Engine) settleTx(tx Tx, now time.Time, req *vault.SettleRequest) (txResult[noValue], error) {
+	switch req.Outcome {
+	case vault.SettleCommit, vault.SettleRelease, vault.SettleUnknown, vault.SettleAbandon:
+	default:
+		return reject[noValue](fmt.Errorf("outcome %q: %w", req.Outcome, vault.ErrInvalid)), nil
+	}
+	if req.Amount < 0 || req.Object.Moved < 0 {
+		return reject[noValue](fmt.Errorf("negative amount: %w", vault.ErrInvalid)), nil
+	}
+	if req.ObjectID == "" && req.Object != (vault.ObjectSettle{}) {
+		return reject[noValue](fmt.Errorf("an object change without an object id: %w", vault.ErrInvalid)), nil
+	}
+	if err := tx.LockKey(req.KeyID); err != nil {
+		return txResult[noValue]{}, err
+	}
+	rec, err := getRecord(tx, req.KeyID, req.IdempotencyKey)
+	if err != nil {
+		return txResult[noValue]{}, err
+	}
+	if rec == nil {
+		return reject[noValue](fmt.Errorf("idempotency record of key %s: %w", req.KeyID, vault.ErrNotFound)), nil
+	}
+	if rec.State != vault.RecordInProgress {
+		return reject[noValue](fmt.Errorf("idempotency record of key %s is %s: %w", req.KeyID, rec.State, vault.ErrConflict)), nil
+	}
+	hold := rec.Hold
+	var obj *objectRec
+	if req.Outcome == vault.SettleCommit {
+		// A commit that says nothing about its object (money that moved at once)
+		// is only recorded in the ledger with the object's id.
+		if req.ObjectID != "" && hold != nil && req.Object != (vault.ObjectSettle{}) {
+			if obj, _, err = getObject(tx, req.KeyID, req.ObjectID); err != nil {
+				return txResult[noValue]{}, err
+			}
+		}
+		var avail int64
+		if hold != nil {
+			avail = hold.Amount
+		}
+		if obj != nil {
+			avail += obj.held()
+		}
+		if req.Amount > avail && (!req.AllowOverrun || hold == nil) {
+			return reject[noValue](fmt.Errorf("commit of %d above the %d held for it: %w", req.Amount, avail, vault.ErrInvalid)), nil
+		}
+	}
+
+	// From here on, only writes.
+	return accept(noValue{}), s.settleWrites(tx, now, req, rec, obj)
+}
+
+// settleWrites writes what a Settle does to rec (and to the money object obj of
+// a commit, if any), and its ledger events.
+func (s *Engine) settleWrites(tx Tx, now time.Time, req *vault.SettleRequest, rec *recordRec, obj *objectRec) error {
+	hold := rec.Hold
+	var resp *responseRec
+	var err error
+	if req.Response != nil && req.Outcome != vault.SettleAbandon {
+		if resp, err = s.sealResponse(req.KeyID, req.IdempotencyKey, req.Response); err != nil {
+			return err
+		}
+	}
+	ev := &vault.Event{
+		Time: now, KeyID: req.KeyID, Decision: vault.DecisionSettled, Reason: string(req.Outcome),
+		UpstreamStatus: req.UpstreamStatus, StripeRequestID: req.StripeRequestID, ObjectID: req.ObjectID,
+		Tool: req.Tool,
+	}
+	if hold != nil {
+		ev.Operation, ev.Currency, ev.HoldID, ev.WindowIDs = hold.Operation, hold.Currency, hold.ID, hold.WindowIDs
+		ev.Amount = hold.Amount
+	}
+	switch req.Outcome {
+	case vault.SettleCommit, vault.SettleRelease:
+		rec.State, rec.LeaseUntil, rec.Fresh, rec.CompletedAt = vault.RecordCompleted, time.Time{}, false, now
+		rec.Response, rec.RequestID = resp, req.StripeRequestID
+		switch {
+		case obj != nil: // a commit with a hold, against a money object
+			if err := commitObject(tx, now, req, hold, obj, ev); err != nil {
+				return err
+			}
+		case hold != nil && req.Outcome == vault.SettleCommit:
+			// At most the hold (checked above), unless an allowed overrun.
+			held, over := hold.Amount, max(0, req.Amount-hold.Amount)
+			hold.State, hold.Amount, hold.SettledAt = vault.HoldCommitted, req.Amount, now
+			ev.HeldDelta, ev.CommittedDelta, ev.Amount = -held, req.Amount, req.Amount
+			ev.AllowanceDeltas = sameForEach(hold.WindowIDs, over)
+			if err := addToWindows(tx, hold.KeyID, hold.WindowIDs, -held, req.Amount, over); err != nil {
+				return err
+			}
+		case hold != nil:
+			ev.HeldDelta = -hold.Amount
+			hold.State, hold.SettledAt = vault.HoldReleased, now
+			if err := addToWindows(tx, hold.KeyID, hold.WindowIDs, -hold.Amount, 0, 0); err != nil {
+				return err
+			}
+		}
+	case vault.SettleUnknown:
+		rec.State, rec.LeaseUntil, rec.Fresh = vault.RecordUnknown, time.Time{}, false
+		if resp != nil {
+			rec.Response, rec.RequestID = resp, req.StripeRequestID
+		}
+		if hold != nil {
+			hold.State = vault.HoldUnknown
+		}
+	case vault.SettleAbandon:
+		if rec.Fresh {
+			// This claim created the record and its hold: forget both, so a retry
+			// starts afresh.
+			if hold != nil {
+				ev.HeldDelta, ev.HoldState = -hold.Amount, vault.HoldReleased
+				if err := addToWindows(tx, hold.KeyID, hold.WindowIDs, -hold.Amount, 0, 0); err != nil {
+					return err
+				}
+				if err := putEvent(tx, ev); err != nil {
+					return err
+				}
+			}
+			return deleteRecord(tx, rec)
+		}
+		// A resumed claim: the earlier attempt may have moved money.
+		rec.State, rec.LeaseUntil = vault.RecordUnknown, time.Time{}
+		if hold != nil {
+			hold.State = vault.HoldUnknown
+		}
+	}
+	rec.UpdatedAt = now
+	if err := putRecord(tx, rec); err != nil {
+		return err
+	}
+	if hold == nil {
+		return nil
+	}
+	ev.HoldState = hold.State
+	return putEvent(tx, ev)
+}
+
+// commitObject books a commit against the money object obj (see Store.Settle):
+// Amount comes from the object's exposure first, then from the request's hold, then
+// (an allowed overrun) beyond both; the rest of the hold becomes exposure or is
+// released. It fills ev, the settle event of the request's hold.
+func commitObject(tx Tx, now time.Time, req *vault.SettleRequest, hold *holdRec, obj *objectRec, ev *vault.Event) error {
+	amount, ch := req.Amount, req.Object
+	fromParts := min(amount, obj.held())
+	changes := obj.commit(fromParts)
+	held := hold.Amount
+	fromHold := min(amount-fromParts, held)
+	over := amount - fromParts - fromHold
+	var toPart int64
+	if ch.Expose && !ch.Terminal {
+		toPart = held - fromHold
+	}
+	hold.State, hold.Amount, hold.SettledAt = vault.HoldCommitted, fromHold+over, now
+	ev.Amount, ev.HeldDelta, ev.CommittedDelta = amount, -held+toPart, fromHold+over
+	ev.AllowanceDeltas = sameForEach(hold.WindowIDs, over)
+	if err := addToWindows(tx, hold.KeyID, hold.WindowIDs, -held+toPart, fromHold+over, over); err != nil {
+		return err
+	}
+	if ch.Terminal {
+		changes = append(changes, obj.releaseAll()...)
+		obj.Closed = true
+	} else if toPart > 0 {
+		obj.addPart(hold.ID, hold.WindowIDs, toPart, now)
+		obj.Closed = false
+	}
+	if obj.Currency == "" {
+		obj.Currency = hold.Currency
+	}
+	obj.Amount += amount
+	obj.Own = obj.Own || ch.Created
+	if ch.MovedKnown {
+		obj.Moved, obj.MovedSeen = ch.Moved, true
+	}
+	obj.UpdatedAt = now
+	if err := putObject(tx, req.KeyID, req.ObjectID, obj); err != nil {
+		return err
+	}
+	return applyPartChanges(tx, now, req.KeyID, req.ObjectID, ev.Operation, obj.Currency, changes)
+}
+
+// sameForEach is n for each of ids, or nil when n is 0 (events leave it out).
+func sameForEach(ids []string, n int64) []int64 {
+	if n == 0 {
+		return nil
+	}
+	out := make([]int64, len(ids))
+	for i := range out {
+		out[i] = n
+	}
+	return out
+}
+
+func (s *Engine) resolveHoldTx(tx Tx, now time.Time, actor, holdID string, outcome vault.HoldState) (vault.Hold, error) {
+	if outcome != vault.HoldCommitted && outcome != vault.HoldReleased {
+		return vault.Hold{}, fmt.Errorf("resolve outcome %q (committed or released): %w", outcome, vault.ErrInvalid)
+	}
+	rec, err := getRecordByHold(tx, holdID)
+	if err != nil {
+		return vault.Hold{}, err
+	}
+	// Lock the hold's key, then read the record again: the first read may
+	// predate a change made under that lock.
+	if err := tx.LockKey(rec.KeyID); err != nil {
+		return vault.Hold{}, err
+	}
+	if rec, err = getRecordByHold(tx, holdID); err != nil {
+		return vault.Hold{}, err
+	}
+	hold := rec.Hold
+	lapsed := rec.State == vault.RecordInProgress && !now.Before(rec.LeaseUntil)
+	if hold.State != vault.HoldUnknown && !(hold.State == vault.HoldHeld && lapsed) {
+		return vault.Hold{}, fmt.Errorf("hold %s is %s: %w", holdID, hold.State, vault.ErrConflict)
+	}
+	before := hold.public()
+	ev := &vault.Event{
+		Time: now, KeyID: hold.KeyID, Operation: hold.Operation, Amount: hold.Amount, Currency: hold.Currency,
+		Decision: vault.DecisionResolved, Reason: "operator:" + string(outcome), HoldID: hold.ID, HoldState: outcome,
+		WindowIDs: hold.WindowIDs, HeldDelta: -hold.Amount,
+	}
+	committed := int64(0)
+	if outcome == vault.HoldCommitted {
+		committed = hold.Amount
+		ev.CommittedDelta = hold.Amount
+	}
+	if err := addToWindows(tx, hold.KeyID, hold.WindowIDs, -hold.Amount, committed, 0); err != nil {
+		return vault.Hold{}, err
+	}
+	hold.State, hold.SettledAt = outcome, now
+	// No answer is stored: keybrake never saw Stripe's. A retry is told what the
+	// operator decided (IdempotencyRecord.Resolved, and the hold's state).
+	rec.State, rec.LeaseUntil, rec.Fresh, rec.Resolved = vault.RecordCompleted, time.Time{}, false, true
+	rec.Response, rec.RequestID, rec.CompletedAt, rec.UpdatedAt = nil, "", now, now
+	if err := putRecord(tx, rec); err != nil {
+		return vault.Hold{}, err
+	}
+	if err := putEvent(tx, ev); err != nil {
+		return vault.Hold{}, err
+	}
+	after := hold.public()
+	if err := putAudit(tx, now, actor, "hold.resolve", hold.ID, before, after); err != nil {
+		return vault.Hold{}, err
+	}
+	return after, nil
+}
+
+// listHoldsTx pages through the hold index (creation time, then hold id) newest
+// first, keeping the holds in state ("" for all). The cursor is the index key of
+// the last hold of the previous page.
+func listHoldsTx(tx Tx, state vault.HoldState, limit int, cursor string) ([]vault.Hold, string, error) {
+	switch state {
+	case "", vault.HoldHeld, vault.HoldCommitted, vault.HoldReleased, vault.HoldUnknown:
+	default:
+		return nil, "", fmt.Errorf("hold state %q: %w", state, vault.ErrInvalid)
+	}
+	start := []byte{0xff} // after every index key: they start with a creation time in 2262 or before
+	if cursor != "" {
+		before, err := decodeCursor(cursor)
+		if err != nil {
+			return nil, "", err
+		}
+		start = []byte(before)
+	}
+	return pageNewestFirst(tx, BucketHoldIndex, nil, start, limit, newestFirst[vault.Hold]{
+		keep: func(_, v []byte) bool { return state == "" || string(v) == string(state) },
+		decode: func(k, _ []byte) (vault.Hold, error) {
+			rec, err := getRecordByHold(tx, string(k[8:]))
+			if err != nil {
+				return vault.Hold{}, fmt.Errorf("hold index: %w", err)
+			}
+			return rec.Hold.public(), nil
+		},
+		cursor: func(k []byte, _ vault.Hold) string { return string(k) },
+	})
+}
+
+// RecoverInProgress turns every in_progress record into unknown, keeping
+// their holds (recoverRecord), and returns how many: for a store only one
+// process opens, whose previous process is gone with every request it had in
+// flight.
+func RecoverInProgress(tx Tx, now time.Time) (int, error) {
+	var todo []*recordRec
+	err := forEach(tx, BucketIdem, func(k, v []byte) error {
+		r, err := decodeRecord(k, v)
+		if err != nil {
+			return err
+		}
+		if r.State == vault.RecordInProgress {
+			todo = append(todo, r)
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, err
+	}
+	for _, r := range todo {
+		if err := recoverRecord(tx, now, r); err != nil {
+			return 0, err
+		}
+	}
+	return len(todo), nil
+}
+
+// recoverRecord turns the in_progress record r into unknown, its hold still
+// counted as held: the process that claimed it is gone, so nobody knows whether
+// Stripe got the request. A retry with the same idempotency key resumes it
+// under the same upstream key; otherwise an operator resolves it.
+func recoverRecord(tx Tx, now time.Time, r *recordRec) error {
+	r.State, r.LeaseUntil, r.Fresh, r.UpdatedAt = vault.RecordUnknown, time.Time{}, false, now
+	if r.Hold != nil {
+		r.Hold.State = vault.HoldUnknown
+	}
+	return putRecord(tx, r)
+}

@@ -1,0 +1,447 @@
+package engine
+
+import (
+	"bytes"
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"maps"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/keybrake/keybrake/policy"
+	"github.com/keybrake/keybrake/vault"
+)
+
+// upstreamRec is an upstream as stored: the secret only sealed.
+type upstreamRec struct {
+	Name         string    `json:"name"`
+	Vendor       string    `json:"vendor"`
+	SealedSecret []byte    `json:"sealed_secret"`
+	SecretLast4  string    `json:"secret_last4"`
+	CreatedAt    time.Time `json:"created_at"`
+	UpdatedAt    time.Time `json:"updated_at"`
+}
+
+func (r *upstreamRec) public() vault.Upstream {
+	return vault.Upstream{Name: r.Name, Vendor: r.Vendor, SecretLast4: r.SecretLast4, CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt}
+}
+
+// keyRec is a vault key as stored.
+type keyRec struct {
+	ID          string            `json:"id"`
+	Name        string            `json:"name"`
+	Upstream    string            `json:"upstream"`
+	Labels      map[string]string `json:"labels,omitempty"`
+	Policy      policy.Policy     `json:"policy"`
+	Status      vault.KeyStatus   `json:"status"`
+	TokenHash   string            `json:"token_hash"`
+	TokenPrefix string            `json:"token_prefix"`
+	CreatedAt   time.Time         `json:"created_at"`
+	UpdatedAt   time.Time         `json:"updated_at"`
+	RevokedAt   time.Time         `json:"revoked_at,omitzero"`
+}
+
+func (r *keyRec) public() vault.Key {
+	p := r.Policy
+	p.Operations = slices.Clone(p.Operations)
+	p.Customers = slices.Clone(p.Customers)
+	p.StripeAccounts = slices.Clone(p.StripeAccounts)
+	p.Idempotency.Fields = slices.Clone(p.Idempotency.Fields)
+	return vault.Key{
+		ID: r.ID, Name: r.Name, Upstream: r.Upstream, Labels: maps.Clone(r.Labels), Policy: p,
+		Status: r.Status, TokenHash: r.TokenHash, TokenPrefix: r.TokenPrefix,
+		CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt, RevokedAt: r.RevokedAt,
+	}
+}
+
+// keyView is what audit entries show of a key: never its token or token hash.
+type keyView struct {
+	ID       string            `json:"id"`
+	Name     string            `json:"name"`
+	Upstream string            `json:"upstream"`
+	Labels   map[string]string `json:"labels,omitempty"`
+	Policy   policy.Policy     `json:"policy"`
+	Status   vault.KeyStatus   `json:"status"`
+}
+
+func (r *keyRec) view() keyView {
+	return keyView{ID: r.ID, Name: r.Name, Upstream: r.Upstream, Labels: r.Labels, Policy: r.Policy, Status: r.Status}
+}
+
+// upstreamView is what audit entries show of an upstream: never its secret.
+type upstreamView struct {
+	Name        string `json:"name"`
+	Vendor      string `json:"vendor"`
+	SecretLast4 string `json:"secret_last4"`
+}
+
+// getKey reads and decodes a key in tx.
+func getKey(tx Tx, id string) (*keyRec, error) {
+	var r keyRec
+	ok, err := getJSON(tx, BucketKeys, []byte(id), &r)
+	if err != nil {
+		return nil, err
+	}
+	if !ok {
+		return nil, fmt.Errorf("key %s: %w", id, vault.ErrNotFound)
+	}
+	return &r, nil
+}
+
+// keyCache keeps decoded keys for the hot paths (Reserve, Authenticate): decoding a
+// key's policy costs more than the rest of a Reserve. An entry is used only when the
+// bytes read in the current transaction equal the bytes it was decoded from, so the
+// key is still read in that transaction and a change is seen at once.
+type keyCache struct {
+	mu sync.Mutex
+	m  map[string]cachedKey
+}
+
+type cachedKey struct {
+	raw []byte
+	rec keyRec
+}
+
+const keyCacheMax = 10000
+
+// get reads key id in tx, decoding it only when the cache has no entry for these
+// bytes. The result shares maps and slices with the cache: read it, or take
+// public(); never modify it.
+func (c *keyCache) get(tx Tx, id string) (*keyRec, error) {
+	raw, err := tx.Get(BucketKeys, []byte(id))
+	if err != nil {
+		return nil, err
+	}
+	if raw == nil {
+		return nil, fmt.Errorf("key %s: %w", id, vault.ErrNotFound)
+	}
+	c.mu.Lock()
+	e, ok := c.m[id]
+	c.mu.Unlock()
+	if ok && bytes.Equal(e.raw, raw) {
+		rec := e.rec
+		return &rec, nil
+	}
+	var rec keyRec
+	if err := decodeJSON([]byte(id), raw, &rec); err != nil {
+		return nil, err
+	}
+	c.mu.Lock()
+	if c.m == nil || len(c.m) >= keyCacheMax {
+		c.m = make(map[string]cachedKey)
+	}
+	c.m[id] = cachedKey{raw: bytes.Clone(raw), rec: rec}
+	c.mu.Unlock()
+	out := rec
+	return &out, nil
+}
+
+func putKey(tx Tx, r *keyRec) error { return putJSON(tx, BucketKeys, []byte(r.ID), r) }
+
+// responseRec is a stored response; the body is sealed.
+type responseRec struct {
+	Status     int         `json:"s"`
+	Header     http.Header `json:"h,omitempty"`
+	SealedBody []byte      `json:"b,omitempty"`
+}
+
+// recordRec is an idempotency record as stored, with its hold when the request is
+// metered. The idem bucket key is recordKey(KeyID, Idem): the 16 bytes HoldID
+// encodes, so a hold id leads straight to its record, and a claim or a settle
+// rewrites one randomly placed page, not two.
+type recordRec struct {
+	KeyID       string            `json:"k"`
+	Idem        string            `json:"i"`
+	Fingerprint string            `json:"fp"`
+	UpstreamKey string            `json:"uk"`
+	State       vault.RecordState `json:"st"`
+	LeaseUntil  time.Time         `json:"lease,omitzero"`
+	Hold        *holdRec          `json:"hold,omitempty"`
+	Response    *responseRec      `json:"resp,omitempty"`
+	RequestID   string            `json:"rid,omitempty"`
+	CreatedAt   time.Time         `json:"c"`
+	UpdatedAt   time.Time         `json:"u"`
+	CompletedAt time.Time         `json:"done,omitzero"`
+	// Fresh is true while the current in_progress claim is the one that created the
+	// record (and its hold). SettleAbandon then deletes both; after a ReserveResume it is
+	// false and abandoning puts the record back to unknown, keeping the hold.
+	Fresh bool `json:"fresh,omitempty"`
+	// Resolved is set when an operator settled the record's hold (ResolveHold):
+	// such a record is kept for good, so that a retry keeps being told so.
+	Resolved bool `json:"resolved,omitempty"`
+}
+
+func (r *recordRec) holdID() string {
+	if r.Hold == nil {
+		return ""
+	}
+	return r.Hold.ID
+}
+
+// recordKey is the idem bucket key of (keyID, idempotency key).
+func recordKey(keyID, idem string) []byte {
+	k, _ := recordKeyOfHold(vault.HoldID(keyID, idem)) // HoldID is well formed
+	return k
+}
+
+// recordKeyOfHold is the idem bucket key of the record a hold id belongs to.
+func recordKeyOfHold(holdID string) ([]byte, bool) {
+	rest, ok := strings.CutPrefix(holdID, "hold_")
+	if !ok || len(rest) != lowerBase32.EncodedLen(16) {
+		return nil, false
+	}
+	k, err := lowerBase32.DecodeString(rest)
+	if err != nil || len(k) != 16 {
+		return nil, false
+	}
+	return k, true
+}
+
+// decodeRecord decodes a stored record and fills in what its hold does not store.
+func decodeRecord(k, v []byte) (*recordRec, error) {
+	var r recordRec
+	if err := decodeJSON(k, v, &r); err != nil {
+		return nil, err
+	}
+	if r.Hold != nil {
+		r.Hold.ID, r.Hold.KeyID, r.Hold.IdempotencyKey = vault.HoldID(r.KeyID, r.Idem), r.KeyID, r.Idem
+	}
+	return &r, nil
+}
+
+// getRecord returns the record of (keyID, idem), nil when there is none.
+func getRecord(tx Tx, keyID, idem string) (*recordRec, error) {
+	k := recordKey(keyID, idem)
+	v, err := tx.Get(BucketIdem, k)
+	if err != nil || v == nil {
+		return nil, err
+	}
+	r, err := decodeRecord(k, v)
+	if err != nil {
+		return nil, err
+	}
+	if r.KeyID != keyID || r.Idem != idem {
+		// Two pairs with one 128-bit hash: refuse rather than mix them up.
+		return nil, fmt.Errorf("idempotency record of %s collides with one of %s: %w", keyID, r.KeyID, vault.ErrConflict)
+	}
+	return r, nil
+}
+
+// getRecordByHold returns the record a hold belongs to (ErrNotFound).
+func getRecordByHold(tx Tx, holdID string) (*recordRec, error) {
+	k, ok := recordKeyOfHold(holdID)
+	if !ok {
+		return nil, fmt.Errorf("hold %q: %w", holdID, vault.ErrNotFound)
+	}
+	v, err := tx.Get(BucketIdem, k)
+	if err != nil {
+		return nil, err
+	}
+	if v == nil {
+		return nil, fmt.Errorf("hold %s: %w", holdID, vault.ErrNotFound)
+	}
+	r, err := decodeRecord(k, v)
+	if err != nil {
+		return nil, err
+	}
+	if r.Hold == nil || r.Hold.ID != holdID {
+		return nil, fmt.Errorf("hold %s: %w", holdID, vault.ErrNotFound)
+	}
+	return r, nil
+}
+
+// putRecord writes the record and, when it has a hold, the hold's index entry (its
+// value is the hold's state, so ListHolds filters without decoding records).
+func putRecord(tx Tx, r *recordRec) error {
+	if err := putJSON(tx, BucketIdem, recordKey(r.KeyID, r.Idem), r); err != nil {
+		return err
+	}
+	return putHoldIndex(tx, r)
+}
+
+// insertRecord writes a new record (a fresh claim of its idempotency key) and
+// its hold's index entry: like putRecord, but the record's key must be free
+// (Tx.Insert), so that no two claims of one idempotency key can both commit.
+func insertRecord(tx Tx, r *recordRec) error {
+	if err := insertJSON(tx, BucketIdem, recordKey(r.KeyID, r.Idem), r); err != nil {
+		return err
+	}
+	return putHoldIndex(tx, r)
+}
+
+// putHoldIndex writes the index entry of r's hold, if it has one: its value is
+// the hold's state, so ListHolds filters without decoding records.
+func putHoldIndex(tx Tx, r *recordRec) error {
+	if r.Hold == nil {
+		return nil
+	}
+	if err := tx.Put(BucketHoldIndex, holdIndexKey(r.Hold), []byte(r.Hold.State)); err != nil {
+		return fmt.Errorf("put hold index %s: %w", r.Hold.ID, err)
+	}
+	return nil
+}
+
+// deleteRecord deletes the record and its hold's index entry.
+func deleteRecord(tx Tx, r *recordRec) error {
+	if err := tx.Delete(BucketIdem, recordKey(r.KeyID, r.Idem)); err != nil {
+		return fmt.Errorf("delete idempotency record: %w", err)
+	}
+	if r.Hold == nil {
+		return nil
+	}
+	if err := tx.Delete(BucketHoldIndex, holdIndexKey(r.Hold)); err != nil {
+		return fmt.Errorf("delete hold index %s: %w", r.Hold.ID, err)
+	}
+	return nil
+}
+
+// publicRecord turns a stored record into an IdempotencyRecord, unsealing its
+// response.
+func (s *Engine) publicRecord(r *recordRec) (vault.IdempotencyRecord, error) {
+	keyID, idem := r.KeyID, r.Idem
+	out := vault.IdempotencyRecord{
+		KeyID: keyID, IdempotencyKey: idem, Fingerprint: r.Fingerprint, UpstreamKey: r.UpstreamKey,
+		State: r.State, LeaseUntil: r.LeaseUntil, HoldID: r.holdID(), RequestID: r.RequestID, Resolved: r.Resolved,
+		CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt, CompletedAt: r.CompletedAt,
+	}
+	if r.Response != nil {
+		resp := &vault.StoredResponse{Status: r.Response.Status, Header: r.Response.Header.Clone()}
+		if r.Response.SealedBody != nil {
+			body, err := s.seal.open(r.Response.SealedBody, responseAD(keyID, idem))
+			if err != nil {
+				return vault.IdempotencyRecord{}, fmt.Errorf("stored response of %s: %w", keyID, err)
+			}
+			resp.Body = body
+		}
+		out.Response = resp
+	}
+	return out, nil
+}
+
+// sealResponse prepares a response for storage.
+func (s *Engine) sealResponse(keyID, idem string, resp *vault.StoredResponse) (*responseRec, error) {
+	if resp == nil {
+		return nil, nil
+	}
+	out := &responseRec{Status: resp.Status, Header: resp.Header.Clone()}
+	if resp.Body != nil {
+		sealed, err := s.seal.seal(resp.Body, responseAD(keyID, idem))
+		if err != nil {
+			return nil, err
+		}
+		out.SealedBody = sealed
+	}
+	return out, nil
+}
+
+// holdRec is a hold as stored inside its record; ID, KeyID and IdempotencyKey come
+// from the record.
+type holdRec struct {
+	ID             string          `json:"-"`
+	KeyID          string          `json:"-"`
+	IdempotencyKey string          `json:"-"`
+	Operation      string          `json:"op"`
+	Currency       string          `json:"cur,omitempty"`
+	Amount         int64           `json:"amt"`
+	WindowIDs      []string        `json:"w"`
+	State          vault.HoldState `json:"st"`
+	CreatedAt      time.Time       `json:"c"`
+	SettledAt      time.Time       `json:"s,omitzero"`
+}
+
+func (h *holdRec) public() vault.Hold {
+	return vault.Hold{
+		ID: h.ID, KeyID: h.KeyID, IdempotencyKey: h.IdempotencyKey, Operation: h.Operation,
+		Currency: h.Currency, Amount: h.Amount, WindowIDs: append([]string(nil), h.WindowIDs...),
+		State: h.State, CreatedAt: h.CreatedAt, SettledAt: h.SettledAt,
+	}
+}
+
+func holdIndexKey(h *holdRec) []byte {
+	k := make([]byte, 0, 8+len(h.ID))
+	k = append(k, u64(uint64(h.CreatedAt.UnixNano()))...)
+	return append(k, h.ID...)
+}
+
+// eventRec is an Event as stored: short names, empty fields left out. The id is
+// the bucket key's sequence.
+type eventRec struct {
+	Time            time.Time       `json:"t"`
+	KeyID           string          `json:"k"`
+	Operation       string          `json:"op,omitempty"`
+	Amount          int64           `json:"amt,omitempty"`
+	Currency        string          `json:"cur,omitempty"`
+	Decision        vault.Decision  `json:"d"`
+	Reason          string          `json:"r,omitempty"`
+	HoldID          string          `json:"h,omitempty"`
+	HoldState       vault.HoldState `json:"hs,omitempty"`
+	UpstreamStatus  int             `json:"us,omitempty"`
+	StripeRequestID string          `json:"rid,omitempty"`
+	ObjectID        string          `json:"obj,omitempty"`
+	Tool            string          `json:"tool,omitempty"`
+	WindowIDs       []string        `json:"w,omitempty"`
+	HeldDelta       int64           `json:"dh,omitempty"`
+	CommittedDelta  int64           `json:"dc,omitempty"`
+	AllowanceDeltas []int64         `json:"da,omitempty"`
+}
+
+// putEvent appends an event to its key's ledger, assigning its id.
+func putEvent(tx Tx, e *vault.Event) error {
+	v, err := json.Marshal(&eventRec{
+		Time: e.Time, KeyID: e.KeyID, Operation: e.Operation, Amount: e.Amount, Currency: e.Currency,
+		Decision: e.Decision, Reason: e.Reason, HoldID: e.HoldID, HoldState: e.HoldState,
+		UpstreamStatus: e.UpstreamStatus, StripeRequestID: e.StripeRequestID, ObjectID: e.ObjectID, Tool: e.Tool,
+		WindowIDs: e.WindowIDs, HeldDelta: e.HeldDelta, CommittedDelta: e.CommittedDelta,
+		AllowanceDeltas: e.AllowanceDeltas,
+	})
+	if err != nil {
+		return fmt.Errorf("encode event: %w", err)
+	}
+	if err := tx.Append(BucketEvents, append([]byte(e.KeyID), 0), v); err != nil {
+		return fmt.Errorf("append event: %w", err)
+	}
+	return nil
+}
+
+// decodeEvent decodes a stored event; k is its events bucket key.
+func decodeEvent(k, v []byte) (vault.Event, error) {
+	var r eventRec
+	if err := decodeJSON(k, v, &r); err != nil {
+		return vault.Event{}, err
+	}
+	if len(k) < 9 {
+		return vault.Event{}, fmt.Errorf("event key %q: %w", k, vault.ErrStorage)
+	}
+	return vault.Event{
+		ID: seqID("evt_", binary.BigEndian.Uint64(k[len(k)-8:])), Time: r.Time, KeyID: r.KeyID,
+		Operation: r.Operation, Amount: r.Amount, Currency: r.Currency, Decision: r.Decision, Reason: r.Reason,
+		HoldID: r.HoldID, HoldState: r.HoldState, UpstreamStatus: r.UpstreamStatus,
+		StripeRequestID: r.StripeRequestID, ObjectID: r.ObjectID, Tool: r.Tool, WindowIDs: r.WindowIDs,
+		HeldDelta: r.HeldDelta, CommittedDelta: r.CommittedDelta, AllowanceDeltas: r.AllowanceDeltas,
+	}, nil
+}
+
+// putAudit appends an audit entry, assigning its id. before and after are encoded
+// to JSON here (nil stays empty).
+func putAudit(tx Tx, now time.Time, actor, action, target string, before, after any) error {
+	seq, err := tx.NextSequence(BucketAudit)
+	if err != nil {
+		return fmt.Errorf("audit sequence: %w", err)
+	}
+	e := vault.AuditEntry{ID: seqID("aud_", seq), Time: now, Actor: actor, Action: action, Target: target}
+	if before != nil {
+		if e.Before, err = json.Marshal(before); err != nil {
+			return fmt.Errorf("encode audit before: %w", err)
+		}
+	}
+	if after != nil {
+		if e.After, err = json.Marshal(after); err != nil {
+			return fmt.Errorf("encode audit after: %w", err)
+		}
+	}
+	return putJSON(tx, BucketAudit, u64(seq), &e)
+}

@@ -1,0 +1,494 @@
+package engine
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/keybrake/keybrake/policy"
+	"github.com/keybrake/keybrake/vault"
+)
+
+// Config is what the engine needs of a store's options. Zero values take the
+// documented defaults.
+type Config struct {
+	// MasterKey is the 32-byte AES-256-GCM key that seals upstream secrets,
+	// stored responses and claim results. Required.
+	MasterKey []byte
+	// IdempotencyTTL is how long completed records replay (default 24h).
+	IdempotencyTTL time.Duration
+	// UnknownRetryLimit is the age after which an unknown record is no longer
+	// re-forwarded (default 23h).
+	UnknownRetryLimit time.Duration
+	// Lease is how long an in_progress claim is held before it may be taken over
+	// (default 2 minutes; the proxy sets upstream timeout + margin).
+	Lease time.Duration
+	// Logger; slog.Default() when nil.
+	Logger *slog.Logger
+}
+
+// Engine is the vault's logic — every rule about keys, money, idempotency,
+// claims, the ledger and the audit — over a Backend's transactions. It
+// implements vault.Store but for what only a backend can do (Size, Backup,
+// Close). It is safe for concurrent use.
+type Engine struct {
+	b            Backend
+	seal         *Sealer
+	ttl          time.Duration
+	unknownLimit time.Duration
+	lease        time.Duration
+	log          *slog.Logger
+	keys         keyCache
+
+	// reapBatch is the most deletions one reaper transaction makes (reapBatchSize;
+	// tests lower it).
+	reapBatch int
+	// countChunk is the most entries one read transaction of CountHolds and
+	// SummarizeUsage looks at (holdCountChunk; tests lower it).
+	countChunk int
+}
+
+// New returns an engine over b. Errors: ErrInvalid (a master key that is not
+// 32 bytes).
+func New(b Backend, cfg Config) (*Engine, error) {
+	sl, err := NewSealer(cfg.MasterKey)
+	if err != nil {
+		return nil, err
+	}
+	e := &Engine{
+		b:            b,
+		seal:         sl,
+		ttl:          cmp.Or(max(cfg.IdempotencyTTL, 0), vault.DefaultIdempotencyTTL),
+		unknownLimit: cmp.Or(max(cfg.UnknownRetryLimit, 0), vault.DefaultUnknownRetryLimit),
+		lease:        cmp.Or(max(cfg.Lease, 0), vault.DefaultLease),
+		log:          cfg.Logger,
+		reapBatch:    reapBatchSize,
+		countChunk:   holdCountChunk,
+	}
+	if e.log == nil {
+		e.log = slog.Default()
+	}
+	e.log = e.log.With("component", "vault")
+	return e, nil
+}
+
+// Sealer is the engine's Sealer, for a backend's own sealing needs (rekey).
+func (s *Engine) Sealer() *Sealer { return s.seal }
+
+// Log is the engine's logger ("component" vault).
+func (s *Engine) Log() *slog.Logger { return s.log }
+
+// update runs fn in one write transaction with the clock read once.
+func (s *Engine) update(ctx context.Context, fn TxFunc) error { return s.b.Update(ctx, fn) }
+
+// view runs fn in one read transaction with the clock read once.
+func (s *Engine) view(ctx context.Context, fn TxFunc) error { return s.b.View(ctx, fn) }
+
+// submit runs fn as one hot-path write transaction (see Backend.Submit).
+func (s *Engine) submit(ctx context.Context, fn TxFunc) error { return s.b.Submit(ctx, fn) }
+
+// txResult is what one store operation answers its caller: its value and, when
+// the operation was turned down before it wrote anything, the domain error that
+// says why (ErrNotFound, ErrConflict, ErrInvalid, ErrKeyRevoked, …). A
+// transaction function returns it beside an error kept for failures — storage,
+// or a rule broken after a write — which roll the transaction back. Keeping the
+// two apart is what lets an operation that is turned down share a batch with
+// others without failing them.
+type txResult[T any] struct {
+	val T
+	err error
+}
+
+// noValue is the value of an operation that answers only whether it was done.
+type noValue = struct{}
+
+// accept is the result of an operation that did what it was asked.
+func accept[T any](v T) txResult[T] { return txResult[T]{val: v} }
+
+// reject is the result of an operation turned down before any write.
+func reject[T any](err error) txResult[T] { return txResult[T]{err: err} }
+
+// submitResult runs fn as one hot-path write and returns its result: its value
+// and its domain error, or the failure of its transaction.
+func submitResult[T any](ctx context.Context, s *Engine, fn func(tx Tx, now time.Time) (txResult[T], error)) (T, error) {
+	var r txResult[T]
+	err := s.submit(ctx, func(tx Tx, now time.Time) error {
+		var err error
+		r, err = fn(tx, now) // a re-run starts over
+		return err
+	})
+	if err != nil {
+		var zero T
+		return zero, err
+	}
+	return r.val, r.err
+}
+
+// ---- upstreams ----
+
+// PutUpstream registers or replaces the upstream `name` with a sealed secret.
+// Returns ErrInvalid for an empty name/secret or a vendor other than "stripe".
+func (s *Engine) PutUpstream(ctx context.Context, actor, name, vendor, secret string) (vault.Upstream, error) {
+	var up vault.Upstream
+	err := s.update(ctx, func(tx Tx, now time.Time) error {
+		var err error
+		up, err = s.putUpstreamTx(tx, now, actor, name, vendor, secret)
+		return err
+	})
+	if err != nil {
+		return vault.Upstream{}, fmt.Errorf("put upstream: %w", err)
+	}
+	return up, nil
+}
+
+// GetUpstream returns ErrNotFound when there is no such upstream.
+func (s *Engine) GetUpstream(ctx context.Context, name string) (vault.Upstream, error) {
+	var up vault.Upstream
+	err := s.view(ctx, func(tx Tx, now time.Time) error {
+		rec, err := getUpstream(tx, name)
+		if err == nil {
+			up = rec.public()
+		}
+		return err
+	})
+	if err != nil {
+		return vault.Upstream{}, fmt.Errorf("get upstream: %w", err)
+	}
+	return up, nil
+}
+
+// ListUpstreams lists upstreams by name.
+func (s *Engine) ListUpstreams(ctx context.Context) ([]vault.Upstream, error) {
+	var out []vault.Upstream
+	err := s.view(ctx, func(tx Tx, now time.Time) error {
+		var err error
+		out, err = listUpstreamsTx(tx)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list upstreams: %w", err)
+	}
+	return out, nil
+}
+
+// DeleteUpstream returns ErrNotFound, or ErrConflict while an active key uses it.
+func (s *Engine) DeleteUpstream(ctx context.Context, actor, name string) error {
+	err := s.update(ctx, func(tx Tx, now time.Time) error {
+		return deleteUpstreamTx(tx, now, actor, name)
+	})
+	if err != nil {
+		return fmt.Errorf("delete upstream: %w", err)
+	}
+	return nil
+}
+
+// UpstreamSecret unseals the upstream's secret (ErrNotFound, ErrSealed).
+func (s *Engine) UpstreamSecret(ctx context.Context, name string) (string, error) {
+	var secret string
+	err := s.view(ctx, func(tx Tx, now time.Time) error {
+		rec, err := getUpstream(tx, name)
+		if err != nil {
+			return err
+		}
+		pt, err := s.seal.open(rec.SealedSecret, upstreamAD(name))
+		if err != nil {
+			return err
+		}
+		secret = string(pt)
+		return nil
+	})
+	if err != nil {
+		return "", fmt.Errorf("upstream secret: %w", err)
+	}
+	return secret, nil
+}
+
+// ---- keys ----
+
+// MintKey creates a key and returns it with its token ("vk_" + ≥ 256 random bits,
+// base62 or base64url). Only the token's SHA-256 is stored. Errors: ErrInvalid,
+// ErrConflict (name taken), ErrNotFound (upstream unknown; wrapped so the message
+// names the upstream).
+func (s *Engine) MintKey(ctx context.Context, actor string, req vault.MintRequest) (vault.Key, string, error) {
+	var (
+		key   vault.Key
+		token string
+	)
+	err := s.update(ctx, func(tx Tx, now time.Time) error {
+		var err error
+		key, token, err = s.mintKeyTx(tx, now, actor, req)
+		return err
+	})
+	if err != nil {
+		return vault.Key{}, "", fmt.Errorf("mint key: %w", err)
+	}
+	return key, token, nil
+}
+
+// Authenticate finds the key for a token: ErrKeyInvalid (unknown or malformed),
+// ErrKeyRevoked. Expiry and not-yet-valid are the policy's business (Decide), so an
+// expired key is returned without error.
+func (s *Engine) Authenticate(ctx context.Context, token string) (vault.Key, error) {
+	var key vault.Key
+	err := s.view(ctx, func(tx Tx, now time.Time) error {
+		var err error
+		key, err = s.authenticateTx(tx, token)
+		return err
+	})
+	if err != nil {
+		return key, fmt.Errorf("authenticate: %w", err)
+	}
+	return key, nil
+}
+
+// GetKey returns ErrNotFound when there is no such key.
+func (s *Engine) GetKey(ctx context.Context, id string) (vault.Key, error) {
+	var key vault.Key
+	err := s.view(ctx, func(tx Tx, now time.Time) error {
+		rec, err := getKey(tx, id)
+		if err == nil {
+			key = rec.public()
+		}
+		return err
+	})
+	if err != nil {
+		return vault.Key{}, fmt.Errorf("get key: %w", err)
+	}
+	return key, nil
+}
+
+// ListKeys lists keys oldest first (by id). next is "" on the last page.
+func (s *Engine) ListKeys(ctx context.Context, f vault.KeyFilter) (keys []vault.Key, next string, err error) {
+	err = s.view(ctx, func(tx Tx, now time.Time) error {
+		var err error
+		keys, next, err = listKeysTx(tx, now, f)
+		return err
+	})
+	if err != nil {
+		return nil, "", fmt.Errorf("list keys: %w", err)
+	}
+	return keys, next, nil
+}
+
+// UpdateKey replaces the key's policy and labels in one transaction, validating the
+// policy with ValidateNew. Usage is never touched. Errors: ErrNotFound,
+// ErrInvalid, ErrConflict (revoked keys cannot be changed).
+func (s *Engine) UpdateKey(ctx context.Context, actor, id string, p policy.Policy, labels map[string]string) (vault.Key, error) {
+	var key vault.Key
+	err := s.update(ctx, func(tx Tx, now time.Time) error {
+		var err error
+		key, err = updateKeyTx(tx, now, actor, id, p, labels)
+		return err
+	})
+	if err != nil {
+		return vault.Key{}, fmt.Errorf("update key: %w", err)
+	}
+	return key, nil
+}
+
+// RevokeKey revokes at once (idempotent: revoking a revoked key returns it).
+func (s *Engine) RevokeKey(ctx context.Context, actor, id string) (vault.Key, error) {
+	var key vault.Key
+	err := s.update(ctx, func(tx Tx, now time.Time) error {
+		var err error
+		key, err = revokeKeyTx(tx, now, actor, id)
+		return err
+	})
+	if err != nil {
+		return vault.Key{}, fmt.Errorf("revoke key: %w", err)
+	}
+	return key, nil
+}
+
+// RotateKey gives the key a new token; the old one stops working at once.
+// ErrConflict for a revoked key.
+func (s *Engine) RotateKey(ctx context.Context, actor, id string) (vault.Key, string, error) {
+	var (
+		key   vault.Key
+		token string
+	)
+	err := s.update(ctx, func(tx Tx, now time.Time) error {
+		var err error
+		key, token, err = rotateKeyTx(tx, now, actor, id)
+		return err
+	})
+	if err != nil {
+		return vault.Key{}, "", fmt.Errorf("rotate key: %w", err)
+	}
+	return key, token, nil
+}
+
+// KeyUsage returns the key, its windows at the store clock and their counters, in one
+// read transaction.
+func (s *Engine) KeyUsage(ctx context.Context, id string) (vault.Key, []policy.Window, policy.Usage, error) {
+	var (
+		key     vault.Key
+		windows []policy.Window
+		usage   policy.Usage
+	)
+	err := s.view(ctx, func(tx Tx, now time.Time) error {
+		var err error
+		key, windows, usage, err = keyUsageTx(tx, now, id)
+		return err
+	})
+	if err != nil {
+		return vault.Key{}, nil, nil, fmt.Errorf("key usage: %w", err)
+	}
+	return key, windows, usage, nil
+}
+
+// ---- metering ----
+
+// Reserve authenticates nothing (the caller has the key) but re-reads the key in the
+// same write transaction: a revoked key gives ErrKeyRevoked. Then, atomically, it
+// looks up the idempotency record (ReserveReplay, ReserveInFlight, ReserveMismatch,
+// ReserveResume, ReserveStale),
+// else runs policy.Decide against the current window counters and, if allowed,
+// writes the record (in_progress with a lease) and adds Amount to `held` of every
+// window — or writes nothing but a refusal event. One write transaction, group
+// committed. Business outcomes are results, not errors.
+//
+// Errors: ErrNotFound (no such key), ErrKeyRevoked (ReserveResult.Key is still
+// set), ErrInvalid (empty or over-255-byte idempotency key, negative amount, an
+// amount on an unmetered request), ErrSealed (a stored response does not open),
+// ErrClosed, ctx's error when ctx ends before the request is queued. Once queued,
+// Reserve waits for its transaction even if ctx ends, so its result is never lost.
+func (s *Engine) Reserve(ctx context.Context, req vault.ReserveRequest) (vault.ReserveResult, error) {
+	res, err := submitResult(ctx, s, func(tx Tx, now time.Time) (txResult[vault.ReserveResult], error) {
+		return s.reserveTx(tx, now, &req)
+	})
+	if err != nil {
+		return res, fmt.Errorf("reserve: %w", err)
+	}
+	return res, nil
+}
+
+// Settle applies the outcome in one hot-path write transaction and writes
+// the settle event. A commit takes Amount first from the live exposure of ObjectID
+// (oldest part first), then from the request's hold; what is left of the hold
+// becomes the object's exposure (Object.Expose) or is released, and a terminal
+// answer (Object.Terminal) releases the object's remaining exposure too. Every
+// change of the object's exposure writes an "exposure" event on the windows it was
+// placed on. ErrNotFound when there is no such record; ErrConflict when the record
+// is not in_progress; ErrInvalid for an unknown outcome, a negative amount, or a
+// commit above the hold plus the object's exposure without AllowOverrun.
+func (s *Engine) Settle(ctx context.Context, req vault.SettleRequest) error {
+	_, err := submitResult(ctx, s, func(tx Tx, now time.Time) (txResult[noValue], error) {
+		return s.settleTx(tx, now, &req)
+	})
+	if err != nil {
+		return fmt.Errorf("settle: %w", err)
+	}
+	return nil
+}
+
+// ListHolds lists holds in the given state ("" for all), newest first (by creation).
+// Limit defaults to 50, max 500; cursor is the previous page's next (ErrInvalid when
+// malformed, as is an unknown state).
+func (s *Engine) ListHolds(ctx context.Context, state vault.HoldState, limit int, cursor string) ([]vault.Hold, string, error) {
+	var (
+		holds []vault.Hold
+		next  string
+	)
+	err := s.view(ctx, func(tx Tx, now time.Time) error {
+		var err error
+		holds, next, err = listHoldsTx(tx, state, limit, cursor)
+		return err
+	})
+	if err != nil {
+		return nil, "", fmt.Errorf("list holds: %w", err)
+	}
+	return holds, next, nil
+}
+
+// ResolveHold settles an unknown hold by an operator's decision (HoldCommitted or
+// HoldReleased) and completes its record. ErrNotFound; ErrConflict unless the hold
+// is unknown (or held with its lease lapsed); ErrInvalid for another outcome.
+//
+// Keybrake never saw Stripe's answer, so no answer is stored: the record is
+// marked resolved, and the proxy answers a retry with the same idempotency key
+// with its own 409 idempotency_key_resolved.
+func (s *Engine) ResolveHold(ctx context.Context, actor, holdID string, outcome vault.HoldState) (vault.Hold, error) {
+	var hold vault.Hold
+	err := s.update(ctx, func(tx Tx, now time.Time) error {
+		var err error
+		hold, err = s.resolveHoldTx(tx, now, actor, holdID, outcome)
+		return err
+	})
+	if err != nil {
+		return vault.Hold{}, fmt.Errorf("resolve hold: %w", err)
+	}
+	return hold, nil
+}
+
+// ---- ledger and audit ----
+
+// RecordEvent appends an event that no hold belongs to — a request that moves no
+// money but that report mode let through although the policy would refuse it —
+// to its key's ledger, stamped with the store clock. One hot-path write.
+// Errors: ErrInvalid (no key id, or an event that carries money: holds write
+// their own events), ErrClosed.
+func (s *Engine) RecordEvent(ctx context.Context, e vault.Event) error {
+	if e.KeyID == "" || e.Amount != 0 || e.HoldID != "" || e.HeldDelta != 0 || e.CommittedDelta != 0 {
+		return fmt.Errorf("record event: only events without money: %w", vault.ErrInvalid)
+	}
+	err := s.submit(ctx, func(tx Tx, now time.Time) error {
+		ev := e
+		ev.Time = now
+		return putEvent(tx, &ev)
+	})
+	if err != nil {
+		return fmt.Errorf("record event: %w", err)
+	}
+	return nil
+}
+
+// ListEvents lists a key's events newest first. Limit defaults to 50, max 500;
+// cursor is the previous page's next.
+func (s *Engine) ListEvents(ctx context.Context, keyID string, limit int, cursor string) ([]vault.Event, string, error) {
+	var (
+		events []vault.Event
+		next   string
+	)
+	err := s.view(ctx, func(tx Tx, now time.Time) error {
+		var err error
+		events, next, err = listEventsTx(tx, keyID, limit, cursor)
+		return err
+	})
+	if err != nil {
+		return nil, "", fmt.Errorf("list events: %w", err)
+	}
+	return events, next, nil
+}
+
+// ListAudit lists audit entries newest first. Limit defaults to 50, max 500;
+// cursor is the previous page's next.
+func (s *Engine) ListAudit(ctx context.Context, limit int, cursor string) ([]vault.AuditEntry, string, error) {
+	var (
+		entries []vault.AuditEntry
+		next    string
+	)
+	err := s.view(ctx, func(tx Tx, now time.Time) error {
+		var err error
+		entries, next, err = listAuditTx(tx, limit, cursor)
+		return err
+	})
+	if err != nil {
+		return nil, "", fmt.Errorf("list audit: %w", err)
+	}
+	return entries, next, nil
+}
+
+// ---- maintenance ----
+
+// Reap deletes completed idempotency records older than IdempotencyTTL and daily
+// counters of days that ended more than 48 hours ago with nothing held, in small
+// transactions. It returns how many entries it removed. It also deletes the settled
+// holds of the records it removes and metered-object totals unchanged for
+// ObjectRetention; unknown and in_progress records are never removed.
+func (s *Engine) Reap(ctx context.Context) (int, error) {
+	c, err := s.reap(ctx) // the caller logs what it removed (once)
+	return c.removed, err
+}

@@ -1,0 +1,125 @@
+package engine
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/keybrake/keybrake/policy"
+	"github.com/keybrake/keybrake/vault"
+)
+
+const maxNameLen = 200
+
+func validName(name string) bool {
+	if name == "" || len(name) > maxNameLen {
+		return false
+	}
+	for _, r := range name {
+		if r < 0x20 || r == 0x7f {
+			return false
+		}
+	}
+	return true
+}
+
+func last4(secret string) string {
+	if len(secret) <= 4 {
+		return secret
+	}
+	return secret[len(secret)-4:]
+}
+
+func (s *Engine) putUpstreamTx(tx Tx, now time.Time, actor, name, vendor, secret string) (vault.Upstream, error) {
+	if !validName(name) {
+		return vault.Upstream{}, fmt.Errorf("upstream name %q: %w", name, vault.ErrInvalid)
+	}
+	if vendor != policy.VendorStripe {
+		return vault.Upstream{}, fmt.Errorf("upstream vendor %q (only %q): %w", vendor, policy.VendorStripe, vault.ErrInvalid)
+	}
+	if strings.TrimSpace(secret) == "" {
+		return vault.Upstream{}, fmt.Errorf("upstream %q: empty secret: %w", name, vault.ErrInvalid)
+	}
+	sealed, err := s.seal.seal([]byte(secret), upstreamAD(name))
+	if err != nil {
+		return vault.Upstream{}, err
+	}
+	var old upstreamRec
+	existed, err := getJSON(tx, BucketUpstreams, []byte(name), &old)
+	if err != nil {
+		return vault.Upstream{}, err
+	}
+	rec := upstreamRec{Name: name, Vendor: vendor, SealedSecret: sealed, SecretLast4: last4(secret), CreatedAt: now, UpdatedAt: now}
+	var before any
+	if existed {
+		rec.CreatedAt = old.CreatedAt
+		before = upstreamView{Name: old.Name, Vendor: old.Vendor, SecretLast4: old.SecretLast4}
+	}
+	if err := putJSON(tx, BucketUpstreams, []byte(name), &rec); err != nil {
+		return vault.Upstream{}, err
+	}
+	after := upstreamView{Name: rec.Name, Vendor: rec.Vendor, SecretLast4: rec.SecretLast4}
+	if err := putAudit(tx, now, actor, "upstream.put", name, before, after); err != nil {
+		return vault.Upstream{}, err
+	}
+	return rec.public(), nil
+}
+
+func getUpstream(tx Tx, name string) (*upstreamRec, error) {
+	var rec upstreamRec
+	ok, err := getJSON(tx, BucketUpstreams, []byte(name), &rec)
+	if err != nil {
+		return nil, err
+	}
+	if !ok {
+		return nil, fmt.Errorf("upstream %q: %w", name, vault.ErrNotFound)
+	}
+	return &rec, nil
+}
+
+func listUpstreamsTx(tx Tx) ([]vault.Upstream, error) {
+	out := []vault.Upstream{}
+	err := forEach(tx, BucketUpstreams, func(k, v []byte) error {
+		var rec upstreamRec
+		if err := decodeJSON(k, v, &rec); err != nil {
+			return err
+		}
+		out = append(out, rec.public())
+		return nil
+	})
+	return out, err
+}
+
+// deleteUpstreamTx refuses while any key that is not revoked names the upstream:
+// an expired key can be given a new expiry by UpdateKey and would then need it.
+func deleteUpstreamTx(tx Tx, now time.Time, actor, name string) error {
+	rec, err := getUpstream(tx, name)
+	if err != nil {
+		return err
+	}
+	var user string
+	err = forEach(tx, BucketKeys, func(k, v []byte) error {
+		if user != "" {
+			return nil
+		}
+		var kr keyRec
+		if err := decodeJSON(k, v, &kr); err != nil {
+			return err
+		}
+		if kr.Upstream == name && kr.Status != vault.KeyRevoked {
+			user = kr.ID
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	if user != "" {
+		return fmt.Errorf("upstream %q is used by key %s: %w", name, user, vault.ErrConflict)
+	}
+	if err := tx.Delete(BucketUpstreams, []byte(name)); err != nil {
+		return fmt.Errorf("delete upstream %q: %w", name, err)
+	}
+	before := upstreamView{Name: rec.Name, Vendor: rec.Vendor, SecretLast4: rec.SecretLast4}
+	return putAudit(tx, now, actor, "upstream.delete", name, before, nil)
+}

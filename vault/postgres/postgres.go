@@ -1,0 +1,259 @@
+// Package postgres is the vault's store on PostgreSQL, for several keybrake
+// replicas that share one set of caps, keys and idempotency records. The
+// vault's rules run in the shared engine (vault/internal/engine), exactly as
+// on bbolt; this package gives the engine PostgreSQL transactions.
+//
+// # Layout
+//
+// Each bucket of the engine is a table keybrake_<bucket> of (k bytea primary
+// key, v bytea): the engine's own encoding, the same bytes a bbolt file holds,
+// so the two stores cannot drift and a vault copies from one to the other
+// entry by entry. Secrets, stored answers and claim results are sealed
+// (AES-256-GCM under the master key) inside the values; tokens are kept only
+// as SHA-256 hashes. The schema is versioned by keybrake_schema_migrations and
+// brought up to date by Open under an advisory lock; a database with a newer
+// schema is refused.
+//
+// # Transactions, isolation and locks
+//
+// A write transaction runs at READ COMMITTED and locks the vault key's row
+// (SELECT … FOR UPDATE on keybrake_keys) before it reads anything else of the
+// key's — records, counters, money objects, claims: the engine asks for the
+// lock first in every write of a key (engine.Tx.LockKey; a read of the key row
+// itself takes it). Two replicas writing under one key are therefore
+// serialized exactly as bbolt's single writer serializes them, and since each
+// statement of a READ COMMITTED transaction reads the newest committed data,
+// the reads that follow the lock see every write of the transactions that
+// held it before — a hold is decided against the counters as they are and
+// placed in the same transaction, never a read in one and a write in another.
+// A new idempotency record or claim is a plain INSERT under the primary key:
+// two transactions that somehow both found it free cannot both commit. A
+// serialization failure, a deadlock or a unique violation rolls the
+// transaction back and runs it again from the start (the engine's bodies start
+// over on every run). Reads run at REPEATABLE READ, READ ONLY: one snapshot
+// for everything a read (a listing, the invariant check) looks at.
+//
+// Writes are buffered in the transaction and sent with its COMMIT in one round
+// trip, so a Reserve or a Settle waits on one commit only (see the round trips
+// in docs/decisions/0017-one-engine-two-stores.md).
+//
+// # Time
+//
+// The store's clock is the database's: each transaction reads
+// clock_timestamp() when it begins, so replicas whose own clocks disagree
+// still open a new day's window at the same instant, and a lease lapses at the
+// same instant for all of them. Options.UnsafeNow replaces it, for tests only.
+//
+// # Replicas that die
+//
+// A replica that dies mid-request leaves its record in progress under a
+// lease. Nobody waits for its restart: a retry with the same idempotency key
+// resumes it once the lease has lapsed, and the reaper, which every replica
+// runs (an advisory lock keeps two from reaping at once; each entry is judged
+// again under its key's lock), turns it into outcome unknown with its hold
+// kept. Open does the same for lapsed leases, and only for them: the live
+// leases are other replicas' requests in flight.
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/keybrake/keybrake/vault"
+	"github.com/keybrake/keybrake/vault/internal/engine"
+)
+
+// Options configure a Store. Zero values take the documented defaults.
+type Options struct {
+	// MasterKey is the 32-byte AES-256-GCM key that seals upstream secrets,
+	// stored responses and claim results. Every replica must have the same one.
+	// Required.
+	MasterKey []byte
+	// IdempotencyTTL is how long completed records replay (default 24h).
+	IdempotencyTTL time.Duration
+	// UnknownRetryLimit is the age after which an unknown record is no longer
+	// re-forwarded (default 23h).
+	UnknownRetryLimit time.Duration
+	// Lease is how long an in_progress record is held before another replica
+	// may take it over (default 2 minutes; the proxy sets upstream timeout +
+	// margin).
+	Lease time.Duration
+	// Logger; slog.Default() when nil.
+	Logger *slog.Logger
+	// CommitObserver, when set, is called after every write transaction of the
+	// hot path (Reserve, Settle, the claims API) with 1 and how long it took.
+	CommitObserver func(ops int, d time.Duration)
+	// UnsafeNow replaces the database's clock. It exists for tests, which drive
+	// time through a clock of their own; a replica that used its own clock
+	// could open a new day's window early. serve never sets it.
+	UnsafeNow func() time.Time
+}
+
+// DefaultMaxConns is the pool size when the URL does not set pool_max_conns
+// (at least 4 per CPU): enough connections for concurrent requests to share
+// PostgreSQL's commits. A pool_max_conns below 2 is raised to 2.
+const DefaultMaxConns = 16
+
+// Store is the vault on PostgreSQL. It is safe for concurrent use, and any
+// number of Stores, in any number of processes, may share one database.
+type Store struct {
+	*engine.Engine
+	pool    *pgxpool.Pool
+	log     *slog.Logger
+	now     func() time.Time // nil: the database's clock
+	observe func(ops int, d time.Duration)
+
+	closeOnce sync.Once
+	closed    atomic.Bool
+	// roundTrips counts the round trips to the database, for the measurement
+	// of a Reserve's.
+	roundTrips atomic.Int64
+}
+
+var _ vault.Store = (*Store)(nil)
+
+// Open connects to the database at url (postgres://…), brings its schema up
+// to date, checks or writes the master key check, and turns the in-progress
+// records whose lease lapsed into outcome unknown. The pool takes
+// pool_max_conns and the other pgxpool parameters from url.
+//
+// Errors: ErrInvalid (a master key that is not 32 bytes, a malformed URL),
+// ErrSchemaVersion (the database was written by a newer keybrake), ErrSealed
+// (the database was created with another master key), ErrStorage (the
+// database cannot be reached, or fails).
+func Open(ctx context.Context, url string, opts Options) (*Store, error) {
+	s, err := open(ctx, url, opts)
+	if err != nil {
+		return nil, fmt.Errorf("open PostgreSQL store: %w", err)
+	}
+	return s, nil
+}
+
+func open(ctx context.Context, url string, opts Options) (*Store, error) {
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		// The parser's message may quote the URL: say only what is wrong.
+		return nil, fmt.Errorf("the database URL does not parse as postgres://user:password@host:port/database?…: %w", vault.ErrInvalid)
+	}
+	if !hasParam(url, "pool_max_conns") {
+		cfg.MaxConns = max(DefaultMaxConns, 4*int32(runtime.GOMAXPROCS(0)))
+	}
+	// The reaper keeps one connection for its advisory lock while it reaps
+	// on another.
+	cfg.MaxConns = max(cfg.MaxConns, 2)
+	params := cfg.ConnConfig.RuntimeParams
+	if params["application_name"] == "" {
+		params["application_name"] = "keybrake"
+	}
+	// A replica frozen inside a transaction must not hold a key's lock for
+	// ever: its session ends, the transaction rolls back.
+	if params["idle_in_transaction_session_timeout"] == "" {
+		params["idle_in_transaction_session_timeout"] = "60s"
+	}
+	s := &Store{now: opts.UnsafeNow, observe: opts.CommitObserver}
+	s.Engine, err = engine.New((*backend)(s), engine.Config{
+		MasterKey: opts.MasterKey, IdempotencyTTL: opts.IdempotencyTTL,
+		UnknownRetryLimit: opts.UnknownRetryLimit, Lease: opts.Lease, Logger: opts.Logger,
+	})
+	if err != nil {
+		return nil, err
+	}
+	s.log = s.Log()
+	if s.pool, err = pgxpool.NewWithConfig(ctx, cfg); err != nil {
+		return nil, translate(err)
+	}
+	if err := s.start(ctx); err != nil {
+		s.pool.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+// start migrates the schema, checks the master key and recovers lapsed leases.
+func (s *Store) start(ctx context.Context) error {
+	applied, err := migrate(ctx, s.pool)
+	if err != nil {
+		return translate(err)
+	}
+	if len(applied) > 0 {
+		s.log.Info("PostgreSQL schema migrated", "versions", applied, "schema_version", SchemaVersion())
+	}
+	if err := (*backend)(s).Update(ctx, func(tx engine.Tx, _ time.Time) error { return s.InitMeta(tx) }); err != nil {
+		return err
+	}
+	_, err = s.RecoverLapsed(ctx)
+	return err
+}
+
+// Close closes the pool; transactions under way finish first. Calls after
+// Close return ErrClosed.
+func (s *Store) Close() error {
+	s.closeOnce.Do(func() {
+		s.closed.Store(true)
+		s.pool.Close()
+	})
+	return nil
+}
+
+// Size is how many bytes keybrake's tables take in the database, with their
+// indexes and TOAST data (not the rest of a database keybrake shares).
+func (s *Store) Size(ctx context.Context) (int64, error) {
+	if s.closed.Load() {
+		return 0, fmt.Errorf("size: %w", vault.ErrClosed)
+	}
+	var n int64
+	err := s.pool.QueryRow(ctx, "SELECT coalesce(sum(pg_total_relation_size(t::regclass)), 0)::bigint FROM unnest($1::text[]) AS t", tableNames()).Scan(&n)
+	s.roundTrips.Add(1)
+	if err != nil {
+		return 0, fmt.Errorf("size: %w", translate(err))
+	}
+	return n, nil
+}
+
+// Backup is not what this store does: a PostgreSQL database is backed up with
+// pg_dump (or the server's own backups), which copy it consistently while
+// replicas write. It returns errors.ErrUnsupported.
+func (s *Store) Backup(ctx context.Context, w io.Writer) (int64, error) {
+	return 0, fmt.Errorf("backup: the PostgreSQL store is backed up with pg_dump: %w", errors.ErrUnsupported)
+}
+
+// reapLock is the advisory lock key that keeps two replicas from reaping at
+// once ("keybrake" + 1).
+const reapLock = migrateLock + 1
+
+// Reap reaps like every store (vault.Store.Reap) unless another replica is
+// reaping right now, in which case it returns at once: the work would be the
+// same. Each entry is judged again under its key's lock, so running it
+// anyway would be harmless.
+func (s *Store) Reap(ctx context.Context) (int, error) {
+	if s.closed.Load() {
+		return 0, fmt.Errorf("reap: %w", vault.ErrClosed)
+	}
+	conn, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("reap: %w", translate(err))
+	}
+	defer conn.Release()
+	var mine bool
+	if err := conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1)", reapLock).Scan(&mine); err != nil {
+		return 0, fmt.Errorf("reap: %w", translate(err))
+	}
+	if !mine {
+		return 0, nil
+	}
+	defer func() {
+		if _, err := conn.Exec(context.WithoutCancel(ctx), "SELECT pg_advisory_unlock($1)", reapLock); err != nil {
+			_ = conn.Conn().Close(context.WithoutCancel(ctx)) // the session's end releases it
+		}
+	}()
+	return s.Engine.Reap(ctx)
+}

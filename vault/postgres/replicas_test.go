@@ -1,0 +1,173 @@
+package postgres
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/keybrake/keybrake/vault"
+	"github.com/keybrake/keybrake/vault/postgres/pgtest"
+	"github.com/keybrake/keybrake/vault/vaulttest"
+)
+
+// replicas opens n stores on one new database, as n keybrake replicas would,
+// all on clock.
+func replicas(t *testing.T, n int, clock *vaulttest.Clock) []*Store {
+	t.Helper()
+	url := pgtest.URL(t)
+	out := make([]*Store, n)
+	for i := range out {
+		out[i] = mustOpenURL(t, url, vaulttest.Options{MasterKey: vaulttest.MasterKey, Now: clock.Now})
+	}
+	t.Cleanup(func() {
+		if err := out[0].CheckInvariant(context.Background()); err != nil {
+			t.Errorf("invariant at cleanup: %v", err)
+		}
+	})
+	return out
+}
+
+// TestReplicasShareCaps: three stores on one database meter one key as one
+// store would. 100 concurrent $1 charges spread over them against a $20 cap
+// claim exactly 20; one idempotency key sent to all three at once is claimed
+// once; a key revoked through one is refused by the others at once.
+func TestReplicasShareCaps(t *testing.T) {
+	ctx := context.Background()
+	clock := vaulttest.NewClock(vaulttest.T0)
+	rs := replicas(t, 3, clock)
+	vaulttest.MustUpstream(t, rs[0], "sk_test_abcdef1234")
+	k, _ := vaulttest.MustMint(t, rs[1], "shared", vaulttest.Policy(t, "20.00", "", ""), nil)
+
+	const n = 100
+	outcomes := make([]vault.ReserveOutcome, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			s := rs[i%len(rs)]
+			idem := fmt.Sprintf("charge-%d", i)
+			res, err := s.Reserve(ctx, vaulttest.Charge(k.ID, idem, 100))
+			if !assert.NoError(t, err) {
+				return
+			}
+			outcomes[i] = res.Outcome
+			if res.Outcome == vault.ReserveClaimed {
+				assert.NoError(t, s.Settle(ctx, vault.SettleRequest{KeyID: k.ID, IdempotencyKey: idem, Outcome: vault.SettleCommit, Amount: 100}))
+			}
+		})
+	}
+	wg.Wait()
+	count := map[vault.ReserveOutcome]int{}
+	for _, o := range outcomes {
+		count[o]++
+	}
+	assert.Equal(t, map[vault.ReserveOutcome]int{vault.ReserveClaimed: 20, vault.ReserveRefused: 80}, count)
+	for _, s := range rs {
+		_, windows, usage, err := s.KeyUsage(ctx, k.ID)
+		require.NoError(t, err)
+		assert.Equal(t, int64(2000), usage[windows[0].ID].Committed, "every replica sees the same counters")
+	}
+
+	// One idempotency key, sent to all three at once.
+	const same = 30
+	results := make([]vault.ReserveOutcome, same)
+	k2, _ := vaulttest.MustMint(t, rs[2], "same", vaulttest.Policy(t, "100.00", "", ""), nil)
+	start := make(chan struct{})
+	for i := range same {
+		wg.Go(func() {
+			<-start
+			res, err := rs[i%len(rs)].Reserve(ctx, vaulttest.Charge(k2.ID, "once", 2500))
+			if assert.NoError(t, err) {
+				results[i] = res.Outcome
+			}
+		})
+	}
+	close(start)
+	wg.Wait()
+	count = map[vault.ReserveOutcome]int{}
+	for _, o := range results {
+		count[o]++
+	}
+	assert.Equal(t, 1, count[vault.ReserveClaimed], "%v", count)
+	assert.Equal(t, same-1, count[vault.ReserveInFlight], "%v", count)
+	_, windows, usage, err := rs[0].KeyUsage(ctx, k2.ID)
+	require.NoError(t, err)
+	assert.Equal(t, int64(2500), usage[windows[0].ID].Held, "one hold")
+	require.NoError(t, rs[1].Settle(ctx, vault.SettleRequest{KeyID: k2.ID, IdempotencyKey: "once", Outcome: vault.SettleCommit, Amount: 2500}))
+
+	// Revoked on one replica, refused by the next request on another.
+	_, err = rs[0].RevokeKey(ctx, "op", k2.ID)
+	require.NoError(t, err)
+	_, err = rs[2].Reserve(ctx, vaulttest.Charge(k2.ID, "after", 100))
+	assert.ErrorIs(t, err, vault.ErrKeyRevoked)
+}
+
+// TestOpenLeavesLiveLeasesAlone: a replica that starts while another serves
+// a request must not take that request for a dead one; a lapsed lease is.
+func TestOpenLeavesLiveLeasesAlone(t *testing.T) {
+	ctx := context.Background()
+	clock := vaulttest.NewClock(vaulttest.T0)
+	url := pgtest.URL(t)
+	opts := vaulttest.Options{MasterKey: vaulttest.MasterKey, Now: clock.Now, Lease: 2 * time.Minute}
+	a := mustOpenURL(t, url, opts)
+	vaulttest.MustUpstream(t, a, "sk_test_abcdef1234")
+	k, _ := vaulttest.MustMint(t, a, "k", vaulttest.Policy(t, "100.00", "", ""), nil)
+	res := vaulttest.MustReserve(t, a, vaulttest.Charge(k.ID, "in-flight", 1000))
+	require.Equal(t, vault.ReserveClaimed, res.Outcome)
+
+	clock.Advance(time.Minute)
+	b := mustOpenURL(t, url, opts)
+	states := func() map[vault.HoldState]int {
+		out := map[vault.HoldState]int{}
+		holds, _, err := b.ListHolds(ctx, "", 10, "")
+		require.NoError(t, err)
+		for _, h := range holds {
+			out[h.State]++
+		}
+		return out
+	}
+	assert.Equal(t, map[vault.HoldState]int{vault.HoldHeld: 1}, states(), "a live lease is another replica's request")
+	require.NoError(t, a.Settle(ctx, vault.SettleRequest{KeyID: k.ID, IdempotencyKey: "in-flight", Outcome: vault.SettleCommit, Amount: 1000}),
+		"the replica that serves it settles it")
+
+	vaulttest.MustReserve(t, a, vaulttest.Charge(k.ID, "dies", 500))
+	require.NoError(t, a.Close()) // the replica dies with its request in flight
+	clock.Advance(2*time.Minute + time.Second)
+	c := mustOpenURL(t, url, opts)
+	require.NoError(t, c.CheckInvariant(ctx))
+	assert.Equal(t, map[vault.HoldState]int{vault.HoldCommitted: 1, vault.HoldUnknown: 1}, states(), "a lapsed lease is a dead replica's")
+}
+
+// TestReplicasStartTogether: replicas starting at once on a new database
+// migrate it once and agree on one master key check; a replica with another
+// master key is refused.
+func TestReplicasStartTogether(t *testing.T) {
+	url := pgtest.URL(t)
+	var wg sync.WaitGroup
+	errs := make([]error, 6)
+	for i := range errs {
+		wg.Go(func() {
+			s, err := Open(context.Background(), url, Options{MasterKey: vaulttest.MasterKey, Logger: vaulttest.QuietLogger()})
+			errs[i] = err
+			if err == nil {
+				assert.NoError(t, s.Close())
+			}
+		})
+	}
+	wg.Wait()
+	for _, err := range errs {
+		require.NoError(t, err)
+	}
+	pool := pgtest.NewPool(t, url)
+	var versions int
+	require.NoError(t, pool.QueryRow(context.Background(), "SELECT count(*) FROM keybrake_schema_migrations").Scan(&versions))
+	assert.Equal(t, SchemaVersion(), versions)
+
+	_, err := Open(context.Background(), url, Options{MasterKey: bytes.Repeat([]byte{7}, 32), Logger: vaulttest.QuietLogger()})
+	assert.ErrorIs(t, err, vault.ErrSealed)
+}

@@ -1,0 +1,568 @@
+package postgres
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/keybrake/keybrake/vault"
+	"github.com/keybrake/keybrake/vault/internal/engine"
+)
+
+const (
+	// maxAttempts bounds how often a transaction runs again after a
+	// serialization failure, a deadlock or a unique violation.
+	maxAttempts = 10
+	// submitTimeout bounds a hot-path write once it has begun: it goes on if
+	// the caller gives up (its result must not be lost), but not for ever.
+	submitTimeout = 30 * time.Second
+	// cursorChunk is how many entries one query of a cursor reads.
+	cursorChunk = 256
+)
+
+// table is the table of a bucket.
+func table(b engine.Bucket) string { return "keybrake_" + b.Name() }
+
+// tableNames lists every bucket's table.
+func tableNames() []string {
+	var out []string
+	for _, b := range engine.Buckets() {
+		out = append(out, table(b))
+	}
+	return out
+}
+
+// SQL of each bucket, built once.
+var queries = func() (q [engine.NumBuckets]struct {
+	get, getForUpdate, getMany, put, insert, appendSeq, del, nextval, first, last, from, after, before string
+}) {
+	for _, b := range engine.Buckets() {
+		t := table(b)
+		q[b].get = "SELECT v FROM " + t + " WHERE k = $1"
+		q[b].getForUpdate = q[b].get + " FOR UPDATE"
+		q[b].getMany = "SELECT k, v FROM " + t + " WHERE k = ANY($1::bytea[])"
+		q[b].put = "INSERT INTO " + t + " (k, v) VALUES ($1, $2) ON CONFLICT (k) DO UPDATE SET v = EXCLUDED.v"
+		q[b].insert = "INSERT INTO " + t + " (k, v) VALUES ($1, $2)"
+		q[b].appendSeq = "INSERT INTO " + t + " (k, v) VALUES ($1 || int8send(nextval('" + t + "_seq')), $2)"
+		q[b].del = "DELETE FROM " + t + " WHERE k = $1"
+		q[b].nextval = "SELECT nextval('" + t + "_seq')"
+		q[b].first = "SELECT k, v FROM " + t + " ORDER BY k LIMIT $1"
+		q[b].last = "SELECT k, v FROM " + t + " ORDER BY k DESC LIMIT $1"
+		q[b].from = "SELECT k, v FROM " + t + " WHERE k >= $1 ORDER BY k LIMIT $2"
+		q[b].after = "SELECT k, v FROM " + t + " WHERE k > $1 ORDER BY k LIMIT $2"
+		q[b].before = "SELECT k, v FROM " + t + " WHERE k < $1 ORDER BY k DESC LIMIT $2"
+	}
+	return q
+}()
+
+const lockKeySQL = "SELECT 1 FROM keybrake_keys WHERE k = $1 FOR UPDATE"
+
+// backend is the Store as the engine's Backend: its transactions.
+type backend Store
+
+// View runs fn in a REPEATABLE READ, READ ONLY transaction: one snapshot.
+func (s *backend) View(ctx context.Context, fn engine.TxFunc) error {
+	return s.run(ctx, false, fn)
+}
+
+// Update runs fn in a READ COMMITTED write transaction, again from the start
+// after a serialization failure, a deadlock or a unique violation.
+func (s *backend) Update(ctx context.Context, fn engine.TxFunc) error {
+	return s.run(ctx, true, fn)
+}
+
+// Submit is Update for the hot path: once begun, it goes on if ctx ends, for
+// at most submitTimeout, so that a durable write is never reported lost.
+func (s *backend) Submit(ctx context.Context, fn engine.TxFunc) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), submitTimeout)
+	defer cancel()
+	start := time.Now()
+	err := s.run(ctx, true, fn)
+	if s.observe != nil && err == nil {
+		s.observe(1, time.Since(start))
+	}
+	return err
+}
+
+func (s *backend) run(ctx context.Context, write bool, fn engine.TxFunc) error {
+	if s.closed.Load() {
+		return vault.ErrClosed
+	}
+	for attempt := 1; ; attempt++ {
+		err := s.once(ctx, write, fn)
+		if err != nil && s.closed.Load() && !engine.IsVaultError(err) {
+			return vault.ErrClosed // the pool closed under the transaction
+		}
+		if err == nil || !retryable(err) || attempt == maxAttempts {
+			return translate(err)
+		}
+		// Back off a little, at random, so that the transactions that collided
+		// do not collide again.
+		wait := time.Duration(rand.Int64N(int64(time.Millisecond) << min(attempt, 6)))
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(wait):
+		}
+	}
+}
+
+// once runs fn in one transaction on one connection.
+func (s *backend) once(ctx context.Context, write bool, fn engine.TxFunc) (err error) {
+	conn, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	t := &tx{ctx: ctx, s: s, conn: conn.Conn(), write: write}
+	defer func() {
+		if status := conn.Conn().PgConn().TxStatus(); status != 'I' {
+			// Failed or abandoned: roll back; a connection that cannot is
+			// closed, which rolls back too (Release drops it).
+			if _, rerr := conn.Conn().Exec(context.WithoutCancel(ctx), "ROLLBACK"); rerr != nil {
+				_ = conn.Conn().Close(context.WithoutCancel(ctx))
+			}
+		}
+		conn.Release()
+	}()
+	now, err := t.begin()
+	if err != nil {
+		return err
+	}
+	if s.now != nil {
+		now = s.now()
+	}
+	if err := fn(t, now); err != nil {
+		return err
+	}
+	if t.err != nil {
+		return t.err // a cursor failed: what fn saw may be short
+	}
+	return t.commit()
+}
+
+// retryable reports whether err rolled its transaction back for a reason that
+// running it again can cure.
+func retryable(err error) bool {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return false
+	}
+	switch pgErr.Code {
+	case "40001", "40P01", "23505": // serialization_failure, deadlock_detected, unique_violation
+		return true
+	}
+	return false
+}
+
+// translate maps PostgreSQL's and pgx's errors to the vault's vocabulary so
+// that nothing above this package sees them. The vault's own pass through.
+func translate(err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case engine.IsVaultError(err):
+		return err
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return fmt.Errorf("%w: PostgreSQL: %s (SQLSTATE %s)", vault.ErrStorage, pgErr.Message, pgErr.Code)
+	}
+	return fmt.Errorf("%w: PostgreSQL: %s", vault.ErrStorage, err.Error())
+}
+
+// hasParam reports whether the connection URL sets the query parameter name.
+func hasParam(raw, name string) bool {
+	u, err := url.Parse(raw)
+	if err != nil || u.Scheme == "" {
+		return strings.Contains(raw, name+"=")
+	}
+	return u.Query().Has(name)
+}
+
+// op is a write buffered in a transaction until its commit.
+type op struct {
+	kind int // opPut, opInsert, opDelete
+	v    []byte
+}
+
+const (
+	opPut = iota
+	opInsert
+	opDelete
+)
+
+// appended is an entry of Append, buffered.
+type appended struct {
+	b         engine.Bucket
+	prefix, v []byte
+}
+
+type opKey struct {
+	b engine.Bucket
+	k string
+}
+
+// tx is one PostgreSQL transaction as the engine sees it. Reads go to the
+// database at once (after the key's lock, they see the newest committed
+// data); writes wait in ops, which later reads of the same keys see, and go
+// with the COMMIT in one round trip — or before a cursor's query, which must
+// see them.
+type tx struct {
+	ctx   context.Context
+	s     *backend
+	conn  *pgx.Conn
+	write bool
+	ops   map[opKey]*op
+	order []opKey
+	// appends are the entries of Append, whose keys the database completes.
+	appends []appended
+	locked  map[string]bool
+	err     error // the first failure of a cursor
+}
+
+// begin starts the transaction and reads the database's clock, in one round
+// trip.
+func (t *tx) begin() (time.Time, error) {
+	mode := "BEGIN ISOLATION LEVEL READ COMMITTED READ WRITE"
+	if !t.write {
+		mode = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
+	}
+	b := &pgx.Batch{}
+	b.Queue(mode)
+	b.Queue("SELECT clock_timestamp()")
+	br := t.conn.SendBatch(t.ctx, b)
+	t.s.roundTrips.Add(1)
+	var now time.Time
+	_, err := br.Exec()
+	if err == nil {
+		err = br.QueryRow().Scan(&now)
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	return now.UTC(), err
+}
+
+// commit sends the buffered writes and COMMIT in one round trip.
+func (t *tx) commit() error {
+	if !t.write {
+		_, err := t.conn.Exec(t.ctx, "COMMIT")
+		t.s.roundTrips.Add(1)
+		return err
+	}
+	b := t.batch()
+	b.Queue("COMMIT")
+	if err := t.send(b); err != nil {
+		return err
+	}
+	if t.conn.PgConn().TxStatus() != 'I' {
+		return fmt.Errorf("%w: PostgreSQL did not commit", vault.ErrStorage)
+	}
+	return nil
+}
+
+// flush sends the buffered writes, so that a query sees them.
+func (t *tx) flush() error {
+	if len(t.order) == 0 && len(t.appends) == 0 {
+		return nil
+	}
+	return t.send(t.batch())
+}
+
+// batch queues the buffered writes, in the order of their first write, and
+// forgets them.
+func (t *tx) batch() *pgx.Batch {
+	b := &pgx.Batch{}
+	for _, k := range t.order {
+		o := t.ops[k]
+		q := &queries[k.b]
+		switch o.kind {
+		case opPut:
+			b.Queue(q.put, []byte(k.k), o.v)
+		case opInsert:
+			b.Queue(q.insert, []byte(k.k), o.v)
+		case opDelete:
+			b.Queue(q.del, []byte(k.k))
+		}
+	}
+	for _, a := range t.appends {
+		b.Queue(queries[a.b].appendSeq, a.prefix, a.v)
+	}
+	t.ops, t.order, t.appends = nil, nil, nil
+	return b
+}
+
+// send sends b and reads every result: the first error is the batch's.
+func (t *tx) send(b *pgx.Batch) error {
+	br := t.conn.SendBatch(t.ctx, b)
+	t.s.roundTrips.Add(1)
+	var err error
+	for range b.Len() {
+		if _, e := br.Exec(); e != nil && err == nil {
+			err = e
+		}
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// buffered returns the buffered write of k in b, if any.
+func (t *tx) buffered(b engine.Bucket, k []byte) (*op, bool) {
+	o, ok := t.ops[opKey{b, string(k)}]
+	return o, ok
+}
+
+func (t *tx) buffer(b engine.Bucket, k []byte, kind int, v []byte) {
+	key := opKey{b, string(k)}
+	if t.ops == nil {
+		t.ops = map[opKey]*op{}
+	}
+	if o, ok := t.ops[key]; ok {
+		// An insert written again is still an insert: the key was free when
+		// this transaction took it.
+		if !(o.kind == opInsert && kind == opPut) {
+			o.kind = kind
+		}
+		o.v = bytes.Clone(v)
+		return
+	}
+	t.ops[key] = &op{kind: kind, v: bytes.Clone(v)}
+	t.order = append(t.order, key)
+}
+
+func (t *tx) Get(b engine.Bucket, k []byte) ([]byte, error) {
+	if o, ok := t.buffered(b, k); ok {
+		if o.kind == opDelete {
+			return nil, nil
+		}
+		return o.v, nil
+	}
+	sql := queries[b].get
+	forUpdate := t.write && (b == engine.BucketKeys || b == engine.BucketUpstreams)
+	if forUpdate {
+		sql = queries[b].getForUpdate
+	}
+	var v []byte
+	err := t.conn.QueryRow(t.ctx, sql, k).Scan(&v)
+	t.s.roundTrips.Add(1)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	if forUpdate && b == engine.BucketKeys {
+		t.markLocked(string(k))
+	}
+	return v, nil
+}
+
+func (t *tx) GetMany(b engine.Bucket, keys [][]byte) ([][]byte, error) {
+	out := make([][]byte, len(keys))
+	var missing [][]byte
+	for i, k := range keys {
+		if o, ok := t.buffered(b, k); ok {
+			if o.kind != opDelete {
+				out[i] = o.v
+			}
+			continue
+		}
+		missing = append(missing, k)
+	}
+	if len(missing) == 0 {
+		return out, nil
+	}
+	rows, err := t.conn.Query(t.ctx, queries[b].getMany, missing)
+	t.s.roundTrips.Add(1)
+	if err != nil {
+		return nil, err
+	}
+	found := map[string][]byte{}
+	for rows.Next() {
+		var k, v []byte
+		if err := rows.Scan(&k, &v); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		found[string(k)] = v
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	for i, k := range keys {
+		if v, ok := found[string(k)]; ok {
+			out[i] = v
+		}
+	}
+	return out, nil
+}
+
+func (t *tx) Append(b engine.Bucket, prefix, v []byte) error {
+	t.appends = append(t.appends, appended{b: b, prefix: bytes.Clone(prefix), v: bytes.Clone(v)})
+	return nil
+}
+
+func (t *tx) Put(b engine.Bucket, k, v []byte) error {
+	t.buffer(b, k, opPut, v)
+	return nil
+}
+
+func (t *tx) Insert(b engine.Bucket, k, v []byte) error {
+	t.buffer(b, k, opInsert, v)
+	return nil
+}
+
+func (t *tx) Delete(b engine.Bucket, k []byte) error {
+	t.buffer(b, k, opDelete, nil)
+	return nil
+}
+
+func (t *tx) NextSequence(b engine.Bucket) (uint64, error) {
+	var n int64
+	err := t.conn.QueryRow(t.ctx, queries[b].nextval).Scan(&n)
+	t.s.roundTrips.Add(1)
+	return uint64(n), err
+}
+
+func (t *tx) LockKey(id string) error {
+	if !t.write || t.locked[id] {
+		return nil
+	}
+	rows, err := t.conn.Query(t.ctx, lockKeySQL, []byte(id))
+	t.s.roundTrips.Add(1)
+	if err != nil {
+		return err
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	t.markLocked(id)
+	return nil
+}
+
+func (t *tx) markLocked(id string) {
+	if t.locked == nil {
+		t.locked = map[string]bool{}
+	}
+	t.locked[id] = true
+}
+
+func (t *tx) Cursor(b engine.Bucket) engine.Cursor { return &cursor{t: t, b: b} }
+
+// cursor reads its bucket in chunks of cursorChunk entries, forwards or
+// backwards from where it stands. A failure is kept in the transaction, which
+// then fails; the cursor returns nil as at the end.
+type cursor struct {
+	t       *tx
+	b       engine.Bucket
+	entries []entry // the chunk read last, in the direction read
+	i       int     // the current entry in entries
+	forward bool
+	// more is set when the chunk was full: the bucket may go on beyond it.
+	more bool
+}
+
+type entry struct{ k, v []byte }
+
+func (c *cursor) First() ([]byte, []byte) {
+	return c.load(true, queries[c.b].first, cursorChunk)
+}
+
+func (c *cursor) Last() ([]byte, []byte) {
+	return c.load(false, queries[c.b].last, cursorChunk)
+}
+
+func (c *cursor) Seek(seek []byte) ([]byte, []byte) {
+	return c.load(true, queries[c.b].from, bytes.Clone(seek), cursorChunk)
+}
+
+func (c *cursor) Next() ([]byte, []byte) {
+	k, ok := c.current()
+	if !ok {
+		return nil, nil
+	}
+	if c.forward && c.i+1 < len(c.entries) {
+		c.i++
+		return c.entries[c.i].k, c.entries[c.i].v
+	}
+	if c.forward && !c.more {
+		c.entries = nil
+		return nil, nil
+	}
+	return c.load(true, queries[c.b].after, k, cursorChunk)
+}
+
+func (c *cursor) Prev() ([]byte, []byte) {
+	k, ok := c.current()
+	if !ok {
+		return nil, nil
+	}
+	if !c.forward && c.i+1 < len(c.entries) {
+		c.i++
+		return c.entries[c.i].k, c.entries[c.i].v
+	}
+	if !c.forward && !c.more {
+		c.entries = nil
+		return nil, nil
+	}
+	return c.load(false, queries[c.b].before, k, cursorChunk)
+}
+
+// current is the key the cursor stands on.
+func (c *cursor) current() ([]byte, bool) {
+	if c.i >= len(c.entries) {
+		return nil, false
+	}
+	return c.entries[c.i].k, true
+}
+
+// load runs a chunk's query and stands on its first entry.
+func (c *cursor) load(forward bool, sql string, args ...any) ([]byte, []byte) {
+	c.entries, c.i, c.forward, c.more = nil, 0, forward, false
+	t := c.t
+	if t.err != nil {
+		return nil, nil
+	}
+	if err := t.flush(); err != nil {
+		t.err = err
+		return nil, nil
+	}
+	rows, err := t.conn.Query(t.ctx, sql, args...)
+	t.s.roundTrips.Add(1)
+	if err != nil {
+		t.err = err
+		return nil, nil
+	}
+	for rows.Next() {
+		var e entry
+		if err := rows.Scan(&e.k, &e.v); err != nil {
+			rows.Close()
+			t.err = err
+			return nil, nil
+		}
+		c.entries = append(c.entries, e)
+	}
+	if err := rows.Err(); err != nil {
+		t.err = err
+		return nil, nil
+	}
+	c.more = len(c.entries) == cursorChunk
+	if len(c.entries) == 0 {
+		return nil, nil
+	}
+	return c.entries[0].k, c.entries[0].v
+}

@@ -1,0 +1,27 @@
+package vault_test
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/keybrake/keybrake/vault"
+	"github.com/keybrake/keybrake/vault/vaulttest"
+	"github.com/stretchr/testify/assert"
+)
+
+func TestKeyStatusAt(t *testing.T) {
+	k := vault.Key{Status: vault.KeyActive, Policy: vaulttest.Policy(t, "1", "", "")}
+	assert.Equal(t, vault.KeyActive, k.StatusAt(vaulttest.T0))
+	assert.Equal(t, vault.KeyExpired, k.StatusAt(k.Policy.ExpiresAt))
+	k.Status = vault.KeyRevoked
+	assert.Equal(t, vault.KeyRevoked, k.StatusAt(k.Policy.ExpiresAt))
+}
+
+func TestDerivedIDs(t *testing.T) {
+	assert.Equal(t, vault.HoldID("key_a", "x"), vault.HoldID("key_a", "x"))
+	assert.NotEqual(t, vault.HoldID("key_a", "bc"), vault.HoldID("key_ab", "c"))
+	assert.NotEqual(t, vault.UpstreamKey("key_a", "x"), vault.UpstreamKey("key_b", "x"))
+	assert.LessOrEqual(t, len(vault.UpstreamKey("key_a", strings.Repeat("x", 255))), 255)
+	assert.True(t, strings.HasPrefix(vault.HoldID("k", "i"), "hold_"))
+	assert.Len(t, vault.HoldID("k", "i"), 5+26)
+}

@@ -1,0 +1,87 @@
+package vaulttest
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/keybrake/keybrake/policy"
+	"github.com/keybrake/keybrake/vault"
+	"github.com/keybrake/keybrake/vault/internal/engine"
+)
+
+// hasCounter reports whether the key's counter for window exists.
+func hasCounter(t *testing.T, s *Store, keyID, window string) bool {
+	t.Helper()
+	var ok bool
+	require.NoError(t, s.view(func(tx engine.Tx, _ time.Time) error {
+		var err error
+		_, ok, err = engine.GetCounter(tx, keyID, window)
+		return err
+	}))
+	return ok
+}
+
+// The clock jumps five days ahead (and traffic runs meanwhile), the reaper runs,
+// the clock comes back: today's counter, with the day's spend, is still there,
+// so the daily cap does not open again. Only when the key has spent a week later
+// by its own counters is the old day reaped.
+func testReaperSurvivesAClockJump(t *testing.T) {
+	ctx := context.Background()
+	f := newMeteringFixture(t) // daily cap 100.00, period 150.00
+	id := f.key.ID
+	MustCommit(t, f.s, id, "today", 10000)
+
+	f.clock.Advance(5 * 24 * time.Hour)
+	_, err := f.s.Reap(ctx)
+	require.NoError(t, err)
+	assert.True(t, hasCounter(t, f.s, id, "day:2026-09-14"), "the clock alone does not reap a day with spend")
+	MustCommit(t, f.s, id, "jumped", 1000) // day:2026-09-19
+	_, err = f.s.Reap(ctx)
+	require.NoError(t, err)
+	assert.True(t, hasCounter(t, f.s, id, "day:2026-09-14"), "nor does spend five days later")
+
+	f.clock.Set(T0) // the clock is corrected
+	daily, _ := usageOf(t, f.s, id)
+	assert.Equal(t, policy.Counter{Committed: 10000}, daily)
+	assert.Equal(t, vault.ReserveRefused, MustReserve(t, f.s, Charge(id, "again", 100)).Outcome, "today's cap is still spent")
+
+	// A week of the key's own later use: the old day goes, the recent ones stay.
+	f.clock.Set(T0.Add(8 * 24 * time.Hour))
+	MustCommit(t, f.s, id, "week-later", 100) // day:2026-09-22
+	_, err = f.s.Reap(ctx)
+	require.NoError(t, err)
+	assert.False(t, hasCounter(t, f.s, id, "day:2026-09-14"))
+	assert.True(t, hasCounter(t, f.s, id, "day:2026-09-19"), "three days older than the latest: kept")
+	assert.True(t, hasCounter(t, f.s, id, "day:2026-09-22"))
+	assert.True(t, hasCounter(t, f.s, id, "period"))
+}
+
+// A hold an operator resolved replays "resolved" to a retry of its key for good,
+// not only for the idempotency TTL: the record had been kept while unknown, and a
+// caller still retrying days later must not move the money again.
+func testResolvedRecordIsKept(t *testing.T) {
+	ctx := context.Background()
+	f := newMeteringFixture(t)
+	id := f.key.ID
+	MustReserve(t, f.s, Charge(id, "lost", 2500))
+	MustSettle(t, f.s, vault.SettleRequest{KeyID: id, IdempotencyKey: "lost", Outcome: vault.SettleUnknown})
+	f.clock.Advance(3 * 24 * time.Hour)
+	_, err := f.s.ResolveHold(ctx, "alice", vault.HoldID(id, "lost"), vault.HoldCommitted)
+	require.NoError(t, err)
+	MustCommit(t, f.s, id, "normal", 100)
+
+	f.clock.Advance(10 * 24 * time.Hour) // still within the key's period
+	_, err = f.s.Reap(ctx)
+	require.NoError(t, err)
+	res := MustReserve(t, f.s, Charge(id, "lost", 2500))
+	require.Equal(t, vault.ReserveReplay, res.Outcome, "still resolved")
+	assert.True(t, res.Record.Resolved)
+	require.NotNil(t, res.Hold)
+	assert.Equal(t, vault.HoldCommitted, res.Hold.State)
+	assert.Equal(t, vault.ReserveClaimed, MustReserve(t, f.s, Charge(id, "normal", 100)).Outcome,
+		"an ordinary completed record is reaped after the idempotency TTL")
+}
