@@ -55,14 +55,20 @@ func (p *Proxy) writeReplay(ctx context.Context, w http.ResponseWriter, c *call)
 	_, _ = w.Write(resp.Body)
 }
 
-// setRemaining sets Keybrake-Remaining-Daily / -Period from the key's current
-// usage: what is left of each capped window after every commit and hold.
+// setRemaining sets Keybrake-Remaining-Daily / -Period: what is left of each
+// capped window after every commit and hold. A request that kept a record
+// reports the counters its Reserve read, with its own hold, corrected by its
+// settle (c.usage): no other read. Any other request (a read) reads the key's
+// current usage.
 func (p *Proxy) setRemaining(ctx context.Context, h http.Header, c *call) {
-	key, windows, usage, err := p.store.KeyUsage(ctx, c.key.ID)
-	if err != nil {
-		p.log.LogAttrs(ctx, slog.LevelWarn, "remaining budget unavailable",
-			slog.String(logfield.RequestID, c.requestID), slog.String(logfield.KeyID, c.key.ID), slog.Any(logfield.Error, err))
-		return
+	windows, usage := c.windows, c.usage
+	if windows == nil {
+		var err error
+		if _, windows, usage, err = p.store.KeyUsage(ctx, c.key.ID); err != nil {
+			p.log.LogAttrs(ctx, slog.LevelWarn, "remaining budget unavailable",
+				slog.String(logfield.RequestID, c.requestID), slog.String(logfield.KeyID, c.key.ID), slog.Any(logfield.Error, err))
+			return
+		}
 	}
 	for _, win := range windows {
 		if !win.HasCap {
@@ -70,7 +76,7 @@ func (p *Proxy) setRemaining(ctx context.Context, h http.Header, c *call) {
 		}
 		cnt := usage[win.ID]
 		rem := max(0, win.Cap-cnt.Committed-cnt.Held)
-		v := policy.FormatMinor(key.Policy.Currency, rem)
+		v := policy.FormatMinor(c.key.Policy.Currency, rem)
 		switch win.Kind {
 		case policy.WindowDaily:
 			h.Set(headerRemainingDaily, v)

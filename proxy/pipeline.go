@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/keybrake/keybrake/policy"
 	"github.com/keybrake/keybrake/proxy/logfield"
 	"github.com/keybrake/keybrake/proxy/stripeapi"
 	"github.com/keybrake/keybrake/vault"
@@ -67,6 +68,13 @@ type call struct {
 
 	key    vault.Key
 	secret string
+	// windows and usage are the key's windows and counters as Reserve left
+	// them, corrected by the request's own settle (the remaining-budget
+	// headers); nil for a request that keeps no record.
+	windows []policy.Window
+	usage   policy.Usage
+	// holdWindows are the windows the request's hold is on.
+	holdWindows []string
 
 	// metering
 	metered     bool

@@ -72,6 +72,10 @@ func (p *Proxy) reserve(ctx context.Context, c *call) error {
 	case err != nil:
 		return internalError(fmt.Errorf("reserve: %w", err))
 	}
+	c.windows, c.usage = res.Windows, res.Usage
+	if res.Hold != nil {
+		c.holdWindows = res.Hold.WindowIDs
+	}
 	switch res.Outcome {
 	case vault.ReserveClaimed:
 		c.idemOutcome = idemClaimed

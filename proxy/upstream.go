@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"net/http/httptrace"
@@ -407,6 +408,7 @@ func (p *Proxy) settle(ctx context.Context, c *call, sr vault.SettleRequest, not
 	if sr.StripeRequestID == "" {
 		sr.StripeRequestID = c.stripeRequestID
 	}
+	c.freeOwnHold(&sr)
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
 	defer cancel()
 	if err := p.store.Settle(sctx, sr); err != nil {
@@ -527,4 +529,31 @@ func (sc *secretCache) forget(name string) {
 	sc.mu.Lock()
 	delete(sc.entries, name)
 	sc.mu.Unlock()
+}
+
+// freeOwnHold corrects the usage Reserve reported (c.usage) by what the settle
+// sr frees of the request's own hold, for the remaining-budget headers of the
+// answer: all of it on a release, what it did not commit on a commit of money
+// that moved at once. A commit against a money object keeps what it does not
+// commit as exposure, or frees it in ways only the store works out: the usage
+// stays as Reserve left it, which is never more than is left.
+func (c *call) freeOwnHold(sr *vault.SettleRequest) {
+	var freed int64
+	switch {
+	case sr.Outcome == vault.SettleRelease, sr.Outcome == vault.SettleAbandon && c.idemOutcome == idemClaimed:
+		freed = c.amount
+	case sr.Outcome == vault.SettleCommit && sr.Object == (vault.ObjectSettle{}):
+		freed = max(0, c.amount-sr.Amount)
+	}
+	if freed == 0 || !c.metered {
+		return
+	}
+	usage := maps.Clone(c.usage)
+	for _, id := range c.holdWindows {
+		if cnt, ok := usage[id]; ok {
+			cnt.Held = max(0, cnt.Held-freed)
+			usage[id] = cnt
+		}
+	}
+	c.usage = usage
 }

@@ -321,6 +321,12 @@ type ReserveResult struct {
 	Key      Key
 	Record   IdempotencyRecord
 	Hold     *Hold
+	// Windows and Usage are the key's windows at the store clock and their
+	// counters as the Reserve left them (its own hold included), for the
+	// outcomes that forward or replay (ReserveClaimed, ReserveResume,
+	// ReserveReplay): what is left of each cap, without another read.
+	Windows []policy.Window
+	Usage   policy.Usage
 }
 
 // SettleOutcome is how a forwarded request ended.

@@ -35,6 +35,7 @@ var suite = []struct {
 	{"CheckInvariantDetectsExposureAndAllowance", testCheckInvariantDetectsExposureAndAllowance},
 	{"ReserveClaimsAndHolds", testReserveClaimsAndHolds},
 	{"ReserveOutcomes", testReserveOutcomes},
+	{"ReserveReportsUsage", testReserveReportsUsage},
 	{"ReserveLapsedLeaseTooOldIsStale", testReserveLapsedLeaseTooOldIsStale},
 	{"ReserveUnmetered", testReserveUnmetered},
 	{"ReserveReportMode", testReserveReportMode},

@@ -67,6 +67,37 @@ func testReserveClaimsAndHolds(t *testing.T) {
 	assert.Equal(t, vault.HoldHeld, events[0].HoldState)
 }
 
+// testReserveReportsUsage: a Reserve that forwards or replays reports the
+// key's windows and their counters as it left them, its own hold included, so
+// the proxy's remaining-budget headers need no other read.
+func testReserveReportsUsage(t *testing.T) {
+	f := newMeteringFixture(t)
+	id := f.key.ID
+	MustCommit(t, f.s, id, "before", 1000)
+
+	res := MustReserve(t, f.s, Charge(id, "a", 4000))
+	require.Equal(t, vault.ReserveClaimed, res.Outcome)
+	require.Len(t, res.Windows, 2)
+	assert.Equal(t, "day:2026-09-14", res.Windows[0].ID)
+	assert.Equal(t, int64(10000), res.Windows[0].Cap)
+	assert.Equal(t, policy.Usage{"day:2026-09-14": {Committed: 1000, Held: 4000}, "period": {Committed: 1000, Held: 4000}}, res.Usage)
+
+	res = MustReserve(t, f.s, vault.ReserveRequest{KeyID: id, IdempotencyKey: "u", Fingerprint: "fp",
+		Request: policy.Request{Operation: "customers.read"}})
+	require.Equal(t, vault.ReserveClaimed, res.Outcome)
+	assert.Equal(t, policy.Counter{Committed: 1000, Held: 4000}, res.Usage["period"], "an unmetered claim reports the counters too")
+
+	MustSettle(t, f.s, vault.SettleRequest{KeyID: id, IdempotencyKey: "a", Outcome: vault.SettleCommit, Amount: 3000,
+		Response: &vault.StoredResponse{Status: http.StatusOK, Body: []byte(`{}`)}})
+	res = MustReserve(t, f.s, Charge(id, "a", 4000))
+	require.Equal(t, vault.ReserveReplay, res.Outcome)
+	assert.Equal(t, policy.Counter{Committed: 4000}, res.Usage["day:2026-09-14"], "a replay reports the counters as they are")
+
+	res = MustReserve(t, f.s, Charge(id, "b", 20000))
+	require.Equal(t, vault.ReserveRefused, res.Outcome)
+	assert.Nil(t, res.Usage, "a refusal says what is left in its decision")
+}
+
 func testReserveOutcomes(t *testing.T) {
 	ctx := context.Background()
 	f := newMeteringFixture(t)

@@ -41,7 +41,7 @@ func (s *Engine) KeysUsage(ctx context.Context, ids []string) ([]vault.KeyWindow
 	out := make([]vault.KeyWindows, 0, len(ids))
 	err := s.view(ctx, func(tx Tx, now time.Time) error {
 		for _, id := range ids {
-			key, windows, usage, err := keyUsageTx(tx, now, id)
+			key, windows, usage, err := s.keyUsageTx(tx, now, id)
 			if err != nil {
 				return err
 			}

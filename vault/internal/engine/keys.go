@@ -321,9 +321,10 @@ func rotateKeyTx(tx Tx, now time.Time, actor, id string) (vault.Key, string, err
 	return rec.public(), token, nil
 }
 
-// keyUsageTx reads a key's windows at now and their counters.
-func keyUsageTx(tx Tx, now time.Time, id string) (vault.Key, []policy.Window, policy.Usage, error) {
-	rec, err := getKey(tx, id)
+// keyUsageTx reads a key's windows at now and their counters (the key through
+// the cache of decoded keys).
+func (s *Engine) keyUsageTx(tx Tx, now time.Time, id string) (vault.Key, []policy.Window, policy.Usage, error) {
+	rec, err := s.keys.get(tx, id)
 	if err != nil {
 		return vault.Key{}, nil, nil, err
 	}

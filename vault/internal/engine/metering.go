@@ -70,9 +70,24 @@ func (s *Engine) planReserve(tx Tx, now time.Time, req *vault.ReserveRequest) (*
 		return nil, err
 	}
 	if rec != nil {
-		return s.planExisting(now, req, res, rec)
+		return s.planExisting(tx, now, req, res, rec, key)
 	}
 	return s.planNew(tx, now, req, res, key)
+}
+
+// withUsage fills res's windows at now and their counters, as read in tx (a
+// Reserve that forwards or replays reports what is left of each cap).
+func withUsage(tx Tx, now time.Time, res *vault.ReserveResult, key *keyRec) error {
+	windows, err := key.Policy.Windows(now)
+	if err != nil {
+		return fmt.Errorf("key %s windows: %w", key.ID, err)
+	}
+	usage, err := readUsage(tx, key.ID, windows)
+	if err != nil {
+		return err
+	}
+	res.Windows, res.Usage = windows, usage
+	return nil
 }
 
 // planNew decides a Reserve without an idempotency record: against the key's
@@ -105,6 +120,15 @@ func (s *Engine) planNew(tx Tx, now time.Time, req *vault.ReserveRequest, res va
 		}
 		return pl, nil
 	}
+	if !req.Metered {
+		// Nothing was read for the decision: read the counters for the
+		// remaining budget the proxy reports.
+		if counters, err = getCounters(tx, key.ID, windowIDs(windows)); err != nil {
+			return nil, err
+		}
+		usage = usageOf(windows, counters)
+	}
+	res.Windows, res.Usage = windows, usage
 	r := &recordRec{
 		KeyID: key.ID, Idem: req.IdempotencyKey,
 		Fingerprint: req.Fingerprint, UpstreamKey: vault.UpstreamKey(key.ID, req.IdempotencyKey),
@@ -124,6 +148,7 @@ func (s *Engine) planNew(tx Tx, now time.Time, req *vault.ReserveRequest, res va
 		}
 		r.Hold = h
 		pl.newHold, pl.windows = true, windows
+		res.Usage = usageWithHold(windows, usage, h.Amount)
 		decision := vault.DecisionAllowed
 		if dec.WouldRefuse {
 			decision = vault.DecisionWouldRefuse
@@ -144,8 +169,19 @@ func (s *Engine) planNew(tx Tx, now time.Time, req *vault.ReserveRequest, res va
 	return pl, nil
 }
 
+// usageWithHold is usage with amount added to held on every window.
+func usageWithHold(windows []policy.Window, usage policy.Usage, amount int64) policy.Usage {
+	out := make(policy.Usage, len(windows))
+	for _, w := range windows {
+		c := usage[w.ID]
+		c.Held += amount
+		out[w.ID] = c
+	}
+	return out
+}
+
 // planExisting answers a Reserve whose idempotency record exists.
-func (s *Engine) planExisting(now time.Time, req *vault.ReserveRequest, res vault.ReserveResult, rec *recordRec) (*reservePlan, error) {
+func (s *Engine) planExisting(tx Tx, now time.Time, req *vault.ReserveRequest, res vault.ReserveResult, rec *recordRec, key *keyRec) (*reservePlan, error) {
 	pl := &reservePlan{}
 	hold := rec.Hold
 	switch {
@@ -185,6 +221,12 @@ func (s *Engine) planExisting(now time.Time, req *vault.ReserveRequest, res vaul
 	if hold != nil {
 		h := hold.public()
 		res.Hold = &h
+	}
+	switch res.Outcome {
+	case vault.ReserveReplay, vault.ReserveResume:
+		if err := withUsage(tx, now, &res, key); err != nil {
+			return nil, err
+		}
 	}
 	pl.res = accept(res)
 	return pl, nil

@@ -330,7 +330,7 @@ func (s *Engine) KeyUsage(ctx context.Context, id string) (vault.Key, []policy.W
 	)
 	err := s.view(ctx, func(tx Tx, now time.Time) error {
 		var err error
-		key, windows, usage, err = keyUsageTx(tx, now, id)
+		key, windows, usage, err = s.keyUsageTx(tx, now, id)
 		return err
 	})
 	if err != nil {
