@@ -398,9 +398,12 @@ func (p *Proxy) writeUpstreamFailure(w http.ResponseWriter, c *call, rf *refusal
 	c.status, c.reason, c.err = rf.Status, rf.Code, rf.cause
 }
 
-// settle is the one Settle of a forwarded request. A failure is logged at Error
-// and otherwise ignored: the caller still gets Stripe's answer, and the record
-// stays in_progress until it is recovered as unknown (fail closed).
+// settle is the one Settle of a forwarded request. It is queued
+// (Store.SettleQueued): the caller gets Stripe's answer without waiting for
+// the settle's commit, and a retry of the same idempotency key, queued after
+// it, finds the record settled. A failure is logged at Error and otherwise
+// ignored: the record stays in_progress until it is recovered as unknown
+// (fail closed), as after a crash before the commit.
 func (p *Proxy) settle(ctx context.Context, c *call, sr vault.SettleRequest, note string) {
 	c.settled = true
 	sr.KeyID, sr.IdempotencyKey = c.key.ID, c.idemKey
@@ -409,13 +412,26 @@ func (p *Proxy) settle(ctx context.Context, c *call, sr vault.SettleRequest, not
 		sr.StripeRequestID = c.stripeRequestID
 	}
 	c.freeOwnHold(&sr)
+	// The failure is logged from the committer's callback, after this request
+	// may have ended: it names the request by values copied now.
+	attrs := []slog.Attr{
+		slog.String(logfield.RequestID, c.requestID), slog.String(logfield.KeyID, c.key.ID),
+		slog.String(logfield.Operation, c.cls.Operation), slog.String(logfield.Outcome, string(sr.Outcome)),
+		slog.Int(logfield.UpstreamStatus, c.upstreamStatus), slog.String(logfield.Note, note),
+	}
+	failed := func(err error) {
+		p.log.LogAttrs(context.Background(), slog.LevelError, "settle failed; the record stays in progress until recovered as unknown",
+			append(attrs, slog.Any(logfield.Error, err))...)
+	}
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
 	defer cancel()
-	if err := p.store.Settle(sctx, sr); err != nil {
-		p.log.LogAttrs(sctx, slog.LevelError, "settle failed; the record stays in progress until recovered as unknown",
-			slog.String(logfield.RequestID, c.requestID), slog.String(logfield.KeyID, c.key.ID),
-			slog.String(logfield.Operation, c.cls.Operation), slog.String(logfield.Outcome, string(sr.Outcome)),
-			slog.Int(logfield.UpstreamStatus, c.upstreamStatus), slog.String(logfield.Note, note), slog.Any(logfield.Error, err))
+	err := p.store.SettleQueued(sctx, sr, func(err error) {
+		if err != nil {
+			go failed(err) // never on the committer: a log write may block
+		}
+	})
+	if err != nil {
+		failed(err)
 	}
 }
 

@@ -113,6 +113,22 @@ type Store interface {
 	// commit above the hold plus the object's exposure without
 	// AllowOverrun).
 	Settle(ctx context.Context, req SettleRequest) error
+	// SettleQueued is Settle for a caller that does not wait until the
+	// settle is durable (the proxy, which answers the request meanwhile). On
+	// a store that group-commits (bbolt) it queues the settle behind every
+	// hot-path write queued before it and ahead of every one queued after —
+	// so a Reserve of the same idempotency key made after it returns finds
+	// the record settled — and returns; the settle rides the next commit. A
+	// crash before that commit leaves the record in progress, its hold
+	// counted, and the next start makes it outcome unknown: a retry with the
+	// same idempotency key resumes it under the same upstream key and
+	// settles it from Stripe's replayed answer. On a store that commits each
+	// write on its own (PostgreSQL) it settles before it returns. done, when
+	// set, is called once with Settle's error (nil when durable); it runs on
+	// the store's committer and must return at once. SettleQueued itself
+	// returns an error, and never calls done, only when the settle was not
+	// queued (ErrClosed, ctx's error, a response that cannot be sealed).
+	SettleQueued(ctx context.Context, req SettleRequest, done func(error)) error
 	// ResolveHold settles an unknown hold (or a held one whose lease lapsed)
 	// by an operator's decision, HoldCommitted or HoldReleased, completes its
 	// record and writes the audit entry. No answer is stored: a retry with the

@@ -226,7 +226,8 @@ func TestKill9UnderLoad(t *testing.T) {
 	}
 
 	// Load: callers charge with their own idempotency keys and retry each key until
-	// they get a definitive answer, across kills and restarts.
+	// they get a definitive answer, across kills and restarts; some send a
+	// charge again after its answer.
 	stats := &loadStats{succeeded: map[string]string{}}
 	loadCtx, stopLoad := context.WithCancel(context.Background())
 	defer stopLoad()
@@ -242,8 +243,25 @@ func TestKill9UnderLoad(t *testing.T) {
 			for n := 0; loadCtx.Err() == nil; n++ {
 				callerKey := fmt.Sprintf("kill9-c%d-n%d", g, n)
 				amount := 100 * (1 + r.Int64N(5))
-				if chargeUntilDefinitive(loadCtx, client, &proxyURL, vaultKey, callerKey, amount, stats) == http.StatusPaymentRequired {
+				status := chargeUntilDefinitive(loadCtx, client, &proxyURL, vaultKey, callerKey, amount, stats)
+				if status == http.StatusPaymentRequired {
 					capHit[g].Store(true)
+				}
+				if status == http.StatusOK && r.IntN(3) == 0 {
+					// The caller sends the charge again, as one that lost the
+					// answer would: keybrake may have died since it answered,
+					// before the settle was on disk. The retry must get the
+					// same charge, and move no money.
+					stats.mu.Lock()
+					first := stats.succeeded[callerKey]
+					stats.mu.Unlock()
+					if chargeUntilDefinitive(loadCtx, client, &proxyURL, vaultKey, callerKey, amount, stats) == http.StatusOK {
+						stats.mu.Lock()
+						if again := stats.succeeded[callerKey]; again != first {
+							stats.unexpected = append(stats.unexpected, fmt.Sprintf("%s: retried after its answer, got charge %s instead of %s", callerKey, again, first))
+						}
+						stats.mu.Unlock()
+					}
 				}
 				sleep(loadCtx, time.Duration(10+r.IntN(30))*time.Millisecond)
 			}

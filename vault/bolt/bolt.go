@@ -79,6 +79,10 @@ type Store struct {
 	loopDone chan struct{}
 	observe  func(ops int, d time.Duration) // Options.CommitObserver; may be nil
 	commits  atomic.Int64                   // write transactions run by commitLoop
+	// testGate, when set (by tests), runs before each batch of the committer:
+	// a test stops the committer there to see what a crash at that moment
+	// leaves on disk.
+	testGate atomic.Pointer[func()]
 }
 
 var _ vault.Store = (*Store)(nil)

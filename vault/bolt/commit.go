@@ -23,26 +23,53 @@ const maxBatch = 256
 // errors found before any write are recorded in the op's own result instead, so one
 // op cannot fail the others.
 type batchOp struct {
-	run  engine.TxFunc
-	done chan error
+	run engine.TxFunc
+	// done receives the outcome of a Submit; after is called with the outcome
+	// of a Queue instead.
+	done  chan error
+	after func(error)
+}
+
+// finish hands the op its outcome.
+func (op *batchOp) finish(err error) {
+	if op.after != nil {
+		op.after(err)
+		return
+	}
+	op.done <- err
 }
 
 // Submit queues run for the committer and waits for its transaction to commit.
 // Once queued, it waits even if ctx ends: the write may already be durable, and
 // the caller must learn its result.
 func (s *backend) Submit(ctx context.Context, run engine.TxFunc) error {
+	op := &batchOp{run: run, done: make(chan error, 1)}
+	if err := s.enqueue(ctx, op); err != nil {
+		return err
+	}
+	return <-op.done
+}
+
+// Queue queues run for the committer and returns: the channel keeps the order
+// in which operations were queued, and the committer runs them in that order,
+// so an operation queued after run sees what run wrote. done learns the
+// outcome after the commit.
+func (s *backend) Queue(ctx context.Context, run engine.TxFunc, done func(error)) error {
+	return s.enqueue(ctx, &batchOp{run: run, after: done})
+}
+
+// enqueue hands op to the committer, or says why it cannot.
+func (s *backend) enqueue(ctx context.Context, op *batchOp) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	op := &batchOp{run: run, done: make(chan error, 1)}
 	s.closeMu.RLock()
+	defer s.closeMu.RUnlock()
 	if s.closed {
-		s.closeMu.RUnlock()
 		return vault.ErrClosed
 	}
 	s.ops <- op
-	s.closeMu.RUnlock()
-	return <-op.done
+	return nil
 }
 
 // commitLoop is the group committer. It takes every op queued while the previous
@@ -118,6 +145,9 @@ func drain(ops <-chan *batchOp, batch []*batchOp) []*batchOp {
 }
 
 func (s *Store) runBatch(batch []*batchOp) {
+	if gate := s.testGate.Load(); gate != nil {
+		(*gate)()
+	}
 	start := time.Now()
 	err := s.db.Update(func(btx *bbolt.Tx) error {
 		now := s.now()
@@ -132,7 +162,7 @@ func (s *Store) runBatch(batch []*batchOp) {
 	s.observeCommit(len(batch), start)
 	if err == nil || len(batch) == 1 {
 		for _, op := range batch {
-			op.done <- translate(err)
+			op.finish(translate(err))
 		}
 		return
 	}
@@ -143,7 +173,7 @@ func (s *Store) runBatch(batch []*batchOp) {
 		start := time.Now()
 		err := s.db.Update(func(btx *bbolt.Tx) error { return safeRun(op, newTx(btx), s.now()) })
 		s.observeCommit(1, start)
-		op.done <- translate(err)
+		op.finish(translate(err))
 	}
 }
 

@@ -27,9 +27,10 @@ const (
 
 // TestCrashChild is not a test: it is the child process of TestCrashRecovery. It
 // opens the store, resumes some unknown holds, then reserves and settles from
-// several goroutines until it is killed. It reports on stdout, after each durable
-// write, what the parent may rely on; before an abandon it says so first, since an
-// abandon deletes the hold.
+// several goroutines until it is killed; half the settles are queued, as the
+// proxy queues them, and the goroutine goes on before they are durable. It
+// reports on stdout, after each durable write, what the parent may rely on;
+// before an abandon it says so first, since an abandon deletes the hold.
 func TestCrashChild(t *testing.T) {
 	path := os.Getenv(crashEnvPath)
 	if path == "" {
@@ -76,10 +77,28 @@ func TestCrashChild(t *testing.T) {
 		if out == vault.SettleAbandon {
 			say("abandoning %s", idem)
 		}
-		if err := s.Settle(ctx, vault.SettleRequest{KeyID: keyID, IdempotencyKey: idem, Outcome: out, Amount: amount,
-			Response: &vault.StoredResponse{Status: 200, Body: []byte("ok")}}); err != nil {
+		req := vault.SettleRequest{KeyID: keyID, IdempotencyKey: idem, Outcome: out, Amount: amount,
+			Response: &vault.StoredResponse{Status: 200, Body: []byte("ok")}}
+		failed := func(err error) {
 			fmt.Fprintln(os.Stderr, "settle:", err)
 			os.Exit(2)
+		}
+		if rng.IntN(2) == 0 {
+			// As the proxy settles: queued, reported once durable; the caller
+			// goes on meanwhile.
+			err := s.SettleQueued(ctx, req, func(err error) {
+				if err != nil {
+					failed(err)
+				}
+				say("settled %s %s", idem, out)
+			})
+			if err != nil {
+				failed(err)
+			}
+			return
+		}
+		if err := s.Settle(ctx, req); err != nil {
+			failed(err)
 		}
 		say("settled %s %s", idem, out)
 	}

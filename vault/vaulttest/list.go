@@ -40,6 +40,7 @@ var suite = []struct {
 	{"ReserveUnmetered", testReserveUnmetered},
 	{"ReserveReportMode", testReserveReportMode},
 	{"Settle", testSettle},
+	{"SettleQueued", testSettleQueued},
 	{"SettleErrorsAndObjects", testSettleErrorsAndObjects},
 	{"HoldStaysOnItsDay", testHoldStaysOnItsDay},
 	{"ResolveHold", testResolveHold},

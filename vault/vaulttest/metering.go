@@ -98,6 +98,32 @@ func testReserveReportsUsage(t *testing.T) {
 	assert.Nil(t, res.Usage, "a refusal says what is left in its decision")
 }
 
+// testSettleQueued: a queued settle (the proxy's) is ordered before every
+// later write — a retry's Reserve replays it — and seen by every later read;
+// its outcome, a refusal included, reaches done once.
+func testSettleQueued(t *testing.T) {
+	ctx := context.Background()
+	f := newMeteringFixture(t)
+	id := f.key.ID
+	require.Equal(t, vault.ReserveClaimed, MustReserve(t, f.s, Charge(id, "a", 4000)).Outcome)
+	results := make(chan error, 2)
+	commit := vault.SettleRequest{KeyID: id, IdempotencyKey: "a", Outcome: vault.SettleCommit, Amount: 3000,
+		Response: &vault.StoredResponse{Status: http.StatusOK, Body: []byte(`{"id":"ch_1"}`)}}
+	require.NoError(t, f.s.SettleQueued(ctx, commit, func(err error) { results <- err }))
+
+	res := MustReserve(t, f.s, Charge(id, "a", 4000))
+	require.Equal(t, vault.ReserveReplay, res.Outcome, "a retry after the settle was queued finds it settled")
+	assert.JSONEq(t, `{"id":"ch_1"}`, string(res.Record.Response.Body))
+	daily, _ := usageOf(t, f.s, id)
+	assert.Equal(t, policy.Counter{Committed: 3000}, daily, "a read sees the queued settle")
+	require.NoError(t, <-results)
+
+	require.NoError(t, f.s.SettleQueued(ctx, commit, func(err error) { results <- err }))
+	assert.ErrorIs(t, <-results, vault.ErrConflict, "settling a completed record is refused, through done")
+	require.NoError(t, f.s.SettleQueued(ctx, commit, nil), "done may be nil")
+	require.NoError(t, f.s.Ping(ctx))
+}
+
 func testReserveOutcomes(t *testing.T) {
 	ctx := context.Background()
 	f := newMeteringFixture(t)

@@ -39,7 +39,7 @@ func (s *Engine) KeysUsage(ctx context.Context, ids []string) ([]vault.KeyWindow
 		return nil, fmt.Errorf("keys usage: %d ids, want 1 to %d: %w", len(ids), vault.MaxKeysUsage, vault.ErrInvalid)
 	}
 	out := make([]vault.KeyWindows, 0, len(ids))
-	err := s.view(ctx, func(tx Tx, now time.Time) error {
+	err := s.viewSettled(ctx, "", func(tx Tx, now time.Time) error {
 		for _, id := range ids {
 			key, windows, usage, err := s.keyUsageTx(tx, now, id)
 			if err != nil {
@@ -62,7 +62,7 @@ func (s *Engine) KeysUsage(ctx context.Context, ids []string) ([]vault.KeyWindow
 // transaction. Errors: ErrNotFound.
 func (s *Engine) DailySpend(ctx context.Context, keyID string) (vault.SpendReport, error) {
 	var rep vault.SpendReport
-	err := s.view(ctx, func(tx Tx, now time.Time) error {
+	err := s.viewSettled(ctx, keyID, func(tx Tx, now time.Time) error {
 		rec, err := getKey(tx, keyID)
 		if err != nil {
 			return err
@@ -193,7 +193,7 @@ type refusalKey struct {
 func (s *Engine) Overview(ctx context.Context, opts vault.OverviewOptions) (vault.Overview, error) {
 	overviewDefaults(&opts)
 	var ov vault.Overview
-	err := s.view(ctx, func(tx Tx, now time.Time) error {
+	err := s.viewSettled(ctx, "", func(tx Tx, now time.Time) error {
 		ov = vault.Overview{Time: now, RefusalsSince: now.Add(-opts.RefusalWindow)}
 		return overviewKeysTx(tx, now, &ov, opts)
 	})

@@ -149,7 +149,7 @@ func applyPartChanges(tx Tx, now time.Time, keyID, objectID, operation, currency
 // ok is false when the key never metered anything for it (or its record was
 // reaped).
 func (s *Engine) ObjectExposure(ctx context.Context, keyID, objectID string) (exp vault.Exposure, ok bool, err error) {
-	err = s.view(ctx, func(tx Tx, now time.Time) error {
+	err = s.viewSettled(ctx, keyID, func(tx Tx, now time.Time) error {
 		var o *objectRec
 		o, ok, err = getObject(tx, keyID, objectID)
 		if ok {

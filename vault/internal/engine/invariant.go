@@ -21,7 +21,7 @@ func (s *Engine) CheckInvariant(ctx context.Context) error {
 		return err
 	}
 	var problems []error
-	err := s.view(ctx, func(tx Tx, now time.Time) error {
+	err := s.viewSettled(ctx, "", func(tx Tx, now time.Time) error {
 		var err error
 		problems, err = checkInvariantTx(tx, now)
 		return err

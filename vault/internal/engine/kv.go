@@ -138,6 +138,15 @@ type Backend interface {
 	// Once fn has been handed over, Submit waits for its outcome even if ctx
 	// ends, so that a durable write is never reported lost.
 	Submit(ctx context.Context, fn TxFunc) error
+	// Queue is Submit for a caller that does not wait for durability: it
+	// queues fn behind every hot-path write queued before it and ahead of
+	// every one queued after, returns, and calls done with fn's outcome once
+	// its transaction is durable or has failed. done runs on the backend's
+	// committer and must return at once. A backend that commits each write
+	// in a transaction of its own (PostgreSQL) runs fn before it returns.
+	// Queue returns an error, and never calls done, only when fn was not
+	// queued (a closed store, ctx ended before).
+	Queue(ctx context.Context, fn TxFunc, done func(error)) error
 }
 
 // forEach calls fn for every entry of b in key order until fn fails.

@@ -312,7 +312,7 @@ func addToWindows(tx Tx, keyID string, windowIDs []string, heldDelta, committedD
 }
 
 // settleTx applies a Settle. Every reason to turn it down is found before any write.
-func (s *Engine) settleTx(tx Tx, now time.Time, req *vault.SettleRequest) (txResult[noValue], error) {
+func (s *Engine) settleTx(tx Tx, now time.Time, req *vault.SettleRequest, resp *responseRec) (txResult[noValue], error) {
 	switch req.Outcome {
 	case vault.SettleCommit, vault.SettleRelease, vault.SettleUnknown, vault.SettleAbandon:
 	default:
@@ -360,20 +360,14 @@ func (s *Engine) settleTx(tx Tx, now time.Time, req *vault.SettleRequest) (txRes
 	}
 
 	// From here on, only writes.
-	return accept(noValue{}), s.settleWrites(tx, now, req, rec, obj)
+	return accept(noValue{}), settleWrites(tx, now, req, rec, obj, resp)
 }
 
 // settleWrites writes what a Settle does to rec (and to the money object obj of
-// a commit, if any), and its ledger events.
-func (s *Engine) settleWrites(tx Tx, now time.Time, req *vault.SettleRequest, rec *recordRec, obj *objectRec) error {
+// a commit, if any), and its ledger events; resp is the answer to store,
+// sealed.
+func settleWrites(tx Tx, now time.Time, req *vault.SettleRequest, rec *recordRec, obj *objectRec, resp *responseRec) error {
 	hold := rec.Hold
-	var resp *responseRec
-	var err error
-	if req.Response != nil && req.Outcome != vault.SettleAbandon {
-		if resp, err = s.sealResponse(req.KeyID, req.IdempotencyKey, req.Response); err != nil {
-			return err
-		}
-	}
 	ev := &vault.Event{
 		Time: now, KeyID: req.KeyID, Decision: vault.DecisionSettled, Reason: string(req.Outcome),
 		UpstreamStatus: req.UpstreamStatus, StripeRequestID: req.StripeRequestID, ObjectID: req.ObjectID,

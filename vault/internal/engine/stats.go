@@ -49,6 +49,9 @@ func (s *Engine) CountHolds(ctx context.Context, state vault.HoldState) (int, er
 // the store clock of the entry's transaction. It stops with ctx's error when ctx
 // ends, and with visit's.
 func (s *Engine) walkInChunks(ctx context.Context, bucket Bucket, visit func(tx Tx, now time.Time, k, v []byte) error) error {
+	if err := s.settled(ctx, ""); err != nil {
+		return err
+	}
 	chunk := max(s.countChunk, 1)
 	var resume []byte
 	for {

@@ -41,6 +41,7 @@ type Engine struct {
 	lease        time.Duration
 	log          *slog.Logger
 	keys         keyCache
+	queued       settleQueue
 
 	// reapBatch is the most deletions one reaper transaction makes (reapBatchSize;
 	// tests lower it).
@@ -80,11 +81,29 @@ func (s *Engine) Sealer() *Sealer { return s.seal }
 // Log is the engine's logger ("component" vault).
 func (s *Engine) Log() *slog.Logger { return s.log }
 
-// update runs fn in one write transaction with the clock read once.
-func (s *Engine) update(ctx context.Context, fn TxFunc) error { return s.b.Update(ctx, fn) }
+// update runs fn in one write transaction with the clock read once, after
+// every settle queued before (see settleQueue): an admin's change or the
+// reaper judges the records as the proxy left them.
+func (s *Engine) update(ctx context.Context, fn TxFunc) error {
+	if err := s.settled(ctx, ""); err != nil {
+		return err
+	}
+	return s.b.Update(ctx, fn)
+}
 
-// view runs fn in one read transaction with the clock read once.
+// view runs fn in one read transaction with the clock read once. It reads
+// what settles do not change (keys, upstreams, claims, the audit).
 func (s *Engine) view(ctx context.Context, fn TxFunc) error { return s.b.View(ctx, fn) }
+
+// viewSettled is view after every settle of keyID ("" for every key) queued
+// before it is durable (see settleQueue): for reads of records, holds,
+// counters, money objects and the ledger.
+func (s *Engine) viewSettled(ctx context.Context, keyID string, fn TxFunc) error {
+	if err := s.settled(ctx, keyID); err != nil {
+		return err
+	}
+	return s.b.View(ctx, fn)
+}
 
 // submit runs fn as one hot-path write transaction (see Backend.Submit).
 func (s *Engine) submit(ctx context.Context, fn TxFunc) error { return s.b.Submit(ctx, fn) }
@@ -328,7 +347,7 @@ func (s *Engine) KeyUsage(ctx context.Context, id string) (vault.Key, []policy.W
 		windows []policy.Window
 		usage   policy.Usage
 	)
-	err := s.view(ctx, func(tx Tx, now time.Time) error {
+	err := s.viewSettled(ctx, id, func(tx Tx, now time.Time) error {
 		var err error
 		key, windows, usage, err = s.keyUsageTx(tx, now, id)
 		return err
@@ -375,13 +394,68 @@ func (s *Engine) Reserve(ctx context.Context, req vault.ReserveRequest) (vault.R
 // is not in_progress; ErrInvalid for an unknown outcome, a negative amount, or a
 // commit above the hold plus the object's exposure without AllowOverrun.
 func (s *Engine) Settle(ctx context.Context, req vault.SettleRequest) error {
-	_, err := submitResult(ctx, s, func(tx Tx, now time.Time) (txResult[noValue], error) {
-		return s.settleTx(tx, now, &req)
+	resp, err := s.settleResponse(&req)
+	if err != nil {
+		return fmt.Errorf("settle: %w", err)
+	}
+	_, err = submitResult(ctx, s, func(tx Tx, now time.Time) (txResult[noValue], error) {
+		return s.settleTx(tx, now, &req, resp)
 	})
 	if err != nil {
 		return fmt.Errorf("settle: %w", err)
 	}
 	return nil
+}
+
+// SettleQueued is Settle for a caller that need not wait until the settle is
+// durable (see vault.Store.SettleQueued): it queues the settle behind the
+// hot-path writes queued before it and returns; done, when set, learns Settle's
+// error once the transaction is durable or failed. It runs on the store's
+// committer and must return at once.
+func (s *Engine) SettleQueued(ctx context.Context, req vault.SettleRequest, done func(error)) error {
+	resp, err := s.settleResponse(&req)
+	if err != nil {
+		return fmt.Errorf("settle: %w", err)
+	}
+	var r txResult[noValue]
+	s.queued.add(req.KeyID)
+	err = s.b.Queue(ctx, func(tx Tx, now time.Time) error {
+		var err error
+		r, err = s.settleTx(tx, now, &req, resp) // a re-run starts over
+		return err
+	}, func(err error) {
+		s.queued.finish(req.KeyID)
+		if done == nil {
+			return
+		}
+		if err == nil {
+			err = r.err
+		}
+		if err != nil {
+			err = fmt.Errorf("settle: %w", err)
+		}
+		done(err)
+	})
+	if err != nil {
+		s.queued.finish(req.KeyID) // never queued
+		return fmt.Errorf("settle: %w", err)
+	}
+	return nil
+}
+
+// settled waits until every settle of keyID ("" for every key) queued before it
+// was called is durable, so that the read that follows sees it.
+func (s *Engine) settled(ctx context.Context, keyID string) error {
+	return s.queued.wait(ctx, keyID)
+}
+
+// settleResponse seals the answer a settle stores, before its transaction:
+// the committer's time is the scarce one.
+func (s *Engine) settleResponse(req *vault.SettleRequest) (*responseRec, error) {
+	if req.Response == nil || req.Outcome == vault.SettleAbandon {
+		return nil, nil
+	}
+	return s.sealResponse(req.KeyID, req.IdempotencyKey, req.Response)
 }
 
 // ListHolds lists holds in the given state ("" for all), newest first (by creation).
@@ -392,7 +466,7 @@ func (s *Engine) ListHolds(ctx context.Context, state vault.HoldState, limit int
 		holds []vault.Hold
 		next  string
 	)
-	err := s.view(ctx, func(tx Tx, now time.Time) error {
+	err := s.viewSettled(ctx, "", func(tx Tx, now time.Time) error {
 		var err error
 		holds, next, err = listHoldsTx(tx, state, limit, cursor)
 		return err
@@ -452,7 +526,7 @@ func (s *Engine) ListEvents(ctx context.Context, keyID string, limit int, cursor
 		events []vault.Event
 		next   string
 	)
-	err := s.view(ctx, func(tx Tx, now time.Time) error {
+	err := s.viewSettled(ctx, keyID, func(tx Tx, now time.Time) error {
 		var err error
 		events, next, err = listEventsTx(tx, keyID, limit, cursor)
 		return err

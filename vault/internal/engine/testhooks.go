@@ -15,8 +15,9 @@ import (
 // Update runs fn in one write transaction of e's backend.
 func Update(e *Engine, ctx context.Context, fn TxFunc) error { return e.update(ctx, fn) }
 
-// View runs fn in one read transaction of e's backend.
-func View(e *Engine, ctx context.Context, fn TxFunc) error { return e.view(ctx, fn) }
+// View runs fn in one read transaction of e's backend, after every queued
+// settle.
+func View(e *Engine, ctx context.Context, fn TxFunc) error { return e.viewSettled(ctx, "", fn) }
 
 // Counter is a window's counter as stored.
 type Counter = counter
@@ -83,7 +84,7 @@ func ClaimKey(keyID, key string) []byte { return idemKey(keyID, key) }
 // RecordStates counts the idempotency records by state.
 func RecordStates(e *Engine, ctx context.Context) (map[vault.RecordState]int, error) {
 	out := map[vault.RecordState]int{}
-	err := e.view(ctx, func(tx Tx, _ time.Time) error {
+	err := e.viewSettled(ctx, "", func(tx Tx, _ time.Time) error {
 		clear(out)
 		return forEach(tx, BucketIdem, func(k, v []byte) error {
 			r, err := decodeRecord(k, v)
@@ -99,7 +100,7 @@ func RecordStates(e *Engine, ctx context.Context) (map[vault.RecordState]int, er
 // AllHolds returns every hold, by id.
 func AllHolds(e *Engine, ctx context.Context) (map[string]vault.Hold, error) {
 	out := map[string]vault.Hold{}
-	err := e.view(ctx, func(tx Tx, _ time.Time) error {
+	err := e.viewSettled(ctx, "", func(tx Tx, _ time.Time) error {
 		clear(out)
 		return forEach(tx, BucketIdem, func(k, v []byte) error {
 			r, err := decodeRecord(k, v)
@@ -115,7 +116,7 @@ func AllHolds(e *Engine, ctx context.Context) (map[string]vault.Hold, error) {
 // AllCounters returns every counter, by bucket key (key id "/" window id).
 func AllCounters(e *Engine, ctx context.Context) (map[string]Counter, error) {
 	out := map[string]Counter{}
-	err := e.view(ctx, func(tx Tx, _ time.Time) error {
+	err := e.viewSettled(ctx, "", func(tx Tx, _ time.Time) error {
 		clear(out)
 		return forEach(tx, BucketCounters, func(k, v []byte) error {
 			c, err := decodeCounter(v)
@@ -186,7 +187,7 @@ func ReserveTx(e *Engine, tx Tx, now time.Time, req vault.ReserveRequest) (res v
 // unsealed: nil without a record or an answer.
 func StoredResponse(e *Engine, ctx context.Context, keyID, idem string) (*vault.StoredResponse, error) {
 	var out *vault.StoredResponse
-	err := e.view(ctx, func(tx Tx, _ time.Time) error {
+	err := e.viewSettled(ctx, "", func(tx Tx, _ time.Time) error {
 		rec, err := getRecord(tx, keyID, idem)
 		if err != nil || rec == nil {
 			return err
