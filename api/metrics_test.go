@@ -122,6 +122,8 @@ func TestMetricsAfterTraffic(t *testing.T) {
 	r := env.Do(http.MethodGet, "/v1/charges", "vk_not_a_key", nil)
 	require.Equal(t, http.StatusUnauthorized, r.Status)
 	env.fake.WaitIdle(t)
+	// m-3's settle was queued when its answer went out: a read waits for it.
+	require.NoError(t, env.store.CheckInvariant(ctx))
 
 	after := MustScrape(t, admin.URL)
 	delta := func(name string, labels ...string) float64 {
@@ -148,12 +150,15 @@ func TestMetricsAfterTraffic(t *testing.T) {
 	assert.Zero(t, after.Value("keybrake_upstream_auth_failures_total"), "registered, and zero")
 	assert.Contains(t, after, "keybrake_upstream_auth_failures_total")
 
-	// Sequential requests share no transaction: a Reserve for each of m-1, m-2,
-	// the replay and m-3, a Settle for m-1 and m-3.
-	assert.Equal(t, 6.0, delta("keybrake_store_commit_duration_seconds"))
-	assert.Equal(t, 6.0, delta("keybrake_store_commit_batch_size"))
-	assert.Equal(t, 6.0, after.HistogramSum("keybrake_store_commit_batch_size")-before.HistogramSum("keybrake_store_commit_batch_size"),
-		"one operation per commit")
+	// Five operations: a Reserve for each of m-1, m-2 and m-3, a Settle for
+	// m-1 and m-3; the replay is answered from a read. A queued settle may
+	// share its commit with the next request's Reserve.
+	commits := delta("keybrake_store_commit_duration_seconds")
+	assert.Equal(t, commits, delta("keybrake_store_commit_batch_size"))
+	assert.GreaterOrEqual(t, commits, 3.0)
+	assert.LessOrEqual(t, commits, 5.0)
+	assert.Equal(t, 5.0, after.HistogramSum("keybrake_store_commit_batch_size")-before.HistogramSum("keybrake_store_commit_batch_size"),
+		"five operations, none for the replay")
 	assert.Equal(t, 1.0, after.Value("keybrake_holds_unknown"), "m-3's hold")
 
 	// Money in the current windows, in cents: m-1 committed, m-3 held. The daily

@@ -359,3 +359,34 @@ func TestCanonicalLogLine(t *testing.T) {
 	assert.NotContains(t, e.Logs.String(), "log-1", "the idempotency key is not logged")
 	assert.NotContains(t, e.Logs.String(), "tok_visa", "bodies are not logged")
 }
+
+// TestKeyAndUpstreamChangesTakeEffectOnTheNextRequest: the proxy's hot path
+// reads no key and no secret from the store (the bbolt store keeps them in
+// memory), yet a rotation, a revocation and a new upstream secret each apply
+// from the very next request.
+func TestKeyAndUpstreamChangesTakeEffectOnTheNextRequest(t *testing.T) {
+	e := MustEnv(t)
+	ctx := context.Background()
+	tok, key := e.MustKey(t, Policy("99.00"))
+	charge := func(token, idem string) reply {
+		return e.Post(t, "/v1/charges", token, idem, form("amount", "100", "currency", "usd", "source", "tok_visa"))
+	}
+	require.Equal(t, http.StatusOK, charge(tok, "a").Status)
+	require.Equal(t, http.StatusOK, e.MustSend(t, http.MethodGet, "/v1/charges", tok, nil, "").Status)
+
+	_, newTok, err := e.Store.RotateKey(ctx, "test", key.ID)
+	require.NoError(t, err)
+	AssertRefusal(t, charge(tok, "b"), http.StatusUnauthorized, "vault_key_invalid")
+	require.Equal(t, http.StatusOK, charge(newTok, "c").Status)
+
+	// A new secret at the upstream and in keybrake: the next request uses it.
+	e.Fake.SetSecret("sk_test_rolled")
+	_, err = e.Store.PutUpstream(ctx, "test", "default", "stripe", "sk_test_rolled")
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, charge(newTok, "d").Status)
+
+	_, err = e.Store.RevokeKey(ctx, "test", key.ID)
+	require.NoError(t, err)
+	AssertRefusal(t, charge(newTok, "e"), http.StatusUnauthorized, "vault_key_revoked")
+	AssertRefusal(t, e.MustSend(t, http.MethodGet, "/v1/charges", newTok, nil, ""), http.StatusUnauthorized, "vault_key_revoked")
+}

@@ -70,7 +70,10 @@ type Config struct {
 	// 16 MiB); a larger answer to a recorded request settles as outcome unknown.
 	MaxResponseBytes int64
 	// SecretCacheTTL is how long an unsealed upstream secret is reused (default
-	// 5s); negative disables the cache.
+	// 5s); negative disables the cache. A store that keeps its secrets in
+	// memory itself, forgetting them on every change (vault.SecretKeeper:
+	// bbolt), is asked every time instead, so that a new secret is used from
+	// the next request on.
 	SecretCacheTTL time.Duration
 	// Registerer receives the proxy's Prometheus collectors (see metrics.go); when
 	// nil they count but are exposed nowhere.
@@ -147,6 +150,9 @@ func New(cfg Config) (*Proxy, error) {
 	}
 	if cfg.SecretCacheTTL == 0 {
 		cfg.SecretCacheTTL = def.SecretCacheTTL
+	}
+	if k, ok := cfg.Store.(vault.SecretKeeper); ok && k.KeepsSecrets() {
+		cfg.SecretCacheTTL = -1
 	}
 	if err := cfg.Validate(); err != nil {
 		return nil, err

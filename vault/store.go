@@ -255,6 +255,15 @@ type Store interface {
 	Close() error
 }
 
+// SecretKeeper is implemented by a store that may keep unsealed upstream
+// secrets in memory. KeepsSecrets reports whether it does: then it forgets a
+// secret the moment it changes it (it is the store's only writer), and a
+// caller of UpstreamSecret needs no cache of its own, which could only be
+// staler.
+type SecretKeeper interface {
+	KeepsSecrets() bool
+}
+
 // ObjectRetention is how long a metered-object total is kept after its last
 // change: longer than a PaymentIntent or an uncaptured Charge stays confirmable
 // or capturable at Stripe (at most 30 days with extended authorization).

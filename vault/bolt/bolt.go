@@ -85,7 +85,10 @@ type Store struct {
 	testGate atomic.Pointer[func()]
 }
 
-var _ vault.Store = (*Store)(nil)
+var (
+	_ vault.Store        = (*Store)(nil)
+	_ vault.SecretKeeper = (*Store)(nil)
+)
 
 // Open opens (creating if needed) the bbolt database at path, checks or writes the
 // schema version, and recovers: records left in_progress by a previous process
@@ -108,6 +111,9 @@ func Open(path string, opts Options) (*Store, error) {
 	s.Engine, err = engine.New((*backend)(s), engine.Config{
 		MasterKey: opts.MasterKey, IdempotencyTTL: opts.IdempotencyTTL,
 		UnknownRetryLimit: opts.UnknownRetryLimit, Lease: opts.Lease, Logger: opts.Logger,
+		// The file lock makes this process the only writer, and a read
+		// transaction never waits for the group commit.
+		SoleWriter: true, CheapReads: true,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("open %s: %w", path, err)

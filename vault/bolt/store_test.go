@@ -171,3 +171,26 @@ func TestSizeIsTheFile(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, fi.Size(), n, "the file's size")
 }
+
+// TestReplayTakesNoWriteTransaction: a retry of a completed request is answered
+// from a read transaction — its stored answer and the key's usage — so a
+// replay neither waits for the group commit nor costs an fsync.
+func TestReplayTakesNoWriteTransaction(t *testing.T) {
+	f := newMeteringFixture(t)
+	vaulttest.MustCommit(t, f.s, f.key.ID, "a", 2500)
+	before := f.s.commits.Load()
+	for range 3 {
+		res := vaulttest.MustReserve(t, f.s, vaulttest.Charge(f.key.ID, "a", 2500))
+		require.Equal(t, vault.ReserveReplay, res.Outcome)
+		assert.Equal(t, int64(2500), res.Usage["period"].Committed)
+	}
+	other := vaulttest.Charge(f.key.ID, "a", 2500)
+	other.Fingerprint = "another request"
+	assert.Equal(t, vault.ReserveMismatch, vaulttest.MustReserve(t, f.s, other).Outcome)
+	assert.Equal(t, before, f.s.commits.Load(), "no write transaction")
+
+	_, err := f.s.RevokeKey(context.Background(), "test", f.key.ID)
+	require.NoError(t, err)
+	_, err = f.s.Reserve(context.Background(), vaulttest.Charge(f.key.ID, "a", 2500))
+	assert.ErrorIs(t, err, vault.ErrKeyRevoked, "a revoked key's replay is refused, by the write transaction")
+}

@@ -62,6 +62,7 @@ var suite = []struct {
 	{"UpstreamSecretTampered", testUpstreamSecretTampered},
 	{"MintAndAuthenticate", testMintAndAuthenticate},
 	{"RotateAndRevoke", testRotateAndRevoke},
+	{"ChangesReachTheNextRead", testChangesReachTheNextRead},
 	{"UpdateKey", testUpdateKey},
 	{"ListKeys", testListKeys},
 	{"GetKeyAndKeyUsage", testGetKeyAndKeyUsage},

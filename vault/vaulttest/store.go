@@ -4,8 +4,11 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -565,4 +568,80 @@ func testRecordEvent(t *testing.T) {
 	assert.Equal(t, "customers.create", events[0].Operation)
 	assert.True(t, events[0].Time.Equal(T0.Add(time.Minute)), "stamped with the store clock, not the caller's: %s", events[0].Time)
 	assert.NotEmpty(t, events[0].ID)
+}
+
+// testChangesReachTheNextRead: what a store may keep in memory for the hot
+// path — the key of a token, an upstream's secret — follows every change: a
+// rotation, a policy change, a revocation and a new secret are seen by the
+// very next call, including while other goroutines authenticate all along.
+func testChangesReachTheNextRead(t *testing.T) {
+	ctx := context.Background()
+	s := mustOpen(t, NewClock(T0))
+	MustUpstream(t, s, "sk_test_abcdef1234")
+	k, tok := MustMint(t, s, "k", Policy(t, "99", "", ""), nil)
+	for range 2 { // the second time from whatever the first kept
+		got, err := s.Authenticate(ctx, tok)
+		require.NoError(t, err)
+		assert.Equal(t, k.ID, got.ID)
+		secret, err := s.UpstreamSecret(ctx, "default")
+		require.NoError(t, err)
+		assert.Equal(t, "sk_test_abcdef1234", secret)
+	}
+
+	_, err := s.PutUpstream(ctx, "alice", "default", "stripe", "sk_test_new5678")
+	require.NoError(t, err)
+	secret, err := s.UpstreamSecret(ctx, "default")
+	require.NoError(t, err)
+	assert.Equal(t, "sk_test_new5678", secret, "a new secret is read at once")
+
+	_, err = s.UpdateKey(ctx, "alice", k.ID, Policy(t, "5", "", ""), map[string]string{"v": "2"})
+	require.NoError(t, err)
+	got, err := s.Authenticate(ctx, tok)
+	require.NoError(t, err)
+	assert.Equal(t, map[string]string{"v": "2"}, got.Labels, "a changed key is read at once")
+	assert.Equal(t, "5", got.Policy.DailyCap.String())
+
+	_, newTok, err := s.RotateKey(ctx, "alice", k.ID)
+	require.NoError(t, err)
+	_, err = s.Authenticate(ctx, tok)
+	assert.ErrorIs(t, err, vault.ErrKeyInvalid, "the old token is dead at once")
+	_, err = s.Authenticate(ctx, newTok)
+	require.NoError(t, err)
+
+	// Callers authenticate all along while the key is revoked: every call that
+	// begins once RevokeKey has returned is refused, whatever the calls before
+	// it left behind.
+	var revoked atomic.Bool
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var late atomic.Int64
+	for range 4 {
+		wg.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				after := revoked.Load()
+				_, err := s.Authenticate(ctx, newTok)
+				if after {
+					if !errors.Is(err, vault.ErrKeyRevoked) {
+						t.Errorf("an authentication that began after the revocation got %v", err)
+						return
+					}
+					late.Add(1)
+				}
+			}
+		})
+	}
+	time.Sleep(5 * time.Millisecond)
+	_, err = s.RevokeKey(ctx, "alice", k.ID)
+	require.NoError(t, err)
+	revoked.Store(true)
+	for late.Load() < 100 && !t.Failed() {
+		time.Sleep(time.Millisecond)
+	}
+	close(stop)
+	wg.Wait()
 }

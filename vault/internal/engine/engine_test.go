@@ -139,3 +139,33 @@ func TestEverySealedValueIsRekeyed(t *testing.T) {
 	}
 	assert.Equal(t, known, seen, "every kind Reseal handles is still sealed somewhere")
 }
+
+// TestMemoKeepsNothingReadBeforeAChange: a read that began before a change (its
+// generation taken before the change emptied the memo) must not put back what
+// it read, or a revoked key would stay usable from memory.
+func TestMemoKeepsNothingReadBeforeAChange(t *testing.T) {
+	m := &memo{}
+	rec := &keyRec{ID: "key_1"}
+	gen := m.generation()
+	m.forget() // a key change committed meanwhile
+	m.keepKey(gen, "hash", rec)
+	m.keepSecret(gen, "default", "sk_old")
+	_, ok := m.key("hash")
+	assert.False(t, ok, "a key read before the change is not kept")
+	_, ok = m.secret("default")
+	assert.False(t, ok, "a secret read before the change is not kept")
+
+	gen = m.generation()
+	m.keepKey(gen, "hash", rec)
+	got, ok := m.key("hash")
+	assert.True(t, ok)
+	assert.Same(t, rec, got)
+	m.forget()
+	_, ok = m.key("hash")
+	assert.False(t, ok, "a change empties the memo")
+
+	var none *memo // a store shared by replicas keeps nothing
+	none.keepKey(none.generation(), "hash", rec)
+	_, ok = none.key("hash")
+	assert.False(t, ok)
+}

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"time"
@@ -88,6 +89,36 @@ func withUsage(tx Tx, now time.Time, res *vault.ReserveResult, key *keyRec) erro
 	}
 	res.Windows, res.Usage = windows, usage
 	return nil
+}
+
+// reserveFromRead answers a Reserve whose record is completed — a replay, or
+// a reuse of its key for another request — from a read transaction: such a
+// record is final (it changes only when the reaper removes it), so the answer
+// is the one a write transaction would give, without one. ok is false when the
+// Reserve needs its write transaction (no record, one in flight or unknown, a
+// revoked key, or anything to refuse), which decides again from scratch.
+func (s *Engine) reserveFromRead(ctx context.Context, req *vault.ReserveRequest) (res vault.ReserveResult, ok bool, err error) {
+	if validateReserve(req) != nil {
+		return res, false, nil
+	}
+	err = s.view(ctx, func(tx Tx, now time.Time) error {
+		ok = false // a re-run starts over
+		key, err := s.keys.get(tx, req.KeyID)
+		if err != nil || key.Status == vault.KeyRevoked {
+			return nil // the write transaction says why
+		}
+		rec, err := getRecord(tx, req.KeyID, req.IdempotencyKey)
+		if err != nil || rec == nil || rec.State != vault.RecordCompleted {
+			return nil
+		}
+		pl, err := s.planExisting(tx, now, req, vault.ReserveResult{Key: key.public()}, rec, key)
+		if err != nil || pl.res.err != nil || pl.record != nil {
+			return nil
+		}
+		res, ok = pl.res.val, true
+		return nil
+	})
+	return res, ok, err
 }
 
 // planNew decides a Reserve without an idempotency record: against the key's

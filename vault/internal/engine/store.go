@@ -27,6 +27,17 @@ type Config struct {
 	Lease time.Duration
 	// Logger; slog.Default() when nil.
 	Logger *slog.Logger
+	// SoleWriter says that no other process writes the store (bbolt's file
+	// lock): the engine keeps authenticated keys and unsealed upstream
+	// secrets in memory, and forgets them after every write transaction of
+	// its own that could change them (see memo). A store shared by replicas
+	// (PostgreSQL) leaves it false: another replica's revocation must stop the
+	// next request here too.
+	SoleWriter bool
+	// CheapReads says that a read transaction costs less than a write, which
+	// waits for a group commit (bbolt): Reserve first looks for a completed
+	// record in a read, so that a replay costs no write transaction.
+	CheapReads bool
 }
 
 // Engine is the vault's logic — every rule about keys, money, idempotency,
@@ -42,6 +53,10 @@ type Engine struct {
 	log          *slog.Logger
 	keys         keyCache
 	queued       settleQueue
+	// memo holds authenticated keys and upstream secrets on a sole writer;
+	// nil otherwise.
+	memo       *memo
+	cheapReads bool
 
 	// reapBatch is the most deletions one reaper transaction makes (reapBatchSize;
 	// tests lower it).
@@ -67,6 +82,10 @@ func New(b Backend, cfg Config) (*Engine, error) {
 		log:          cfg.Logger,
 		reapBatch:    reapBatchSize,
 		countChunk:   holdCountChunk,
+		cheapReads:   cfg.CheapReads,
+	}
+	if cfg.SoleWriter {
+		e.memo = &memo{}
 	}
 	if e.log == nil {
 		e.log = slog.Default()
@@ -74,6 +93,10 @@ func New(b Backend, cfg Config) (*Engine, error) {
 	e.log = e.log.With("component", "vault")
 	return e, nil
 }
+
+// KeepsSecrets reports whether the engine keeps unsealed upstream secrets in
+// memory (vault.SecretKeeper): on a store no other process writes.
+func (s *Engine) KeepsSecrets() bool { return s.memo != nil }
 
 // Sealer is the engine's Sealer, for a backend's own sealing needs (rekey).
 func (s *Engine) Sealer() *Sealer { return s.seal }
@@ -88,6 +111,9 @@ func (s *Engine) update(ctx context.Context, fn TxFunc) error {
 	if err := s.settled(ctx, ""); err != nil {
 		return err
 	}
+	// Every key and upstream change is such a transaction: what the memo
+	// holds may be stale once it commits.
+	defer s.memo.forget()
 	return s.b.Update(ctx, fn)
 }
 
@@ -205,6 +231,10 @@ func (s *Engine) DeleteUpstream(ctx context.Context, actor, name string) error {
 
 // UpstreamSecret unseals the upstream's secret (ErrNotFound, ErrSealed).
 func (s *Engine) UpstreamSecret(ctx context.Context, name string) (string, error) {
+	if secret, ok := s.memo.secret(name); ok {
+		return secret, nil
+	}
+	gen := s.memo.generation()
 	var secret string
 	err := s.view(ctx, func(tx Tx, now time.Time) error {
 		rec, err := getUpstream(tx, name)
@@ -221,6 +251,7 @@ func (s *Engine) UpstreamSecret(ctx context.Context, name string) (string, error
 	if err != nil {
 		return "", fmt.Errorf("upstream secret: %w", err)
 	}
+	s.memo.keepSecret(gen, name, secret)
 	return secret, nil
 }
 
@@ -250,16 +281,27 @@ func (s *Engine) MintKey(ctx context.Context, actor string, req vault.MintReques
 // ErrKeyRevoked. Expiry and not-yet-valid are the policy's business (Decide), so an
 // expired key is returned without error.
 func (s *Engine) Authenticate(ctx context.Context, token string) (vault.Key, error) {
-	var key vault.Key
-	err := s.view(ctx, func(tx Tx, now time.Time) error {
-		var err error
-		key, err = s.authenticateTx(tx, token)
-		return err
-	})
-	if err != nil {
-		return key, fmt.Errorf("authenticate: %w", err)
+	if !wellFormedToken(token) {
+		return vault.Key{}, fmt.Errorf("authenticate: %w", vault.ErrKeyInvalid)
 	}
-	return key, nil
+	hash := tokenHash(token)
+	rec, ok := s.memo.key(hash)
+	if !ok {
+		gen := s.memo.generation()
+		err := s.view(ctx, func(tx Tx, now time.Time) error {
+			var err error
+			rec, err = s.authenticateTx(tx, hash)
+			return err
+		})
+		if err != nil {
+			return vault.Key{}, fmt.Errorf("authenticate: %w", err)
+		}
+		s.memo.keepKey(gen, hash, rec)
+	}
+	if rec.Status == vault.KeyRevoked {
+		return rec.public(), fmt.Errorf("authenticate: key %s: %w", rec.ID, vault.ErrKeyRevoked)
+	}
+	return rec.public(), nil
 }
 
 // GetKey returns ErrNotFound when there is no such key.
@@ -375,6 +417,14 @@ func (s *Engine) KeyUsage(ctx context.Context, id string) (vault.Key, []policy.W
 // ErrClosed, ctx's error when ctx ends before the request is queued. Once queued,
 // Reserve waits for its transaction even if ctx ends, so its result is never lost.
 func (s *Engine) Reserve(ctx context.Context, req vault.ReserveRequest) (vault.ReserveResult, error) {
+	if s.cheapReads {
+		if res, ok, err := s.reserveFromRead(ctx, &req); err != nil || ok {
+			if err != nil {
+				return res, fmt.Errorf("reserve: %w", err)
+			}
+			return res, nil
+		}
+	}
 	res, err := submitResult(ctx, s, func(tx Tx, now time.Time) (txResult[vault.ReserveResult], error) {
 		return s.reserveTx(tx, now, &req)
 	})
