@@ -274,6 +274,9 @@ const (
 	DefaultIdempotencyTTL    = 24 * time.Hour
 	DefaultUnknownRetryLimit = 23 * time.Hour
 	DefaultLease             = 2 * time.Minute
+	// DefaultLedgerRetention is how long ledger events are kept: a year and
+	// a month, so that a year's spend can be looked at event by event.
+	DefaultLedgerRetention = 400 * 24 * time.Hour
 )
 
 // MintRequest is what MintKey needs. Policy must already be normalized; MintKey

@@ -44,6 +44,9 @@ type Options struct {
 	// Lease is how long an in_progress claim is held before it may be taken over
 	// (default 2 minutes; the proxy sets upstream timeout + margin).
 	Lease time.Duration
+	// LedgerRetention is how long ledger events are kept (default
+	// vault.DefaultLedgerRetention); Reap rolls older ones up.
+	LedgerRetention time.Duration
 	// Logger; slog.Default() when nil.
 	Logger *slog.Logger
 	// OpenTimeout is how long Open waits for the file lock (default 5s).
@@ -111,6 +114,7 @@ func Open(path string, opts Options) (*Store, error) {
 	s.Engine, err = engine.New((*backend)(s), engine.Config{
 		MasterKey: opts.MasterKey, IdempotencyTTL: opts.IdempotencyTTL,
 		UnknownRetryLimit: opts.UnknownRetryLimit, Lease: opts.Lease, Logger: opts.Logger,
+		LedgerRetention: opts.LedgerRetention,
 		// The file lock makes this process the only writer, and a read
 		// transaction never waits for the group commit.
 		SoleWriter: true, CheapReads: true,

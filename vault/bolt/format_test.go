@@ -3,6 +3,7 @@ package bolt
 import (
 	"compress/gzip"
 	"context"
+	"encoding/binary"
 	"io"
 	"os"
 	"path/filepath"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/keybrake/keybrake/policy"
 	"github.com/keybrake/keybrake/vault"
+	"github.com/keybrake/keybrake/vault/internal/engine"
 	"github.com/keybrake/keybrake/vault/vaulttest"
 )
 
@@ -71,6 +73,44 @@ func TestFileWrittenBeforeTheEngineOpens(t *testing.T) {
 	after, _, err := s.ListEvents(ctx, keyID, 1, "")
 	require.NoError(t, err)
 	assert.Greater(t, after[0].ID, events[0].ID)
+
+	// Opening upgraded it to schema version 2: the new writes are binary, the
+	// old JSON reads as before, and the records were indexed — the in-flight
+	// one was recovered from the new index above, and the completed one is
+	// reaped from it once its replay window has passed.
+	assert.Equal(t, engine.SchemaVersion, schemaVersion(t, s))
+	require.NoError(t, engine.View(s.Engine, ctx, func(tx engine.Tx, _ time.Time) error {
+		rec, err := engine.GetRecord(tx, keyID, "new")
+		require.NoError(t, err)
+		raw, err := tx.Get(engine.BucketIdem, engine.RecordKey(keyID, "new"))
+		require.NoError(t, err)
+		assert.NotEqual(t, byte('{'), raw[0], "a new record is not JSON")
+		assert.Equal(t, vault.RecordCompleted, rec.State)
+		return nil
+	}))
+	clock.Advance(vault.DefaultIdempotencyTTL + time.Hour)
+	_, err = s.Reap(ctx)
+	require.NoError(t, err)
+	res = vaulttest.MustReserve(t, s, vaulttest.Charge(keyID, "committed", 2500))
+	assert.Equal(t, vault.ReserveClaimed, res.Outcome, "the fixture's completed record was reaped through the new index")
+	vaulttest.MustSettle(t, s, vault.SettleRequest{KeyID: keyID, IdempotencyKey: "committed", Outcome: vault.SettleRelease})
+	unknown, _, err = s.ListHolds(ctx, vault.HoldUnknown, 10, "")
+	require.NoError(t, err)
+	assert.Len(t, unknown, 2, "unknown holds are never reaped")
+	require.NoError(t, s.CheckInvariant(ctx))
+}
+
+// schemaVersion reads the schema version a store's meta bucket holds.
+func schemaVersion(t *testing.T, s *Store) uint64 {
+	t.Helper()
+	var v uint64
+	require.NoError(t, engine.View(s.Engine, context.Background(), func(tx engine.Tx, _ time.Time) error {
+		raw, err := tx.Get(engine.BucketMeta, engine.MetaSchemaVersion)
+		require.Len(t, raw, 8)
+		v = binary.BigEndian.Uint64(raw)
+		return err
+	}))
+	return v
 }
 
 // gunzip writes the gzipped file src to dst.

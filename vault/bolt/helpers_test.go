@@ -18,7 +18,8 @@ func TestConformance(t *testing.T) {
 	vaulttest.Run(t, func(tb testing.TB, o vaulttest.Options) (vault.Store, *engine.Engine) {
 		s, err := Open(filepath.Join(tb.TempDir(), "keybrake.db"), Options{
 			MasterKey: o.MasterKey, Now: o.Now, IdempotencyTTL: o.IdempotencyTTL,
-			UnknownRetryLimit: o.UnknownRetryLimit, Lease: o.Lease, Logger: vaulttest.QuietLogger(),
+			UnknownRetryLimit: o.UnknownRetryLimit, Lease: o.Lease, LedgerRetention: o.LedgerRetention,
+			Logger: vaulttest.QuietLogger(),
 		})
 		require.NoError(tb, err)
 		return s, s.Engine

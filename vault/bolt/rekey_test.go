@@ -56,7 +56,8 @@ func MustFillForRekey(tb testing.TB, path string, n int) rekeyFixture {
 	for i := range n {
 		id := vaulttest.Idem(i)
 		vaulttest.MustReserve(tb, s, vaulttest.Charge(k.ID, id, 100))
-		body := fmt.Sprintf(`{"id":"ch_%d","object":"charge","padding":%q}`, i, strings.Repeat("x", 200))
+		// Every other answer is long enough to be stored compressed.
+		body := fmt.Sprintf(`{"id":"ch_%d","object":"charge","padding":%q}`, i, strings.Repeat("x", 200+2000*(i%2)))
 		resp := &vault.StoredResponse{Status: 200, Body: []byte(body)}
 		out := vault.SettleCommit
 		switch i % 5 {

@@ -87,6 +87,9 @@ type Options struct {
 	// may take it over (default 2 minutes; the proxy sets upstream timeout +
 	// margin).
 	Lease time.Duration
+	// LedgerRetention is how long ledger events are kept (default
+	// vault.DefaultLedgerRetention); Reap rolls older ones up.
+	LedgerRetention time.Duration
 	// Logger; slog.Default() when nil.
 	Logger *slog.Logger
 	// CommitObserver, when set, is called after every write transaction of the
@@ -163,6 +166,7 @@ func open(ctx context.Context, url string, opts Options) (*Store, error) {
 	s.Engine, err = engine.New((*backend)(s), engine.Config{
 		MasterKey: opts.MasterKey, IdempotencyTTL: opts.IdempotencyTTL,
 		UnknownRetryLimit: opts.UnknownRetryLimit, Lease: opts.Lease, Logger: opts.Logger,
+		LedgerRetention: opts.LedgerRetention,
 	})
 	if err != nil {
 		return nil, err

@@ -30,7 +30,8 @@ func mustOpenURL(tb testing.TB, url string, o vaulttest.Options) *Store {
 	tb.Helper()
 	s, err := Open(context.Background(), url, Options{
 		MasterKey: o.MasterKey, UnsafeNow: o.Now, IdempotencyTTL: o.IdempotencyTTL,
-		UnknownRetryLimit: o.UnknownRetryLimit, Lease: o.Lease, Logger: vaulttest.QuietLogger(),
+		UnknownRetryLimit: o.UnknownRetryLimit, Lease: o.Lease, LedgerRetention: o.LedgerRetention,
+		Logger: vaulttest.QuietLogger(),
 	})
 	require.NoError(tb, err)
 	tb.Cleanup(func() { _ = s.Close() })

@@ -85,3 +85,77 @@ func testResolvedRecordIsKept(t *testing.T) {
 	assert.Equal(t, vault.ReserveClaimed, MustReserve(t, f.s, Charge(id, "normal", 100)).Outcome,
 		"an ordinary completed record is reaped after the idempotency TTL")
 }
+
+// testLedgerRetentionKeepsTheSums: the reaper removes ledger events older than
+// the retention, and the sums they carried survive in roll-ups: the counters
+// still equal the ledger (CheckInvariant), and the spend per day still shows
+// the days whose events are gone. A day's roll-up goes only once its counter
+// is gone and no spend chart reaches back to it.
+func testLedgerRetentionKeepsTheSums(t *testing.T) {
+	ctx := context.Background()
+	clock := NewClock(T0) // 2026-09-14 12:00 UTC
+	s := mustOpen(t, clock, func(o *Options) { o.LedgerRetention = 10 * 24 * time.Hour })
+	MustUpstream(t, s, "sk_test_abcdef1234")
+	k, _ := MustMint(t, s, "k", Policy(t, "100.00", "1000.00", ""), nil)
+	id := k.ID
+	MustCommit(t, s, id, "a", 1000)
+	MustReserve(t, s, Charge(id, "r", 500))
+	MustSettle(t, s, vault.SettleRequest{KeyID: id, IdempotencyKey: "r", Outcome: vault.SettleRelease})
+	require.Equal(t, vault.ReserveRefused, MustReserve(t, s, Charge(id, "over", 20000)).Outcome)
+	clock.Advance(24 * time.Hour)
+	MustCommit(t, s, id, "b", 2000) // day:2026-09-15
+
+	clock.Set(time.Date(2026, 9, 24, 18, 0, 0, 0, time.UTC)) // 2026-09-14 is 10 days and 6 hours ago
+	MustCommit(t, s, id, "c", 300)
+	_, err := s.Reap(ctx)
+	require.NoError(t, err)
+	events, _, err := s.ListEvents(ctx, id, 0, "")
+	require.NoError(t, err)
+	var ops []string
+	for _, e := range events {
+		assert.False(t, e.Time.Before(T0.Add(24*time.Hour)), "event %s of %s is past the retention", e.ID, e.Time)
+		ops = append(ops, string(e.Decision))
+	}
+	assert.Equal(t, []string{"settled", "allowed", "settled", "allowed"}, ops, "the events of b and c are kept")
+	require.NoError(t, s.CheckInvariant(ctx), "the counters equal the events plus the roll-ups")
+
+	rep, err := s.DailySpend(ctx, id)
+	require.NoError(t, err)
+	spent := map[string]int64{}
+	for _, d := range rep.Days {
+		spent[d.Date] = d.Committed
+	}
+	assert.Equal(t, int64(1000), spent["2026-09-14"], "a day whose events are gone still shows")
+	assert.Equal(t, int64(2000), spent["2026-09-15"])
+	assert.Equal(t, int64(300), spent["2026-09-24"])
+
+	// A year later: the key's old days' counters are long gone, and so is the
+	// roll-up of a day no chart shows; the period's stays with its counter.
+	clock.Set(time.Date(2027, 9, 30, 0, 0, 0, 0, time.UTC))
+	_, err = s.Reap(ctx)
+	require.NoError(t, err)
+	events, _, err = s.ListEvents(ctx, id, 0, "")
+	require.NoError(t, err)
+	assert.Empty(t, events)
+	assert.False(t, hasCounter(t, s, id, "day:2026-09-14"))
+	var day, period bool
+	require.NoError(t, s.view(func(tx engine.Tx, _ time.Time) error {
+		for _, w := range []struct {
+			window string
+			found  *bool
+		}{{"day:2026-09-14", &day}, {"period", &period}} {
+			v, err := tx.Get(engine.BucketRollups, []byte(id+"/"+w.window))
+			*w.found = v != nil
+			if err != nil {
+				return err
+			}
+		}
+		return nil
+	}))
+	assert.False(t, day, "a day no spend chart shows loses its roll-up")
+	assert.True(t, period, "the period's roll-up stays with its counter")
+	_, _, usage, err := s.KeyUsage(ctx, id)
+	require.NoError(t, err)
+	assert.Equal(t, int64(3300), usage["period"].Committed)
+	require.NoError(t, s.CheckInvariant(ctx))
+}

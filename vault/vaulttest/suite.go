@@ -49,6 +49,7 @@ type Options struct {
 	IdempotencyTTL    time.Duration
 	UnknownRetryLimit time.Duration
 	Lease             time.Duration
+	LedgerRetention   time.Duration
 }
 
 // Opener opens a new, empty store for tb with o and returns it with the engine

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"bytes"
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
@@ -9,8 +10,11 @@ import (
 )
 
 // SchemaVersion is the version of the bucket layout and record encodings this
-// code reads and writes. InitMeta refuses a store with a newer version.
-const SchemaVersion uint64 = 1
+// code reads and writes. InitMeta refuses a store with a newer version and
+// upgrades an older one. Version 2 writes records, events and objects in
+// binary (codec.go) and indexes the records in flight and the completed ones
+// (kv.go); it reads version 1's JSON values as they are.
+const SchemaVersion uint64 = 2
 
 // Meta keys of the schema version and the master key check.
 var (
@@ -30,11 +34,18 @@ func (s *Engine) InitMeta(tx Tx) error {
 		if len(v) != 8 {
 			return fmt.Errorf("schema version is %d bytes long: %w", len(v), vault.ErrSchemaVersion)
 		}
-		if got := binary.BigEndian.Uint64(v); got > SchemaVersion {
+		got := binary.BigEndian.Uint64(v)
+		if got > SchemaVersion {
 			return fmt.Errorf("database schema version %d is newer than this keybrake's %d: %w", got, SchemaVersion, vault.ErrSchemaVersion)
 		}
+		// An older version migrates here, in this transaction: a crash leaves
+		// the old version.
+		if got < 2 {
+			if err := indexRecords(tx); err != nil {
+				return fmt.Errorf("upgrade to schema version 2: %w", err)
+			}
+		}
 	}
-	// An older version migrates here, in this transaction (none yet).
 	if err := tx.Put(BucketMeta, MetaSchemaVersion, u64(SchemaVersion)); err != nil {
 		return fmt.Errorf("write schema version: %w", err)
 	}
@@ -55,6 +66,19 @@ func (s *Engine) InitMeta(tx Tx) error {
 		return fmt.Errorf("write master key check: %w", err)
 	}
 	return nil
+}
+
+// indexRecords builds the indexes schema version 2 keeps of the idempotency
+// records (the ones in flight, the completed ones by completion time) from the
+// records themselves: the one read of every record an upgrade costs.
+func indexRecords(tx Tx) error {
+	return forEach(tx, BucketIdem, func(k, v []byte) error {
+		r, err := decodeRecord(k, v)
+		if err != nil {
+			return err
+		}
+		return putIndexes(tx, bytes.Clone(k), r)
+	})
 }
 
 // putJSON encodes v into bucket b under key.

@@ -58,8 +58,9 @@ func (s *Engine) KeysUsage(ctx context.Context, ids []string) ([]vault.KeyWindow
 // DailySpend returns what keyID committed and holds on each day of its billing
 // period, summed from the key's ledger (every event carries its deltas and the
 // windows they apply to, so the sums equal the daily counters — which the reaper
-// removes two days after their day, while the ledger is kept). One read
-// transaction. Errors: ErrNotFound.
+// removes two days after their day, while the ledger is kept) and the roll-ups
+// of the events the retention removed. One read transaction. Errors:
+// ErrNotFound.
 func (s *Engine) DailySpend(ctx context.Context, keyID string) (vault.SpendReport, error) {
 	var rep vault.SpendReport
 	err := s.viewSettled(ctx, keyID, func(tx Tx, now time.Time) error {
@@ -134,7 +135,29 @@ func sumDailyDeltas(tx Tx, keyID string, days []vault.DaySpend) (truncated bool,
 			}
 		}
 	})
-	return truncated, err
+	if err != nil {
+		return false, err
+	}
+	keys := make([][]byte, len(days))
+	for i, d := range days {
+		keys[i] = counterKey(keyID, "day:"+d.Date)
+	}
+	rollups, err := tx.GetMany(BucketRollups, keys)
+	if err != nil {
+		return false, err
+	}
+	for i, v := range rollups {
+		if v == nil {
+			continue
+		}
+		r, err := decodeRollup(keys[i], v)
+		if err != nil {
+			return false, err
+		}
+		days[i].Committed += r.Committed
+		days[i].Held += r.Held
+	}
+	return truncated, nil
 }
 
 // recentEvents calls fn with keyID's ledger events at or after since, newest

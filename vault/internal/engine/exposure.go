@@ -105,14 +105,23 @@ func (o *objectRec) addPart(holdID string, windowIDs []string, amount int64, now
 	o.Parts = append(o.Parts, exposurePart{HoldID: holdID, WindowIDs: slices.Clone(windowIDs), Amount: amount, CreatedAt: now})
 }
 
+// getObject reads a money object's record; a missing one is an empty record
+// and ok false.
 func getObject(tx Tx, keyID, objectID string) (*objectRec, bool, error) {
-	var o objectRec
-	ok, err := getJSON(tx, BucketObjects, idemKey(keyID, objectID), &o)
-	return &o, ok, err
+	k := idemKey(keyID, objectID)
+	v, err := tx.Get(BucketObjects, k)
+	if err != nil || v == nil {
+		return &objectRec{}, false, err
+	}
+	o, err := decodeObject(k, v)
+	return o, err == nil, err
 }
 
 func putObject(tx Tx, keyID, objectID string, o *objectRec) error {
-	return putJSON(tx, BucketObjects, idemKey(keyID, objectID), o)
+	if err := tx.Put(BucketObjects, idemKey(keyID, objectID), encodeObject(o)); err != nil {
+		return fmt.Errorf("put object %s: %w", objectID, err)
+	}
+	return nil
 }
 
 // applyPartChanges books part changes on their windows and writes one ledger

@@ -46,10 +46,18 @@ func checkInvariantTx(tx Tx, now time.Time) ([]error, error) {
 	live := map[string]int64{}
 	committedHolds := map[string]int64{}
 	holdState := map[string]vault.HoldState{}
+	// The records the in-flight and completions indexes must list.
+	inflight, completions := map[string]bool{}, map[string]bool{}
 	err := forEach(tx, BucketIdem, func(k, v []byte) error {
 		r, err := decodeRecord(k, v)
 		if err != nil {
 			return err
+		}
+		if r.State == vault.RecordInProgress {
+			inflight[string(k)] = true
+		}
+		if reapable(r) {
+			completions[string(completionKey(k, r))] = true
 		}
 		h := r.Hold
 		if h == nil {
@@ -83,8 +91,8 @@ func checkInvariantTx(tx Tx, now time.Time) ([]error, error) {
 	// Live exposure of money objects is held on its windows like a hold.
 	err = forEach(tx, BucketObjects, func(k, v []byte) error {
 		keyID, objectID, _ := splitNul(k)
-		var o objectRec
-		if err := decodeJSON(k, v, &o); err != nil {
+		o, err := decodeObject(k, v)
+		if err != nil {
 			return err
 		}
 		if o.Amount < 0 {
@@ -102,6 +110,27 @@ func checkInvariantTx(tx Tx, now time.Time) ([]error, error) {
 	})
 	if err != nil {
 		return nil, err
+	}
+
+	// The in-flight and completions indexes list exactly their records.
+	for _, ix := range []struct {
+		b    Bucket
+		want map[string]bool
+	}{{BucketInflight, inflight}, {BucketCompletions, completions}} {
+		n := 0
+		err = forEach(tx, ix.b, func(k, _ []byte) error {
+			n++
+			if !ix.want[string(k)] {
+				bad("index %s lists %x, which is no such record", ix.b.Name(), k)
+			}
+			return nil
+		})
+		if err != nil {
+			return nil, err
+		}
+		if n != len(ix.want) {
+			bad("index %s has %d entries for %d records", ix.b.Name(), n, len(ix.want))
+		}
 	}
 
 	// The hold index lists every hold once, with its state.
@@ -141,6 +170,23 @@ func checkInvariantTx(tx Tx, now time.Time) ([]error, error) {
 			}
 			ledger[ck] = sm
 		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+
+	// The removed events, by their roll-ups (retention.go).
+	err = forEach(tx, BucketRollups, func(k, v []byte) error {
+		r, err := decodeRollup(k, v)
+		if err != nil {
+			return err
+		}
+		sm := ledger[string(k)]
+		sm.held += r.Held
+		sm.committed += r.Committed
+		sm.allowance += r.Allowance
+		ledger[string(k)] = sm
 		return nil
 	})
 	if err != nil {

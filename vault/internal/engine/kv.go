@@ -13,8 +13,9 @@ import (
 // key order (bbolt: a bucket of the file; PostgreSQL: a table).
 type Bucket uint8
 
-// The buckets, with their key layouts and values. The encodings are the bbolt
-// file's since schema version 1, unchanged:
+// The buckets, with their key layouts and values. Schema version 2 writes
+// records, events and objects in binary (codec.go) and added the last three
+// buckets; values written as JSON by version 1 stay readable:
 //
 //	meta        "schema_version" → uint64 BE; "master_key_check" → sealed constant;
 //	            "env_upstream/" + name → salted fingerprint (envupstream.go)
@@ -23,14 +24,20 @@ type Bucket uint8
 //	key_tokens  hex SHA-256 of token → key id
 //	key_names   name → key id
 //	idem        16-byte hash of (key id, idempotency key), as in HoldID → recordRec
-//	            (JSON, with the hold of a metered request; response body sealed)
+//	            (binary, with the hold of a metered request; response body
+//	            compressed and sealed)
 //	hold_index  created-at unix ns (8 bytes BE) + hold id → hold state
 //	counters    key id "/" window id → counter (binary, 33 bytes)
-//	events      key id NUL seq (8 bytes BE) → Event (JSON); seq from the bucket sequence
+//	events      key id NUL seq (8 bytes BE) → Event (binary); seq from the bucket sequence
 //	audit       seq (8 bytes BE) → AuditEntry (JSON)
-//	objects     key id NUL Stripe object id → objectRec (JSON)
+//	objects     key id NUL Stripe object id → objectRec (binary)
 //	claims      key id NUL claim key → claimRec (JSON; result sealed); the bucket
 //	            sequence is the fencing-token counter
+//	inflight    idem key of each in_progress record → its lease end (unix ns, 8 bytes BE)
+//	completions completed-at unix ns (8 bytes BE) + idem key of each completed
+//	            record the reaper will remove → empty
+//	rollups     key id "/" window id → the summed deltas of the ledger events the
+//	            retention removed (binary, 24 bytes)
 const (
 	BucketMeta Bucket = iota
 	BucketUpstreams
@@ -44,6 +51,9 @@ const (
 	BucketAudit
 	BucketObjects
 	BucketClaims
+	BucketInflight
+	BucketCompletions
+	BucketRollups
 	// NumBuckets counts the buckets.
 	NumBuckets
 )
@@ -51,6 +61,7 @@ const (
 var bucketLabels = [NumBuckets]string{
 	"meta", "upstreams", "keys", "key_tokens", "key_names", "idem",
 	"hold_index", "counters", "events", "audit", "objects", "claims",
+	"inflight", "completions", "rollups",
 }
 
 // Name is the bucket's name (bbolt's bucket name).

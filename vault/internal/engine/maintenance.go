@@ -3,6 +3,7 @@ package engine
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"fmt"
 	"strings"
 	"time"
@@ -13,8 +14,8 @@ import (
 const (
 	// reapBatchSize bounds the changes of one reaper transaction, so the reaper
 	// never holds the writer (or a key's lock) for long.
-	reapBatchSize = 1000
-	// reapScan bounds the entries one reaper transaction looks at.
+	reapBatchSize = 256
+	// reapScan bounds the entries one reaper read transaction looks at.
 	reapScan = 20000
 	// counterGrace is how long after its day ended a daily counter is kept.
 	counterGrace = 48 * time.Hour
@@ -27,6 +28,12 @@ type reapVerdict struct {
 	owner   string
 	apply   func(tx Tx) error
 	removes bool
+	// stop ends the scan of the pass at this entry: its bucket is ordered so
+	// that nothing after it is due yet (completions, by time).
+	stop bool
+	// skipTo, when set, moves the scan on to this key: the rest of the
+	// entries before it are not due yet (a vault key's later events).
+	skipTo []byte
 }
 
 // reapPass is one kind of garbage: a bucket and the judge of its entries.
@@ -44,28 +51,30 @@ type reapCount struct {
 // reap runs every pass.
 func (s *Engine) reap(ctx context.Context) (reapCount, error) {
 	return s.runPasses(ctx, []reapPass{
-		{bucket: BucketIdem, judge: s.judgeRecord},
+		{bucket: BucketInflight, judge: s.judgeInflight},
+		{bucket: BucketCompletions, judge: s.judgeCompletion},
 		{bucket: BucketCounters, judge: judgeCounter},
 		{bucket: BucketObjects, judge: judgeObject},
 		{bucket: BucketClaims, judge: s.judgeClaim}, // claims.go
+		{bucket: BucketEvents, judge: s.judgeEvent}, // retention.go
+		{bucket: BucketRollups, judge: judgeRollup}, // retention.go
 	})
 }
 
 // RecoverLapsed turns in-progress records whose lease lapsed into outcome
 // unknown, keeping their holds (see recoverRecord), and returns how many. It
 // leaves live leases alone: on a store that several processes share, they are
-// other processes' requests in flight.
+// other processes' requests in flight. It reads only the in-flight index and
+// the records it lists.
 func (s *Engine) RecoverLapsed(ctx context.Context) (int, error) {
-	c, err := s.runPasses(ctx, []reapPass{{bucket: BucketIdem, judge: func(tx Tx, now time.Time, k, v []byte) (reapVerdict, error) {
-		verdict, err := s.judgeRecord(tx, now, k, v)
-		if verdict.removes {
-			verdict.apply = nil
-		}
-		return verdict, err
-	}}})
+	c, err := s.runPasses(ctx, []reapPass{{bucket: BucketInflight, judge: s.judgeInflight}})
 	return c.recovered, err
 }
 
+// runPasses runs each pass in turn: a read transaction finds the entries due
+// (at most reapScan looked at, reapBatch found), a short write transaction
+// judges each again and applies the verdicts, and so on to the end of the
+// bucket. The scans never hold the writer; the writes are bounded.
 func (s *Engine) runPasses(ctx context.Context, passes []reapPass) (reapCount, error) {
 	var total reapCount
 	for _, p := range passes {
@@ -75,20 +84,31 @@ func (s *Engine) runPasses(ctx context.Context, passes []reapPass) (reapCount, e
 				return total, err
 			}
 			var (
-				c    reapCount
-				next []byte
+				found []reapCandidate
+				next  []byte
 			)
-			err := s.update(ctx, func(tx Tx, now time.Time) error {
+			err := s.view(ctx, func(tx Tx, now time.Time) error {
 				var err error
-				c, next, err = reapOnce(tx, now, p, resume, s.reapBatch) // a re-run starts over from resume
+				found, next, err = scanOnce(tx, now, p, resume, s.reapBatch) // a re-run starts over from resume
 				return err
 			})
-			total.txs++
 			if err != nil {
 				return total, fmt.Errorf("reap %s: %w", p.bucket.Name(), err)
 			}
-			total.removed += c.removed
-			total.recovered += c.recovered
+			if len(found) > 0 {
+				var c reapCount
+				err = s.update(ctx, func(tx Tx, now time.Time) error {
+					var err error
+					c, err = applyOnce(tx, now, p, found) // a re-run starts over
+					return err
+				})
+				total.txs++
+				if err != nil {
+					return total, fmt.Errorf("reap %s: %w", p.bucket.Name(), err)
+				}
+				total.removed += c.removed
+				total.recovered += c.recovered
+			}
 			if next == nil {
 				break
 			}
@@ -101,12 +121,16 @@ func (s *Engine) runPasses(ctx context.Context, passes []reapPass) (reapCount, e
 	return total, nil
 }
 
-// reapOnce scans from resume, then changes at most batch entries the pass
-// judges. Each is judged again, with its current value, once its key is
-// locked: where several processes share the store, another may have changed it
-// since the scan read it. It returns where to resume, nil at the end of the
-// bucket.
-func reapOnce(tx Tx, now time.Time, p reapPass, resume []byte, batch int) (reapCount, []byte, error) {
+// reapCandidate is an entry a scan found due, and the key whose lock guards it.
+type reapCandidate struct {
+	k     []byte
+	owner string
+}
+
+// scanOnce scans the pass's bucket from resume, in a read transaction, for at
+// most batch entries due. It returns them and where to resume, nil at the end
+// of what is due.
+func scanOnce(tx Tx, now time.Time, p reapPass, resume []byte, batch int) ([]reapCandidate, []byte, error) {
 	c := tx.Cursor(p.bucket)
 	var k, v []byte
 	if resume == nil {
@@ -114,47 +138,58 @@ func reapOnce(tx Tx, now time.Time, p reapPass, resume []byte, batch int) (reapC
 	} else {
 		k, v = c.Seek(resume)
 	}
-	type candidate struct {
-		k     []byte
-		owner string
-	}
-	var found []candidate
-	scanned := 0
-	for ; k != nil; k, v = c.Next() {
+	var found []reapCandidate
+	for scanned := 0; k != nil; scanned++ {
 		if len(found) == batch || scanned == reapScan {
-			break
+			return found, bytes.Clone(k), nil
 		}
-		scanned++
 		verdict, err := p.judge(tx, now, k, v)
 		if err != nil {
-			return reapCount{}, nil, err
+			return nil, nil, err
 		}
 		if verdict.apply != nil {
-			found = append(found, candidate{k: bytes.Clone(k), owner: verdict.owner})
+			found = append(found, reapCandidate{k: bytes.Clone(k), owner: verdict.owner})
+		}
+		switch {
+		case verdict.stop:
+			return found, nil, nil
+		case verdict.skipTo != nil:
+			k, v = c.Seek(verdict.skipTo)
+		default:
+			k, v = c.Next()
 		}
 	}
-	next := bytes.Clone(k) // nil at the end of the bucket
+	return found, nil, nil
+}
+
+// applyOnce judges each candidate again, with its current value, once its key
+// is locked — where several processes share the store, another may have
+// changed it since the scan read it, and the scan read it in another
+// transaction anyway — and applies the verdicts.
+func applyOnce(tx Tx, now time.Time, p reapPass, found []reapCandidate) (reapCount, error) {
 	var count reapCount
 	for _, cand := range found {
-		if err := tx.LockKey(cand.owner); err != nil {
-			return reapCount{}, nil, err
+		if cand.owner != "" {
+			if err := tx.LockKey(cand.owner); err != nil {
+				return reapCount{}, err
+			}
 		}
 		v, err := tx.Get(p.bucket, cand.k)
 		if err != nil {
-			return reapCount{}, nil, err
+			return reapCount{}, err
 		}
 		if v == nil {
 			continue // gone since the scan
 		}
 		verdict, err := p.judge(tx, now, cand.k, v)
 		if err != nil {
-			return reapCount{}, nil, err
+			return reapCount{}, err
 		}
 		if verdict.apply == nil {
 			continue
 		}
 		if err := verdict.apply(tx); err != nil {
-			return reapCount{}, nil, err
+			return reapCount{}, err
 		}
 		if verdict.removes {
 			count.removed++
@@ -162,7 +197,7 @@ func reapOnce(tx Tx, now time.Time, p reapPass, resume []byte, batch int) (reapC
 			count.recovered++
 		}
 	}
-	return count, next, nil
+	return count, nil
 }
 
 // removeEntry is the verdict that removes the entry k of b.
@@ -176,33 +211,59 @@ func removeEntry(owner string, b Bucket, k []byte) reapVerdict {
 	}}
 }
 
-// judgeRecord judges an idempotency record. It removes completed records whose
-// replay window (IdempotencyTTL from completion) has passed, with their
-// settled hold (and its index entry). In-progress and unknown records are never
-// removed: their holds are live money. Nor are records an operator resolved:
-// like the unknown record they were, they are kept for good, so that a caller
-// still retrying the key days later is told it was resolved instead of moving
-// the money again as a new request. An in-progress record whose lease lapsed
-// becomes unknown (recoverRecord): its process is gone.
-func (s *Engine) judgeRecord(_ Tx, now time.Time, k, v []byte) (reapVerdict, error) {
-	r, err := decodeRecord(k, v)
+// judgeInflight judges an entry of the in-flight index: a record whose lease
+// lapsed becomes unknown (recoverRecord), its hold kept: its process is gone.
+// The index holds each lease's end, so live leases are passed over without
+// reading their records.
+func (s *Engine) judgeInflight(tx Tx, now time.Time, k, v []byte) (reapVerdict, error) {
+	if len(v) != 8 || now.Before(time.Unix(0, int64(binary.BigEndian.Uint64(v)))) {
+		return reapVerdict{}, nil
+	}
+	r, err := readRecord(tx, k)
+	if err != nil || r == nil || r.State != vault.RecordInProgress || now.Before(r.LeaseUntil) {
+		return reapVerdict{}, err
+	}
+	return reapVerdict{owner: r.KeyID, apply: func(tx Tx) error { return recoverRecord(tx, now, r) }}, nil
+}
+
+// judgeCompletion judges an entry of the completions index, which lists the
+// completed records by completion time: it removes a record whose replay
+// window (IdempotencyTTL from completion) has passed, with its settled hold
+// and its index entries, and stops at the first that is still replayable.
+// Records in progress or unknown are never listed (their holds are live
+// money), nor are records an operator resolved: like the unknown record they
+// were, they are kept for good, so that a caller still retrying the key days
+// later is told it was resolved instead of moving the money again as a new
+// request.
+func (s *Engine) judgeCompletion(tx Tx, now time.Time, k, _ []byte) (reapVerdict, error) {
+	if len(k) < 8 {
+		return reapVerdict{}, fmt.Errorf("completions key %x: %w", k, vault.ErrStorage)
+	}
+	if now.Sub(time.Unix(0, int64(binary.BigEndian.Uint64(k)))) <= s.ttl {
+		return reapVerdict{stop: true}, nil
+	}
+	r, err := readRecord(tx, k[8:])
 	if err != nil {
 		return reapVerdict{}, err
 	}
-	if r.State == vault.RecordInProgress && !now.Before(r.LeaseUntil) {
-		return reapVerdict{owner: r.KeyID, apply: func(tx Tx) error { return recoverRecord(tx, now, r) }}, nil
-	}
-	done := r.CompletedAt
-	if done.IsZero() {
-		done = r.UpdatedAt
-	}
-	if r.State != vault.RecordCompleted || r.Resolved || now.Sub(done) <= s.ttl {
-		return reapVerdict{}, nil
+	if r == nil || !reapable(r) || !bytes.Equal(completionKey(k[8:], r), k) {
+		// Not this entry's record (any more): the entry goes alone.
+		return removeEntry("", BucketCompletions, k), nil
 	}
 	if r.Hold != nil && r.Hold.State != vault.HoldCommitted && r.Hold.State != vault.HoldReleased {
 		return reapVerdict{}, fmt.Errorf("hold %s of a completed record is %s: %w", r.Hold.ID, r.Hold.State, vault.ErrInvariant)
 	}
 	return reapVerdict{owner: r.KeyID, removes: true, apply: func(tx Tx) error { return deleteRecord(tx, r) }}, nil
+}
+
+// readRecord reads the record stored under the idem key k, nil when there is
+// none.
+func readRecord(tx Tx, k []byte) (*recordRec, error) {
+	v, err := tx.Get(BucketIdem, k)
+	if err != nil || v == nil {
+		return nil, err
+	}
+	return decodeRecord(k, v)
 }
 
 // judgeCounter removes daily counters with nothing held whose day ended more than 48 hours
@@ -278,8 +339,8 @@ func latestCounterDay(tx Tx, keyID string) (time.Time, bool) {
 // judgeObject removes money-object records untouched for ObjectRetention whose exposure
 // is all settled (live exposure is money held: never reaped).
 func judgeObject(_ Tx, now time.Time, k, v []byte) (reapVerdict, error) {
-	var o objectRec
-	if err := decodeJSON(k, v, &o); err != nil {
+	o, err := decodeObject(k, v)
+	if err != nil {
 		return reapVerdict{}, err
 	}
 	if len(o.Parts) != 0 || now.Sub(o.UpdatedAt) <= vault.ObjectRetention {

@@ -614,10 +614,15 @@ func listHoldsTx(tx Tx, state vault.HoldState, limit int, cursor string) ([]vaul
 // RecoverInProgress turns every in_progress record into unknown, keeping
 // their holds (recoverRecord), and returns how many: for a store only one
 // process opens, whose previous process is gone with every request it had in
-// flight.
+// flight. It reads only the records the in-flight index lists, not the
+// completed ones.
 func RecoverInProgress(tx Tx, now time.Time) (int, error) {
 	var todo []*recordRec
-	err := forEach(tx, BucketIdem, func(k, v []byte) error {
+	err := forEach(tx, BucketInflight, func(k, _ []byte) error {
+		v, err := tx.Get(BucketIdem, k)
+		if err != nil || v == nil {
+			return err
+		}
 		r, err := decodeRecord(k, v)
 		if err != nil {
 			return err

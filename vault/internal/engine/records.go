@@ -142,11 +142,13 @@ func (c *keyCache) get(tx Tx, id string) (*keyRec, error) {
 
 func putKey(tx Tx, r *keyRec) error { return putJSON(tx, BucketKeys, []byte(r.ID), r) }
 
-// responseRec is a stored response; the body is sealed.
+// responseRec is a stored response; the body is sealed, compressed first when
+// Codec says so (schema version 1 never compressed).
 type responseRec struct {
 	Status     int         `json:"s"`
 	Header     http.Header `json:"h,omitempty"`
 	SealedBody []byte      `json:"b,omitempty"`
+	Codec      byte        `json:"-"`
 }
 
 // recordRec is an idempotency record as stored, with its hold when the request is
@@ -201,16 +203,25 @@ func recordKeyOfHold(holdID string) ([]byte, bool) {
 	return k, true
 }
 
-// decodeRecord decodes a stored record and fills in what its hold does not store.
+// decodeRecord decodes a stored record, binary or JSON (see codec.go), and
+// fills in what its hold does not store.
 func decodeRecord(k, v []byte) (*recordRec, error) {
-	var r recordRec
-	if err := decodeJSON(k, v, &r); err != nil {
-		return nil, err
+	var r *recordRec
+	if isJSON(v) {
+		r = &recordRec{}
+		if err := decodeJSON(k, v, r); err != nil {
+			return nil, err
+		}
+	} else {
+		var err error
+		if r, err = decodeRecordBinary(k, v); err != nil {
+			return nil, err
+		}
 	}
 	if r.Hold != nil {
 		r.Hold.ID, r.Hold.KeyID, r.Hold.IdempotencyKey = vault.HoldID(r.KeyID, r.Idem), r.KeyID, r.Idem
 	}
-	return &r, nil
+	return r, nil
 }
 
 // getRecord returns the record of (keyID, idem), nil when there is none.
@@ -257,20 +268,63 @@ func getRecordByHold(tx Tx, holdID string) (*recordRec, error) {
 // putRecord writes the record and, when it has a hold, the hold's index entry (its
 // value is the hold's state, so ListHolds filters without decoding records).
 func putRecord(tx Tx, r *recordRec) error {
-	if err := putJSON(tx, BucketIdem, recordKey(r.KeyID, r.Idem), r); err != nil {
+	k := recordKey(r.KeyID, r.Idem)
+	if err := tx.Put(BucketIdem, k, encodeRecord(r)); err != nil {
+		return fmt.Errorf("put idempotency record: %w", err)
+	}
+	return putIndexes(tx, k, r)
+}
+
+// putIndexes writes the index entries of the record r stored under k: its
+// hold's, and whether it is in flight or waits for the reaper.
+func putIndexes(tx Tx, k []byte, r *recordRec) error {
+	if err := putHoldIndex(tx, r); err != nil {
 		return err
 	}
-	return putHoldIndex(tx, r)
+	var err error
+	if r.State == vault.RecordInProgress {
+		err = tx.Put(BucketInflight, k, u64(uint64(r.LeaseUntil.UnixNano())))
+	} else {
+		err = tx.Delete(BucketInflight, k)
+	}
+	if err == nil && reapable(r) {
+		err = tx.Put(BucketCompletions, completionKey(k, r), indexMark)
+	}
+	if err != nil {
+		return fmt.Errorf("index idempotency record: %w", err)
+	}
+	return nil
+}
+
+// indexMark is the value of an index entry whose key says it all.
+var indexMark = []byte{1}
+
+// reapable reports whether the reaper removes r once its replay window has
+// passed: a completed record, unless an operator resolved it (kept for good).
+func reapable(r *recordRec) bool { return r.State == vault.RecordCompleted && !r.Resolved }
+
+// doneAt is when r was completed (records of the first versions may lack it).
+func doneAt(r *recordRec) time.Time {
+	if r.CompletedAt.IsZero() {
+		return r.UpdatedAt
+	}
+	return r.CompletedAt
+}
+
+// completionKey is the completions index key of r, stored under k.
+func completionKey(k []byte, r *recordRec) []byte {
+	return append(u64(uint64(doneAt(r).UnixNano())), k...)
 }
 
 // insertRecord writes a new record (a fresh claim of its idempotency key) and
 // its hold's index entry: like putRecord, but the record's key must be free
 // (Tx.Insert), so that no two claims of one idempotency key can both commit.
 func insertRecord(tx Tx, r *recordRec) error {
-	if err := insertJSON(tx, BucketIdem, recordKey(r.KeyID, r.Idem), r); err != nil {
-		return err
+	k := recordKey(r.KeyID, r.Idem)
+	if err := tx.Insert(BucketIdem, k, encodeRecord(r)); err != nil {
+		return fmt.Errorf("insert idempotency record: %w", err)
 	}
-	return putHoldIndex(tx, r)
+	return putIndexes(tx, k, r)
 }
 
 // putHoldIndex writes the index entry of r's hold, if it has one: its value is
@@ -285,10 +339,19 @@ func putHoldIndex(tx Tx, r *recordRec) error {
 	return nil
 }
 
-// deleteRecord deletes the record and its hold's index entry.
+// deleteRecord deletes the record and its index entries.
 func deleteRecord(tx Tx, r *recordRec) error {
-	if err := tx.Delete(BucketIdem, recordKey(r.KeyID, r.Idem)); err != nil {
+	k := recordKey(r.KeyID, r.Idem)
+	if err := tx.Delete(BucketIdem, k); err != nil {
 		return fmt.Errorf("delete idempotency record: %w", err)
+	}
+	if err := tx.Delete(BucketInflight, k); err != nil {
+		return fmt.Errorf("delete idempotency record: %w", err)
+	}
+	if reapable(r) {
+		if err := tx.Delete(BucketCompletions, completionKey(k, r)); err != nil {
+			return fmt.Errorf("delete idempotency record: %w", err)
+		}
 	}
 	if r.Hold == nil {
 		return nil
@@ -311,7 +374,7 @@ func (s *Engine) publicRecord(r *recordRec) (vault.IdempotencyRecord, error) {
 	if r.Response != nil {
 		resp := &vault.StoredResponse{Status: r.Response.Status, Header: r.Response.Header.Clone()}
 		if r.Response.SealedBody != nil {
-			body, err := s.seal.open(r.Response.SealedBody, responseAD(keyID, idem))
+			body, err := s.openBody(r.Response, keyID, idem)
 			if err != nil {
 				return vault.IdempotencyRecord{}, fmt.Errorf("stored response of %s: %w", keyID, err)
 			}
@@ -322,20 +385,32 @@ func (s *Engine) publicRecord(r *recordRec) (vault.IdempotencyRecord, error) {
 	return out, nil
 }
 
-// sealResponse prepares a response for storage.
+// sealResponse prepares a response for storage: its body compressed when that
+// pays (see compressBody) and sealed, bound to its record and to how it was
+// compressed.
 func (s *Engine) sealResponse(keyID, idem string, resp *vault.StoredResponse) (*responseRec, error) {
 	if resp == nil {
 		return nil, nil
 	}
 	out := &responseRec{Status: resp.Status, Header: resp.Header.Clone()}
 	if resp.Body != nil {
-		sealed, err := s.seal.seal(resp.Body, responseAD(keyID, idem))
+		body, codec := compressBody(resp.Body)
+		sealed, err := s.seal.seal(body, responseAD(keyID, idem, codec))
 		if err != nil {
 			return nil, err
 		}
-		out.SealedBody = sealed
+		out.SealedBody, out.Codec = sealed, codec
 	}
 	return out, nil
+}
+
+// openBody unseals and decompresses a stored response's body.
+func (s *Engine) openBody(r *responseRec, keyID, idem string) ([]byte, error) {
+	body, err := s.seal.open(r.SealedBody, responseAD(keyID, idem, r.Codec))
+	if err != nil {
+		return nil, err
+	}
+	return decompressBody(body, r.Codec)
 }
 
 // holdRec is a hold as stored inside its record; ID, KeyID and IdempotencyKey come
@@ -391,38 +466,39 @@ type eventRec struct {
 
 // putEvent appends an event to its key's ledger, assigning its id.
 func putEvent(tx Tx, e *vault.Event) error {
-	v, err := json.Marshal(&eventRec{
-		Time: e.Time, KeyID: e.KeyID, Operation: e.Operation, Amount: e.Amount, Currency: e.Currency,
-		Decision: e.Decision, Reason: e.Reason, HoldID: e.HoldID, HoldState: e.HoldState,
-		UpstreamStatus: e.UpstreamStatus, StripeRequestID: e.StripeRequestID, ObjectID: e.ObjectID, Tool: e.Tool,
-		WindowIDs: e.WindowIDs, HeldDelta: e.HeldDelta, CommittedDelta: e.CommittedDelta,
-		AllowanceDeltas: e.AllowanceDeltas,
-	})
-	if err != nil {
-		return fmt.Errorf("encode event: %w", err)
-	}
-	if err := tx.Append(BucketEvents, append([]byte(e.KeyID), 0), v); err != nil {
+	if err := tx.Append(BucketEvents, append([]byte(e.KeyID), 0), encodeEvent(e)); err != nil {
 		return fmt.Errorf("append event: %w", err)
 	}
 	return nil
 }
 
-// decodeEvent decodes a stored event; k is its events bucket key.
+// decodeEvent decodes a stored event, binary or JSON (see codec.go); k is its
+// events bucket key.
 func decodeEvent(k, v []byte) (vault.Event, error) {
-	var r eventRec
-	if err := decodeJSON(k, v, &r); err != nil {
-		return vault.Event{}, err
-	}
 	if len(k) < 9 {
 		return vault.Event{}, fmt.Errorf("event key %q: %w", k, vault.ErrStorage)
 	}
-	return vault.Event{
-		ID: seqID("evt_", binary.BigEndian.Uint64(k[len(k)-8:])), Time: r.Time, KeyID: r.KeyID,
-		Operation: r.Operation, Amount: r.Amount, Currency: r.Currency, Decision: r.Decision, Reason: r.Reason,
-		HoldID: r.HoldID, HoldState: r.HoldState, UpstreamStatus: r.UpstreamStatus,
-		StripeRequestID: r.StripeRequestID, ObjectID: r.ObjectID, Tool: r.Tool, WindowIDs: r.WindowIDs,
-		HeldDelta: r.HeldDelta, CommittedDelta: r.CommittedDelta, AllowanceDeltas: r.AllowanceDeltas,
-	}, nil
+	var e vault.Event
+	if isJSON(v) {
+		var r eventRec
+		if err := decodeJSON(k, v, &r); err != nil {
+			return vault.Event{}, err
+		}
+		e = vault.Event{
+			Time: r.Time, KeyID: r.KeyID,
+			Operation: r.Operation, Amount: r.Amount, Currency: r.Currency, Decision: r.Decision, Reason: r.Reason,
+			HoldID: r.HoldID, HoldState: r.HoldState, UpstreamStatus: r.UpstreamStatus,
+			StripeRequestID: r.StripeRequestID, ObjectID: r.ObjectID, Tool: r.Tool, WindowIDs: r.WindowIDs,
+			HeldDelta: r.HeldDelta, CommittedDelta: r.CommittedDelta, AllowanceDeltas: r.AllowanceDeltas,
+		}
+	} else {
+		var err error
+		if e, err = decodeEventBinary(k, v); err != nil {
+			return vault.Event{}, err
+		}
+	}
+	e.ID = seqID("evt_", binary.BigEndian.Uint64(k[len(k)-8:]))
+	return e, nil
 }
 
 // putAudit appends an audit entry, assigning its id. before and after are encoded

@@ -66,8 +66,15 @@ func (s *Sealer) open(sealed, ad []byte) ([]byte, error) {
 
 func upstreamAD(name string) []byte { return []byte("keybrake/upstream\x00" + name) }
 
-func responseAD(keyID, idemKey string) []byte {
-	return []byte("keybrake/response\x00" + keyID + "\x00" + idemKey)
+// responseAD binds a stored answer to its record and to how its body was
+// compressed, so a body cannot be passed off as another's, nor read with
+// another codec.
+func responseAD(keyID, idemKey string, codec byte) []byte {
+	kind := "keybrake/response"
+	if codec == codecDeflate {
+		kind = "keybrake/response-deflate"
+	}
+	return []byte(kind + "\x00" + keyID + "\x00" + idemKey)
 }
 
 // checkAD binds the master-key check value in the meta bucket.
@@ -127,19 +134,17 @@ func Reseal(b Bucket, k, v []byte, from, to *Sealer) ([]byte, Resealed, error) {
 		out, err := json.Marshal(&r)
 		return out, ResealedUpstream, err
 	case b == BucketIdem:
-		var r recordRec
-		if err := decodeJSON(k, v, &r); err != nil {
+		r, err := decodeRecord(k, v)
+		if err != nil {
 			return nil, 0, err
 		}
 		if r.Response == nil || r.Response.SealedBody == nil {
 			return v, ResealedNothing, nil
 		}
-		var err error
-		if r.Response.SealedBody, err = again(r.Response.SealedBody, responseAD(r.KeyID, r.Idem)); err != nil {
+		if r.Response.SealedBody, err = again(r.Response.SealedBody, responseAD(r.KeyID, r.Idem, r.Response.Codec)); err != nil {
 			return nil, 0, fmt.Errorf("stored response of %s: %w", r.KeyID, err)
 		}
-		out, err := json.Marshal(&r)
-		return out, ResealedResponse, err
+		return encodeRecord(r), ResealedResponse, nil
 	case b == BucketClaims:
 		var r claimRec
 		if err := decodeJSON(k, v, &r); err != nil {

@@ -25,6 +25,10 @@ type Config struct {
 	// Lease is how long an in_progress claim is held before it may be taken over
 	// (default 2 minutes; the proxy sets upstream timeout + margin).
 	Lease time.Duration
+	// LedgerRetention is how long ledger events are kept (default
+	// vault.DefaultLedgerRetention); the reaper removes older ones into
+	// roll-ups (retention.go).
+	LedgerRetention time.Duration
 	// Logger; slog.Default() when nil.
 	Logger *slog.Logger
 	// SoleWriter says that no other process writes the store (bbolt's file
@@ -50,6 +54,7 @@ type Engine struct {
 	ttl          time.Duration
 	unknownLimit time.Duration
 	lease        time.Duration
+	retention    time.Duration
 	log          *slog.Logger
 	keys         keyCache
 	queued       settleQueue
@@ -79,6 +84,7 @@ func New(b Backend, cfg Config) (*Engine, error) {
 		ttl:          cmp.Or(max(cfg.IdempotencyTTL, 0), vault.DefaultIdempotencyTTL),
 		unknownLimit: cmp.Or(max(cfg.UnknownRetryLimit, 0), vault.DefaultUnknownRetryLimit),
 		lease:        cmp.Or(max(cfg.Lease, 0), vault.DefaultLease),
+		retention:    cmp.Or(max(cfg.LedgerRetention, 0), vault.DefaultLedgerRetention),
 		log:          cfg.Logger,
 		reapBatch:    reapBatchSize,
 		countChunk:   holdCountChunk,

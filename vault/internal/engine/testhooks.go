@@ -43,6 +43,9 @@ type (
 	HoldRec = holdRec
 )
 
+// RecordKey is the idem bucket key of (keyID, idem).
+func RecordKey(keyID, idem string) []byte { return recordKey(keyID, idem) }
+
 // GetRecord reads the record of (keyID, idem), nil when there is none.
 func GetRecord(tx Tx, keyID, idem string) (*Record, error) { return getRecord(tx, keyID, idem) }
 
