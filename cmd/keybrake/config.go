@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/keybrake/keybrake/cmd/internal/loopback"
+	"github.com/keybrake/keybrake/vault"
 )
 
 // Config is the configuration of `keybrake serve`. Flags and KEYBRAKE_* environment
@@ -40,6 +41,9 @@ type Config struct {
 	UpstreamTimeout time.Duration
 	// IdempotencyTTL is how long completed idempotency records replay.
 	IdempotencyTTL time.Duration
+	// LedgerRetention is how long ledger events are kept; the reaper rolls
+	// older ones up into per-window sums.
+	LedgerRetention time.Duration
 	// LogLevel is debug, info, warn or error.
 	LogLevel string
 	// LogFormat is json or text.
@@ -83,6 +87,7 @@ func DefaultConfig() Config {
 		StripeURL:         "https://api.stripe.com",
 		UpstreamTimeout:   80 * time.Second,
 		IdempotencyTTL:    24 * time.Hour,
+		LedgerRetention:   vault.DefaultLedgerRetention,
 		LogLevel:          "info",
 		LogFormat:         "json",
 		ShutdownTimeout:   90 * time.Second,
@@ -159,6 +164,7 @@ func (c Config) Validate() error {
 	}{
 		{"upstream-timeout", c.UpstreamTimeout},
 		{"idempotency-ttl", c.IdempotencyTTL},
+		{"ledger-retention", c.LedgerRetention},
 		{"shutdown-timeout", c.ShutdownTimeout},
 		{"reap-interval", c.ReapInterval},
 		{"lease margin", c.LeaseMargin},
@@ -244,6 +250,7 @@ func (c *Config) bindFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.AdminTLSKey, "admin-tls-key", c.AdminTLSKey, "PEM private key of --admin-tls-cert")
 	fs.DurationVar(&c.UpstreamTimeout, "upstream-timeout", c.UpstreamTimeout, "timeout of one upstream request")
 	fs.DurationVar(&c.IdempotencyTTL, "idempotency-ttl", c.IdempotencyTTL, "how long completed idempotency records replay")
+	fs.DurationVar(&c.LedgerRetention, "ledger-retention", c.LedgerRetention, "how long ledger events are kept (older ones are summed per window)")
 	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "log level: debug, info, warn, error")
 	fs.StringVar(&c.LogFormat, "log-format", c.LogFormat, "log format: json or text")
 	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", c.ShutdownTimeout, "how long in-flight requests may finish on shutdown")

@@ -389,6 +389,7 @@ func TestServeFlagsAndEnvironment(t *testing.T) {
 		"KEYBRAKE_STRIPE_URL":       "http://127.0.0.1:12111",
 		"KEYBRAKE_UPSTREAM_TIMEOUT": "15s",
 		"KEYBRAKE_IDEMPOTENCY_TTL":  "2h",
+		"KEYBRAKE_LEDGER_RETENTION": "720h",
 		"KEYBRAKE_PUBLIC_URL":       "https://env.example",
 		"KEYBRAKE_LOG_LEVEL":        "debug",
 		"KEYBRAKE_LOG_FORMAT":       "text",
@@ -402,6 +403,7 @@ func TestServeFlagsAndEnvironment(t *testing.T) {
 	fromEnv.StripeURL = "http://127.0.0.1:12111"
 	fromEnv.UpstreamTimeout = 15 * time.Second
 	fromEnv.IdempotencyTTL = 2 * time.Hour
+	fromEnv.LedgerRetention = 30 * 24 * time.Hour
 	fromEnv.PublicURL = "https://env.example"
 	fromEnv.LogLevel = "debug"
 	fromEnv.LogFormat = "text"

@@ -203,11 +203,12 @@ func (m *Main) openStore(ctx context.Context, masterKey []byte, masterSrc secret
 	cfg := m.Config
 	if cfg.DatabaseURL != "" {
 		store, err := postgres.Open(ctx, cfg.DatabaseURL, postgres.Options{
-			MasterKey:      masterKey,
-			IdempotencyTTL: cfg.IdempotencyTTL,
-			Lease:          cfg.Lease(),
-			Logger:         m.logger, // each package adds its own "component"
-			CommitObserver: m.metrics.ObserveCommit,
+			MasterKey:       masterKey,
+			IdempotencyTTL:  cfg.IdempotencyTTL,
+			LedgerRetention: cfg.LedgerRetention,
+			Lease:           cfg.Lease(),
+			Logger:          m.logger, // each package adds its own "component"
+			CommitObserver:  m.metrics.ObserveCommit,
 		})
 		if err != nil {
 			return nil, openPostgresError(redactedDatabaseURL(cfg.DatabaseURL), masterSrc, err)
@@ -217,12 +218,13 @@ func (m *Main) openStore(ctx context.Context, masterKey []byte, masterSrc secret
 	}
 	dbPath := filepath.Join(cfg.DataDir, databaseFile)
 	store, err := bolt.Open(dbPath, bolt.Options{
-		MasterKey:      masterKey,
-		IdempotencyTTL: cfg.IdempotencyTTL,
-		Lease:          cfg.Lease(),
-		Logger:         m.logger,
-		OpenTimeout:    cfg.OpenTimeout,
-		CommitObserver: m.metrics.ObserveCommit,
+		MasterKey:       masterKey,
+		IdempotencyTTL:  cfg.IdempotencyTTL,
+		LedgerRetention: cfg.LedgerRetention,
+		Lease:           cfg.Lease(),
+		Logger:          m.logger,
+		OpenTimeout:     cfg.OpenTimeout,
+		CommitObserver:  m.metrics.ObserveCommit,
 	})
 	if err != nil {
 		return nil, openStoreError(dbPath, masterSrc, err)
