@@ -117,7 +117,7 @@ func Open(path string, opts Options) (*Store, error) {
 		LedgerRetention: opts.LedgerRetention,
 		// The file lock makes this process the only writer, and a read
 		// transaction never waits for the group commit.
-		SoleWriter: true, CheapReads: true,
+		SoleWriter: true, CheapReads: true, AppendRecords: true,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("open %s: %w", path, err)
@@ -283,7 +283,7 @@ func (t *tx) bucket(b engine.Bucket) *bbolt.Bucket {
 	}
 	bk := t.btx.Bucket([]byte(b.Name()))
 	switch b {
-	case engine.BucketEvents, engine.BucketAudit, engine.BucketHoldIndex:
+	case engine.BucketEvents, engine.BucketAudit, engine.BucketHoldIndex, engine.BucketRecords, engine.BucketCompletions:
 		bk.FillPercent = appendFill
 	}
 	t.buckets[b] = bk

@@ -82,9 +82,14 @@ func TestFileWrittenBeforeTheEngineOpens(t *testing.T) {
 	require.NoError(t, engine.View(s.Engine, ctx, func(tx engine.Tx, _ time.Time) error {
 		rec, err := engine.GetRecord(tx, keyID, "new")
 		require.NoError(t, err)
-		raw, err := tx.Get(engine.BucketIdem, engine.RecordKey(keyID, "new"))
+		raw, appended, err := engine.RawRecord(tx, keyID, "new")
 		require.NoError(t, err)
+		require.NotEmpty(t, raw)
 		assert.NotEqual(t, byte('{'), raw[0], "a new record is not JSON")
+		assert.True(t, appended, "a new record is appended to the records bucket")
+		_, appended, err = engine.RawRecord(tx, keyID, "committed")
+		require.NoError(t, err)
+		assert.False(t, appended, "a record of version 1 stays where it is")
 		assert.Equal(t, vault.RecordCompleted, rec.State)
 		return nil
 	}))

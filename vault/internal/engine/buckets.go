@@ -72,11 +72,7 @@ func (s *Engine) InitMeta(tx Tx) error {
 // records (the ones in flight, the completed ones by completion time) from the
 // records themselves: the one read of every record an upgrade costs.
 func indexRecords(tx Tx) error {
-	return forEach(tx, BucketIdem, func(k, v []byte) error {
-		r, err := decodeRecord(k, v)
-		if err != nil {
-			return err
-		}
+	return forEachRecord(tx, func(k []byte, r *recordRec) error {
 		return putIndexes(tx, bytes.Clone(k), r)
 	})
 }

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -48,10 +49,13 @@ func checkInvariantTx(tx Tx, now time.Time) ([]error, error) {
 	holdState := map[string]vault.HoldState{}
 	// The records the in-flight and completions indexes must list.
 	inflight, completions := map[string]bool{}, map[string]bool{}
-	err := forEach(tx, BucketIdem, func(k, v []byte) error {
-		r, err := decodeRecord(k, v)
-		if err != nil {
-			return err
+	err := forEachRecord(tx, func(k []byte, r *recordRec) error {
+		if r.seq != 0 {
+			if at, err := tx.Get(BucketIdem, k); err != nil {
+				return err
+			} else if !bytes.Equal(at, u64(r.seq)) {
+				bad("record %d of %s/%q is not where its key %x points", r.seq, r.KeyID, r.Idem, k)
+			}
 		}
 		if r.State == vault.RecordInProgress {
 			inflight[string(k)] = true
@@ -105,6 +109,22 @@ func checkInvariantTx(tx Tx, now time.Time) ([]error, error) {
 			for _, w := range p.WindowIDs {
 				live[string(counterKey(keyID, w))] += p.Amount
 			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+
+	// Every idem entry that points at an appended record points at one.
+	err = forEach(tx, BucketIdem, func(k, v []byte) error {
+		if len(v) != seqLen {
+			return nil
+		}
+		if at, err := tx.Get(BucketRecords, v); err != nil {
+			return err
+		} else if at == nil {
+			bad("idem entry %x points at record %x, which is missing", k, v)
 		}
 		return nil
 	})

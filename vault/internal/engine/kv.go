@@ -14,7 +14,7 @@ import (
 type Bucket uint8
 
 // The buckets, with their key layouts and values. Schema version 2 writes
-// records, events and objects in binary (codec.go) and added the last three
+// records, events and objects in binary (codec.go) and added the last four
 // buckets; values written as JSON by version 1 stay readable:
 //
 //	meta        "schema_version" → uint64 BE; "master_key_check" → sealed constant;
@@ -25,7 +25,9 @@ type Bucket uint8
 //	key_names   name → key id
 //	idem        16-byte hash of (key id, idempotency key), as in HoldID → recordRec
 //	            (binary, with the hold of a metered request; response body
-//	            compressed and sealed)
+//	            compressed and sealed), or the 8-byte records key it is under
+//	records     sequence (8 bytes BE) → recordRec, on a store that appends its
+//	            records (bbolt; see recordRec)
 //	hold_index  created-at unix ns (8 bytes BE) + hold id → hold state
 //	counters    key id "/" window id → counter (binary, 33 bytes)
 //	events      key id NUL seq (8 bytes BE) → Event (binary); seq from the bucket sequence
@@ -54,6 +56,7 @@ const (
 	BucketInflight
 	BucketCompletions
 	BucketRollups
+	BucketRecords
 	// NumBuckets counts the buckets.
 	NumBuckets
 )
@@ -61,7 +64,7 @@ const (
 var bucketLabels = [NumBuckets]string{
 	"meta", "upstreams", "keys", "key_tokens", "key_names", "idem",
 	"hold_index", "counters", "events", "audit", "objects", "claims",
-	"inflight", "completions", "rollups",
+	"inflight", "completions", "rollups", "records",
 }
 
 // Name is the bucket's name (bbolt's bucket name).

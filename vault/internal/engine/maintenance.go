@@ -256,16 +256,6 @@ func (s *Engine) judgeCompletion(tx Tx, now time.Time, k, _ []byte) (reapVerdict
 	return reapVerdict{owner: r.KeyID, removes: true, apply: func(tx Tx) error { return deleteRecord(tx, r) }}, nil
 }
 
-// readRecord reads the record stored under the idem key k, nil when there is
-// none.
-func readRecord(tx Tx, k []byte) (*recordRec, error) {
-	v, err := tx.Get(BucketIdem, k)
-	if err != nil || v == nil {
-		return nil, err
-	}
-	return decodeRecord(k, v)
-}
-
 // judgeCounter removes daily counters with nothing held whose day ended more than 48 hours
 // ago. The day's end depends on the key's time zone; the test uses the latest end
 // any zone can have (UTC−12: the next day at 12:00 UTC), so it never deletes early.

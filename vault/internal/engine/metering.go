@@ -17,10 +17,12 @@ type reservePlan struct {
 	res txResult[vault.ReserveResult]
 
 	// Writes, applied by apply; none when res is rejected.
-	record  *recordRec // record (with its hold) to put: claim, resume, stale
-	claim   bool       // record is new: a fresh claim of its idempotency key
-	newHold bool       // add the record's hold amount to held on every window
-	windows []policy.Window
+	record *recordRec // record (with its hold) to put: claim, resume, stale
+	claim  bool       // record is new: a fresh claim of its idempotency key
+	// appendOrder: a new record is appended to the records bucket (see recordRec).
+	appendOrder bool
+	newHold     bool // add the record's hold amount to held on every window
+	windows     []policy.Window
 	// counters are the windows' counters as the plan read them, which the
 	// hold is added to.
 	counters []counter
@@ -165,7 +167,7 @@ func (s *Engine) planNew(tx Tx, now time.Time, req *vault.ReserveRequest, res va
 		Fingerprint: req.Fingerprint, UpstreamKey: vault.UpstreamKey(key.ID, req.IdempotencyKey),
 		State: vault.RecordInProgress, LeaseUntil: now.Add(s.lease), CreatedAt: now, UpdatedAt: now, Fresh: true,
 	}
-	pl.record, pl.claim = r, true
+	pl.record, pl.claim, pl.appendOrder = r, true, s.appendRecords
 	res.Outcome = vault.ReserveClaimed
 	if req.Metered {
 		ids := make([]string, len(windows))
@@ -270,11 +272,13 @@ func (pl *reservePlan) apply(tx Tx) error {
 		return nil
 	}
 	if r := pl.record; r != nil {
-		write := putRecord
+		var err error
 		if pl.claim {
-			write = insertRecord
+			err = insertRecord(tx, r, pl.appendOrder)
+		} else {
+			err = putRecord(tx, r)
 		}
-		if err := write(tx, r); err != nil {
+		if err != nil {
 			return err
 		}
 		if pl.newHold {
@@ -619,12 +623,8 @@ func listHoldsTx(tx Tx, state vault.HoldState, limit int, cursor string) ([]vaul
 func RecoverInProgress(tx Tx, now time.Time) (int, error) {
 	var todo []*recordRec
 	err := forEach(tx, BucketInflight, func(k, _ []byte) error {
-		v, err := tx.Get(BucketIdem, k)
-		if err != nil || v == nil {
-			return err
-		}
-		r, err := decodeRecord(k, v)
-		if err != nil {
+		r, err := readRecord(tx, k)
+		if err != nil || r == nil {
 			return err
 		}
 		if r.State == vault.RecordInProgress {

@@ -153,8 +153,14 @@ type responseRec struct {
 
 // recordRec is an idempotency record as stored, with its hold when the request is
 // metered. The idem bucket key is recordKey(KeyID, Idem): the 16 bytes HoldID
-// encodes, so a hold id leads straight to its record, and a claim or a settle
-// rewrites one randomly placed page, not two.
+// encodes, so a hold id leads straight to its record. Under that key the idem
+// bucket holds either the record itself (schema version 1's layout, and
+// PostgreSQL's) or, on a store that appends its records (bbolt), the 8-byte
+// sequence number under which the records bucket keeps it: a claim then appends
+// its record after the newest, and the settle a few milliseconds later
+// rewrites a page near the end of the file, where the other requests of its
+// batch write too, instead of a random page each; only the small index entry
+// lands at random (docs/decisions).
 type recordRec struct {
 	KeyID       string            `json:"k"`
 	Idem        string            `json:"i"`
@@ -175,6 +181,10 @@ type recordRec struct {
 	// Resolved is set when an operator settled the record's hold (ResolveHold):
 	// such a record is kept for good, so that a retry keeps being told so.
 	Resolved bool `json:"resolved,omitempty"`
+
+	// seq is the records bucket key the record lives under, 0 when it lives
+	// in the idem bucket under its hash. Not stored in the record.
+	seq uint64
 }
 
 func (r *recordRec) holdID() string {
@@ -224,15 +234,67 @@ func decodeRecord(k, v []byte) (*recordRec, error) {
 	return r, nil
 }
 
-// getRecord returns the record of (keyID, idem), nil when there is none.
-func getRecord(tx Tx, keyID, idem string) (*recordRec, error) {
-	k := recordKey(keyID, idem)
+// seqLen is the length of an idem bucket value that is a records bucket key.
+const seqLen = 8
+
+// readRecord reads the record whose idem bucket key is k, wherever it lives;
+// nil when there is none.
+func readRecord(tx Tx, k []byte) (*recordRec, error) {
 	v, err := tx.Get(BucketIdem, k)
 	if err != nil || v == nil {
 		return nil, err
 	}
+	var seq uint64
+	if len(v) == seqLen {
+		seq = binary.BigEndian.Uint64(v)
+		if v, err = tx.Get(BucketRecords, v); err != nil {
+			return nil, err
+		}
+		if v == nil {
+			return nil, fmt.Errorf("idempotency record %x points at record %d, which is missing: %w", k, seq, vault.ErrStorage)
+		}
+	}
 	r, err := decodeRecord(k, v)
 	if err != nil {
+		return nil, err
+	}
+	r.seq = seq
+	return r, nil
+}
+
+// forEachRecord calls fn with every idempotency record and its idem bucket
+// key, those kept in place and those appended.
+func forEachRecord(tx Tx, fn func(k []byte, r *recordRec) error) error {
+	err := forEach(tx, BucketIdem, func(k, v []byte) error {
+		if len(v) == seqLen {
+			return nil // appended: read below
+		}
+		r, err := decodeRecord(k, v)
+		if err != nil {
+			return err
+		}
+		return fn(k, r)
+	})
+	if err != nil {
+		return err
+	}
+	return forEach(tx, BucketRecords, func(k, v []byte) error {
+		r, err := decodeRecord(k, v)
+		if err != nil {
+			return err
+		}
+		if len(k) != seqLen {
+			return fmt.Errorf("record key %x: %w", k, vault.ErrStorage)
+		}
+		r.seq = binary.BigEndian.Uint64(k)
+		return fn(recordKey(r.KeyID, r.Idem), r)
+	})
+}
+
+// getRecord returns the record of (keyID, idem), nil when there is none.
+func getRecord(tx Tx, keyID, idem string) (*recordRec, error) {
+	r, err := readRecord(tx, recordKey(keyID, idem))
+	if err != nil || r == nil {
 		return nil, err
 	}
 	if r.KeyID != keyID || r.Idem != idem {
@@ -248,18 +310,11 @@ func getRecordByHold(tx Tx, holdID string) (*recordRec, error) {
 	if !ok {
 		return nil, fmt.Errorf("hold %q: %w", holdID, vault.ErrNotFound)
 	}
-	v, err := tx.Get(BucketIdem, k)
+	r, err := readRecord(tx, k)
 	if err != nil {
 		return nil, err
 	}
-	if v == nil {
-		return nil, fmt.Errorf("hold %s: %w", holdID, vault.ErrNotFound)
-	}
-	r, err := decodeRecord(k, v)
-	if err != nil {
-		return nil, err
-	}
-	if r.Hold == nil || r.Hold.ID != holdID {
+	if r == nil || r.Hold == nil || r.Hold.ID != holdID {
 		return nil, fmt.Errorf("hold %s: %w", holdID, vault.ErrNotFound)
 	}
 	return r, nil
@@ -269,7 +324,13 @@ func getRecordByHold(tx Tx, holdID string) (*recordRec, error) {
 // value is the hold's state, so ListHolds filters without decoding records).
 func putRecord(tx Tx, r *recordRec) error {
 	k := recordKey(r.KeyID, r.Idem)
-	if err := tx.Put(BucketIdem, k, encodeRecord(r)); err != nil {
+	var err error
+	if r.seq != 0 {
+		err = tx.Put(BucketRecords, u64(r.seq), encodeRecord(r))
+	} else {
+		err = tx.Put(BucketIdem, k, encodeRecord(r))
+	}
+	if err != nil {
 		return fmt.Errorf("put idempotency record: %w", err)
 	}
 	return putIndexes(tx, k, r)
@@ -319,9 +380,20 @@ func completionKey(k []byte, r *recordRec) []byte {
 // insertRecord writes a new record (a fresh claim of its idempotency key) and
 // its hold's index entry: like putRecord, but the record's key must be free
 // (Tx.Insert), so that no two claims of one idempotency key can both commit.
-func insertRecord(tx Tx, r *recordRec) error {
+func insertRecord(tx Tx, r *recordRec, appendOrder bool) error {
 	k := recordKey(r.KeyID, r.Idem)
-	if err := tx.Insert(BucketIdem, k, encodeRecord(r)); err != nil {
+	v := encodeRecord(r)
+	if appendOrder {
+		seq, err := tx.NextSequence(BucketRecords)
+		if err != nil {
+			return fmt.Errorf("record sequence: %w", err)
+		}
+		if err := tx.Put(BucketRecords, u64(seq), v); err != nil {
+			return fmt.Errorf("insert idempotency record: %w", err)
+		}
+		r.seq, v = seq, u64(seq)
+	}
+	if err := tx.Insert(BucketIdem, k, v); err != nil {
 		return fmt.Errorf("insert idempotency record: %w", err)
 	}
 	return putIndexes(tx, k, r)
@@ -344,6 +416,11 @@ func deleteRecord(tx Tx, r *recordRec) error {
 	k := recordKey(r.KeyID, r.Idem)
 	if err := tx.Delete(BucketIdem, k); err != nil {
 		return fmt.Errorf("delete idempotency record: %w", err)
+	}
+	if r.seq != 0 {
+		if err := tx.Delete(BucketRecords, u64(r.seq)); err != nil {
+			return fmt.Errorf("delete idempotency record: %w", err)
+		}
 	}
 	if err := tx.Delete(BucketInflight, k); err != nil {
 		return fmt.Errorf("delete idempotency record: %w", err)

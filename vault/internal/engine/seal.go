@@ -133,7 +133,9 @@ func Reseal(b Bucket, k, v []byte, from, to *Sealer) ([]byte, Resealed, error) {
 		}
 		out, err := json.Marshal(&r)
 		return out, ResealedUpstream, err
-	case b == BucketIdem:
+	case b == BucketIdem && len(v) == seqLen:
+		return v, ResealedNothing, nil // where the record is appended
+	case b == BucketIdem, b == BucketRecords:
 		r, err := decodeRecord(k, v)
 		if err != nil {
 			return nil, 0, err

@@ -38,6 +38,11 @@ type Config struct {
 	// (PostgreSQL) leaves it false: another replica's revocation must stop the
 	// next request here too.
 	SoleWriter bool
+	// AppendRecords says that new idempotency records are appended to the
+	// records bucket, in the order they are claimed, with their place in the
+	// idem bucket (bbolt: fewer pages per commit; see recordRec). PostgreSQL
+	// keeps them in place, where a record is read in one round trip.
+	AppendRecords bool
 	// CheapReads says that a read transaction costs less than a write, which
 	// waits for a group commit (bbolt): Reserve first looks for a completed
 	// record in a read, so that a replay costs no write transaction.
@@ -60,8 +65,9 @@ type Engine struct {
 	queued       settleQueue
 	// memo holds authenticated keys and upstream secrets on a sole writer;
 	// nil otherwise.
-	memo       *memo
-	cheapReads bool
+	memo          *memo
+	cheapReads    bool
+	appendRecords bool
 
 	// reapBatch is the most deletions one reaper transaction makes (reapBatchSize;
 	// tests lower it).
@@ -79,16 +85,17 @@ func New(b Backend, cfg Config) (*Engine, error) {
 		return nil, err
 	}
 	e := &Engine{
-		b:            b,
-		seal:         sl,
-		ttl:          cmp.Or(max(cfg.IdempotencyTTL, 0), vault.DefaultIdempotencyTTL),
-		unknownLimit: cmp.Or(max(cfg.UnknownRetryLimit, 0), vault.DefaultUnknownRetryLimit),
-		lease:        cmp.Or(max(cfg.Lease, 0), vault.DefaultLease),
-		retention:    cmp.Or(max(cfg.LedgerRetention, 0), vault.DefaultLedgerRetention),
-		log:          cfg.Logger,
-		reapBatch:    reapBatchSize,
-		countChunk:   holdCountChunk,
-		cheapReads:   cfg.CheapReads,
+		b:             b,
+		seal:          sl,
+		ttl:           cmp.Or(max(cfg.IdempotencyTTL, 0), vault.DefaultIdempotencyTTL),
+		unknownLimit:  cmp.Or(max(cfg.UnknownRetryLimit, 0), vault.DefaultUnknownRetryLimit),
+		lease:         cmp.Or(max(cfg.Lease, 0), vault.DefaultLease),
+		retention:     cmp.Or(max(cfg.LedgerRetention, 0), vault.DefaultLedgerRetention),
+		log:           cfg.Logger,
+		reapBatch:     reapBatchSize,
+		countChunk:    holdCountChunk,
+		cheapReads:    cfg.CheapReads,
+		appendRecords: cfg.AppendRecords,
 	}
 	if cfg.SoleWriter {
 		e.memo = &memo{}

@@ -46,6 +46,18 @@ type (
 // RecordKey is the idem bucket key of (keyID, idem).
 func RecordKey(keyID, idem string) []byte { return recordKey(keyID, idem) }
 
+// RawRecord returns the stored value of the record of (keyID, idem), wherever
+// it lives (see recordRec), and whether it was appended; nil when there is
+// none.
+func RawRecord(tx Tx, keyID, idem string) (v []byte, appended bool, err error) {
+	v, err = tx.Get(BucketIdem, recordKey(keyID, idem))
+	if err != nil || len(v) != seqLen {
+		return v, false, err
+	}
+	v, err = tx.Get(BucketRecords, v)
+	return v, true, err
+}
+
 // GetRecord reads the record of (keyID, idem), nil when there is none.
 func GetRecord(tx Tx, keyID, idem string) (*Record, error) { return getRecord(tx, keyID, idem) }
 
@@ -89,12 +101,9 @@ func RecordStates(e *Engine, ctx context.Context) (map[vault.RecordState]int, er
 	out := map[vault.RecordState]int{}
 	err := e.viewSettled(ctx, "", func(tx Tx, _ time.Time) error {
 		clear(out)
-		return forEach(tx, BucketIdem, func(k, v []byte) error {
-			r, err := decodeRecord(k, v)
-			if err == nil {
-				out[r.State]++
-			}
-			return err
+		return forEachRecord(tx, func(_ []byte, r *recordRec) error {
+			out[r.State]++
+			return nil
 		})
 	})
 	return out, err
@@ -105,12 +114,11 @@ func AllHolds(e *Engine, ctx context.Context) (map[string]vault.Hold, error) {
 	out := map[string]vault.Hold{}
 	err := e.viewSettled(ctx, "", func(tx Tx, _ time.Time) error {
 		clear(out)
-		return forEach(tx, BucketIdem, func(k, v []byte) error {
-			r, err := decodeRecord(k, v)
-			if err == nil && r.Hold != nil {
+		return forEachRecord(tx, func(_ []byte, r *recordRec) error {
+			if r.Hold != nil {
 				out[r.Hold.ID] = r.Hold.public()
 			}
-			return err
+			return nil
 		})
 	})
 	return out, err

@@ -10,3 +10,8 @@ CREATE TABLE keybrake_rollups     (k bytea PRIMARY KEY, v bytea NOT NULL);
 CREATE SEQUENCE keybrake_inflight_seq;
 CREATE SEQUENCE keybrake_completions_seq;
 CREATE SEQUENCE keybrake_rollups_seq;
+
+-- The records bucket, where a store that appends its records keeps them
+-- (bbolt); PostgreSQL keeps each record under its key in keybrake_idem.
+CREATE TABLE keybrake_records     (k bytea PRIMARY KEY, v bytea NOT NULL);
+CREATE SEQUENCE keybrake_records_seq;
