@@ -270,3 +270,27 @@ func TestAdminErrorsAreProblems(t *testing.T) {
 	}
 	assert.True(t, found, "the 404 was logged")
 }
+
+// TestAdminCompact: an admin compacts the running store; the data is all
+// there afterwards, in a file that is no larger.
+func TestAdminCompact(t *testing.T) {
+	env := MustAdminEnv(t)
+	env.MustUpstream("default")
+	k := env.MustMint("compacted", "", nil, seedLegacyPolicy)
+	env.MustHold(k.ID, "idem-1", 1500, vault.SettleCommit)
+
+	r := env.Do(http.MethodPost, "/api/v1/compact", env.adminToken, nil)
+	require.Equal(t, http.StatusOK, r.Status, "body: %s", r.Body)
+	var got struct {
+		Before int64 `json:"bytes_before"`
+		After  int64 `json:"bytes_after"`
+	}
+	r.Decode(t, &got)
+	assert.Positive(t, got.After)
+	assert.LessOrEqual(t, got.After, got.Before)
+
+	r = env.Do(http.MethodGet, "/api/v1/keys/"+k.ID+"/usage", env.adminToken, nil)
+	require.Equal(t, http.StatusOK, r.Status)
+	assert.Contains(t, string(r.Body), `"committed":"15.00"`, "the key's usage is still there: %s", r.Body)
+	assert.Equal(t, http.StatusUnprocessableEntity, env.Do(http.MethodPost, "/api/v1/compact?now=1", env.adminToken, nil).Status)
+}

@@ -136,6 +136,27 @@ func (a *admin) backup(c echo.Context) error {
 	return nil
 }
 
+// compactView is the answer of POST /api/v1/compact.
+type compactView struct {
+	BytesBefore int64 `json:"bytes_before"`
+	BytesAfter  int64 `json:"bytes_after"`
+}
+
+// compact handles POST /api/v1/compact (admin role only): the store gives the
+// space the reaper freed back to the file system (vault.Store.Compact). On
+// bbolt every request waits while the file is copied; a PostgreSQL store
+// answers 501 (its autovacuum does this).
+func (a *admin) compact(c echo.Context) error {
+	if _, err := query(c); err != nil {
+		return err
+	}
+	res, err := a.store.Compact(c.Request().Context())
+	if err != nil {
+		return fmt.Errorf("compact: %w", err)
+	}
+	return c.JSON(http.StatusOK, compactView{BytesBefore: res.Before, BytesAfter: res.After})
+}
+
 // lazyHeaderWriter sends the backup's headers with its first byte, so an error before
 // that can still be answered with a problem.
 type lazyHeaderWriter struct {

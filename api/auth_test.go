@@ -203,6 +203,7 @@ func TestAdminViewerMayOnlyRead(t *testing.T) {
 		"rotate":            {http.MethodPost, "/api/v1/keys/" + k.ID + "/rotate", ""},
 		"resolve hold":      {http.MethodPost, "/api/v1/holds/" + holdID + "/resolve", `{"outcome":"released"}`},
 		"backup":            {http.MethodGet, "/api/v1/backup", ""},
+		"compact":           {http.MethodPost, "/api/v1/compact", ""},
 	}
 	for name, w := range writes {
 		t.Run(name, func(t *testing.T) {

@@ -246,6 +246,12 @@ type Store interface {
 	Ping(ctx context.Context) error
 	// Size is how many bytes the store takes on disk.
 	Size(ctx context.Context) (int64, error)
+	// Compact gives the space of what the reaper removed back to the file
+	// system, and returns the store's size before and after. On bbolt it
+	// rewrites the file without its free pages while every other call
+	// waits: seconds per gigabyte. Errors: errors.ErrUnsupported from a store
+	// whose engine reclaims its own space (PostgreSQL: autovacuum).
+	Compact(ctx context.Context) (CompactResult, error)
 	// Backup writes a hot, consistent copy of the store to w. Errors:
 	// errors.ErrUnsupported from a store that is backed up with its engine's
 	// own tools (PostgreSQL: pg_dump).
@@ -253,6 +259,11 @@ type Store interface {
 	// Close releases the store; pending writes finish first. Calls after
 	// Close return ErrClosed.
 	Close() error
+}
+
+// CompactResult is the size of a store before and after Compact, in bytes.
+type CompactResult struct {
+	Before, After int64
 }
 
 // SecretKeeper is implemented by a store that may keep unsealed upstream

@@ -78,6 +78,7 @@ const (
 	cmdToken   = "token"
 	cmdBackup  = "backup"
 	cmdRekey   = "rekey"
+	cmdCompact = "compact"
 	cmdVersion = "version"
 	cmdHelp    = "help"
 )
@@ -97,6 +98,8 @@ type Main struct {
 	Backup BackupConfig
 	// Rekey is the rekey subcommand's configuration.
 	Rekey RekeyConfig
+	// Compact is the compact subcommand's configuration.
+	Compact CompactConfig
 
 	// Stdout receives a command's output (a token, the version).
 	Stdout io.Writer
@@ -129,13 +132,14 @@ type Main struct {
 // process's standard streams and environment.
 func NewMain() *Main {
 	return &Main{
-		Config: DefaultConfig(),
-		Token:  DefaultTokenConfig(),
-		Backup: DefaultBackupConfig(),
-		Rekey:  DefaultRekeyConfig(),
-		Stdout: os.Stdout,
-		Stderr: os.Stderr,
-		Getenv: os.Getenv,
+		Config:  DefaultConfig(),
+		Token:   DefaultTokenConfig(),
+		Backup:  DefaultBackupConfig(),
+		Rekey:   DefaultRekeyConfig(),
+		Compact: DefaultCompactConfig(),
+		Stdout:  os.Stdout,
+		Stderr:  os.Stderr,
+		Getenv:  os.Getenv,
 	}
 }
 
@@ -146,6 +150,7 @@ Usage:
   keybrake token   [flags]   print an admin API token (JWT)
   keybrake backup  [flags]   write a consistent copy of the database
   keybrake rekey   [flags]   re-seal the database under a new master key (server stopped)
+  keybrake compact [flags]   give the space the reaper freed back to the file system
   keybrake version           print the version
   keybrake help [command]    show help
 
@@ -171,6 +176,8 @@ func (m *Main) ParseFlags(ctx context.Context, args []string) error {
 		return m.parseBackup(args)
 	case cmdRekey:
 		return m.parseRekey(args)
+	case cmdCompact:
+		return m.parseCompact(args)
 	case cmdVersion:
 		return parseArgs(m.flagSet(cmdVersion, "keybrake version"), args)
 	case cmdHelp, "-h", "-help", "--help":
@@ -237,6 +244,8 @@ func (m *Main) Run(ctx context.Context) error {
 		return m.runBackup(ctx)
 	case cmdRekey:
 		return m.runRekey(ctx)
+	case cmdCompact:
+		return m.runCompact(ctx)
 	case cmdVersion:
 		_, err := fmt.Fprintln(m.Stdout, "keybrake", Version())
 		return err

@@ -17,7 +17,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -70,9 +69,10 @@ const initialMmapSize = 64 << 20
 // fsyncs.
 type Store struct {
 	*engine.Engine
-	db  *bbolt.DB
-	now func() time.Time
-	log *slog.Logger
+	db   *bbolt.DB
+	path string
+	now  func() time.Time
+	log  *slog.Logger
 
 	// Group commit: ops go to commitLoop through ops. closeMu guards closed and the
 	// send on ops, so Close can close ops once no sender is left.
@@ -82,6 +82,12 @@ type Store struct {
 	loopDone chan struct{}
 	observe  func(ops int, d time.Duration) // Options.CommitObserver; may be nil
 	commits  atomic.Int64                   // write transactions run by commitLoop
+	// dbMu guards db: every transaction holds it shared, Compact exclusively
+	// while it swaps the file. broken is set when a compaction could not open
+	// its copy: the store is closed from then on.
+	dbMu     sync.RWMutex
+	broken   bool
+	openOpts *bbolt.Options
 	// testGate, when set (by tests), runs before each batch of the committer:
 	// a test stops the committer there to see what a crash at that moment
 	// leaves on disk.
@@ -102,6 +108,7 @@ var (
 // is not the one the database was created with), ErrStorage.
 func Open(path string, opts Options) (*Store, error) {
 	s := &Store{
+		path:     path,
 		now:      opts.Now,
 		observe:  opts.CommitObserver,
 		ops:      make(chan *batchOp, maxBatch),
@@ -127,12 +134,13 @@ func Open(path string, opts Options) (*Store, error) {
 	if timeout <= 0 {
 		timeout = DefaultOpenTimeout
 	}
-	db, err := bbolt.Open(path, 0o600, &bbolt.Options{
+	s.openOpts = &bbolt.Options{
 		Timeout:         timeout,
 		FreelistType:    bbolt.FreelistMapType,
 		InitialMmapSize: initialMmapSize,
 		// NoSync, NoGrowSync and NoFreelistSync stay false: every commit is durable.
-	})
+	}
+	db, err := bbolt.Open(path, 0o600, s.openOpts)
 	if err != nil {
 		return nil, fmt.Errorf("open %s: %w", path, translate(err))
 	}
@@ -175,6 +183,11 @@ func (s *Store) Close() error {
 	close(s.ops)
 	s.closeMu.Unlock()
 	<-s.loopDone
+	s.dbMu.Lock()
+	defer s.dbMu.Unlock()
+	if s.broken {
+		return nil // closed when it broke
+	}
 	if err := s.db.Close(); err != nil {
 		return fmt.Errorf("close: %w", translate(err))
 	}
@@ -196,7 +209,23 @@ func (s *backend) Update(ctx context.Context, fn engine.TxFunc) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	return translate(s.db.Update(func(btx *bbolt.Tx) error { return fn(newTx(btx), s.now()) }))
+	db, release, err := (*Store)(s).useDB()
+	if err != nil {
+		return err
+	}
+	defer release()
+	return translate(db.Update(func(btx *bbolt.Tx) error { return fn(newTx(btx), s.now()) }))
+}
+
+// useDB returns the database for one transaction, shared with every other
+// until release is called (Compact waits for it).
+func (s *Store) useDB() (*bbolt.DB, func(), error) {
+	s.dbMu.RLock()
+	if s.broken {
+		s.dbMu.RUnlock()
+		return nil, nil, vault.ErrClosed
+	}
+	return s.db, s.dbMu.RUnlock, nil
 }
 
 // View runs fn in one bbolt read transaction with the clock read once.
@@ -204,7 +233,12 @@ func (s *backend) View(ctx context.Context, fn engine.TxFunc) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	return translate(s.db.View(func(btx *bbolt.Tx) error { return fn(newTx(btx), s.now()) }))
+	db, release, err := (*Store)(s).useDB()
+	if err != nil {
+		return err
+	}
+	defer release()
+	return translate(db.View(func(btx *bbolt.Tx) error { return fn(newTx(btx), s.now()) }))
 }
 
 // Size is the size of the database file in bytes: what it takes on disk (bbolt
@@ -213,11 +247,11 @@ func (s *Store) Size(ctx context.Context) (int64, error) {
 	if s.isClosed() {
 		return 0, fmt.Errorf("size: %w", vault.ErrClosed)
 	}
-	fi, err := os.Stat(s.db.Path())
+	n, err := fileSize(s.path)
 	if err != nil {
-		return 0, fmt.Errorf("size: %w: %s", vault.ErrStorage, err.Error())
+		return 0, fmt.Errorf("size: %w", err)
 	}
-	return fi.Size(), nil
+	return n, nil
 }
 
 // Backup writes a hot, consistent copy of the database to w: tx.WriteTo in
@@ -226,8 +260,13 @@ func (s *Store) Backup(ctx context.Context, w io.Writer) (int64, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, err
 	}
+	db, release, err := s.useDB()
+	if err != nil {
+		return 0, fmt.Errorf("backup: %w", err)
+	}
+	defer release()
 	var n int64
-	err := translate(s.db.View(func(tx *bbolt.Tx) error {
+	err = translate(db.View(func(tx *bbolt.Tx) error {
 		var err error
 		n, err = tx.WriteTo(w)
 		return err

@@ -148,8 +148,16 @@ func (s *Store) runBatch(batch []*batchOp) {
 	if gate := s.testGate.Load(); gate != nil {
 		(*gate)()
 	}
+	db, release, err := s.useDB()
+	if err != nil {
+		for _, op := range batch {
+			op.finish(err)
+		}
+		return
+	}
+	defer release()
 	start := time.Now()
-	err := s.db.Update(func(btx *bbolt.Tx) error {
+	err = db.Update(func(btx *bbolt.Tx) error {
 		now := s.now()
 		tx := newTx(btx)
 		for _, op := range batch {
@@ -171,7 +179,7 @@ func (s *Store) runBatch(batch []*batchOp) {
 	s.log.Warn("group commit failed; retrying its operations one by one", "ops", len(batch), "error", err)
 	for _, op := range batch {
 		start := time.Now()
-		err := s.db.Update(func(btx *bbolt.Tx) error { return safeRun(op, newTx(btx), s.now()) })
+		err := db.Update(func(btx *bbolt.Tx) error { return safeRun(op, newTx(btx), s.now()) })
 		s.observeCommit(1, start)
 		op.finish(translate(err))
 	}

@@ -88,6 +88,7 @@ func rekey(ctx context.Context, path string, oldKey, newKey []byte, opts RekeyOp
 	if hook == nil {
 		hook = func(string) {}
 	}
+	var stats RekeyStats
 
 	// The exclusive lock keeps a server (and a second rekey) out until the copy is
 	// in place.
@@ -99,65 +100,36 @@ func rekey(ctx context.Context, path string, oldKey, newKey []byte, opts RekeyOp
 	if err := translate(src.View(func(tx *bbolt.Tx) error { return checkRekeySource(tx, from) })); err != nil {
 		return RekeyStats{}, err
 	}
-	if err := removeRekeyLeftovers(path); err != nil {
-		return RekeyStats{}, err
-	}
-
-	tmp, err := os.CreateTemp(filepath.Dir(path), rekeyTempPrefix(path)+"*")
-	if err != nil {
-		return RekeyStats{}, fmt.Errorf("%w: create the copy: %s", vault.ErrStorage, err.Error())
-	}
-	tmpPath := tmp.Name()
-	_ = tmp.Close()
-	renamed := false
-	defer func() {
-		if !renamed {
-			_ = os.Remove(tmpPath)
+	c := &dbCopy{transform: func(bucket, k, v []byte) ([]byte, error) {
+		b, ok := engine.BucketByName(string(bucket))
+		if !ok {
+			return v, nil // not keybrake's: copied as it is
 		}
-	}()
-	// The copy is synced once, at the end: it becomes the database only after.
-	dst, err := bbolt.Open(tmpPath, 0o600, &bbolt.Options{Timeout: opts.OpenTimeout, NoSync: true})
-	if err != nil {
-		return RekeyStats{}, translate(err)
-	}
-	c := &rekeyCopy{from: from, to: to, dst: dst, batch: opts.batch, hook: hook}
-	err = src.View(func(stx *bbolt.Tx) error { return c.copyAll(ctx, stx) })
-	if cerr := ctx.Err(); err != nil && cerr != nil {
-		err = cerr // not a storage failure
-	} else {
-		err = translate(err)
-	}
-	if err == nil {
-		err = translate(dst.Sync())
-	}
-	if err == nil {
-		err = translate(dst.View(func(tx *bbolt.Tx) error { return checkRekeySource(tx, to) }))
-	}
-	if cerr := dst.Close(); err == nil {
-		err = translate(cerr)
-	}
-	if err != nil {
-		return RekeyStats{}, err
-	}
-	hook("copied")
-	if err := os.Rename(tmpPath, path); err != nil {
-		return RekeyStats{}, fmt.Errorf("%w: rename the copy into place: %s", vault.ErrStorage, err.Error())
-	}
-	renamed = true
-	hook("renamed")
-	if err := syncDirectory(filepath.Dir(path)); err != nil {
-		return c.stats, err
-	}
-	return c.stats, nil
+		out, kind, err := engine.Reseal(b, k, v, from, to)
+		switch kind {
+		case engine.ResealedUpstream:
+			stats.Upstreams++
+		case engine.ResealedResponse:
+			stats.Responses++
+		case engine.ResealedClaimResult:
+			stats.ClaimResults++
+		}
+		return out, err
+	}, batch: opts.batch, hook: hook}
+	err = c.replace(ctx, src, path, rekeyTempPrefix(path), opts.OpenTimeout, func(tx *bbolt.Tx) error {
+		return checkRekeySource(tx, to)
+	})
+	return stats, err
 }
 
 // rekeyTempPrefix is the name prefix of Rekey's copy of the database at path.
 func rekeyTempPrefix(path string) string { return "." + filepath.Base(path) + ".rekey-" }
 
-// removeRekeyLeftovers removes the copies of a Rekey that died before its rename.
-// The caller holds the database's lock, so no other Rekey is writing one.
-func removeRekeyLeftovers(path string) error {
-	leftovers, err := filepath.Glob(filepath.Join(filepath.Dir(path), rekeyTempPrefix(path)+"*"))
+// removeLeftovers removes the copies (named prefix…) of a Rekey or a Compact
+// that died before its rename. The caller holds the database's lock, so no
+// other process is writing one.
+func removeLeftovers(path, prefix string) error {
+	leftovers, err := filepath.Glob(filepath.Join(filepath.Dir(path), prefix+"*"))
 	if err != nil {
 		return fmt.Errorf("%w: %s", vault.ErrStorage, err.Error())
 	}
@@ -199,18 +171,72 @@ func checkRekeySource(tx *bbolt.Tx, sl *engine.Sealer) error {
 	return sl.CheckMaster(meta.Get(engine.MetaMasterCheck))
 }
 
-// rekeyCopy copies a database into dst, sealing every sealed value again.
-type rekeyCopy struct {
-	from, to *engine.Sealer
-	dst      *bbolt.DB
-	batch    int
-	hook     func(string)
-	stats    RekeyStats
+// dbCopy writes a copy of a database beside it, each value passed through
+// transform, and puts it in the database's place: what Rekey and Compact do.
+type dbCopy struct {
+	// transform returns the value to write for the entry k, v of bucket.
+	transform func(bucket, k, v []byte) ([]byte, error)
+	batch     int
+	hook      func(string)
+	dst       *bbolt.DB
+}
+
+// replace copies src into a temporary file beside path (whose name starts with
+// prefix; leftovers of a copy that died are removed first), syncs it, runs
+// check on it, and renames it over path. The caller holds src, the database at
+// path, open: its file lock keeps every other process out meanwhile. A
+// failure or a crash leaves path as it was, or replaced by the complete copy.
+func (c *dbCopy) replace(ctx context.Context, src *bbolt.DB, path, prefix string, openTimeout time.Duration, check func(*bbolt.Tx) error) error {
+	if err := removeLeftovers(path, prefix); err != nil {
+		return err
+	}
+	tmp, err := os.CreateTemp(filepath.Dir(path), prefix+"*")
+	if err != nil {
+		return fmt.Errorf("%w: create the copy: %s", vault.ErrStorage, err.Error())
+	}
+	tmpPath := tmp.Name()
+	_ = tmp.Close()
+	renamed := false
+	defer func() {
+		if !renamed {
+			_ = os.Remove(tmpPath)
+		}
+	}()
+	// The copy is synced once, at the end: it becomes the database only after.
+	c.dst, err = bbolt.Open(tmpPath, 0o600, &bbolt.Options{Timeout: openTimeout, NoSync: true})
+	if err != nil {
+		return translate(err)
+	}
+	err = src.View(func(stx *bbolt.Tx) error { return c.copyAll(ctx, stx) })
+	if cerr := ctx.Err(); err != nil && cerr != nil {
+		err = cerr // not a storage failure
+	} else {
+		err = translate(err)
+	}
+	if err == nil {
+		err = translate(c.dst.Sync())
+	}
+	if err == nil {
+		err = translate(c.dst.View(check))
+	}
+	if cerr := c.dst.Close(); err == nil {
+		err = translate(cerr)
+	}
+	if err != nil {
+		return err
+	}
+	c.hook("copied")
+	if err := os.Rename(tmpPath, path); err != nil {
+		return fmt.Errorf("%w: rename the copy into place: %s", vault.ErrStorage, err.Error())
+	}
+	renamed = true
+	c.hook("renamed")
+	return syncDirectory(filepath.Dir(path))
 }
 
 // copyAll copies every top-level bucket of stx, in transactions of at most c.batch
 // entries, with their sequences.
-func (c *rekeyCopy) copyAll(ctx context.Context, stx *bbolt.Tx) error {
+func (c *dbCopy) copyAll(ctx context.Context, stx *bbolt.Tx) error {
 	return stx.ForEach(func(name []byte, sb *bbolt.Bucket) error {
 		tx, err := c.dst.Begin(true)
 		if err != nil {
@@ -230,7 +256,7 @@ func (c *rekeyCopy) copyAll(ctx context.Context, stx *bbolt.Tx) error {
 				}
 				continue
 			}
-			out, err := c.reseal(name, k, v)
+			out, err := c.transform(name, k, v)
 			if err != nil {
 				return err
 			}
@@ -278,23 +304,4 @@ func copyBucket(sb, parent *bbolt.Bucket, name []byte) error {
 		}
 		return db.Put(k, v)
 	})
-}
-
-// reseal returns the value to write for the entry k of bucket: its sealed
-// value sealed again under the new key (engine.Reseal), counted.
-func (c *rekeyCopy) reseal(bucket, k, v []byte) ([]byte, error) {
-	b, ok := engine.BucketByName(string(bucket))
-	if !ok {
-		return v, nil // not keybrake's: copied as it is
-	}
-	out, kind, err := engine.Reseal(b, k, v, c.from, c.to)
-	switch kind {
-	case engine.ResealedUpstream:
-		c.stats.Upstreams++
-	case engine.ResealedResponse:
-		c.stats.Responses++
-	case engine.ResealedClaimResult:
-		c.stats.ClaimResults++
-	}
-	return out, err
 }

@@ -230,6 +230,13 @@ func (s *Store) Backup(ctx context.Context, w io.Writer) (int64, error) {
 	return 0, fmt.Errorf("backup: the PostgreSQL store is backed up with pg_dump: %w", errors.ErrUnsupported)
 }
 
+// Compact is not what this store does: PostgreSQL's autovacuum makes the space
+// of deleted rows reusable, and VACUUM FULL gives it back to the file system.
+// It returns errors.ErrUnsupported.
+func (s *Store) Compact(ctx context.Context) (vault.CompactResult, error) {
+	return vault.CompactResult{}, fmt.Errorf("compact: PostgreSQL's autovacuum reclaims the space of deleted rows (VACUUM FULL gives it back to the file system): %w", errors.ErrUnsupported)
+}
+
 // reapLock is the advisory lock key that keeps two replicas from reaping at
 // once ("keybrake" + 1).
 const reapLock = migrateLock + 1

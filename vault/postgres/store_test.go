@@ -84,7 +84,7 @@ func TestOpenErrors(t *testing.T) {
 }
 
 // TestBackupAndSize: keybrake does not copy a PostgreSQL store (pg_dump
-// does); its size is its tables'.
+// does), nor compact it (autovacuum does); its size is its tables'.
 func TestBackupAndSize(t *testing.T) {
 	ctx := context.Background()
 	s := mustOpenURL(t, pgtest.URL(t), vaulttest.Options{MasterKey: vaulttest.MasterKey, Now: vaulttest.NewClock(vaulttest.T0).Now})
@@ -92,6 +92,9 @@ func TestBackupAndSize(t *testing.T) {
 	_, err := s.Backup(ctx, &buf)
 	assert.ErrorIs(t, err, errors.ErrUnsupported)
 	assert.ErrorContains(t, err, "pg_dump")
+	_, err = s.Compact(ctx)
+	assert.ErrorIs(t, err, errors.ErrUnsupported)
+	assert.ErrorContains(t, err, "autovacuum")
 	before, err := s.Size(ctx)
 	require.NoError(t, err)
 	assert.Positive(t, before)
