@@ -3,7 +3,6 @@ package bolt
 import (
 	"context"
 	"fmt"
-	"runtime"
 	"time"
 
 	bbolt "go.etcd.io/bbolt"
@@ -78,52 +77,69 @@ func (s *backend) enqueue(ctx context.Context, op *batchOp) error {
 func (s *Store) commitLoop() {
 	defer close(s.loopDone)
 	batch := make([]*batchOp, 0, maxBatch)
-	prev := 0
+	var last batchStats
 	for op := range s.ops {
 		batch = append(batch[:0], op)
 		batch = drain(s.ops, batch)
-		if prev > 1 {
-			batch = linger(s.ops, batch)
-		}
-		s.runBatch(batch)
-		prev = len(batch)
+		batch = linger(s.ops, batch, last)
+		last = s.runBatch(batch)
 		clear(batch)
 	}
 }
 
-// Lingering: when the previous batch had several operations, the callers it just
-// answered are about to queue their next one. The committer waits for them while
-// they keep arriving (each within lingerQuiet of the last, lingerMax in all), so
-// concurrent callers share one batch instead of alternating between two half-size
-// ones. A lone caller never waits; the wait is short next to an fsync.
+// batchStats is what the committer remembers of its last batch.
+type batchStats struct {
+	// waiters counts its operations whose callers waited for the commit
+	// (Submit): answered, they are about to queue their next operation.
+	waiters int
+	// took is how long its transaction took, fsyncs included.
+	took time.Duration
+}
+
+// Lingering: when the previous batch answered several waiting callers, they
+// are about to queue their next operations. The committer waits for them, so
+// that concurrent callers share one batch instead of alternating between two
+// half-size ones — but boundedly and adaptively: only while operations keep
+// arriving (each within lingerQuiet of the last), until as many have come as
+// the last batch had waiting callers, and for at most a quarter of the last
+// commit's duration (lingerMax at most), so that the wait stays small next to
+// the commit it fills. A lone caller never waits, nor does a batch of queued
+// settles, whose callers wait for nothing.
 const (
 	lingerQuiet = 50 * time.Microsecond
 	lingerMax   = 500 * time.Microsecond
+	// lingerPoll is the sleep between two looks at the queue. The runtime's
+	// timers wake an idle process up to a millisecond late, longer than
+	// the wait itself, so the committer sleeps in the kernel instead, which
+	// wakes it within tens of microseconds and spends no CPU meanwhile.
+	lingerPoll = 20 * time.Microsecond
 )
 
-// linger collects operations while they keep arriving; see lingerQuiet. It polls
-// and yields rather than sleeping on a timer: a timer shorter than a millisecond
-// may fire a millisecond late on an idle process, longer than the commit it is
-// meant to fill.
-func linger(ops <-chan *batchOp, batch []*batchOp) []*batchOp {
+// linger collects operations for the batch; see lingerQuiet.
+func linger(ops <-chan *batchOp, batch []*batchOp, last batchStats) []*batchOp {
+	if last.waiters < 2 {
+		return batch
+	}
 	start := time.Now()
-	last := start
-	for len(batch) < maxBatch {
+	deadline := start.Add(min(lingerMax, last.took/4))
+	quietSince := start
+	for came := 0; len(batch) < maxBatch && came < last.waiters; {
 		select {
 		case next, ok := <-ops:
 			if !ok {
 				return batch
 			}
 			batch = append(batch, next)
-			last = time.Now()
+			came++
+			quietSince = time.Now()
 			continue
 		default:
 		}
 		now := time.Now()
-		if now.Sub(last) >= lingerQuiet || now.Sub(start) >= lingerMax {
+		if now.Sub(quietSince) >= lingerQuiet || !now.Before(deadline) {
 			return batch
 		}
-		runtime.Gosched()
+		sleepInKernel(lingerPoll)
 	}
 	return batch
 }
@@ -144,16 +160,24 @@ func drain(ops <-chan *batchOp, batch []*batchOp) []*batchOp {
 	return batch
 }
 
-func (s *Store) runBatch(batch []*batchOp) {
+// runBatch runs batch in one write transaction (see batchOp) and returns what
+// linger needs to know of it.
+func (s *Store) runBatch(batch []*batchOp) batchStats {
 	if gate := s.testGate.Load(); gate != nil {
 		(*gate)()
+	}
+	stats := batchStats{}
+	for _, op := range batch {
+		if op.after == nil {
+			stats.waiters++
+		}
 	}
 	db, release, err := s.useDB()
 	if err != nil {
 		for _, op := range batch {
 			op.finish(err)
 		}
-		return
+		return stats
 	}
 	defer release()
 	start := time.Now()
@@ -167,12 +191,13 @@ func (s *Store) runBatch(batch []*batchOp) {
 		}
 		return nil
 	})
+	stats.took = time.Since(start)
 	s.observeCommit(len(batch), start)
 	if err == nil || len(batch) == 1 {
 		for _, op := range batch {
 			op.finish(translate(err))
 		}
-		return
+		return stats
 	}
 	// Something failed and rolled the whole batch back: run each op alone so that
 	// only the op that fails sees the failure.
@@ -183,6 +208,7 @@ func (s *Store) runBatch(batch []*batchOp) {
 		s.observeCommit(1, start)
 		op.finish(translate(err))
 	}
+	return stats
 }
 
 // observeCommit counts one write transaction of the committer and reports it to
