@@ -47,6 +47,17 @@ func TestServeBannerPrintsTheDashboardAndASignInLink(t *testing.T) {
 	status, body := MustGet(t, strings.Split(match[1], "#")[0], "")
 	assert.Equal(t, http.StatusOK, status)
 	assert.Contains(t, string(body), `<script type="module" src="/ui/assets/`)
+	assert.Contains(t, banner, "Mint more tokens with: keybrake token --role admin --data-dir ")
+}
+
+// With the JWT secret in the environment, the banner's hint says that token needs
+// it there too: the data directory holds no jwt.secret to find.
+func TestServeBannerNamesTheJWTSecretsVariable(t *testing.T) {
+	fake := proxytest.NewFakeStripe(t, "sk_test_banner")
+	m := MustServe(t, t.TempDir(), fake.URL, env{envJWTSecret: "an-environment-jwt-secret-0123456789abcdef"})
+	banner := m.stderr.String()
+	assert.Contains(t, banner, "Mint more tokens with: keybrake token --role admin, with this server's KEYBRAKE_JWT_SECRET in its environment\n")
+	assert.NotContains(t, banner, "--data-dir")
 }
 
 // TestDashboardInABrowser drives the dashboard of a real `keybrake serve` with a
