@@ -71,6 +71,7 @@ type child struct {
 	logMu    sync.Mutex
 	log      strings.Builder
 	raceSeen atomic.Bool
+	admin    atomic.Pointer[string] // the admin listener's address, once logged
 }
 
 // startChild starts the binary and collects its stderr.
@@ -99,8 +100,10 @@ func startChild(tb testing.TB, bin string, args, environ []string) *child {
 			var rec struct {
 				Msg   string `json:"msg"`
 				Proxy string `json:"proxy"`
+				Admin string `json:"admin"`
 			}
 			if json.Unmarshal([]byte(line), &rec) == nil && rec.Msg == "keybrake serving" && rec.Proxy != "" {
+				c.admin.Store(&rec.Admin)
 				select {
 				case c.ready <- rec.Proxy:
 				default:
