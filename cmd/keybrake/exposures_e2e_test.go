@@ -39,15 +39,7 @@ func TestEndToEndRefreshExposureFromStripe(t *testing.T) {
 		_ = c.cmd.Process.Kill()
 		<-c.exited
 	})
-	var proxyURL string
-	select {
-	case addr := <-c.ready:
-		proxyURL = "http://" + addr
-	case <-c.exited:
-		require.FailNow(t, "keybrake exited during start", "%v; logs:\n%s", c.exitErr, c.logs())
-	case <-time.After(60 * time.Second):
-		require.FailNow(t, "keybrake did not start", "logs:\n%s", c.logs())
-	}
+	proxyURL := "http://" + c.waitReady(t)
 	admin := "http://" + *c.admin.Load() + "/api/v1"
 	token := strings.TrimSpace(MustRunCommand(t, env{envJWTSecret: jwtSecret}, "token", "--sub", "oncall@example.com"))
 	ctx := context.Background()
