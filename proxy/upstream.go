@@ -486,7 +486,9 @@ type lookupStatusError struct {
 }
 
 // Error implements error.
-func (e *lookupStatusError) Error() string { return fmt.Sprintf("lookup %s: status %d", e.path, e.status) }
+func (e *lookupStatusError) Error() string {
+	return fmt.Sprintf("lookup %s: status %d", e.path, e.status)
+}
 
 // lookupUnavailable is the refusal of a request whose amount lookup Stripe did
 // not answer (no answer, 429, 5xx): an upstream failure rather than an amount
