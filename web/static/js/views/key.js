@@ -131,9 +131,9 @@ export function mount(main, ctx) {
       const what = [];
       if (!isZero(r.committed)) what.push(`committed ${money(r.committed, x.currency)} (the money moved)`);
       if (!isZero(r.released)) what.push(`released ${money(r.released, x.currency)}`);
-      const text = r.changed
-        ? `Stripe's answer about ${x.object_id}: ${what.join(' and ')}. Its exposure is now ${money(r.after.exposure, x.currency)}.`
-        : `Stripe shows ${x.object_id} can still move money: nothing changed; its ${money(r.after.exposure, x.currency)} stay held.`;
+      let text = `Stripe shows ${x.object_id} can still move money: nothing changed; its ${money(r.after.exposure, x.currency)} stay held.`;
+      if (r.changed) text = `Stripe's answer about ${x.object_id}: ${what.join(' and ')}. Its exposure is now ${money(r.after.exposure, x.currency)}.`;
+      else if (isZero(r.after.exposure)) text = `${x.object_id} has no exposure left: nothing changed.`;
       replace(exposureNotice, message(r.changed ? 'success' : 'info', h('p', {class: 'exposure-result'}, text)));
       announce(text);
     } catch (err) {
