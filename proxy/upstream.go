@@ -473,9 +473,21 @@ func (p *Proxy) fetch(ctx context.Context, c *call, path string) ([]byte, error)
 		return nil, lookupUnavailable(c, fmt.Errorf("lookup %s: read: %w", path, err))
 	}
 	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("lookup %s: status %d", path, resp.StatusCode)
+		return nil, &lookupStatusError{path: path, status: resp.StatusCode}
 	}
 	return body, nil
+}
+
+// lookupStatusError is Stripe's answer to a lookup when it is neither 200 nor
+// one fetch turns into a refusal (401, 403, 429, 5xx): a 404, a 400.
+type lookupStatusError struct {
+	path   string
+	status int
+}
+
+// Error implements error.
+func (e *lookupStatusError) Error() string {
+	return fmt.Sprintf("lookup %s: status %d", e.path, e.status)
 }
 
 // lookupUnavailable is the refusal of a request whose amount lookup Stripe did

@@ -71,6 +71,7 @@ type child struct {
 	logMu    sync.Mutex
 	log      strings.Builder
 	raceSeen atomic.Bool
+	admin    atomic.Pointer[string] // the admin listener's address, once logged
 }
 
 // startChild starts the binary and collects its stderr.
@@ -99,8 +100,10 @@ func startChild(tb testing.TB, bin string, args, environ []string) *child {
 			var rec struct {
 				Msg   string `json:"msg"`
 				Proxy string `json:"proxy"`
+				Admin string `json:"admin"`
 			}
 			if json.Unmarshal([]byte(line), &rec) == nil && rec.Msg == "keybrake serving" && rec.Proxy != "" {
+				c.admin.Store(&rec.Admin)
 				select {
 				case c.ready <- rec.Proxy:
 				default:
@@ -111,6 +114,22 @@ func startChild(tb testing.TB, bin string, args, environ []string) *child {
 		close(c.exited)
 	}()
 	return c
+}
+
+// waitReady waits until the child logs that it serves and returns its proxy
+// listener's address; a child that exits first, or takes over a minute, fails
+// the test.
+func (c *child) waitReady(tb testing.TB) string {
+	tb.Helper()
+	select {
+	case addr := <-c.ready:
+		return addr
+	case <-c.exited:
+		require.FailNow(tb, "keybrake exited during start", "%v; logs:\n%s", c.exitErr, c.logs())
+	case <-time.After(60 * time.Second):
+		require.FailNow(tb, "keybrake did not start", "logs:\n%s", c.logs())
+	}
+	return ""
 }
 
 // logs returns what the child wrote to stderr.
@@ -213,15 +232,8 @@ func TestKill9UnderLoad(t *testing.T) {
 		if !waitReady {
 			return c
 		}
-		select {
-		case addr := <-c.ready:
-			u := "http://" + addr
-			proxyURL.Store(&u)
-		case <-c.exited:
-			require.FailNow(t, "keybrake exited during start", "%v; logs:\n%s", c.exitErr, c.logs())
-		case <-time.After(60 * time.Second):
-			require.FailNow(t, "keybrake did not start", "logs:\n%s", c.logs())
-		}
+		u := "http://" + c.waitReady(t)
+		proxyURL.Store(&u)
 		return c
 	}
 

@@ -140,6 +140,7 @@ func (m *Main) runServe(ctx context.Context) error {
 		JWTSecret: jwtSecret,
 		PublicURL: m.publicURL,
 		Metrics:   registry,
+		Stripe:    stripe,
 	})
 
 	m.proxySrv = m.newServer(proxyHandler, cfg.ProxyWriteTimeout(), m.proxyTLS)

@@ -162,6 +162,32 @@ var moneyKinds = map[string]moneyKind{
 	"invoiceitem": {moved: func(Object) (int64, bool) { return 0, false }, terminal: statusIn()},
 }
 
+// moneyIDs maps the prefix Stripe gives the ids of each kind of money object
+// to the kind (its "object" value) and the path that retrieves one.
+var moneyIDs = []struct{ prefix, kind, path string }{
+	{"pi_", "payment_intent", "/v1/payment_intents/"},
+	{"ch_", "charge", "/v1/charges/"},
+	{"py_", "charge", "/v1/charges/"}, // the charge of an account debit and of some payment methods
+	{"cs_", "checkout.session", "/v1/checkout/sessions/"},
+	{"in_", "invoice", "/v1/invoices/"},
+	{"ii_", "invoiceitem", "/v1/invoiceitems/"},
+}
+
+// MoneyObjectOf says which kind of money object id names, by the prefix of
+// Stripe's ids, and the path that retrieves it (a GET); ok is false for an id
+// of another kind or one that is not a plain id.
+func MoneyObjectOf(id string) (kind, path string, ok bool) {
+	if !IsID(id) {
+		return "", "", false
+	}
+	for _, m := range moneyIDs {
+		if strings.HasPrefix(id, m.prefix) {
+			return m.kind, m.path + id, true
+		}
+	}
+	return "", "", false
+}
+
 // MoneyObject is what one answer says about a money object.
 type MoneyObject struct {
 	ID string

@@ -76,3 +76,31 @@ func TestReadLookupFactors(t *testing.T) {
 		})
 	}
 }
+
+// Every kind of money object keybrake counts is told by its id and retrieved
+// where Stripe serves it; ids of other kinds, or that are not plain, are not.
+func TestMoneyObjectOf(t *testing.T) {
+	cases := map[string]struct{ kind, path string }{
+		"pi_3Nx":          {"payment_intent", "/v1/payment_intents/pi_3Nx"},
+		"ch_1":            {"charge", "/v1/charges/ch_1"},
+		"py_1":            {"charge", "/v1/charges/py_1"},
+		"cs_test_a1":      {"checkout.session", "/v1/checkout/sessions/cs_test_a1"},
+		"in_1":            {"invoice", "/v1/invoices/in_1"},
+		"ii_1":            {"invoiceitem", "/v1/invoiceitems/ii_1"},
+		"sub_1":           {},
+		"pi":              {},
+		"pi_1/../charges": {},
+		"pi_1?expand=x":   {},
+		"":                {},
+	}
+	for id, want := range cases {
+		kind, path, ok := MoneyObjectOf(id)
+		assert.Equal(t, want.kind != "", ok, id)
+		assert.Equal(t, want.kind, kind, id)
+		assert.Equal(t, want.path, path, id)
+		if ok {
+			_, known := moneyKinds[kind]
+			assert.True(t, known, "%s: a kind ReadMoneyObject reads", id)
+		}
+	}
+}
