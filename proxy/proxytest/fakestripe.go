@@ -204,7 +204,9 @@ type FakeStripe struct {
 	piByID     map[string]*PaymentIntent
 	invoices   []*Invoice
 	items      []*InvoiceItem
+	subs       map[string]*Subscription
 	moved      map[string]int64
+	version    string // the Stripe-Version of the request being executed
 }
 
 // NewFakeStripe starts a fake Stripe that accepts secret and stops it in tb.Cleanup.
@@ -220,6 +222,7 @@ func NewFakeStripe(tb testing.TB, secret string) *FakeStripe {
 		products:  map[string]map[string]any{},
 		accounts:  map[string]*Account{},
 		piByID:    map[string]*PaymentIntent{},
+		subs:      map[string]*Subscription{},
 		moved:     map[string]int64{},
 	}
 	f.idle = sync.NewCond(&f.mu)
@@ -571,6 +574,7 @@ func (f *FakeStripe) serve(w http.ResponseWriter, r *http.Request) {
 	}
 	if r.Method != http.MethodPost {
 		f.mu.Lock()
+		f.version = stripeVersion(r)
 		a := f.route(r.Method, path, req.Params, "")
 		f.mu.Unlock()
 		writeAnswer(w, a)
@@ -631,6 +635,7 @@ func (f *FakeStripe) serve(w http.ResponseWriter, r *http.Request) {
 		f.idem[idemKey] = entry
 	}
 	f.executing++
+	f.version = stripeVersion(r)
 	a := f.route(r.Method, path, req.Params, idemKey)
 	if a.status == http.StatusBadRequest && entry != nil {
 		// Stripe saves no result for a request that failed validation.

@@ -117,8 +117,11 @@ package stripeapi
 //   - checkout.sessions.update with line_items: amount unknown; otherwise no money.
 //   - subscriptions.create: one period of its items and add_invoice_items, priced
 //     like Checkout line items (see recurring.go); subscription changes that
-//     invoice at once are amount unknown, add_invoice_items are metered;
-//     subscription_schedules that set phases: amount unknown.
+//     invoice at once are amount unknown (always_invoice, billing_cycle_anchor=now,
+//     trial_end=now, a resume that does not keep billing_cycle_anchor=unchanged —
+//     now is its default —, an item moved to a new price, a new item), and
+//     add_invoice_items are metered; subscription_schedules that set phases, or
+//     a schedule cancelled with its default invoice_now: amount unknown.
 //   - payment_links.create: line items × restrictions[completed_sessions][limit]
 //     (stored prices must be one-time), amount unknown without a limit.
 //   - customers.update with a positive balance: the new total (NewTotal, Lookup
@@ -326,14 +329,14 @@ func buildCatalogue() []route {
 
 		// Subscriptions (money later: renewals are never seen by keybrake).
 		r("/v1/subscriptions", "subscriptions.create", DirectionIn, subscriptionCreate),
-		r("/v1/subscriptions/{id}", "subscriptions.update", DirectionIn, subscriptionChange),
-		r("/v1/subscriptions/{id}/resume", "subscriptions.resume", DirectionIn, subscriptionChange),
+		r("/v1/subscriptions/{id}", "subscriptions.update", DirectionIn, subscriptionUpdate),
+		r("/v1/subscriptions/{id}/resume", "subscriptions.resume", DirectionIn, subscriptionResume),
 		w("/v1/subscriptions/{id}/migrate", "subscriptions.migrate"),
-		r("/v1/subscription_items", "subscription_items.create", DirectionIn, subscriptionChange),
-		r("/v1/subscription_items/{id}", "subscription_items.update", DirectionIn, subscriptionChange),
+		r("/v1/subscription_items", "subscription_items.create", DirectionIn, subscriptionItemCreate),
+		r("/v1/subscription_items/{id}", "subscription_items.update", DirectionIn, subscriptionItemUpdate),
 		r("/v1/subscription_schedules", "subscription_schedules.create", DirectionIn, scheduleWrite),
 		r("/v1/subscription_schedules/{id}", "subscription_schedules.update", DirectionIn, scheduleWrite),
-		w("/v1/subscription_schedules/{id}/cancel", "subscription_schedules.cancel"),
+		r("/v1/subscription_schedules/{id}/cancel", "subscription_schedules.cancel", DirectionIn, scheduleCancel),
 		w("/v1/subscription_schedules/{id}/release", "subscription_schedules.release"),
 
 		// SetupIntents.

@@ -72,6 +72,78 @@ func subscriptionChange(r *catRequest, c *Classification) error {
 	return nil
 }
 
+// newPriceWhy is why a new price on an existing subscription cannot be metered.
+const newPriceWhy = "a new price on an existing subscription starts a new billing period and charges it at once when " +
+	"its billing interval differs (or the old price was free), by an amount keybrake cannot bound before Stripe answers"
+
+// subscriptionUpdate: subscriptions.update is a subscriptionChange, and an
+// item moved to a new price (items[i][price], [price_data], the legacy [plan])
+// is refused: whether Stripe starts and charges a new billing period at once
+// depends on the prices' intervals, which the request does not show.
+func subscriptionUpdate(r *catRequest, c *Classification) error {
+	for _, k := range r.params.Keys("items") {
+		if hasNewPrice(r.params, "items["+k+"]") {
+			unknownBecause(c, newPriceWhy)
+			return nil
+		}
+	}
+	return subscriptionChange(r, c)
+}
+
+// subscriptionItemUpdate: subscription_items.update, refused like
+// subscriptionUpdate when it moves the item to a new price.
+func subscriptionItemUpdate(r *catRequest, c *Classification) error {
+	if hasNewPrice(r.params, "") {
+		unknownBecause(c, newPriceWhy)
+		return nil
+	}
+	return subscriptionChange(r, c)
+}
+
+// subscriptionItemCreate: a new item on an existing subscription is a new price
+// on it (see newPriceWhy): refused.
+func subscriptionItemCreate(_ *catRequest, c *Classification) error {
+	unknownBecause(c, newPriceWhy)
+	return nil
+}
+
+// hasNewPrice reports whether the item under prefix ("" or "items[0]") names a
+// price.
+func hasNewPrice(p *Params, prefix string) bool {
+	for _, f := range []string{"price", "price_data", "plan"} {
+		if hasValue(p, nested(prefix, f)) {
+			return true
+		}
+	}
+	return false
+}
+
+// subscriptionResume: subscriptions.resume defaults to billing_cycle_anchor=now,
+// which starts a new billing period and charges it at once; only a resume on the
+// old cycle (billing_cycle_anchor=unchanged), whose prorations wait for the next
+// renewal, is a subscriptionChange.
+func subscriptionResume(r *catRequest, c *Classification) error {
+	if !isValue(r.params, "billing_cycle_anchor", "unchanged") {
+		unknownBecause(c, "resuming starts a new billing period and charges it at once (billing_cycle_anchor defaults to now); "+
+			"resume with billing_cycle_anchor=unchanged")
+		return nil
+	}
+	return subscriptionChange(r, c)
+}
+
+// scheduleCancel: cancelling a subscription schedule generates, by default
+// (invoice_now), a final invoice of the subscription's pending prorations and
+// usage, which Stripe charges by itself: refused unless invoice_now=false.
+func scheduleCancel(r *catRequest, c *Classification) error {
+	if !isValue(r.params, "invoice_now", "false") {
+		unknownBecause(c, "cancelling a subscription schedule invoices its pending prorations and usage at once "+
+			"(invoice_now defaults to true); cancel with invoice_now=false")
+		return nil
+	}
+	c.MovesMoney = false
+	return nil
+}
+
 // scheduleWrite: a subscription schedule bills its phases on dates keybrake never
 // sees, starting at once when a phase starts now: refused when it sets phases;
 // other changes (metadata, end behavior) move no money.
