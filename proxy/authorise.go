@@ -29,7 +29,15 @@ func (p *Proxy) authorise(c *call) error {
 	if d.WouldRefuse {
 		c.decision, c.reason = decisionWouldRefuse, string(d.Reason)
 	}
-	return checkAccounts(pol, stripeapi.Accounts(c.account, c.stripeContext, c.path, c.cls.Operation, c.params))
+	if err := checkAccounts(pol, stripeapi.Accounts(c.account, c.stripeContext, c.path, c.cls.Operation, c.params)); err != nil {
+		return err
+	}
+	// A default Stripe changed between API versions: read as classified only
+	// under a version that has the new one (never relaxed, like amount_unknown).
+	if v := c.cls.MinVersion; v != "" && !stripeapi.VersionAtLeast(c.stripeVersion, v) {
+		return refuse(CodeAmountUnknown, "This %s request cannot be metered: %s.", c.cls.Operation, c.cls.Unknown)
+	}
+	return nil
 }
 
 // checkAccounts refuses the first touched account the policy does not allow.

@@ -1,6 +1,7 @@
 package proxy_test
 
 import (
+	"fmt"
 	"net/http"
 	"testing"
 
@@ -71,5 +72,79 @@ func TestSubscriptionPriceChangeChargesAtOnce(t *testing.T) {
 
 	// A quantity change waits for the next renewal (prorations), as before.
 	r := e.Post(t, "/v1/subscriptions/"+sub, tok, "qty", form("items[0][id]", item, "items[0][quantity]", "2"))
+	require.Equal(t, http.StatusOK, r.Status, "%s", r.Raw)
+}
+
+// Hole: invoices.create refused pending_invoice_items_behavior=include only.
+// Stripe also takes include_and_require, and makes it the default when the
+// parameter is absent under API versions before 2022-08-01 (a Stripe-Version
+// header, or the account's default version when none is sent). With
+// auto_advance, Stripe then collects the drawn-in items by itself: a merchant's
+// 500.00 pending item was charged past a 50.00 cap. A revision (from_invoice)
+// copies another invoice's lines the same way.
+func TestInvoiceCreateCannotDrawInUnmeteredLines(t *testing.T) {
+	e := MustEnv(t)
+	tok, _ := e.MustKey(t, Policy("50.00", everything))
+	cus := e.Fake.AddCustomer("usd")
+	e.Fake.AddPendingItem("usd", cus, 50000)
+	old := e.Fake.AddInvoice("usd", cus, 50000)
+	n := 0
+	create := func(version string, kv ...string) reply {
+		n++
+		h := http.Header{"Content-Type": {"application/x-www-form-urlencoded"}, "Idempotency-Key": {fmt.Sprint("inv-", n)}}
+		if version != "" {
+			h.Set("Stripe-Version", version)
+		}
+		return e.MustSend(t, http.MethodPost, "/v1/invoices", tok, h,
+			form(append([]string{"customer", cus, "currency", "usd", "auto_advance", "true"}, kv...)...).Encode())
+	}
+
+	refusedUnknown(t, create("2026-08-26.dahlia", "pending_invoice_items_behavior", "include_and_require"), "pending invoice items")
+	refusedUnknown(t, create("2020-08-27"), "pending_invoice_items_behavior=exclude")
+	refusedUnknown(t, create(""), "without a Stripe-Version")
+	refusedUnknown(t, create("2026-08-26.dahlia", "subscription", "sub_1"), "pending invoice items")
+	refusedUnknown(t, create("2026-08-26.dahlia", "from_invoice[action]", "revision", "from_invoice[invoice]", old), "revision")
+	assert.Zero(t, e.Fake.TotalMoved("usd"))
+
+	// What the SDKs send (their pinned, recent version), or an explicit exclude
+	// under any version, creates an empty invoice.
+	for _, r := range []reply{create("2026-08-26.dahlia"), create("2020-08-27", "pending_invoice_items_behavior", "exclude")} {
+		require.Equal(t, http.StatusOK, r.Status, "%s", r.Raw)
+		assert.EqualValues(t, 0, r.Body["amount_due"])
+	}
+	assert.Zero(t, e.Fake.TotalMoved("usd"))
+}
+
+// Hole: invoices.update with auto_advance=true (or automatically_finalizes_at)
+// hands a draft invoice to Stripe's automatic collection: Stripe finalises and
+// charges it without another request. It was classified as moving no money, so
+// a merchant's 400.00 draft was collected past a 50.00 cap. It is metered like
+// invoices.finalize now; shipping_cost, which adds to what an invoice collects
+// without a line, and a change of its discounts are refused.
+func TestInvoiceAutoAdvanceIsMetered(t *testing.T) {
+	e := MustEnv(t)
+	tok, key := e.MustKey(t, Policy("50.00", everything))
+	big := e.Fake.AddDraftInvoice("usd", "cus_1", 40000)
+	r := e.Post(t, "/v1/invoices/"+big, tok, "adv-big", form("auto_advance", "true"))
+	AssertRefusal(t, r, http.StatusPaymentRequired, "spend_cap_exceeded")
+	r = e.Post(t, "/v1/invoices/"+big, tok, "fin-big", form("automatically_finalizes_at", "1900000000"))
+	AssertRefusal(t, r, http.StatusPaymentRequired, "spend_cap_exceeded")
+	assert.Zero(t, e.Fake.TotalMoved("usd"), "the draft was not collected")
+
+	small := e.Fake.AddDraftInvoice("usd", "cus_1", 3000)
+	refusedUnknown(t, e.Post(t, "/v1/invoices/"+small, tok, "ship",
+		form("shipping_cost[shipping_rate_data][display_name]", "Post", "shipping_cost[shipping_rate_data][type]", "fixed_amount",
+			"shipping_cost[shipping_rate_data][fixed_amount][amount]", "90000",
+			"shipping_cost[shipping_rate_data][fixed_amount][currency]", "usd")), "shipping")
+	refusedUnknown(t, e.Post(t, "/v1/invoices/"+small, tok, "disc", form("discounts", "")), "discounts")
+	r = e.Post(t, "/v1/invoices/"+small, tok, "adv-small", form("auto_advance", "true"))
+	require.Equal(t, http.StatusOK, r.Status, "%s", r.Raw)
+	c, h := usage(t, e, key.ID)
+	assert.EqualValues(t, 3000, c+h, "what Stripe collects by itself is counted")
+	assert.EqualValues(t, 3000, e.Fake.TotalMoved("usd"))
+
+	// A plain update (a description) moves nothing and needs no idempotency key.
+	r = e.MustSend(t, http.MethodPost, "/v1/invoices/"+big, tok,
+		http.Header{"Content-Type": {"application/x-www-form-urlencoded"}}, "description=hello")
 	require.Equal(t, http.StatusOK, r.Status, "%s", r.Raw)
 }

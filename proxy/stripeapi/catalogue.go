@@ -99,7 +99,13 @@ package stripeapi
 //     pending item nothing; a line changing one factor of unit × quantity, or
 //     carrying tax: amount unknown. Lookup of the invoice for its currency.
 //   - invoices.create / invoices.update: no money, but automatic tax, default tax
-//     rates and pending_invoice_items_behavior=include are amount unknown.
+//     rates, shipping_cost, drawing in lines no request metered (pending items:
+//     any pending_invoice_items_behavior but exclude, or none under a
+//     Stripe-Version before 2022-08-01 — MinVersion —, a subscription's; a
+//     revision's from_invoice) and a change of an invoice's discounts are amount
+//     unknown; invoices.update with auto_advance=true or
+//     automatically_finalizes_at hands the invoice to Stripe's own collection
+//     and is metered like invoices.finalize.
 //   - checkout.sessions.create: mode payment (or no mode): the sum over
 //     line_items[i] of price_data[unit_amount] (or an integral
 //     price_data[unit_amount_decimal]) × quantity (default 1), or a stored price ×
