@@ -116,6 +116,10 @@ func (ip itemPricing) replaced() (amount int64, price *PriceRef, ok bool) {
 	return 0, nil, false
 }
 
+// discountsWhy is why a change of discounts on an invoice, an invoice item or a
+// line cannot be metered.
+const discountsWhy = "changing discounts can raise what an invoice collects, by an amount keybrake cannot bound"
+
 // taxWhy is why an invoice item or line with tax cannot be metered.
 const taxWhy = "tax rates and tax amounts make Stripe collect more than the line says, by an amount keybrake cannot bound"
 
@@ -164,6 +168,10 @@ func invoiceItemUpdate(r *catRequest, c *Classification) error {
 	ip, err := readItemPricing(r.params, "")
 	if err != nil {
 		return err
+	}
+	if r.params.Has("discounts") {
+		unknownBecause(c, discountsWhy)
+		return nil
 	}
 	if !ip.present && !ip.taxed {
 		c.MovesMoney = false
@@ -237,6 +245,10 @@ func invoiceLines(add bool, single bool) moneyFunc {
 					return formErr("line currencies differ (%q, %q)", cur, ip.currency)
 				}
 				cur = ip.currency
+			}
+			if !add && p.Has(nested(pre, "discounts")) {
+				unknownBecause(c, discountsWhy)
+				return nil
 			}
 			if !ip.present && !ip.taxed {
 				continue // a description, a period, or a pending item attached as it is
@@ -318,7 +330,7 @@ func invoiceSettings(r *catRequest, c *Classification) error {
 				"it draws in the customer's pending invoice items; send pending_invoice_items_behavior=exclude"
 		}
 	case p.Has("discounts"):
-		unknownBecause(c, "changing an invoice's discounts can raise what it collects, by an amount keybrake cannot bound")
+		unknownBecause(c, discountsWhy)
 	case isTrue(p, "auto_advance") || hasValue(p, "automatically_finalizes_at"):
 		// Stripe finalises and collects the invoice by itself from now on.
 		c.Target = r.ids[0]
