@@ -102,9 +102,8 @@ package stripeapi
 //     rates, shipping_cost, drawing in lines no request metered (pending items:
 //     any pending_invoice_items_behavior but exclude, or none under a
 //     Stripe-Version before 2022-08-01 — MinVersion —, a subscription's; a
-//     revision's from_invoice) and a change of discounts (on invoices, items and
-//     lines) are amount
-//     unknown; invoices.update with auto_advance=true or
+//     revision's from_invoice) and a change of discounts (on invoices, items
+//     and lines) are amount unknown; invoices.update with auto_advance=true or
 //     automatically_finalizes_at hands the invoice to Stripe's own collection
 //     and is metered like invoices.finalize.
 //   - checkout.sessions.create: mode payment (or no mode): the sum over
