@@ -148,3 +148,39 @@ func TestInvoiceAutoAdvanceIsMetered(t *testing.T) {
 		http.Header{"Content-Type": {"application/x-www-form-urlencoded"}}, "description=hello")
 	require.Equal(t, http.StatusOK, r.Status, "%s", r.Raw)
 }
+
+// Hole: a Payment Link's optional_items (which each paying customer may add to
+// the line items) were not part of its metered amount, and payment_links.update
+// could add optional items or shipping options to a link already counted: a
+// link limited to one payment and metered at 10.00 collected 510.00.
+func TestPaymentLinkExtrasAreNotUnmetered(t *testing.T) {
+	e := MustEnv(t)
+	tok, key := e.MustKey(t, Policy("50.00", everything))
+	cheap, dear := e.Fake.AddPrice(1000, "usd"), e.Fake.AddPrice(50000, "usd")
+	link := form("line_items[0][price]", cheap, "line_items[0][quantity]", "1", "restrictions[completed_sessions][limit]", "1")
+	withOptional := form()
+	for k, v := range link {
+		withOptional[k] = v
+	}
+	withOptional.Set("optional_items[0][price]", dear)
+	withOptional.Set("optional_items[0][quantity]", "1")
+	refusedUnknown(t, e.Post(t, "/v1/payment_links", tok, "link-opt", withOptional), "optional items")
+
+	r := e.Post(t, "/v1/payment_links", tok, "link", link)
+	require.Equal(t, http.StatusOK, r.Status, "%s", r.Raw)
+	id := r.Body["id"].(string)
+	refusedUnknown(t, e.Post(t, "/v1/payment_links/"+id, tok, "upd-opt",
+		form("optional_items[0][price]", dear, "optional_items[0][quantity]", "1")), "optional items")
+	refusedUnknown(t, e.Post(t, "/v1/payment_links/"+id, tok, "upd-ship",
+		form("shipping_options[0][shipping_rate_data][display_name]", "Post",
+			"shipping_options[0][shipping_rate_data][type]", "fixed_amount",
+			"shipping_options[0][shipping_rate_data][fixed_amount][amount]", "50000",
+			"shipping_options[0][shipping_rate_data][fixed_amount][currency]", "usd")), "shipping")
+	c, _ := usage(t, e, key.ID)
+	assert.EqualValues(t, 1000, c)
+	assert.EqualValues(t, 1000, e.Fake.TotalMoved("usd"))
+
+	// Deactivating it moves nothing.
+	r = e.Post(t, "/v1/payment_links/"+id, tok, "off", form("active", "false"))
+	require.Equal(t, http.StatusOK, r.Status, "%s", r.Raw)
+}

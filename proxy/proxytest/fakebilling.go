@@ -222,6 +222,8 @@ func (f *FakeStripe) routeBilling(method, res string, rest []string, p url.Value
 			"amount": amount, "currency": cur, "customer": rest[0]}), true
 	case res == "payment_links" && len(rest) == 0 && method == http.MethodPost:
 		return f.createPaymentLink(p), true
+	case res == "payment_links" && len(rest) == 1 && method == http.MethodPost:
+		return f.updatePaymentLink(rest[0], p), true
 	}
 	return answer{}, false
 }

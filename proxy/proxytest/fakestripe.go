@@ -141,6 +141,8 @@ type PaymentLink struct {
 	Price    string
 	Quantity int64
 	URL      string
+	Currency string
+	Limit    int64 // restrictions[completed_sessions][limit]; at least 1
 }
 
 // Refund is a refund the fake created.
@@ -1350,7 +1352,12 @@ func (f *FakeStripe) createPaymentLink(p url.Values) answer {
 		cur = c
 		total += unit * qty
 	}
-	f.moved[cur] += max(1, limit) * total
+	extra, bad := f.linkExtrasLocked(p)
+	if bad != nil {
+		return *bad
+	}
+	l.Currency, l.Limit = cur, max(1, limit)
+	f.moved[cur] += l.Limit * (total + extra)
 	f.seq++
 	l.ID = fmt.Sprintf("plink_fake%06d", f.seq)
 	l.URL = "https://buy.stripe.com/test_" + l.ID
@@ -1361,6 +1368,44 @@ func (f *FakeStripe) createPaymentLink(p url.Values) answer {
 	}
 	return okJSON(map[string]any{"id": l.ID, "object": "payment_link", "url": l.URL, "active": true, "currency": cur,
 		"after_completion": after, "livemode": false, "metadata": map[string]any{}})
+}
+
+// linkExtrasLocked is what a customer paying a Payment Link may add to its line
+// items: every optional item (optional_items[i], a stored price × quantity) and
+// the dearest shipping option (shipping_options[i][shipping_rate_data]).
+func (f *FakeStripe) linkExtrasLocked(p url.Values) (int64, *answer) {
+	var extra, shipping int64
+	for _, pre := range indexed(p, "optional_items") {
+		pr, ok := f.prices[p.Get(pre+"[price]")]
+		if !ok {
+			a := paramErr(pre+"[price]", "No such price: '"+p.Get(pre+"[price]")+"'")
+			return 0, &a
+		}
+		qty, _ := strconv.ParseInt(p.Get(pre+"[quantity]"), 10, 64)
+		extra += pr["unit_amount"].(int64) * max(1, qty)
+	}
+	for _, pre := range indexed(p, "shipping_options") {
+		n, _ := strconv.ParseInt(p.Get(pre+"[shipping_rate_data][fixed_amount][amount]"), 10, 64)
+		shipping = max(shipping, n)
+	}
+	return extra + shipping, nil
+}
+
+// updatePaymentLink applies what an update adds to what the link can collect
+// (see linkExtrasLocked) for every payment it still allows.
+func (f *FakeStripe) updatePaymentLink(id string, p url.Values) answer {
+	i := slices.IndexFunc(f.links, func(l *PaymentLink) bool { return l.ID == id })
+	if i < 0 {
+		return notFound("No such payment link: '" + id + "'")
+	}
+	l := f.links[i]
+	extra, bad := f.linkExtrasLocked(p)
+	if bad != nil {
+		return *bad
+	}
+	f.moved[l.Currency] += l.Limit * extra
+	return okJSON(map[string]any{"id": l.ID, "object": "payment_link", "url": l.URL, "active": p.Get("active") != "false",
+		"currency": l.Currency, "livemode": false, "metadata": map[string]any{}})
 }
 
 func chargeJSON(c *Charge) map[string]any {

@@ -129,7 +129,9 @@ package stripeapi
 //     add_invoice_items are metered; subscription_schedules that set phases, or
 //     a schedule cancelled with its default invoice_now: amount unknown.
 //   - payment_links.create: line items × restrictions[completed_sessions][limit]
-//     (stored prices must be one-time), amount unknown without a limit.
+//     (stored prices must be one-time), amount unknown without a limit, or with
+//     what a customer may add (optional items, shipping options); an update
+//     that changes what the link sells or what may be added: amount unknown.
 //   - customers.update with a positive balance: the new total (NewTotal, Lookup
 //     "balance", a credit counting as 0); customers.create with one: amount
 //     unknown; customers.create_balance_transaction with a positive amount: that

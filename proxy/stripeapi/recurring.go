@@ -162,7 +162,7 @@ func scheduleWrite(r *catRequest, c *Classification) error {
 // whether or not it is ever paid. Without a limit it can be paid any number of
 // times, by anyone with the link, without a request keybrake could see: refused.
 // Refused too: adjustable quantities, tax, recurring prices (subscription_data),
-// and shipping (a stored shipping rate).
+// shipping options, and optional items (each customer may add them).
 func paymentLinkCreate(r *catRequest, c *Classification) error {
 	p := r.params
 	limit, hasLimit, err := minorParam(p, "restrictions[completed_sessions][limit]")
@@ -178,8 +178,8 @@ func paymentLinkCreate(r *catRequest, c *Classification) error {
 	case !hasLimit || limit == 0:
 		unknownBecause(c, "a Payment Link can be paid any number of times; set restrictions[completed_sessions][limit] to bound it")
 		return nil
-	case isTrue(p, "automatic_tax[enabled]") || p.Has("shipping_options") || p.Has("subscription_data"):
-		unknownBecause(c, "tax, shipping rates and subscriptions make a Payment Link collect more than its line items")
+	case isTrue(p, "automatic_tax[enabled]") || p.Has("shipping_options") || p.Has("subscription_data") || p.Has("optional_items"):
+		unknownBecause(c, linkExtrasWhy)
 		return nil
 	case !p.Has("line_items") || !lines.known:
 		unknownBecause(c, "every line item needs a per-unit price (a stored price or price_data), a fixed whole quantity, and no tax rates")
@@ -199,13 +199,21 @@ func paymentLinkCreate(r *catRequest, c *Classification) error {
 	return nil
 }
 
-// paymentLinkUpdate: changing what a Payment Link sells or how often it can be
+// linkExtrasWhy is why a Payment Link with more than fixed line items cannot be
+// metered.
+const linkExtrasWhy = "tax, shipping options, optional items (which each customer may add) and subscriptions " +
+	"make a Payment Link collect more than its line items"
+
+// paymentLinkUpdate: changing what a Payment Link sells (its line items,
+// optional items, shipping options, tax, a subscription) or how often it can be
 // paid changes what it can collect: refused; deactivating it, or changing its
 // texts, moves no money.
 func paymentLinkUpdate(r *catRequest, c *Classification) error {
 	p := r.params
-	if p.Has("line_items") || p.Has("restrictions") || p.Has("automatic_tax") || p.Has("subscription_data") {
-		unknownBecause(c, "changing what a Payment Link sells, or how often it can be paid, changes what it collects")
+	if p.Has("line_items") || p.Has("restrictions") || p.Has("automatic_tax") || p.Has("subscription_data") ||
+		p.Has("optional_items") || p.Has("shipping_options") {
+		unknownBecause(c, "changing what a Payment Link sells, what a customer may add to it, or how often it can be paid, "+
+			"changes what it collects; "+linkExtrasWhy)
 		return nil
 	}
 	c.MovesMoney = false
