@@ -184,3 +184,36 @@ func TestPaymentLinkExtrasAreNotUnmetered(t *testing.T) {
 	r = e.Post(t, "/v1/payment_links/"+id, tok, "off", form("active", "false"))
 	require.Equal(t, http.StatusOK, r.Status, "%s", r.Raw)
 }
+
+// Hole: a Checkout Session created with after_expiration[recovery][enabled]
+// gets, once it expires, a recovery URL that creates a new session — a copy of
+// it — which the customer can still pay, without any request keybrake sees.
+// keybrake released the session's exposure when it saw it expire, so the key
+// could open another session's worth on top.
+func TestCheckoutSessionRecoveryIsRefused(t *testing.T) {
+	e := MustEnv(t)
+	tok, key := e.MustKey(t, Policy("50.00", everything))
+	session := func(idem string, kv ...string) reply {
+		return e.Post(t, "/v1/checkout/sessions", tok, idem, form(append([]string{"mode", "payment",
+			"success_url", "https://example.test/ok", "line_items[0][quantity]", "1",
+			"line_items[0][price_data][currency]", "usd", "line_items[0][price_data][unit_amount]", "4000",
+			"line_items[0][price_data][product_data][name]", "Order 42"}, kv...)...))
+	}
+	r := session("cs-recover", "after_expiration[recovery][enabled]", "true")
+	if r.Status == http.StatusOK {
+		// The attack, had it been let through: expire the session, which freed its
+		// exposure, while its recovery URL can still be paid.
+		e.Post(t, "/v1/checkout/sessions/"+r.Body["id"].(string)+"/expire", tok, "exp-recover", nil)
+	}
+	refusedUnknown(t, r, "recovery")
+
+	// Without recovery, an expired session frees its exposure for good.
+	r = session("cs-1")
+	require.Equal(t, http.StatusOK, r.Status, "%s", r.Raw)
+	r = e.Post(t, "/v1/checkout/sessions/"+r.Body["id"].(string)+"/expire", tok, "exp-1", nil)
+	require.Equal(t, http.StatusOK, r.Status, "%s", r.Raw)
+	r = session("cs-2")
+	require.Equal(t, http.StatusOK, r.Status, "%s", r.Raw)
+	_, h := usage(t, e, key.ID)
+	assert.EqualValues(t, 4000, h)
+}

@@ -272,3 +272,95 @@ func signedParam(p url.Values, name string) (int64, *answer) {
 	}
 	return n, nil
 }
+
+// CheckoutSession is a Checkout Session (mode payment) the fake keeps: a
+// customer may pay amount_total later, in a browser, without an API request.
+type CheckoutSession struct {
+	ID       string
+	Amount   int64
+	Currency string
+	Status   string // open, expired
+	// Recovery: after_expiration[recovery][enabled]. Once the session expires,
+	// its recovery URL creates a new session, a copy of it, that the customer
+	// can still pay.
+	Recovery bool
+}
+
+// createCheckoutSession creates a payment-mode session of its line items
+// (price_data or a stored price, × quantity). TotalMoved counts it at once: a
+// customer may pay it without another request.
+func (f *FakeStripe) createCheckoutSession(p url.Values) answer {
+	lines := indexed(p, "line_items")
+	if len(lines) == 0 {
+		return paramErr("line_items", "Missing required param: line_items.")
+	}
+	f.seq++
+	cs := &CheckoutSession{ID: fmt.Sprintf("cs_fake%06d", f.seq), Status: "open",
+		Recovery: p.Get("after_expiration[recovery][enabled]") == "true"}
+	for _, pre := range lines {
+		unit, qty, bad := linePrice(p, pre, 0, 1)
+		if bad != nil {
+			return *bad
+		}
+		cur := p.Get(pre + "[price_data][currency]")
+		if id := p.Get(pre + "[price]"); id != "" {
+			pr, ok := f.prices[id]
+			if !ok {
+				return paramErr(pre+"[price]", "No such price: '"+id+"'")
+			}
+			unit, cur = pr["unit_amount"].(int64), pr["currency"].(string)
+		}
+		cs.Amount += unit * qty
+		cs.Currency = cur
+	}
+	f.moved[cs.Currency] += cs.Amount
+	f.sessions = append(f.sessions, cs)
+	return okJSON(f.sessionJSON(cs))
+}
+
+// routeCheckout executes the Checkout Session routes; ok is false for other
+// paths. f.mu is held.
+func (f *FakeStripe) routeCheckout(method string, rest []string, p url.Values) (answer, bool) {
+	if len(rest) == 0 || rest[0] != "sessions" {
+		return answer{}, false
+	}
+	if len(rest) == 1 && method == http.MethodPost {
+		return f.createCheckoutSession(p), true
+	}
+	if len(rest) < 2 {
+		return answer{}, false
+	}
+	i := slices.IndexFunc(f.sessions, func(cs *CheckoutSession) bool { return cs.ID == rest[1] })
+	if i < 0 {
+		return notFound("No such checkout.session: '" + rest[1] + "'"), true
+	}
+	cs := f.sessions[i]
+	switch {
+	case len(rest) == 2 && method == http.MethodGet:
+		return okJSON(f.sessionJSON(cs)), true
+	case len(rest) == 3 && rest[2] == "expire" && method == http.MethodPost:
+		if cs.Status != "open" {
+			return paramErr("session", "Only an open session can be expired."), true
+		}
+		cs.Status = "expired"
+		if !cs.Recovery {
+			f.moved[cs.Currency] -= cs.Amount // it can never be paid now
+		}
+		return okJSON(f.sessionJSON(cs)), true
+	}
+	return answer{}, false
+}
+
+func (f *FakeStripe) sessionJSON(cs *CheckoutSession) map[string]any {
+	m := map[string]any{"id": cs.ID, "object": "checkout.session", "mode": "payment", "status": cs.Status,
+		"payment_status": "unpaid", "amount_total": cs.Amount, "currency": cs.Currency, "livemode": false,
+		"url": "https://checkout.stripe.com/c/pay/" + cs.ID, "after_expiration": nil}
+	if cs.Recovery {
+		rec := map[string]any{"enabled": true, "allow_promotion_codes": false, "url": nil, "expires_at": nil}
+		if cs.Status == "expired" {
+			rec["url"] = "https://buy.stripe.com/r/live_" + cs.ID
+		}
+		m["after_expiration"] = map[string]any{"recovery": rec}
+	}
+	return m
+}

@@ -207,6 +207,7 @@ type FakeStripe struct {
 	invoices   []*Invoice
 	items      []*InvoiceItem
 	subs       map[string]*Subscription
+	sessions   []*CheckoutSession
 	moved      map[string]int64
 	version    string // the Stripe-Version of the request being executed
 }
@@ -864,6 +865,11 @@ func (f *FakeStripe) route(method, path string, p url.Values, idemKey string) an
 	}
 	if a, ok := f.routeBilling(method, res, rest, p); ok {
 		return a
+	}
+	if res == "checkout" {
+		if a, ok := f.routeCheckout(method, rest, p); ok {
+			return a
+		}
 	}
 	switch {
 	case res == "charges" && len(rest) == 0 && method == http.MethodPost:

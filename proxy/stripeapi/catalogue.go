@@ -117,9 +117,10 @@ package stripeapi
 //     shipping option is a stored rate, when there are no line items, and for
 //     mode=subscription or any subscription_data (renewals happen without any
 //     request keybrake sees, so the first period is not the exposure; older API
-//     versions subscribe without a mode). Currencies that differ between line
-//     items, shipping and the "currency" parameter are malformed. mode=setup
-//     without line items moves no money.
+//     versions subscribe without a mode), and with after_expiration[recovery]
+//     (an expired session's recovery URL creates a payable copy of it).
+//     Currencies that differ between line items, shipping and the "currency"
+//     parameter are malformed. mode=setup without line items moves no money.
 //   - checkout.sessions.update with line_items: amount unknown; otherwise no money.
 //   - subscriptions.create: one period of its items and add_invoice_items, priced
 //     like Checkout line items (see recurring.go); subscription changes that
@@ -1010,6 +1011,10 @@ func checkoutSessionCreate(r *catRequest, c *Classification) error {
 	lines, err := requestLines(p, "line_items")
 	if err != nil {
 		return err
+	}
+	if isTrue(p, "after_expiration[recovery][enabled]") {
+		unknownBecause(c, "once it expires, its recovery URL creates a copy of it that the customer can pay, which keybrake never sees")
+		return nil
 	}
 	known = known && lines.known
 	cur := lines.currency
