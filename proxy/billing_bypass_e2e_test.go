@@ -217,3 +217,39 @@ func TestCheckoutSessionRecoveryIsRefused(t *testing.T) {
 	_, h := usage(t, e, key.ID)
 	assert.EqualValues(t, 4000, h)
 }
+
+// Hole: a stored price can carry amounts in other currencies
+// (currency_options), and Checkout and Payment Links charge a customer the
+// amount of their local currency when the request does not fix the currency.
+// keybrake read only the price's own unit_amount (Stripe leaves
+// currency_options out unless expanded), so a link metered at 1.00 usd could
+// collect ¥9,000,000 from a customer in Japan.
+func TestMultiCurrencyPricesNeedAFixedCurrency(t *testing.T) {
+	e := MustEnv(t)
+	tok, key := e.MustKey(t, Policy("50.00", everything))
+	price := e.Fake.AddMultiCurrencyPrice(100, "usd", map[string]int64{"jpy": 9_000_000})
+	link := form("line_items[0][price]", price, "line_items[0][quantity]", "1", "restrictions[completed_sessions][limit]", "1")
+	session := form("mode", "payment", "success_url", "https://example.test/ok", "line_items[0][price]", price,
+		"line_items[0][quantity]", "1")
+
+	refusedUnknown(t, e.Post(t, "/v1/payment_links", tok, "link", link), "currency_options")
+	refusedUnknown(t, e.Post(t, "/v1/checkout/sessions", tok, "cs", session), "currency_options")
+	assert.Zero(t, e.Fake.TotalMoved("jpy"), "nothing can be paid in another currency")
+
+	// Fixing the currency to the policy's charges the price's own amount.
+	link.Set("currency", "usd")
+	session.Set("currency", "usd")
+	for idem, r := range map[string]reply{"link-usd": e.Post(t, "/v1/payment_links", tok, "link-usd", link),
+		"cs-usd": e.Post(t, "/v1/checkout/sessions", tok, "cs-usd", session)} {
+		require.Equal(t, http.StatusOK, r.Status, "%s: %s", idem, r.Raw)
+	}
+	c, h := usage(t, e, key.ID)
+	assert.EqualValues(t, 200, c+h)
+	assert.Zero(t, e.Fake.TotalMoved("jpy"))
+
+	// A price sold in one currency needs nothing more.
+	plain := e.Fake.AddPrice(100, "usd")
+	r := e.Post(t, "/v1/payment_links", tok, "link-plain", form("line_items[0][price]", plain, "line_items[0][quantity]", "1",
+		"restrictions[completed_sessions][limit]", "1"))
+	require.Equal(t, http.StatusOK, r.Status, "%s", r.Raw)
+}

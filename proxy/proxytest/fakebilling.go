@@ -130,7 +130,7 @@ func (f *FakeStripe) updateSubscription(sub *Subscription, p url.Values) answer 
 func (f *FakeStripe) subscriptionJSON(sub *Subscription) map[string]any {
 	items := make([]any, 0, len(sub.Items))
 	for _, it := range sub.Items {
-		items = append(items, map[string]any{"id": it.ID, "object": "subscription_item", "price": f.prices[it.Price],
+		items = append(items, map[string]any{"id": it.ID, "object": "subscription_item", "price": priceJSON(f.prices[it.Price], false),
 			"quantity": it.Quantity})
 	}
 	return map[string]any{"id": sub.ID, "object": "subscription", "status": sub.Status, "currency": sub.Currency,
@@ -309,6 +309,7 @@ func (f *FakeStripe) createCheckoutSession(p url.Values) answer {
 				return paramErr(pre+"[price]", "No such price: '"+id+"'")
 			}
 			unit, cur = pr["unit_amount"].(int64), pr["currency"].(string)
+			f.localCurrencyLocked(p, id, qty)
 		}
 		cs.Amount += unit * qty
 		cs.Currency = cur

@@ -946,7 +946,7 @@ func (f *FakeStripe) route(method, path string, p url.Values, idemKey string) an
 		return f.createPrice(p)
 	case res == "prices" && len(rest) == 1 && method == http.MethodGet:
 		if pr, ok := f.prices[rest[0]]; ok {
-			return okJSON(pr)
+			return okJSON(priceJSON(pr, slices.Contains(p["expand[]"], "currency_options")))
 		}
 		return notFound("No such price: '" + rest[0] + "'")
 	case res == "accounts" && len(rest) == 1 && method == http.MethodGet:
@@ -1322,7 +1322,7 @@ func (f *FakeStripe) createPrice(p url.Values) answer {
 	if bad != nil {
 		return *bad
 	}
-	return okJSON(f.prices[f.newPriceLocked(amount, cur, product, nil)])
+	return okJSON(priceJSON(f.prices[f.newPriceLocked(amount, cur, product, nil)], false))
 }
 
 // createPaymentLink creates a link for its line items (a stored price, or
@@ -1351,6 +1351,7 @@ func (f *FakeStripe) createPaymentLink(p url.Values) answer {
 				return paramErr(pre+"[price]", "No such price: '"+id+"'")
 			}
 			unit, c = pr["unit_amount"].(int64), pr["currency"].(string)
+			f.localCurrencyLocked(p, id, qty*max(1, limit))
 		}
 		if i == 0 {
 			l.Price, l.Quantity = p.Get(pre+"[price]"), qty
@@ -1412,6 +1413,51 @@ func (f *FakeStripe) updatePaymentLink(id string, p url.Values) answer {
 	f.moved[l.Currency] += l.Limit * extra
 	return okJSON(map[string]any{"id": l.ID, "object": "payment_link", "url": l.URL, "active": p.Get("active") != "false",
 		"currency": l.Currency, "livemode": false, "metadata": map[string]any{}})
+}
+
+// priceJSON is a stored price as Stripe answers it: its currency_options (its
+// amount in each currency it is sold in, its own included) only when expanded.
+func priceJSON(pr map[string]any, expandOptions bool) map[string]any {
+	out := map[string]any{}
+	for k, v := range pr {
+		if k != "options" {
+			out[k] = v
+		}
+	}
+	if expandOptions {
+		opts := map[string]any{pr["currency"].(string): map[string]any{"unit_amount": pr["unit_amount"], "tax_behavior": "unspecified"}}
+		others, _ := pr["options"].(map[string]int64)
+		for cur, unit := range others {
+			opts[cur] = map[string]any{"unit_amount": unit, "tax_behavior": "unspecified"}
+		}
+		out["currency_options"] = opts
+	}
+	return out
+}
+
+// AddMultiCurrencyPrice creates a one-time price of unitAmount in currency that
+// is also sold in other currencies (currency_options: currency → unit amount),
+// and returns its id. Checkout and Payment Links charge a customer the amount of
+// their local currency when the request does not fix the currency.
+func (f *FakeStripe) AddMultiCurrencyPrice(unitAmount int64, currency string, options map[string]int64) string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	id := f.newPriceLocked(unitAmount, currency, "", nil)
+	f.prices[id]["options"] = options
+	return id
+}
+
+// localCurrencyLocked counts what a stored price sold in other currencies
+// (AddMultiCurrencyPrice) can collect in each of them, times n, when the
+// request left the currency to the customer's location.
+func (f *FakeStripe) localCurrencyLocked(p url.Values, price string, n int64) {
+	options, _ := f.prices[price]["options"].(map[string]int64)
+	if p.Get("currency") != "" {
+		return
+	}
+	for cur, unit := range options {
+		f.moved[cur] += unit * n
+	}
 }
 
 func chargeJSON(c *Charge) map[string]any {

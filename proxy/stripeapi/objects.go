@@ -273,13 +273,25 @@ type Price struct {
 	Unit      int64  // unit_amount, in minor units of Currency
 	Currency  string // one Stripe supports
 	Recurring bool   // a recurring price: it starts a subscription
+	// MultiCurrency: the price has amounts in other currencies too
+	// (currency_options), which Stripe charges instead of Unit when the payment
+	// is in one of them — a customer's local currency when the request does not
+	// fix the currency.
+	MultiCurrency bool
 }
 
-// ReadPrice reads a stored price (GET /v1/prices/{id}) keybrake can bound:
-// charged per unit (not tiered), licensed (not metered by usage), with an
-// integer unit_amount (not a custom amount the customer chooses, nor a
-// fractional unit_amount_decimal), in a currency Stripe supports. Ignoring
-// transform_quantity can only overcount (it divides).
+// PriceExpand is what a price lookup must expand (GET
+// /v1/prices/{id}?expand[]=currency_options) for ReadPrice to see a
+// multi-currency price: Stripe leaves currency_options out otherwise.
+const PriceExpand = "currency_options"
+
+// ReadPrice reads a stored price (GET /v1/prices/{id}, with PriceExpand)
+// keybrake can bound: charged per unit (not tiered), licensed (not metered by
+// usage), with an integer unit_amount (not a custom amount the customer
+// chooses, nor a fractional unit_amount_decimal), in a currency Stripe supports.
+// Ignoring transform_quantity can only overcount (it divides). A price read
+// without its currency_options is refused: whether Stripe may charge another
+// currency's amount would be unknown.
 func ReadPrice(body []byte) (Price, error) {
 	o := DecodeObject(body)
 	switch {
@@ -298,5 +310,13 @@ func ReadPrice(body []byte) (Price, error) {
 	if _, ok := policy.Exponent(cur); !ok {
 		return Price{}, fmt.Errorf("currency %q not supported", Clip(cur))
 	}
-	return Price{Unit: unit, Currency: cur, Recurring: o.Get("type") == "recurring"}, nil
+	options := o.Object("currency_options")
+	if options == nil {
+		return Price{}, errors.New("the price's currency_options could not be read")
+	}
+	pr := Price{Unit: unit, Currency: cur, Recurring: o.Get("type") == "recurring"}
+	for c := range options {
+		pr.MultiCurrency = pr.MultiCurrency || c != cur
+	}
+	return pr, nil
 }
