@@ -22,6 +22,13 @@ func (p *Proxy) authorise(c *call) error {
 	if c.cls.MovesMoney && c.method != http.MethodPost {
 		return malformed(nil, "A %s request that moves money cannot be metered.", c.method)
 	}
+	if field, ok := stripeapi.RevealedSecret(c.params); ok {
+		// A card number or an account number spends money outside any request
+		// keybrake sees, whatever the policy allows: never forwarded.
+		return reasonRefusal(policy.Decision{Reason: policy.ReasonOperationNotAllowed, Message: fmt.Sprintf(
+			"keybrake does not forward requests that reveal card numbers, CVCs, account numbers or stored secrets (expand %s).",
+			stripeapi.Clip(field))}, "")
+	}
 	d := policy.Decide(pol, nil, c.policyRequest(0, ""), p.now())
 	if !d.Allowed {
 		return reasonRefusal(d, "")

@@ -7,6 +7,9 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/keybrake/keybrake/policy"
+	"github.com/keybrake/keybrake/proxy/proxytest"
 )
 
 // Holes found by the second adversarial review: requests that make Stripe
@@ -252,4 +255,33 @@ func TestMultiCurrencyPricesNeedAFixedCurrency(t *testing.T) {
 	r := e.Post(t, "/v1/payment_links", tok, "link-plain", form("line_items[0][price]", plain, "line_items[0][quantity]", "1",
 		"restrictions[completed_sessions][limit]", "1"))
 	require.Equal(t, http.StatusOK, r.Status, "%s", r.Raw)
+}
+
+// Hole: every read is allowed by default (and by "*.read"), and a read can
+// expand secrets that spend money outside any request keybrake meters: an
+// Issuing card's full number and CVC (GET /v1/issuing/cards/{id} with
+// expand[]=number), a Treasury account number, a Stripe Apps secret's payload.
+// A vault key capped at 50.00 could read a card and spend with it freely. Such
+// expansions are refused whatever the policy says; the plain read passes.
+func TestReadsDoNotRevealSpendableSecrets(t *testing.T) {
+	e := MustEnv(t)
+	tok, _ := e.MustKey(t, Policy("50.00", func(p *policy.Policy) { p.Operations = nil }))
+	card := e.Fake.AddIssuingCard()
+	for _, target := range []string{
+		"/v1/issuing/cards/" + card + "?expand[]=number",
+		"/v1/issuing/cards/" + card + "?expand[0]=cvc",
+		"/v1/issuing/cards/" + card + "?expand%5B%5D=pin.number",
+		"/v1/issuing/cards?expand[]=data.number",
+		"/v1/treasury/financial_accounts/fa_1?expand[]=financial_addresses.aba.account_number",
+		"/v1/apps/secrets/find?name=k&scope[type]=account&expand[]=payload",
+	} {
+		r := e.MustSend(t, http.MethodGet, target, tok, nil, "")
+		AssertRefusal(t, r, http.StatusForbidden, "operation_not_allowed")
+		assert.NotContains(t, string(r.Raw), proxytest.IssuingCardNumber)
+	}
+	assert.Zero(t, e.Fake.Count(), "none reached Stripe")
+
+	r := e.MustSend(t, http.MethodGet, "/v1/issuing/cards/"+card+"?expand[]=cardholder", tok, nil, "")
+	require.Equal(t, http.StatusOK, r.Status, "%s", r.Raw)
+	assert.Equal(t, "0001", r.Body["last4"])
 }

@@ -207,6 +207,7 @@ type FakeStripe struct {
 	invoices   []*Invoice
 	items      []*InvoiceItem
 	subs       map[string]*Subscription
+	cards      map[string]bool // Issuing cards (virtual)
 	sessions   []*CheckoutSession
 	moved      map[string]int64
 	version    string // the Stripe-Version of the request being executed
@@ -226,6 +227,7 @@ func NewFakeStripe(tb testing.TB, secret string) *FakeStripe {
 		accounts:  map[string]*Account{},
 		piByID:    map[string]*PaymentIntent{},
 		subs:      map[string]*Subscription{},
+		cards:     map[string]bool{},
 		moved:     map[string]int64{},
 	}
 	f.idle = sync.NewCond(&f.mu)
@@ -866,6 +868,9 @@ func (f *FakeStripe) route(method, path string, p url.Values, idemKey string) an
 	if a, ok := f.routeBilling(method, res, rest, p); ok {
 		return a
 	}
+	if res == "issuing" && len(rest) == 2 && rest[0] == "cards" && method == http.MethodGet {
+		return f.issuingCard(rest[1], p["expand[]"])
+	}
 	if res == "checkout" {
 		if a, ok := f.routeCheckout(method, rest, p); ok {
 			return a
@@ -1458,6 +1463,37 @@ func (f *FakeStripe) localCurrencyLocked(p url.Values, price string, n int64) {
 	for cur, unit := range options {
 		f.moved[cur] += unit * n
 	}
+}
+
+// IssuingCardNumber is the full number of every virtual card AddIssuingCard
+// creates: whoever reads it can spend with the card, outside the API.
+const IssuingCardNumber = "4000009990000001"
+
+// AddIssuingCard creates a virtual Issuing card and returns its id.
+func (f *FakeStripe) AddIssuingCard() string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.seq++
+	id := fmt.Sprintf("ic_fake%06d", f.seq)
+	f.cards[id] = true
+	return id
+}
+
+// issuingCard answers GET /v1/issuing/cards/{id}: as Stripe documents, the full
+// number and the CVC of a virtual card only when expanded.
+func (f *FakeStripe) issuingCard(id string, expand []string) answer {
+	if !f.cards[id] {
+		return notFound("No such issuing card: '" + id + "'")
+	}
+	c := map[string]any{"id": id, "object": "issuing.card", "type": "virtual", "status": "active", "last4": "0001",
+		"currency": "usd", "livemode": false}
+	if slices.Contains(expand, "number") {
+		c["number"] = IssuingCardNumber
+	}
+	if slices.Contains(expand, "cvc") {
+		c["cvc"] = "123"
+	}
+	return okJSON(c)
 }
 
 func chargeJSON(c *Charge) map[string]any {
