@@ -3,6 +3,7 @@ package proxy
 import (
 	"fmt"
 	"net/http"
+	"strings"
 
 	"github.com/keybrake/keybrake/policy"
 	"github.com/keybrake/keybrake/proxy/stripeapi"
@@ -66,8 +67,10 @@ func checkAccounts(pol *policy.Policy, accounts []stripeapi.AccountRef) error {
 // policyRequest is the policy.Request of this call for amount in currency.
 func (c *call) policyRequest(amount int64, currency string) policy.Request {
 	customer := c.cls.Customer
-	if customer == "" && c.method == http.MethodGet && c.params != nil {
-		// A list filtered by customer (GET /v1/charges?customer=cus_…) touches it.
+	if customer == "" && c.method == http.MethodGet && c.params != nil && c.cls.ObjectID == "" && !strings.HasSuffix(c.path, "/search") {
+		// A list filtered by customer (GET /v1/charges?customer=cus_…) touches it;
+		// a customer parameter on a read of one object, or on a search (whose
+		// query selects), proves nothing.
 		customer, _ = c.params.Get("customer")
 	}
 	return policy.Request{

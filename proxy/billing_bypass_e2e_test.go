@@ -285,3 +285,34 @@ func TestReadsDoNotRevealSpendableSecrets(t *testing.T) {
 	require.Equal(t, http.StatusOK, r.Status, "%s", r.Raw)
 	assert.Equal(t, "0001", r.Body["last4"])
 }
+
+// Hole: with a customers list, a request on an existing object (a PaymentIntent
+// update, a refund of a charge, a read of one object) passed when it carried a
+// customer parameter naming a listed customer — which says nothing about whose
+// object it acts on, and on payment_intents.update hands the object over to
+// that customer. A key for cus_A took cus_B's PaymentIntent and refunded
+// cus_B's charge.
+func TestCustomerParameterDoesNotProveWhoseObject(t *testing.T) {
+	e := MustEnv(t)
+	tok, _ := e.MustKey(t, Policy("99.00", everything, func(p *policy.Policy) { p.Customers = []string{"cus_A"} }))
+	piB := e.Fake.AddPaymentIntent(1000, "usd", "cus_B")
+	chB := e.Fake.AddCharge(5000, "usd", "cus_B", true)
+
+	r := e.Post(t, "/v1/payment_intents/"+piB, tok, "take", form("customer", "cus_A", "description", "mine now"))
+	AssertRefusal(t, r, http.StatusForbidden, "customer_not_allowed")
+	r = e.Post(t, "/v1/refunds", tok, "refund", form("charge", chB, "customer", "cus_A", "amount", "1000"))
+	AssertRefusal(t, r, http.StatusForbidden, "customer_not_allowed")
+	r = e.MustSend(t, http.MethodGet, "/v1/payment_intents/"+piB+"?customer=cus_A", tok, nil, "")
+	AssertRefusal(t, r, http.StatusForbidden, "customer_not_allowed")
+	assert.Zero(t, e.Fake.Count(), "none reached Stripe")
+	pi, _ := e.Fake.PaymentIntent(piB)
+	assert.Equal(t, "cus_B", pi.Customer)
+	assert.Empty(t, e.Fake.Refunds())
+
+	// What the customer list is for still works: a payment for cus_A, and a list
+	// filtered by it.
+	r = e.Post(t, "/v1/payment_intents", tok, "pay", form("amount", "2000", "currency", "usd", "customer", "cus_A"))
+	require.Equal(t, http.StatusOK, r.Status, "%s", r.Raw)
+	r = e.MustSend(t, http.MethodGet, "/v1/payment_intents?customer=cus_A", tok, nil, "")
+	require.Equal(t, http.StatusOK, r.Status, "%s", r.Raw)
+}

@@ -150,7 +150,10 @@ package stripeapi
 //
 // Customer: the "customer" parameter, else "customer_account" (v2 Accounts as
 // customers), else the id of a /v1/customers/{id}/… path. Both parameters at once
-// are malformed, so a policy's customer list cannot be sidestepped.
+// are malformed, so a policy's customer list cannot be sidestepped. The
+// parameters are not taken from a request on an existing object other than a
+// customer (a path id; a refund of a charge or PaymentIntent): they do not show
+// whose object it is (see namesCustomer).
 //
 // Ids taken from parameters into a lookup path (charge, payment_intent, price) must
 // be plain ids ([A-Za-z0-9_-], at most 255 bytes), else malformed. A "_method"
@@ -448,10 +451,12 @@ func classify(method, path string, params *Params) (Classification, error) {
 	if resource == "customers" && len(ids) > 0 {
 		c.Customer = ids[0]
 	}
-	if v, ok := params.Get("customer"); ok {
-		c.Customer = v
-	} else if v, ok := params.Get("customer_account"); ok {
-		c.Customer = v
+	if namesCustomer(resource, ids, rt) {
+		if v, ok := params.Get("customer"); ok {
+			c.Customer = v
+		} else if v, ok := params.Get("customer_account"); ok {
+			c.Customer = v
+		}
 	}
 	switch method {
 	case "GET":
@@ -497,6 +502,18 @@ func classify(method, path string, params *Params) (Classification, error) {
 		c.Direction, c.Target, c.Creates = DirectionNone, "", false
 	}
 	return c, nil
+}
+
+// namesCustomer reports whether a request's customer (or customer_account)
+// parameter says which customer it touches. On a request that acts on an
+// existing object other than a customer (an update, a capture: a path id) the
+// object's customer is at Stripe, and the parameter proves nothing — on some
+// endpoints (payment_intents.update, charges.update) it even hands the object to
+// that customer —, so a policy's customer list refuses the request. Attaching a
+// payment method is the exception: the parameter is where it goes, and Stripe
+// refuses a method attached to another customer.
+func namesCustomer(resource string, ids []string, rt *route) bool {
+	return len(ids) == 0 || resource == "customers" || (rt != nil && rt.op == "payment_methods.attach")
 }
 
 // checkPath validates a raw request path and returns its segments ("v1", …).
@@ -902,8 +919,9 @@ func refundCreate(r *catRequest, c *Classification) error {
 		lk = &Lookup{Path: "/v1/payment_intents/" + pi, Field: "amount_received"}
 	}
 	if lk != nil {
-		// A refund moves money in the charge's currency, whatever the request says.
-		cur = ""
+		// A refund moves money in the charge's currency, whatever the request says,
+		// and to the charge's customer, whatever customer it names.
+		cur, c.Customer = "", ""
 	}
 	settle(c, amt, ok, cur, lk)
 	return nil
