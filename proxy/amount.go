@@ -134,7 +134,9 @@ func (p *Proxy) lookUpAmount(ctx context.Context, c *call) error {
 		}
 		return refuse(CodeAmountUnknown, "The amount of this %s request cannot be known before it reaches Stripe.", cls.Operation)
 	}
-	res, err := p.lookup(ctx, c, *cls.Lookup)
+	l := *cls.Lookup
+	l.Accounts = stripeapi.LookupAccounts(cls, c.params)
+	res, err := p.lookup(ctx, c, l)
 	var rf *refusal
 	if errors.As(err, &rf) {
 		return rf // Stripe refused keybrake's secret or gave no answer: not the amount's fault
@@ -145,7 +147,13 @@ func (p *Proxy) lookUpAmount(ctx context.Context, c *call) error {
 		return rf
 	}
 	c.looked = &res
-	return nil
+	// The connected accounts the object moves this money to or from are touched
+	// like accounts the request names.
+	refs := make([]stripeapi.AccountRef, len(res.Accounts))
+	for i, a := range res.Accounts {
+		refs[i] = stripeapi.AccountRef{ID: a, Where: "the object at " + stripeapi.Clip(l.Path)}
+	}
+	return checkAccounts(&c.key.Policy, refs)
 }
 
 // lookedInOtherCurrency reports whether the request names a currency and the

@@ -316,3 +316,37 @@ func TestCustomerParameterDoesNotProveWhoseObject(t *testing.T) {
 	r = e.MustSend(t, http.MethodGet, "/v1/payment_intents?customer=cus_A", tok, nil, "")
 	require.Equal(t, http.StatusOK, r.Status, "%s", r.Raw)
 }
+
+// Hole: a request can move money to or from a connected account without naming
+// it: a transfer reversal takes money back from the transfer's destination, a
+// capture of a destination charge transfers to its destination, and a refund
+// with reverse_transfer=true debits it. A key without stripe_accounts — which
+// "can neither send money to a connected account nor take money from one" —
+// did all three. The account is read from the object keybrake looks up anyway.
+func TestUnnamedConnectedAccountsAreChecked(t *testing.T) {
+	e := MustEnv(t)
+	tok, key := e.MustKey(t, Policy("99.00", everything, func(p *policy.Policy) { p.StripeAccounts = []string{"acct_ok"} }))
+	other, ok := e.Fake.AddTransfer(5000, "usd", "acct_other"), e.Fake.AddTransfer(5000, "usd", "acct_ok")
+	destination := e.Fake.AddDestinationCharge(3000, "usd", "acct_other", false)
+
+	r := e.Post(t, "/v1/transfers/"+other+"/reversals", tok, "rev", form("amount", "1000"))
+	AssertRefusal(t, r, http.StatusForbidden, "account_not_allowed")
+	assert.Contains(t, r.ErrMessage(), "acct_other")
+	r = e.Post(t, "/v1/charges/"+destination+"/capture", tok, "cap", nil)
+	AssertRefusal(t, r, http.StatusForbidden, "account_not_allowed")
+	assert.Zero(t, postsTo(e, "/v1/transfers/"+other+"/reversals")+postsTo(e, "/v1/charges/"+destination+"/capture"))
+
+	// A listed account passes.
+	r = e.Post(t, "/v1/transfers/"+ok+"/reversals", tok, "rev-ok", form("amount", "1000"))
+	require.Equal(t, http.StatusOK, r.Status, "%s", r.Raw)
+
+	// A refund of a destination charge comes out of the platform's balance;
+	// reverse_transfer takes it from the connected account.
+	captured := e.Fake.AddDestinationCharge(3000, "usd", "acct_other", true)
+	r = e.Post(t, "/v1/refunds", tok, "refund-rev", form("charge", captured, "amount", "500", "reverse_transfer", "true"))
+	AssertRefusal(t, r, http.StatusForbidden, "account_not_allowed")
+	r = e.Post(t, "/v1/refunds", tok, "refund", form("charge", captured, "amount", "500"))
+	require.Equal(t, http.StatusOK, r.Status, "%s", r.Raw)
+	c, _ := usage(t, e, key.ID)
+	assert.EqualValues(t, 1500, c, "the reversal from acct_ok and the plain refund")
+}

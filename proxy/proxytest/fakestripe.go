@@ -109,6 +109,18 @@ type Charge struct {
 	// Source is the connected account an account debit (source=acct_…) took the
 	// money from; "" for a charge of a card or token.
 	Source string
+	// Destination is the connected account a destination charge transfers to
+	// (transfer_data[destination]) when it is captured.
+	Destination string
+}
+
+// Transfer is a transfer to a connected account (AddTransfer).
+type Transfer struct {
+	ID          string
+	Amount      int64
+	Reversed    int64 // taken back from the account by reversals
+	Currency    string
+	Destination string
 }
 
 // Account is a connected account of the fake's platform (AddConnectedAccount).
@@ -208,6 +220,7 @@ type FakeStripe struct {
 	items      []*InvoiceItem
 	subs       map[string]*Subscription
 	cards      map[string]bool // Issuing cards (virtual)
+	transfers  []*Transfer
 	sessions   []*CheckoutSession
 	moved      map[string]int64
 	version    string // the Stripe-Version of the request being executed
@@ -868,6 +881,11 @@ func (f *FakeStripe) route(method, path string, p url.Values, idemKey string) an
 	if a, ok := f.routeBilling(method, res, rest, p); ok {
 		return a
 	}
+	if res == "transfers" && len(rest) >= 1 {
+		if a, ok := f.routeTransfer(method, rest, p); ok {
+			return a
+		}
+	}
 	if res == "issuing" && len(rest) == 2 && rest[0] == "cards" && method == http.MethodGet {
 		return f.issuingCard(rest[1], p["expand[]"])
 	}
@@ -1465,6 +1483,62 @@ func (f *FakeStripe) localCurrencyLocked(p url.Values, price string, n int64) {
 	}
 }
 
+// AddTransfer creates, as if outside keybrake, a transfer of amount to the
+// connected account destination, and returns its id.
+func (f *FakeStripe) AddTransfer(amount int64, currency, destination string) string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.seq++
+	t := &Transfer{ID: fmt.Sprintf("tr_fake%06d", f.seq), Amount: amount, Currency: currency, Destination: destination}
+	f.transfers = append(f.transfers, t)
+	return t.ID
+}
+
+// AddDestinationCharge creates, as if outside keybrake, a destination charge
+// whose capture transfers amount to the connected account destination
+// (captured already, or awaiting capture), and returns its id.
+func (f *FakeStripe) AddDestinationCharge(amount int64, currency, destination string, captured bool) string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	c := f.newChargeLocked(amount, currency, "", captured, "", "")
+	c.Foreign, c.Destination = true, destination
+	return c.ID
+}
+
+// routeTransfer answers GET /v1/transfers/{id} and creates reversals (POST
+// /v1/transfers/{id}/reversals), which take money back from the connected
+// account; ok is false for other paths. f.mu is held.
+func (f *FakeStripe) routeTransfer(method string, rest []string, p url.Values) (answer, bool) {
+	i := slices.IndexFunc(f.transfers, func(t *Transfer) bool { return t.ID == rest[0] })
+	if i < 0 {
+		return notFound("No such transfer: '" + rest[0] + "'"), true
+	}
+	t := f.transfers[i]
+	switch {
+	case len(rest) == 1 && method == http.MethodGet:
+	case len(rest) == 2 && rest[1] == "reversals" && method == http.MethodPost:
+		amount, ok, bad := amountParam(p, "amount", false)
+		if bad != nil {
+			return *bad, true
+		}
+		if !ok {
+			amount = t.Amount - t.Reversed
+		}
+		if amount > t.Amount-t.Reversed {
+			return paramErr("amount", "Reversal amount is greater than the transfer's unreversed amount."), true
+		}
+		t.Reversed += amount
+		f.moved[t.Currency] += amount
+		f.seq++
+		return okJSON(map[string]any{"id": fmt.Sprintf("trr_fake%06d", f.seq), "object": "transfer_reversal",
+			"amount": amount, "currency": t.Currency, "transfer": t.ID}), true
+	default:
+		return answer{}, false
+	}
+	return okJSON(map[string]any{"id": t.ID, "object": "transfer", "amount": t.Amount, "amount_reversed": t.Reversed,
+		"currency": t.Currency, "destination": t.Destination, "livemode": false}), true
+}
+
 // IssuingCardNumber is the full number of every virtual card AddIssuingCard
 // creates: whoever reads it can spend with the card, outside the API.
 const IssuingCardNumber = "4000009990000001"
@@ -1502,6 +1576,10 @@ func chargeJSON(c *Charge) map[string]any {
 		"status": "succeeded", "livemode": false, "metadata": map[string]any{}}
 	m["customer"] = nullable(c.Customer)
 	m["payment_intent"] = nullable(c.PaymentIntent)
+	m["transfer_data"] = nil
+	if c.Destination != "" {
+		m["transfer_data"] = map[string]any{"destination": c.Destination, "amount": nil}
+	}
 	if c.Source != "" {
 		m["source"] = map[string]any{"id": c.Source, "object": "account"}
 		m["payment_method_details"] = map[string]any{"type": "stripe_account", "stripe_account": map[string]any{}}

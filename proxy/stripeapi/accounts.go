@@ -91,6 +91,36 @@ func accountParamName(key string) (string, bool) {
 	return "", false
 }
 
+// LookupAccounts names the fields of the object cls.Lookup reads that name a
+// connected account the request moves money to or from without naming it in the
+// request: a transfer's destination (a reversal takes money back from it), an
+// application fee's account (a fee refund pays it), and the destination and
+// on_behalf_of of a charge, a PaymentIntent or an invoice that the request
+// captures, confirms, raises or pays (the transfer to the account follows). A
+// refund of a charge or a PaymentIntent comes out of the platform's balance,
+// unless it reverses the transfer or refunds the application fee
+// (reverse_transfer, refund_application_fee).
+func LookupAccounts(cls Classification, params *Params) []string {
+	if cls.Lookup == nil {
+		return nil
+	}
+	if cls.Operation == "refunds.create" && !isTrue(params, "reverse_transfer") && !isTrue(params, "refund_application_fee") {
+		return nil
+	}
+	res, _, _ := strings.Cut(strings.TrimPrefix(cls.Lookup.Path, "/v1/"), "/")
+	switch res {
+	case "transfers":
+		return []string{"destination"}
+	case "application_fees":
+		return []string{"account"}
+	case "charges":
+		return []string{"transfer_data.destination", "destination", "on_behalf_of"}
+	case "payment_intents", "invoices":
+		return []string{"transfer_data.destination", "on_behalf_of"}
+	}
+	return nil
+}
+
 // secretFields are the fields whose expansion makes Stripe reveal a secret that
 // spends money outside any request keybrake meters: an Issuing card's number,
 // CVC and PIN (pin.number), a Treasury financial account's account number, a

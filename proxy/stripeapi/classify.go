@@ -52,6 +52,11 @@ type Lookup struct {
 	// Signed: Field may be negative (a customer's credit balance), and then
 	// counts as 0.
 	Signed bool
+	// Accounts are fields of the object (dots for nesting) that name a connected
+	// account the request moves money to or from without naming it; ReadLookup
+	// reads them, and the pipeline checks each like an account the request names.
+	// The catalogue leaves them out: see LookupAccounts.
+	Accounts []string
 }
 
 // PriceRef is a stored price a request uses: its unit_amount × Quantity is part of

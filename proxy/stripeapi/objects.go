@@ -222,6 +222,9 @@ type LookupResult struct {
 	MovedKnown bool
 	// Factor is the value of Lookup.Factors.
 	Factor int64
+	// Accounts are the connected accounts the fields of Lookup.Accounts name (a
+	// field that is null or absent names none; an expanded one, its id).
+	Accounts []string
 }
 
 // ReadLookup reads the answer to the lookup l: the non-negative integer at
@@ -264,6 +267,17 @@ func ReadLookup(body []byte, l Lookup) (LookupResult, error) {
 		if res.Factor, err = obj.factor(l.Factors); err != nil {
 			return LookupResult{}, err
 		}
+	}
+	for _, f := range l.Accounts {
+		raw, ok := obj.path(f)
+		if !ok {
+			continue
+		}
+		id := ""
+		if err := json.Unmarshal(raw, &id); err != nil {
+			id = DecodeObject(raw).Get("id")
+		}
+		res.Accounts = append(res.Accounts, id) // "" (unreadable) is refused
 	}
 	return res, nil
 }
