@@ -274,6 +274,7 @@ func TestReadsDoNotRevealSpendableSecrets(t *testing.T) {
 		"/v1/issuing/cards?expand[]=data.number",
 		"/v1/treasury/financial_accounts/fa_1?expand[]=financial_addresses.aba.account_number",
 		"/v1/apps/secrets/find?name=k&scope[type]=account&expand[]=payload",
+		"/v2/core/event_destinations/ed_1?include[0]=webhook_endpoint.signing_secret",
 	} {
 		r := e.MustSend(t, http.MethodGet, target, tok, nil, "")
 		AssertRefusal(t, r, http.StatusForbidden, "operation_not_allowed")

@@ -122,18 +122,20 @@ func LookupAccounts(cls Classification, params *Params) []string {
 }
 
 // secretFields are the fields whose expansion makes Stripe reveal a secret that
-// spends money outside any request keybrake meters: an Issuing card's number,
-// CVC and PIN (pin.number), a Treasury financial account's account number, a
-// Stripe Apps secret's payload.
-var secretFields = map[string]bool{"number": true, "cvc": true, "account_number": true, "payload": true}
+// spends money, or lets its holder act, outside any request keybrake meters: an
+// Issuing card's number, CVC and PIN (pin.number), a Treasury financial
+// account's account number, a Stripe Apps secret's payload, a v2 event
+// destination's webhook signing secret.
+var secretFields = map[string]bool{"number": true, "cvc": true, "account_number": true, "payload": true,
+	"signing_secret": true}
 
-// RevealedSecret returns the first expand entry of params (expand[]=…, or
-// expand[0]=…) that names a field of secretFields, at any depth ("number",
-// "data.number", "pin.number"), and whether there is one.
+// RevealedSecret returns the first expand entry of params (v1: expand[]=…,
+// expand[0]=…; v2: include) that names a field of secretFields, at any depth
+// ("number", "data.number", "pin.number"), and whether there is one.
 func RevealedSecret(params *Params) (string, bool) {
 	for _, pr := range params.Pairs() {
 		segs, _, err := parseKey(pr.Key)
-		if err != nil || segs[0] != "expand" {
+		if err != nil || (segs[0] != "expand" && segs[0] != "include") {
 			continue
 		}
 		field := pr.Value[strings.LastIndexByte(pr.Value, '.')+1:]
