@@ -351,3 +351,21 @@ func TestUnnamedConnectedAccountsAreChecked(t *testing.T) {
 	c, _ := usage(t, e, key.ID)
 	assert.EqualValues(t, 1500, c, "the reversal from acct_ok and the plain refund")
 }
+
+// Hole: prices.update can add amounts in other currencies to a price that
+// Payment Links already use: a link metered at 1.00 usd then collected
+// ¥9,000,000 from a customer in Japan.
+func TestPriceUpdateCannotAddCurrencies(t *testing.T) {
+	e := MustEnv(t)
+	tok, _ := e.MustKey(t, Policy("50.00", everything))
+	price := e.Fake.AddPrice(100, "usd")
+	r := e.Post(t, "/v1/payment_links", tok, "link", form("line_items[0][price]", price, "line_items[0][quantity]", "1",
+		"restrictions[completed_sessions][limit]", "1"))
+	require.Equal(t, http.StatusOK, r.Status, "%s", r.Raw)
+
+	refusedUnknown(t, e.Post(t, "/v1/prices/"+price, tok, "opt", form("currency_options[jpy][unit_amount]", "9000000")),
+		"other currencies")
+	assert.Zero(t, e.Fake.TotalMoved("jpy"))
+	r = e.Post(t, "/v1/prices/"+price, tok, "meta", form("metadata[k]", "v"))
+	require.Equal(t, http.StatusOK, r.Status, "%s", r.Raw)
+}

@@ -155,6 +155,7 @@ type PaymentLink struct {
 	URL      string
 	Currency string
 	Limit    int64 // restrictions[completed_sessions][limit]; at least 1
+	Pinned   bool  // created with a currency: never charged in another one
 }
 
 // Refund is a refund the fake created.
@@ -967,6 +968,8 @@ func (f *FakeStripe) route(method, path string, p url.Values, idemKey string) an
 		return okJSON(pr)
 	case res == "prices" && len(rest) == 0 && method == http.MethodPost:
 		return f.createPrice(p)
+	case res == "prices" && len(rest) == 1 && method == http.MethodPost:
+		return f.updatePrice(rest[0], p)
 	case res == "prices" && len(rest) == 1 && method == http.MethodGet:
 		if pr, ok := f.prices[rest[0]]; ok {
 			return okJSON(priceJSON(pr, slices.Contains(p["expand[]"], "currency_options")))
@@ -1386,7 +1389,7 @@ func (f *FakeStripe) createPaymentLink(p url.Values) answer {
 	if bad != nil {
 		return *bad
 	}
-	l.Currency, l.Limit = cur, max(1, limit)
+	l.Currency, l.Limit, l.Pinned = cur, max(1, limit), p.Get("currency") != ""
 	f.moved[cur] += l.Limit * (total + extra)
 	f.seq++
 	l.ID = fmt.Sprintf("plink_fake%06d", f.seq)
@@ -1468,6 +1471,41 @@ func (f *FakeStripe) AddMultiCurrencyPrice(unitAmount int64, currency string, op
 	id := f.newPriceLocked(unitAmount, currency, "", nil)
 	f.prices[id]["options"] = options
 	return id
+}
+
+// updatePrice adds amounts in other currencies (currency_options[cur][unit_amount])
+// to a price: from then on every Payment Link that uses it without a fixed
+// currency can be paid in them, which TotalMoved counts.
+func (f *FakeStripe) updatePrice(id string, p url.Values) answer {
+	pr, ok := f.prices[id]
+	if !ok {
+		return notFound("No such price: '" + id + "'")
+	}
+	options, _ := pr["options"].(map[string]int64)
+	if options == nil {
+		options = map[string]int64{}
+	}
+	added := map[string]int64{}
+	for k, v := range p {
+		cur, ok := strings.CutPrefix(k, "currency_options[")
+		if cur, ok = strings.CutSuffix(cur, "][unit_amount]"); !ok {
+			continue
+		}
+		n, err := strconv.ParseInt(v[0], 10, 64)
+		if err != nil || n < 0 {
+			return paramErr(k, "Invalid integer: "+v[0])
+		}
+		options[cur], added[cur] = n, n
+	}
+	pr["options"] = options
+	for _, l := range f.links {
+		if l.Price == id && !l.Pinned {
+			for cur, unit := range added {
+				f.moved[cur] += unit * l.Quantity * l.Limit
+			}
+		}
+	}
+	return okJSON(priceJSON(pr, false))
 }
 
 // localCurrencyLocked counts what a stored price sold in other currencies

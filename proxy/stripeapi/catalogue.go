@@ -129,6 +129,9 @@ package stripeapi
 //     now is its default —, an item moved to a new price, a new item), and
 //     add_invoice_items are metered; subscription_schedules that set phases, or
 //     a schedule cancelled with its default invoice_now: amount unknown.
+//   - prices.update of currency_options (what the links and sessions that use
+//     the price charge in other currencies): amount unknown; other changes move
+//     no money.
 //   - payment_links.create: line items × restrictions[completed_sessions][limit]
 //     (stored prices must be one-time), amount unknown without a limit, or with
 //     what a customer may add (optional items, shipping options); an update
@@ -372,7 +375,7 @@ func buildCatalogue() []route {
 
 		// Catalog.
 		n("/v1/prices", "prices.create", catalogWhy),
-		w("/v1/prices/{id}", "prices.update"),
+		r("/v1/prices/{id}", "prices.update", DirectionIn, priceUpdate),
 		n("/v1/products", "products.create", catalogWhy),
 		w("/v1/products/{id}", "products.update"),
 		n("/v1/plans", "plans.create", catalogWhy),
@@ -1155,6 +1158,20 @@ func readLines(p *Params, name, cur string) (lineTotal, error) {
 		}
 	}
 	return lt, nil
+}
+
+// priceUpdate: a price's amounts in other currencies (currency_options) are what
+// Payment Links, Checkout Sessions and subscriptions that use it charge a
+// customer paying in one of them — including links keybrake metered before the
+// change: refused; other changes (metadata, active, a lookup key) move no money.
+func priceUpdate(r *catRequest, c *Classification) error {
+	if r.params.Has("currency_options") {
+		unknownBecause(c, "a price's amounts in other currencies change what the Payment Links and Checkout Sessions "+
+			"that use it collect, including those already counted")
+		return nil
+	}
+	c.MovesMoney = false
+	return nil
 }
 
 // checkoutSessionUpdate: changing line items changes the amount in ways keybrake
