@@ -108,9 +108,12 @@ func (o Object) factor(fields []string) (int64, error) {
 
 // moneyKind says how to read one kind of Stripe money object (its "object" value).
 type moneyKind struct {
-	// moved is the object's cumulative money moved; ok is false when the kind
-	// moves no money by itself (an invoice item is collected by its invoice).
+	// moved is the object's cumulative money moved; ok is false when it cannot
+	// be read, and always for a kind that moves no money by itself (noMoney).
 	moved func(o Object) (n int64, ok bool)
+	// noMoney: the kind moves no money by itself (an invoice item is collected
+	// by its invoice).
+	noMoney bool
 	// terminal reports that the object can move no more money.
 	terminal func(o Object) bool
 }
@@ -149,17 +152,20 @@ var moneyKinds = map[string]moneyKind{
 	"invoice": {moved: intField("amount_paid"), terminal: statusIn("paid", "void")},
 	"checkout.session": {
 		moved: func(o Object) (int64, bool) {
-			if o.Get("payment_status") != "paid" {
+			switch o.Get("payment_status") {
+			case "paid":
+				return o.int("amount_total")
+			case "unpaid", "no_payment_required":
 				return 0, true
 			}
-			return o.int("amount_total")
+			return 0, false // not a payment status keybrake knows
 		},
 		terminal: func(o Object) bool {
 			st, ps := o.Get("status"), o.Get("payment_status")
-			return st == "expired" || (st == "complete" && ps != "unpaid")
+			return st == "expired" || (st == "complete" && (ps == "paid" || ps == "no_payment_required"))
 		},
 	},
-	"invoiceitem": {moved: func(Object) (int64, bool) { return 0, false }, terminal: statusIn()},
+	"invoiceitem": {moved: func(Object) (int64, bool) { return 0, false }, terminal: statusIn(), noMoney: true},
 }
 
 // MoneyObject is what one answer says about a money object.
@@ -176,7 +182,10 @@ type MoneyObject struct {
 
 // ReadMoneyObject reads o as a money object in currency. An object in another
 // currency, of a kind keybrake does not read, or without a plain id gives ok
-// false; a deleted object carries no currency.
+// false; a deleted object carries no currency. So does one whose money moved
+// cannot be read (a field an older Stripe-Version leaves out, an unknown payment
+// status): a terminal state read without what moved would release the
+// object's exposure with nothing committed.
 func ReadMoneyObject(o Object, currency string) (MoneyObject, bool) {
 	kind, ok := moneyKinds[o.Get("object")]
 	id := o.Get("id")
@@ -188,6 +197,9 @@ func ReadMoneyObject(o Object, currency string) (MoneyObject, bool) {
 	}
 	m := MoneyObject{ID: id, Terminal: kind.terminal(o)}
 	m.Moved, m.MovedKnown = kind.moved(o)
+	if !m.MovedKnown && !kind.noMoney && !o.isTrue("deleted") {
+		return MoneyObject{}, false
+	}
 	return m, true
 }
 
