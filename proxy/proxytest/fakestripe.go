@@ -1487,8 +1487,9 @@ func (f *FakeStripe) updatePrice(id string, p url.Values) answer {
 	}
 	added := map[string]int64{}
 	for k, v := range p {
-		cur, ok := strings.CutPrefix(k, "currency_options[")
-		if cur, ok = strings.CutSuffix(cur, "][unit_amount]"); !ok {
+		rest, isOption := strings.CutPrefix(k, "currency_options[")
+		cur, isAmount := strings.CutSuffix(rest, "][unit_amount]")
+		if !isOption || !isAmount {
 			continue
 		}
 		n, err := strconv.ParseInt(v[0], 10, 64)
