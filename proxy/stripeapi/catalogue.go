@@ -1074,6 +1074,11 @@ func checkoutSessionCreate(r *catRequest, c *Classification) error {
 		unknownAmount(c)
 		return nil
 	}
+	// Without a mode, a recurring stored price could make it a subscription
+	// (in payment mode Stripe refuses one).
+	for i := range lines.prices {
+		lines.prices[i].OneTime = !hasMode
+	}
 	c.Amount, c.AmountKnown, c.Prices = total, true, lines.prices
 	return nil
 }
