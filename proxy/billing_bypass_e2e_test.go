@@ -369,3 +369,20 @@ func TestPriceUpdateCannotAddCurrencies(t *testing.T) {
 	r = e.Post(t, "/v1/prices/"+price, tok, "meta", form("metadata[k]", "v"))
 	require.Equal(t, http.StatusOK, r.Status, "%s", r.Raw)
 }
+
+// Hole: Managed Payments (managed_payments[enabled], Stripe as merchant of
+// record) has Stripe handle the tax itself, adding it to tax-exclusive prices
+// like automatic tax, which keybrake refuses because it cannot bound it. A 45.00
+// session under a 50.00 cap collected 54.00.
+func TestManagedPaymentsAddTaxLikeAutomaticTax(t *testing.T) {
+	e := MustEnv(t)
+	tok, _ := e.MustKey(t, Policy("50.00", everything))
+	session := form("mode", "payment", "success_url", "https://example.test/ok", "line_items[0][quantity]", "1",
+		"line_items[0][price_data][currency]", "usd", "line_items[0][price_data][unit_amount]", "4500",
+		"line_items[0][price_data][product_data][name]", "Ebook", "managed_payments[enabled]", "true")
+	refusedUnknown(t, e.Post(t, "/v1/checkout/sessions", tok, "cs-managed", session), "checkout.sessions.create")
+	price := e.Fake.AddPrice(4500, "usd")
+	refusedUnknown(t, e.Post(t, "/v1/payment_links", tok, "link-managed", form("line_items[0][price]", price,
+		"line_items[0][quantity]", "1", "restrictions[completed_sessions][limit]", "1", "managed_payments[enabled]", "true")), "tax")
+	assert.Zero(t, e.Fake.TotalMoved("usd"))
+}

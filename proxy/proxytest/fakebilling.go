@@ -314,6 +314,11 @@ func (f *FakeStripe) createCheckoutSession(p url.Values) answer {
 		cs.Amount += unit * qty
 		cs.Currency = cur
 	}
+	if p.Get("automatic_tax[enabled]") == "true" || p.Get("managed_payments[enabled]") == "true" {
+		// Stripe Tax (which Managed Payments, Stripe as merchant of record,
+		// applies itself) adds tax to tax-exclusive prices: 20 % here.
+		cs.Amount += cs.Amount / 5
+	}
 	f.moved[cs.Currency] += cs.Amount
 	f.sessions = append(f.sessions, cs)
 	return okJSON(f.sessionJSON(cs))

@@ -113,7 +113,8 @@ package stripeapi
 //     (shipping_rate_data[fixed_amount][amount]). Amount unknown (fail closed)
 //     when a line item uses a legacy line_items[i][amount] (older API versions'
 //     ad-hoc price), when quantities are adjustable, when line items carry tax
-//     rates, when automatic tax is enabled, when optional_items are offered, when a
+//     rates, when automatic tax (or Managed Payments, which handles tax) is
+//     enabled, when optional_items are offered, when a
 //     shipping option is a stored rate, when there are no line items, and for
 //     mode=subscription or any subscription_data (renewals happen without any
 //     request keybrake sees, so the first period is not the exposure; older API
@@ -1028,7 +1029,7 @@ func checkoutSessionCreate(r *catRequest, c *Classification) error {
 	// subscription_data[items] starts a subscription in API versions that had no
 	// mode: renewals are never seen.
 	known := (!hasMode || mode == "payment") && p.Has("line_items") &&
-		!p.Has("optional_items") && !isTrue(p, "automatic_tax[enabled]") && !p.Has("subscription_data")
+		!p.Has("optional_items") && !addsTax(p) && !p.Has("subscription_data")
 	lines, err := requestLines(p, "line_items")
 	if err != nil {
 		return err
@@ -1188,6 +1189,13 @@ func checkoutSessionUpdate(r *catRequest, c *Classification) error {
 	}
 	c.MovesMoney = false
 	return nil
+}
+
+// addsTax reports whether a Checkout Session or a Payment Link has Stripe add
+// tax keybrake cannot bound: automatic tax, or Managed Payments (Stripe as
+// merchant of record, which handles the tax itself).
+func addsTax(p *Params) bool {
+	return isTrue(p, "automatic_tax[enabled]") || isTrue(p, "managed_payments[enabled]")
 }
 
 func isTrue(p *Params, key string) bool {

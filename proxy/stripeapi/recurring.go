@@ -178,7 +178,7 @@ func paymentLinkCreate(r *catRequest, c *Classification) error {
 	case !hasLimit || limit == 0:
 		unknownBecause(c, "a Payment Link can be paid any number of times; set restrictions[completed_sessions][limit] to bound it")
 		return nil
-	case isTrue(p, "automatic_tax[enabled]") || p.Has("shipping_options") || p.Has("subscription_data") || p.Has("optional_items"):
+	case addsTax(p) || p.Has("shipping_options") || p.Has("subscription_data") || p.Has("optional_items"):
 		unknownBecause(c, linkExtrasWhy)
 		return nil
 	case !p.Has("line_items") || !lines.known:
