@@ -298,17 +298,11 @@ func (f *FakeStripe) createCheckoutSession(p url.Values) answer {
 	cs := &CheckoutSession{ID: fmt.Sprintf("cs_fake%06d", f.seq), Status: "open",
 		Recovery: p.Get("after_expiration[recovery][enabled]") == "true"}
 	for _, pre := range lines {
-		unit, qty, bad := linePrice(p, pre, 0, 1)
+		unit, qty, cur, bad := f.lineItemLocked(p, pre)
 		if bad != nil {
 			return *bad
 		}
-		cur := p.Get(pre + "[price_data][currency]")
 		if id := p.Get(pre + "[price]"); id != "" {
-			pr, ok := f.prices[id]
-			if !ok {
-				return paramErr(pre+"[price]", "No such price: '"+id+"'")
-			}
-			unit, cur = pr["unit_amount"].(int64), pr["currency"].(string)
 			f.localCurrencyLocked(p, id, qty)
 		}
 		cs.Amount += unit * qty

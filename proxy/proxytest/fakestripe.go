@@ -1366,17 +1366,11 @@ func (f *FakeStripe) createPaymentLink(p url.Values) answer {
 	cur := ""
 	l := &PaymentLink{}
 	for i, pre := range lines {
-		unit, qty, bad := linePrice(p, pre, 0, 1)
+		unit, qty, c, bad := f.lineItemLocked(p, pre)
 		if bad != nil {
 			return *bad
 		}
-		c := p.Get(pre + "[price_data][currency]")
 		if id := p.Get(pre + "[price]"); id != "" {
-			pr, ok := f.prices[id]
-			if !ok {
-				return paramErr(pre+"[price]", "No such price: '"+id+"'")
-			}
-			unit, c = pr["unit_amount"].(int64), pr["currency"].(string)
 			f.localCurrencyLocked(p, id, qty*max(1, limit))
 		}
 		if i == 0 {
@@ -1471,6 +1465,26 @@ func (f *FakeStripe) AddMultiCurrencyPrice(unitAmount int64, currency string, op
 	id := f.newPriceLocked(unitAmount, currency, "", nil)
 	f.prices[id]["options"] = options
 	return id
+}
+
+// lineItemLocked reads the line item under pre of a Checkout Session or a
+// Payment Link: its unit amount, quantity and currency, from price_data or a
+// stored price.
+func (f *FakeStripe) lineItemLocked(p url.Values, pre string) (unit, qty int64, cur string, bad *answer) {
+	unit, qty, bad = linePrice(p, pre, 0, 1)
+	if bad != nil {
+		return 0, 0, "", bad
+	}
+	cur = p.Get(pre + "[price_data][currency]")
+	if id := p.Get(pre + "[price]"); id != "" {
+		pr, ok := f.prices[id]
+		if !ok {
+			a := paramErr(pre+"[price]", "No such price: '"+id+"'")
+			return 0, 0, "", &a
+		}
+		unit, cur = pr["unit_amount"].(int64), pr["currency"].(string)
+	}
+	return unit, qty, cur, nil
 }
 
 // updatePrice adds amounts in other currencies (currency_options[cur][unit_amount])
