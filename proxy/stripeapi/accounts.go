@@ -133,6 +133,9 @@ var secretFields = map[string]bool{"number": true, "cvc": true, "account_number"
 // expand[0]=…; v2: include) that names a field of secretFields, at any depth
 // ("number", "data.number", "pin.number"), and whether there is one.
 func RevealedSecret(params *Params) (string, bool) {
+	if !params.Has("expand") && !params.Has("include") {
+		return "", false // most requests: no walk over their parameters
+	}
 	for _, pr := range params.Pairs() {
 		segs, _, err := parseKey(pr.Key)
 		if err != nil || (segs[0] != "expand" && segs[0] != "include") {
