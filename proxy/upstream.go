@@ -433,14 +433,18 @@ func (p *Proxy) lookup(ctx context.Context, c *call, l stripeapi.Lookup) (stripe
 }
 
 // fetch GETs path at Stripe with the real secret and the call's Stripe-Account,
-// Stripe-Context and Stripe-Version, and returns the body of a 200.
-func (p *Proxy) fetch(ctx context.Context, c *call, path string) ([]byte, error) {
+// Stripe-Context and Stripe-Version, expanding the fields named by expand, and
+// returns the body of a 200.
+func (p *Proxy) fetch(ctx context.Context, c *call, path string, expand ...string) ([]byte, error) {
 	if !strings.HasPrefix(path, "/v1/") || strings.ContainsAny(path, "?#%") || strings.Contains(path, "..") {
 		return nil, fmt.Errorf("lookup path %q refused", path)
 	}
 	u := *p.upstream
 	u.Path = strings.TrimSuffix(p.upstream.Path, "/") + path
 	u.RawPath, u.RawQuery, u.Fragment = "", "", ""
+	if len(expand) > 0 {
+		u.RawQuery = url.Values{"expand[]": expand}.Encode()
+	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.timeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.String(), nil)
