@@ -103,6 +103,14 @@ func (m *Main) runMigrate(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("migrate-store: %s to %s: nothing was copied: %w", dbPath, target, err)
 	}
+	// The bbolt vault is renamed while its lock is held, so that no serve on
+	// the data directory spends from it again beside the replicas: one started
+	// by mistake finds no vault, makes an empty one and knows no vault key.
+	retired := dbPath + ".migrated-" + time.Now().UTC().Format("20060102T150405Z")
+	renameErr := os.Rename(dbPath, retired)
+	if renameErr == nil {
+		renameErr = syncDir(c.From)
+	}
 	if err := src.Close(); err != nil {
 		return fmt.Errorf("migrate-store: close %s: %w", dbPath, err)
 	}
@@ -118,8 +126,13 @@ func (m *Main) runMigrate(ctx context.Context) error {
 	if masterSrc != sourceEnv {
 		key = fmt.Sprintf("%s (the key in %s)", envMasterKey, filepath.Join(c.From, masterKeyFile))
 	}
-	_, err = fmt.Fprintf(m.Stdout, "Start every replica with --database-url (or %s) and %s.\n"+
-		"%s is left as it was: do not serve it again, or its keys would spend a second time.\n",
-		envName("database-url"), key, dbPath)
+	fmt.Fprintf(m.Stdout, "Start every replica with --database-url (or %s) and %s.\n", envName("database-url"), key)
+	if renameErr != nil {
+		_, err = fmt.Fprintf(m.Stdout, "WARNING: %s could not be renamed (%v): do not serve it again, or its keys would spend a second time.\n",
+			dbPath, renameErr)
+		return err
+	}
+	_, err = fmt.Fprintf(m.Stdout, "%s is now %s, unchanged, so that no serve on %s spends from it again "+
+		"(rename it back only to return to bbolt, before any replica serves the PostgreSQL store).\n", dbPath, retired, c.From)
 	return err
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"net/http"
 	"net/url"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -57,6 +58,16 @@ func TestMigrateStore(t *testing.T) {
 	password, ok := u.User.Password()
 	require.True(t, ok)
 	assert.NotContains(t, out, password, "the target is named without its password")
+	assert.NoFileExists(t, filepath.Join(dataDir, databaseFile), "the bbolt vault is retired")
+	retired, err := filepath.Glob(filepath.Join(dataDir, databaseFile+".migrated-*"))
+	require.NoError(t, err)
+	require.Len(t, retired, 1)
+	assert.Contains(t, out, "is now "+retired[0])
+	old := MustOpenStore(t, retired[0], MustMasterKey(t, dataDir))
+	_, _, oldUsage, err := old.KeyUsage(ctx, key.ID)
+	require.NoError(t, err)
+	assert.Equal(t, wantUsage, oldUsage, "the retired vault is unchanged")
+	require.NoError(t, old.Close())
 
 	masterText := base64.StdEncoding.EncodeToString(MustMasterKey(t, dataDir))
 	pg := MustServe(t, t.TempDir(), fake.URL, env{envMasterKey: masterText, envName("database-url"): dbURL})
@@ -82,9 +93,11 @@ func TestMigrateStore(t *testing.T) {
 	assert.Equal(t, before, fake.Count(), "the replay did not reach Stripe")
 	require.NoError(t, pg.Store().CheckInvariant(ctx))
 
+	require.NoError(t, os.Rename(retired[0], filepath.Join(dataDir, databaseFile)))
 	_, err = runCommand(env{}, "migrate-store", "--from", dataDir, "--to", dbURL)
 	assert.ErrorContains(t, err, "not empty")
 	assert.ErrorContains(t, err, "nothing was copied")
+	assert.FileExists(t, filepath.Join(dataDir, databaseFile), "a refused copy retires nothing")
 }
 
 // TestMigrateStoreExitCodes runs the binary: a bad command line exits 2, a
