@@ -304,6 +304,7 @@ func TestStoreUnavailableFailsClosed(t *testing.T) {
 		assert.Contains(t, r.ErrMessage(), "not sent to Stripe", name)
 	}
 	assert.Equal(t, before, e.Fake.Count(), "nothing reached Stripe")
+	assert.Equal(t, 2.0, MetricValue(t, e.Metrics, "keybrake_proxy_refusals_total", "reason", "store_unavailable", "mode", "enforce"))
 }
 
 // offsetClock is time.Now shifted by an adjustable offset.
