@@ -154,21 +154,30 @@ type loadStats struct {
 	unexpected []string
 }
 
-func TestKill9UnderLoad(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds and kills the real binary")
-	}
-	kills := 3
+// killSchedule returns how many kills a test makes (long of them with
+// KEYBRAKE_LONG, else short) and the seed of their schedule (KEYBRAKE_SEED,
+// else the clock), and logs both.
+func killSchedule(t *testing.T, short, long int) (kills int, seed uint64) {
+	t.Helper()
+	kills = short
 	if os.Getenv("KEYBRAKE_LONG") != "" {
-		kills = 20
+		kills = long
 	}
-	seed := uint64(time.Now().UnixNano())
+	seed = uint64(time.Now().UnixNano())
 	if s := os.Getenv("KEYBRAKE_SEED"); s != "" {
 		var err error
 		seed, err = strconv.ParseUint(s, 10, 64)
 		require.NoError(t, err)
 	}
 	t.Logf("kills=%d seed=%d (KEYBRAKE_SEED reproduces the schedule)", kills, seed)
+	return kills, seed
+}
+
+func TestKill9UnderLoad(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and kills the real binary")
+	}
+	kills, seed := killSchedule(t, 3, 20)
 	rng := rand.New(rand.NewPCG(seed, 1))
 
 	bin := MustBuildBinary(t)

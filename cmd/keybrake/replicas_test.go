@@ -8,7 +8,6 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"net/url"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -331,17 +330,7 @@ func TestKill9ReplicaUnderLoad(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds, runs and kills real replicas")
 	}
-	kills := 3
-	if os.Getenv("KEYBRAKE_LONG") != "" {
-		kills = 12
-	}
-	seed := uint64(time.Now().UnixNano())
-	if s := os.Getenv("KEYBRAKE_SEED"); s != "" {
-		var err error
-		seed, err = strconv.ParseUint(s, 10, 64)
-		require.NoError(t, err)
-	}
-	t.Logf("kills=%d seed=%d (KEYBRAKE_SEED reproduces the schedule)", kills, seed)
+	kills, seed := killSchedule(t, 3, 12)
 	rng := rand.New(rand.NewPCG(seed, 2))
 	ctx := context.Background()
 
