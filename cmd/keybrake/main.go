@@ -1,6 +1,6 @@
 // Command keybrake is the spend-cap vault for the Stripe API: `keybrake serve`
-// runs the metering proxy and the admin API; `token`, `backup` and `version` are
-// small tools around it.
+// runs the metering proxy and the admin API; `token`, `backup`, `rekey`,
+// `migrate-store` and `version` are small tools around it.
 package main
 
 import (
@@ -78,6 +78,7 @@ const (
 	cmdToken   = "token"
 	cmdBackup  = "backup"
 	cmdRekey   = "rekey"
+	cmdMigrate = "migrate-store"
 	cmdVersion = "version"
 	cmdHelp    = "help"
 )
@@ -97,6 +98,8 @@ type Main struct {
 	Backup BackupConfig
 	// Rekey is the rekey subcommand's configuration.
 	Rekey RekeyConfig
+	// Migrate is the migrate-store subcommand's configuration.
+	Migrate MigrateConfig
 
 	// Stdout receives a command's output (a token, the version).
 	Stdout io.Writer
@@ -129,25 +132,27 @@ type Main struct {
 // process's standard streams and environment.
 func NewMain() *Main {
 	return &Main{
-		Config: DefaultConfig(),
-		Token:  DefaultTokenConfig(),
-		Backup: DefaultBackupConfig(),
-		Rekey:  DefaultRekeyConfig(),
-		Stdout: os.Stdout,
-		Stderr: os.Stderr,
-		Getenv: os.Getenv,
+		Config:  DefaultConfig(),
+		Token:   DefaultTokenConfig(),
+		Backup:  DefaultBackupConfig(),
+		Rekey:   DefaultRekeyConfig(),
+		Migrate: DefaultMigrateConfig(),
+		Stdout:  os.Stdout,
+		Stderr:  os.Stderr,
+		Getenv:  os.Getenv,
 	}
 }
 
 const usage = `keybrake — spend-cap vault for the Stripe API
 
 Usage:
-  keybrake serve   [flags]   run the metering proxy and the admin API
-  keybrake token   [flags]   print an admin API token (JWT)
-  keybrake backup  [flags]   write a consistent copy of the database
-  keybrake rekey   [flags]   re-seal the database under a new master key (server stopped)
-  keybrake version           print the version
-  keybrake help [command]    show help
+  keybrake serve         [flags]  run the metering proxy and the admin API
+  keybrake token         [flags]  print an admin API token (JWT)
+  keybrake backup        [flags]  write a consistent copy of the database
+  keybrake rekey         [flags]  re-seal the database under a new master key (server stopped)
+  keybrake migrate-store [flags]  copy a bbolt vault into an empty PostgreSQL database (server stopped)
+  keybrake version                print the version
+  keybrake help [command]         show help
 
 Run "keybrake COMMAND -h" for a command's flags. Every serve flag can also be set
 with the environment variable KEYBRAKE_<FLAG> (e.g. KEYBRAKE_DATA_DIR); a flag wins.
@@ -171,6 +176,8 @@ func (m *Main) ParseFlags(ctx context.Context, args []string) error {
 		return m.parseBackup(args)
 	case cmdRekey:
 		return m.parseRekey(args)
+	case cmdMigrate:
+		return m.parseMigrate(args)
 	case cmdVersion:
 		return parseArgs(m.flagSet(cmdVersion, "keybrake version"), args)
 	case cmdHelp, "-h", "-help", "--help":
@@ -237,6 +244,8 @@ func (m *Main) Run(ctx context.Context) error {
 		return m.runBackup(ctx)
 	case cmdRekey:
 		return m.runRekey(ctx)
+	case cmdMigrate:
+		return m.runMigrate(ctx)
 	case cmdVersion:
 		_, err := fmt.Fprintln(m.Stdout, "keybrake", Version())
 		return err
