@@ -17,6 +17,7 @@ import (
 	"github.com/labstack/echo/v4"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/keybrake/keybrake/proxy"
 	"github.com/keybrake/keybrake/proxy/logfield"
 	"github.com/keybrake/keybrake/vault"
 )
@@ -36,6 +37,7 @@ type admin struct {
 	now       func() time.Time
 	parser    *jwt.Parser
 	scrape    http.Handler
+	stripe    *proxy.Proxy
 
 	// patchMu serializes PATCH /keys/{id}: a merge patch is applied to the key as
 	// read, so two concurrent patches must not both start from the same read.
@@ -72,6 +74,9 @@ var adminRoutes = []adminRoute{
 	{method: http.MethodGet, path: "/api/v1/keys/:id/usage", handler: (*admin).keyUsage},
 	{method: http.MethodGet, path: "/api/v1/keys/:id/events", handler: (*admin).keyEvents},
 	{method: http.MethodGet, path: "/api/v1/keys/:id/spend", handler: (*admin).keySpend},
+	{method: http.MethodGet, path: "/api/v1/keys/:id/exposures", handler: (*admin).keyExposures},
+	{method: http.MethodPost, path: "/api/v1/keys/:id/exposures/:object_id/refresh", handler: (*admin).refreshExposure},
+	{method: http.MethodPost, path: "/api/v1/keys/:id/exposures/:object_id/release", handler: (*admin).releaseExposure},
 	{method: http.MethodGet, path: "/api/v1/usage", handler: (*admin).listUsage},
 	{method: http.MethodGet, path: "/api/v1/overview", handler: (*admin).overview},
 
@@ -105,6 +110,7 @@ func NewAdmin(cfg AdminConfig) http.Handler {
 		publicURL: strings.TrimRight(cfg.PublicURL, "/"),
 		now:       now,
 		parser:    newTokenParser(now),
+		stripe:    cfg.Stripe,
 	}
 	gatherer := cfg.Metrics
 	if gatherer == nil {

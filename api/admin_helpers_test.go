@@ -2,12 +2,14 @@ package api_test
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -23,6 +25,8 @@ import (
 
 	"github.com/keybrake/keybrake/api"
 	"github.com/keybrake/keybrake/policy"
+	"github.com/keybrake/keybrake/proxy"
+	"github.com/keybrake/keybrake/proxy/proxytest"
 	"github.com/keybrake/keybrake/vault"
 	"github.com/keybrake/keybrake/vault/bolt"
 )
@@ -81,12 +85,23 @@ type adminEnv struct {
 	adminToken  string
 	viewerToken string
 
+	// fake is the Stripe the proxy forwards to (unless adminEnvOptions.upstream
+	// replaces it), proxyURL the proxy listener's base URL: money objects are
+	// made through keybrake there, and refreshed through the admin API.
+	fake        *proxytest.FakeStripe
+	proxyURL    string
+	upstreamSrv *httptest.Server // adminEnvOptions.upstream's server
+
 	router routers.Router
 }
 
 // adminEnvOptions tweak MustAdminEnv.
 type adminEnvOptions struct {
 	publicURL string
+	// upstream, when set, answers the proxy's requests to Stripe instead of the
+	// fake, with upstreamTimeout (default 10 s) as the proxy's timeout.
+	upstream        http.Handler
+	upstreamTimeout time.Duration
 }
 
 // MustAdminEnv starts the admin API over a fresh store, with admin and viewer tokens
@@ -115,12 +130,29 @@ func MustAdminEnv(tb testing.TB, opts ...adminEnvOptions) *adminEnv {
 	env.store = store
 	tb.Cleanup(func() { _ = store.Close() })
 
+	env.fake = proxytest.NewFakeStripe(tb, testStripeSecret)
+	upstreamURL := env.fake.URL
+	if o.upstream != nil {
+		env.upstreamSrv = httptest.NewServer(o.upstream)
+		tb.Cleanup(env.upstreamSrv.Close)
+		upstreamURL = env.upstreamSrv.URL
+	}
+	upstream, err := url.Parse(upstreamURL)
+	require.NoError(tb, err)
+	stripeProxy, err := proxy.New(proxy.Config{Store: store, Upstream: upstream, UpstreamTimeout: cmp.Or(o.upstreamTimeout, 10*time.Second),
+		Now: env.clock.Now, Logger: logger})
+	require.NoError(tb, err)
+	proxySrv := httptest.NewServer(api.NewProxyListener(api.ProxyConfig{Store: store, Logger: logger, Stripe: stripeProxy, Now: env.clock.Now}))
+	tb.Cleanup(proxySrv.Close)
+	env.proxyURL = proxySrv.URL
+
 	env.handler = api.NewAdmin(api.AdminConfig{
 		Store:     store,
 		Logger:    logger,
 		JWTSecret: env.secret,
 		PublicURL: o.publicURL,
 		Now:       env.clock.Now,
+		Stripe:    stripeProxy,
 	})
 	env.srv = httptest.NewServer(env.handler)
 	tb.Cleanup(env.srv.Close)
@@ -133,6 +165,9 @@ func MustAdminEnv(tb testing.TB, opts ...adminEnvOptions) *adminEnv {
 	require.NoError(tb, err)
 	return env
 }
+
+// closeUpstream stops adminEnvOptions.upstream's server: Stripe is unreachable.
+func (env *adminEnv) closeUpstream() { env.upstreamSrv.Close() }
 
 // MustOpenAPIDoc loads and validates an OpenAPI document.
 func MustOpenAPIDoc(tb testing.TB, data []byte) *openapi3.T {

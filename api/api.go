@@ -10,6 +10,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/keybrake/keybrake/proxy"
 	"github.com/keybrake/keybrake/vault"
 )
 
@@ -26,6 +27,10 @@ type AdminConfig struct {
 	// NewMetrics, Metrics.WatchStore and the proxy registered their collectors.
 	// Without one /metrics answers an empty exposition.
 	Metrics prometheus.Gatherer
+	// Stripe is the metering proxy, which looks money objects up at Stripe for
+	// an operator's refresh (POST /api/v1/keys/{id}/exposures/{object_id}/refresh);
+	// without it that route answers 503.
+	Stripe *proxy.Proxy
 }
 
 // ProxyConfig configures the proxy listener's handler.

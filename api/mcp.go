@@ -477,6 +477,8 @@ var refusalAdvice = map[string]string{
 		"arguments and key in a second.",
 	proxy.CodeUpstreamUnavailable: "Call again with the same arguments and idempotency_key (never a new key): " +
 		"keybrake then learns from Stripe what the first attempt did.",
+	proxy.CodeStoreUnavailable: "Nothing reached Stripe: keybrake's store is unavailable for a moment. Call again " +
+		"with the same arguments and idempotency_key in a few seconds.",
 	codeInvalidArguments: "Nothing reached Stripe; fix the arguments and call again.",
 	codeAnswerTooLarge:   "Ask for less, e.g. a smaller limit.",
 }

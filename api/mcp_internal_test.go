@@ -145,7 +145,8 @@ func TestMCPToolRequests(t *testing.T) {
 				"confirm": {"false"}}}},
 		"invoice with its fixed collection method": {"create_invoice", `{"customer": "cus_1", "days_until_due": 30}`,
 			toolCall{method: "POST", path: "/v1/invoices", params: url.Values{
-				"customer": {"cus_1"}, "days_until_due": {"30"}, "collection_method": {"send_invoice"}}}},
+				"customer": {"cus_1"}, "days_until_due": {"30"}, "collection_method": {"send_invoice"},
+				"pending_invoice_items_behavior": {"exclude"}}}},
 		"invoice item prices with pricing[price]": {"create_invoice_item",
 			`{"customer": "cus_1", "price": "price_1", "invoice": "in_1", "idempotency_key": "ii"}`,
 			toolCall{method: "POST", path: "/v1/invoiceitems", idempotencyKey: "ii", params: url.Values{

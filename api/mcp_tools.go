@@ -138,7 +138,7 @@ var mcpTools = mustTools([]*toolSpec{
 		}},
 	{name: "create_invoice", title: "Create invoice", method: http.MethodPost, path: "/v1/invoices",
 		desc:  "Create a draft invoice for a customer, to be sent (collection_method send_invoice).",
-		fixed: url.Values{"collection_method": {"send_invoice"}},
+		fixed: url.Values{"collection_method": {"send_invoice"}, "pending_invoice_items_behavior": {"exclude"}},
 		args: []toolArg{
 			{name: "customer", kind: argID, required: true, desc: "The ID of the customer to create the invoice for."},
 			{name: "days_until_due", kind: argInteger, min: 0, max: 3650, desc: "The number of days until the invoice is due."},

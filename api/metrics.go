@@ -140,7 +140,7 @@ func newStoreCollector(store vault.Store) *storeCollector {
 			"Money committed in the current windows of the active keys, summed per currency, in the currency's minor unit (cents for usd).",
 			[]string{"currency", "window"}, nil),
 		held: prometheus.NewDesc("keybrake_held_minor_units",
-			"Money held (in flight or outcome unknown) in the current windows of the active keys, summed per currency, in the currency's minor unit.",
+			"Money held (requests in flight or with an unknown outcome, and the exposure of money objects) in the current windows of the active keys, summed per currency, in the currency's minor unit.",
 			[]string{"currency", "window"}, nil),
 	}
 }

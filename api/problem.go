@@ -11,6 +11,7 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"github.com/keybrake/keybrake/policy"
+	"github.com/keybrake/keybrake/proxy"
 	"github.com/keybrake/keybrake/proxy/logfield"
 	"github.com/keybrake/keybrake/vault"
 )
@@ -32,7 +33,29 @@ const (
 	ProblemValidation       = "urn:keybrake:problem:validation-failed"
 	ProblemInternal         = "urn:keybrake:problem:internal"
 	ProblemUnavailable      = "urn:keybrake:problem:unavailable"
+
+	// Stripe's answer to a lookup keybrake made for an operator (a refresh of
+	// a money object) could not be had or used; nothing changed.
+	ProblemUpstreamUnavailable  = "urn:keybrake:problem:upstream-unavailable"
+	ProblemUpstreamAuthFailed   = "urn:keybrake:problem:upstream-authentication-failed"
+	ProblemUpstreamPermission   = "urn:keybrake:problem:upstream-permission-denied"
+	ProblemStripeObjectNotFound = "urn:keybrake:problem:stripe-object-not-found"
+	ProblemStripeAnswerUnusable = "urn:keybrake:problem:stripe-answer-unusable"
 )
+
+// refreshProblems maps each way a refresh fails to its status and problem type.
+var refreshProblems = map[proxy.RefreshFailure]struct {
+	status int
+	typ    string
+}{
+	proxy.RefreshUnavailable:      {http.StatusBadGateway, ProblemUpstreamUnavailable},
+	proxy.RefreshTimeout:          {http.StatusGatewayTimeout, ProblemUpstreamUnavailable},
+	proxy.RefreshAuthFailed:       {http.StatusBadGateway, ProblemUpstreamAuthFailed},
+	proxy.RefreshPermissionDenied: {http.StatusBadGateway, ProblemUpstreamPermission},
+	// Not a gateway failure: Stripe answered, and its answer keeps the exposure.
+	proxy.RefreshNotFound:   {http.StatusConflict, ProblemStripeObjectNotFound},
+	proxy.RefreshUnreadable: {http.StatusBadGateway, ProblemStripeAnswerUnusable},
+}
 
 // problemTypes maps a status code to the problem type used when a handler gives none.
 var problemTypes = map[int]string{
@@ -125,10 +148,17 @@ func problemFor(err error) (p *Problem, internal bool) {
 		verr *policy.ValidationError
 		herr *echo.HTTPError
 		merr *http.MaxBytesError
+		rerr *proxy.RefreshError
 	)
 	switch {
 	case errors.As(err, &prob):
 		return prob, false
+	case errors.As(err, &rerr):
+		m, ok := refreshProblems[rerr.Failure]
+		if !ok {
+			m = refreshProblems[proxy.RefreshUnreadable]
+		}
+		return &Problem{Type: m.typ, Title: http.StatusText(m.status), Status: m.status, Detail: rerr.Message}, false
 	case errors.As(err, &verr):
 		return validationProblem("the request is not valid", verr.Errors...), false
 	case errors.As(err, &merr):

@@ -21,7 +21,7 @@ func (p *Proxy) resolveAmount(ctx context.Context, c *call) error {
 	if err := p.readExposure(ctx, c); err != nil {
 		return err
 	}
-	prices, pricesCurrency, err := p.priceTotal(ctx, c)
+	prices, pricesCurrency, multi, err := p.priceTotal(ctx, c)
 	if err != nil {
 		return err
 	}
@@ -29,7 +29,7 @@ func (p *Proxy) resolveAmount(ctx context.Context, c *call) error {
 	if err != nil {
 		return err
 	}
-	if c.currency, err = c.moneyCurrency(pricesCurrency); err != nil {
+	if c.currency, err = c.moneyCurrency(pricesCurrency, multi); err != nil {
 		return err
 	}
 	c.amount = c.drawOnExposure(amount)
@@ -134,7 +134,9 @@ func (p *Proxy) lookUpAmount(ctx context.Context, c *call) error {
 		}
 		return refuse(CodeAmountUnknown, "The amount of this %s request cannot be known before it reaches Stripe.", cls.Operation)
 	}
-	res, err := p.lookup(ctx, c, *cls.Lookup)
+	l := *cls.Lookup
+	l.Accounts = stripeapi.LookupAccounts(cls, c.params)
+	res, err := p.lookup(ctx, c, l)
 	var rf *refusal
 	if errors.As(err, &rf) {
 		return rf // Stripe refused keybrake's secret or gave no answer: not the amount's fault
@@ -145,7 +147,13 @@ func (p *Proxy) lookUpAmount(ctx context.Context, c *call) error {
 		return rf
 	}
 	c.looked = &res
-	return nil
+	// The connected accounts the object moves this money to or from are touched
+	// like accounts the request names.
+	refs := make([]stripeapi.AccountRef, len(res.Accounts))
+	for i, a := range res.Accounts {
+		refs[i] = stripeapi.AccountRef{ID: a, Where: "the object at " + stripeapi.Clip(l.Path)}
+	}
+	return checkAccounts(&c.key.Policy, refs)
 }
 
 // lookedInOtherCurrency reports whether the request names a currency and the
@@ -157,11 +165,18 @@ func (c *call) lookedInOtherCurrency() bool {
 
 // moneyCurrency is the currency of the request's money: the request's, else the
 // looked-up object's, else its stored prices'; none, or prices in another
-// currency, refuse it.
-func (c *call) moneyCurrency(pricesCurrency string) (string, error) {
+// currency, refuse it. So does a multi-currency stored price (multi) when
+// neither the request nor an object fixes the currency: Stripe would then charge
+// the amount of the customer's local currency, which can be any other.
+func (c *call) moneyCurrency(pricesCurrency string, multi bool) (string, error) {
 	currency := c.cls.Currency
 	if currency == "" && c.looked != nil {
 		currency = c.looked.Currency
+	}
+	if currency == "" && multi {
+		return "", refuse(CodeAmountUnknown, "The %s request uses a stored price with amounts in several currencies "+
+			"(currency_options) and does not fix the currency: Stripe may charge another currency's amount. "+
+			"State currency=%s.", c.cls.Operation, pricesCurrency)
 	}
 	if currency == "" {
 		currency = pricesCurrency
@@ -198,23 +213,22 @@ func (c *call) drawOnExposure(amount int64) int64 {
 const maxPrices = 20
 
 // priceTotal looks up the stored prices the request uses (stripeapi.Classification.Prices)
-// with the real key and returns the sum of unit_amount × quantity and their
-// currency. A price keybrake cannot bound refuses the request with amount_unknown.
-func (p *Proxy) priceTotal(ctx context.Context, c *call) (int64, string, error) {
+// with the real key and returns the sum of unit_amount × quantity, their
+// currency, and whether any has amounts in other currencies too. A price
+// keybrake cannot bound refuses the request with amount_unknown.
+func (p *Proxy) priceTotal(ctx context.Context, c *call) (total int64, currency string, multi bool, err error) {
 	refs := c.cls.Prices
 	if len(refs) == 0 {
-		return 0, "", nil
+		return 0, "", false, nil
 	}
 	if len(refs) > maxPrices {
-		return 0, "", refuse(CodeAmountUnknown, "The %s request uses more than %d stored prices.", c.cls.Operation, maxPrices)
+		return 0, "", false, refuse(CodeAmountUnknown, "The %s request uses more than %d stored prices.", c.cls.Operation, maxPrices)
 	}
 	seen := map[string]stripeapi.Price{}
-	var total int64
-	currency := ""
 	for _, ref := range refs {
 		pr, ok := seen[ref.ID]
 		if !ok {
-			body, err := p.fetch(ctx, c, "/v1/prices/"+ref.ID)
+			body, err := p.fetch(ctx, c, "/v1/prices/"+ref.ID, stripeapi.PriceExpand)
 			if err == nil {
 				pr, err = stripeapi.ReadPrice(body)
 			}
@@ -225,21 +239,21 @@ func (p *Proxy) priceTotal(ctx context.Context, c *call) (int64, string, error) 
 				rf := refuse(CodeAmountUnknown, "The amount of this %s request could not be read from its stored price %s: %s.",
 					c.cls.Operation, stripeapi.Clip(ref.ID), errText(err))
 				rf.cause = err
-				return 0, "", rf
+				return 0, "", false, rf
 			}
 			seen[ref.ID] = pr
 		}
 		if currency != "" && pr.Currency != currency {
-			return 0, "", refuse(CodeAmountUnknown, "The %s request uses stored prices in %s and %s.", c.cls.Operation, currency, pr.Currency)
+			return 0, "", false, refuse(CodeAmountUnknown, "The %s request uses stored prices in %s and %s.", c.cls.Operation, currency, pr.Currency)
 		}
-		currency = pr.Currency
+		currency, multi = pr.Currency, multi || pr.MultiCurrency
 		n, err := stripeapi.MulMinor(pr.Unit, ref.Quantity)
 		if err == nil {
 			total, err = stripeapi.AddMinor(total, n)
 		}
 		if err != nil {
-			return 0, "", malformed(err, "The request's amount is too large.")
+			return 0, "", false, malformed(err, "The request's amount is too large.")
 		}
 	}
-	return total, currency, nil
+	return total, currency, multi, nil
 }

@@ -3,6 +3,7 @@ package proxy
 import (
 	"fmt"
 	"net/http"
+	"strings"
 
 	"github.com/keybrake/keybrake/policy"
 	"github.com/keybrake/keybrake/proxy/stripeapi"
@@ -22,6 +23,13 @@ func (p *Proxy) authorise(c *call) error {
 	if c.cls.MovesMoney && c.method != http.MethodPost {
 		return malformed(nil, "A %s request that moves money cannot be metered.", c.method)
 	}
+	if field, ok := stripeapi.RevealedSecret(c.params); ok {
+		// A card number or an account number spends money outside any request
+		// keybrake sees, whatever the policy allows: never forwarded.
+		return reasonRefusal(policy.Decision{Reason: policy.ReasonOperationNotAllowed, Message: fmt.Sprintf(
+			"keybrake does not forward requests that reveal card numbers, CVCs, account numbers or stored secrets (expand %s).",
+			stripeapi.Clip(field))}, "")
+	}
 	d := policy.Decide(pol, nil, c.policyRequest(0, ""), p.now())
 	if !d.Allowed {
 		return reasonRefusal(d, "")
@@ -29,7 +37,15 @@ func (p *Proxy) authorise(c *call) error {
 	if d.WouldRefuse {
 		c.decision, c.reason = decisionWouldRefuse, string(d.Reason)
 	}
-	return checkAccounts(pol, stripeapi.Accounts(c.account, c.stripeContext, c.path, c.cls.Operation, c.params))
+	if err := checkAccounts(pol, stripeapi.Accounts(c.account, c.stripeContext, c.path, c.cls.Operation, c.params)); err != nil {
+		return err
+	}
+	// A default Stripe changed between API versions: read as classified only
+	// under a version that has the new one (never relaxed, like amount_unknown).
+	if v := c.cls.MinVersion; v != "" && !stripeapi.VersionAtLeast(c.stripeVersion, v) {
+		return refuse(CodeAmountUnknown, "This %s request cannot be metered: %s.", c.cls.Operation, c.cls.Unknown)
+	}
+	return nil
 }
 
 // checkAccounts refuses the first touched account the policy does not allow.
@@ -51,8 +67,10 @@ func checkAccounts(pol *policy.Policy, accounts []stripeapi.AccountRef) error {
 // policyRequest is the policy.Request of this call for amount in currency.
 func (c *call) policyRequest(amount int64, currency string) policy.Request {
 	customer := c.cls.Customer
-	if customer == "" && c.method == http.MethodGet && c.params != nil {
-		// A list filtered by customer (GET /v1/charges?customer=cus_…) touches it.
+	if customer == "" && c.method == http.MethodGet && c.params != nil && c.cls.ObjectID == "" && !strings.HasSuffix(c.path, "/search") {
+		// A list filtered by customer (GET /v1/charges?customer=cus_…) touches it;
+		// a customer parameter on a read of one object, or on a search (whose
+		// query selects), proves nothing.
 		customer, _ = c.params.Get("customer")
 	}
 	return policy.Request{

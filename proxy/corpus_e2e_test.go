@@ -105,9 +105,13 @@ func TestStripeMockBehindKeybrake(t *testing.T) {
 			require.True(t, ok)
 			c := decimal.New(1, 14-exp) // 10^14 minor units: every sample fits
 			p.Currency, p.DailyCap, p.Operations = cur, &c, []string{"*"}
-			// The connected account the samples act on (GET /v1/accounts/acct_123
-			// touches it like a Stripe-Account header would).
-			p.StripeAccounts = []string{"acct_123"}
+			// The connected accounts the samples act on: acct_123 (GET
+			// /v1/accounts/acct_123 touches it like a Stripe-Account header would),
+			// and those of stripe-mock's fixtures: its charges and PaymentIntents
+			// are destination charges to obj_123, its transfers and application
+			// fees go to acct_1PgafTB7WZ01zgkW (a capture, a reversal or a fee
+			// refund touches them).
+			p.StripeAccounts = []string{"acct_123", "obj_123", "acct_1PgafTB7WZ01zgkW"}
 		}
 	}
 	tokens := map[string]string{}

@@ -44,6 +44,7 @@ const (
 	CodeUpstreamUnavailable = "upstream_unavailable"
 	CodeUpstreamAuthFailed  = "upstream_authentication_failed"
 	CodeUpstreamPermission  = "upstream_permission_denied"
+	CodeStoreUnavailable    = "store_unavailable"
 	CodeInternalError       = "internal_error"
 )
 
@@ -152,6 +153,8 @@ func statusFor(code string) (status int, typ string, retry bool) {
 		// Not the caller's key (that is 401 vault_key_*): keybrake's own upstream
 		// credential, which only an operator can fix, so SDKs must not retry.
 		return http.StatusBadGateway, TypeAPI, false
+	case CodeStoreUnavailable:
+		return http.StatusServiceUnavailable, TypeAPI, true
 	default:
 		return http.StatusInternalServerError, TypeAPI, false
 	}
@@ -206,8 +209,21 @@ func formatMinor(currency string, minor int64) string {
 	return policy.FormatMinor(currency, minor)
 }
 
-// internalError is the generic 500: its text never reaches the caller.
+// internalError answers a failure of keybrake's own: the generic 500, whose
+// text never reaches the caller — or, when the store failed or is closed (a
+// PostgreSQL server that is down or restarting, a disk error, a shutdown), the
+// 503 store_unavailable. Every step that can fail this way runs before the
+// request is forwarded, and a forward waits for its durable hold, so nothing
+// was sent to Stripe: a retry with the same idempotency key is safe, and SDKs
+// are told to retry.
 func internalError(cause error) *refusal {
+	if errors.Is(cause, vault.ErrStorage) || errors.Is(cause, vault.ErrClosed) {
+		r := refuse(CodeStoreUnavailable, "keybrake cannot reach its store, so the request was not sent to Stripe. "+
+			"Retry with the same idempotency key.")
+		r.RetryAfter = 1
+		r.cause = cause
+		return r
+	}
 	r := refuse(CodeInternalError, "An internal error occurred in keybrake.")
 	r.cause = cause
 	return r

@@ -280,6 +280,33 @@ func TestSettleFailureStillAnswers(t *testing.T) {
 	assert.NoError(t, reopened.CheckInvariant(ctx))
 }
 
+// TestStoreUnavailableFailsClosed: a request that meets a store it cannot use
+// (here closed; a PostgreSQL server that is down gives the same ErrStorage
+// family) is answered 503 store_unavailable — Stripe-shaped, retryable, and
+// nothing reaches Stripe: neither a charge, which would need its hold first,
+// nor a read, whose vault key cannot be checked.
+func TestStoreUnavailableFailsClosed(t *testing.T) {
+	e := MustEnv(t, withOwnStoreChecks())
+	tok, _ := e.MustKey(t, Policy("99.00"))
+	charge := form("amount", "600", "currency", "usd", "source", "tok_visa")
+	require.Equal(t, http.StatusOK, e.Post(t, "/v1/charges", tok, "before", charge).Status)
+	require.NoError(t, e.Store.Close())
+	before := e.Fake.Count()
+
+	for name, r := range map[string]reply{
+		"charge": e.Post(t, "/v1/charges", tok, "during", charge),
+		"read":   e.MustSend(t, http.MethodGet, "/v1/charges", tok, nil, ""),
+	} {
+		AssertRefusal(t, r, http.StatusServiceUnavailable, "store_unavailable")
+		assert.Equal(t, "api_error", r.ErrType(), name)
+		assert.Equal(t, "true", r.Header.Get("Stripe-Should-Retry"), name)
+		assert.Equal(t, "1", r.Header.Get("Retry-After"), name)
+		assert.Contains(t, r.ErrMessage(), "not sent to Stripe", name)
+	}
+	assert.Equal(t, before, e.Fake.Count(), "nothing reached Stripe")
+	assert.Equal(t, 2.0, MetricValue(t, e.Metrics, "keybrake_proxy_refusals_total", "reason", "store_unavailable", "mode", "enforce"))
+}
+
 // offsetClock is time.Now shifted by an adjustable offset.
 type offsetClock struct{ off atomic.Int64 }
 

@@ -73,7 +73,7 @@ func TestInvoiceItemUpdateKeepsWhatItDoesNotName(t *testing.T) {
 func TestInvoiceLinesAreMetered(t *testing.T) {
 	e := MustEnv(t)
 	tok, key := e.MustKey(t, Policy("200.00", everything))
-	r := e.Post(t, "/v1/invoices", tok, "inv", form("customer", "cus_1", "currency", "usd"))
+	r := e.Post(t, "/v1/invoices", tok, "inv", form("customer", "cus_1", "currency", "usd", "pending_invoice_items_behavior", "exclude"))
 	require.Equal(t, http.StatusOK, r.Status, "%s", r.Raw)
 	inv := r.Body["id"].(string)
 	_, h := usage(t, e, key.ID)
@@ -134,7 +134,7 @@ func TestInvoicePayCommitsWhatWasPaid(t *testing.T) {
 func TestDeclinedInvoicePayKeepsItsLinesCounted(t *testing.T) {
 	e := MustEnv(t)
 	tok, key := e.MustKey(t, Policy("99.00", everything))
-	r := e.Post(t, "/v1/invoices", tok, "inv", form("customer", "cus_1", "currency", "usd"))
+	r := e.Post(t, "/v1/invoices", tok, "inv", form("customer", "cus_1", "currency", "usd", "pending_invoice_items_behavior", "exclude"))
 	require.Equal(t, http.StatusOK, r.Status, "%s", r.Raw)
 	inv := r.Body["id"].(string)
 	r = e.Post(t, "/v1/invoiceitems", tok, "item", form("customer", "cus_1", "currency", "usd", "amount", "7000", "invoice", inv))

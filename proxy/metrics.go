@@ -30,7 +30,7 @@ var metricReasons = [...]string{
 	CodeOperationNotAllowed, CodeCustomerNotAllowed, CodeAccountNotAllowed, CodeCurrencyNotAllowed,
 	CodeAmountUnknown, CodeSpendCapExceeded, CodeRequestMalformed, CodeRequestTooLarge,
 	CodeIdemKeyRequired, CodeIdemKeyInvalid, CodeIdemKeyReused, CodeIdemKeyInUse, CodeIdemOutcomeUnknown,
-	CodeUpstreamUnavailable, CodeUpstreamAuthFailed, CodeUpstreamPermission, CodeInternalError,
+	CodeUpstreamUnavailable, CodeUpstreamAuthFailed, CodeUpstreamPermission, CodeStoreUnavailable, CodeInternalError,
 	"other",
 }
 

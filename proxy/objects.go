@@ -45,7 +45,8 @@ func (c *call) settleAnswer(sr *vault.SettleRequest, o stripeapi.Object) {
 		return
 	}
 	sr.ObjectID = id
-	sr.Object = vault.ObjectSettle{Created: c.cls.Creates && c.cls.Target == "", Expose: true}
+	sr.Object = vault.ObjectSettle{Created: c.cls.Creates && c.cls.Target == "", Expose: true,
+		StripeAccount: c.account, StripeContext: c.stripeContext}
 	if o.Get("object") == "" {
 		return
 	}

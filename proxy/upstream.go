@@ -451,14 +451,18 @@ func (p *Proxy) lookup(ctx context.Context, c *call, l stripeapi.Lookup) (stripe
 }
 
 // fetch GETs path at Stripe with the real secret and the call's Stripe-Account,
-// Stripe-Context and Stripe-Version, and returns the body of a 200.
-func (p *Proxy) fetch(ctx context.Context, c *call, path string) ([]byte, error) {
+// Stripe-Context and Stripe-Version, expanding the fields named by expand, and
+// returns the body of a 200.
+func (p *Proxy) fetch(ctx context.Context, c *call, path string, expand ...string) ([]byte, error) {
 	if !strings.HasPrefix(path, "/v1/") || strings.ContainsAny(path, "?#%") || strings.Contains(path, "..") {
 		return nil, fmt.Errorf("lookup path %q refused", path)
 	}
 	u := *p.upstream
 	u.Path = strings.TrimSuffix(p.upstream.Path, "/") + path
 	u.RawPath, u.RawQuery, u.Fragment = "", "", ""
+	if len(expand) > 0 {
+		u.RawQuery = url.Values{"expand[]": expand}.Encode()
+	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.timeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.String(), nil)
@@ -491,9 +495,21 @@ func (p *Proxy) fetch(ctx context.Context, c *call, path string) ([]byte, error)
 		return nil, lookupUnavailable(c, fmt.Errorf("lookup %s: read: %w", path, err))
 	}
 	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("lookup %s: status %d", path, resp.StatusCode)
+		return nil, &lookupStatusError{path: path, status: resp.StatusCode}
 	}
 	return body, nil
+}
+
+// lookupStatusError is Stripe's answer to a lookup when it is neither 200 nor
+// one fetch turns into a refusal (401, 403, 429, 5xx): a 404, a 400.
+type lookupStatusError struct {
+	path   string
+	status int
+}
+
+// Error implements error.
+func (e *lookupStatusError) Error() string {
+	return fmt.Sprintf("lookup %s: status %d", e.path, e.status)
 }
 
 // lookupUnavailable is the refusal of a request whose amount lookup Stripe did

@@ -16,6 +16,12 @@ type Exposure struct {
 	Own bool
 	// Closed is true when an answer proved the object can move no more money.
 	Closed bool
+	// StripeAccount and StripeContext are the Stripe-Account and Stripe-Context
+	// headers of the last request whose answer settled the object ("" for the
+	// platform account): Stripe shows the object under them, so a lookup of it
+	// sends them too.
+	StripeAccount string
+	StripeContext string
 }
 
 // Observation is what a Stripe answer that was not a metered request's own (a

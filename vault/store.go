@@ -156,6 +156,26 @@ type Store interface {
 	// changed; an object without live exposure is left alone (no write).
 	// Errors: ErrInvalid (an empty key or object id, a negative amount).
 	ObserveObject(ctx context.Context, keyID, objectID string, ob Observation) (bool, error)
+	// ListExposures lists the money objects keyID has live exposure on, by
+	// object id, in one read transaction. Limit defaults to 50, max 500;
+	// cursor is the previous page's next. Errors: ErrNotFound (no such key),
+	// ErrInvalid (a malformed cursor).
+	ListExposures(ctx context.Context, keyID string, limit int, cursor string) ([]ExposedObject, string, error)
+	// RefreshExposure applies Stripe's answer about a money object, read at an
+	// operator's request (actor), to keyID's exposure on it exactly as
+	// ObserveObject does (ob.Operation is set to "exposure.refresh"), and
+	// writes the audit entry "exposure.refresh" (the object before and after)
+	// in the same write transaction, whether or not anything changed. Errors:
+	// ErrInvalid (an empty key or object id, a negative amount), ErrNotFound
+	// (no such key, or the key never counted the object).
+	RefreshExposure(ctx context.Context, actor, keyID, objectID string, ob Observation) (ExposureChange, error)
+	// ReleaseExposure releases what is left of keyID's exposure on a money
+	// object by an operator's decision (actor), without Stripe's word: the
+	// windows are freed, each part's ledger event is "resolved" with reason
+	// "operator:released", and the audit entry "exposure.release" is written
+	// in the same write transaction. Errors: ErrInvalid and ErrNotFound (as
+	// RefreshExposure), ErrConflict (no exposure is left on the object).
+	ReleaseExposure(ctx context.Context, actor, keyID, objectID string) (ExposureChange, error)
 
 	// ---- ledger and audit ----
 
@@ -422,4 +442,9 @@ type ObjectSettle struct {
 	// (MovedKnown false when it does not), kept for later observations.
 	Moved      int64
 	MovedKnown bool
+	// StripeAccount and StripeContext are the request's Stripe-Account and
+	// Stripe-Context headers, under which Stripe answered for the object: kept
+	// so that a later lookup finds it (Exposure.StripeAccount).
+	StripeAccount string
+	StripeContext string
 }

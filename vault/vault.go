@@ -141,7 +141,7 @@ const (
 	DecisionWouldRefuse Decision = "would_refuse" // report mode let through what the policy refuses
 	DecisionRefused     Decision = "refused"      // the policy refused: nothing held
 	DecisionSettled     Decision = "settled"      // a hold settled; Reason is the SettleOutcome
-	DecisionResolved    Decision = "resolved"     // an operator settled an unknown hold (ResolveHold)
+	DecisionResolved    Decision = "resolved"     // an operator settled an unknown hold (ResolveHold) or released an exposure (ReleaseExposure)
 	DecisionExposure    Decision = "exposure"     // a money object's exposure was committed or released
 	DecisionCarried     Decision = "carried"      // a time-zone change carried the day's usage (UpdateKey)
 )

@@ -27,6 +27,7 @@ type bench struct {
 	fakeSrv *http.Server
 	bare    *bareChild
 	kb      *keybrakeChild
+	pg      *pgBench // nil without --database-url
 
 	secrets    keybrakeSecrets
 	kbSecret   string // keybrake's upstream secret at the fake Stripe
@@ -40,11 +41,14 @@ type bench struct {
 	peakNoted bool
 }
 
-// target is one of the two proxies under load.
+// target is one of the proxies under load: the bare proxy, keybrake, or
+// keybrake's replicas on PostgreSQL, which the load reaches in turn.
 type target struct {
-	name string
-	url  string
-	pid  int
+	name   string
+	urls   []string
+	pids   []int
+	kbs    []*keybrakeChild // keybrake's processes, whose store counters are read
+	tokens []string         // "Bearer vk_…" of the store the target serves
 }
 
 // run sets everything up, measures, stops keybrake and checks its store.
@@ -66,12 +70,14 @@ func (b *bench) run(ctx context.Context) (*Report, error) {
 	if err := b.start(ctx, rep); err != nil {
 		return nil, err
 	}
-	bare := target{name: "bare", url: b.bare.url, pid: b.bare.pid()}
-	kb := target{name: "keybrake", url: b.kb.url, pid: b.kb.pid()}
+	targets := append([]target{
+		{name: "bare", urls: []string{b.bare.url}, pids: []int{b.bare.pid()}, tokens: b.tokens},
+		{name: "keybrake", urls: []string{b.kb.url}, pids: []int{b.kb.pid()}, kbs: []*keybrakeChild{b.kb}, tokens: b.tokens},
+	}, b.postgresTargets()...)
 	b.ok = map[string]int{}
 	if cfg.Warmup > 0 {
 		fmt.Fprintf(b.progress, "warming up for %s per target…\n", cfg.Warmup)
-		for _, t := range []target{bare, kb} {
+		for _, t := range targets {
 			r := b.load(t, cfg.maxConcurrencyOf(), b.runID+"-warmup-"+t.name).run(ctx, cfg.Warmup)
 			b.ok[t.name] += r.ok
 			if r.Errors > 0 {
@@ -82,7 +88,7 @@ func (b *bench) run(ctx context.Context) (*Report, error) {
 	}
 	rep.Setup.DBBytesAfterWarmup = fileSize(b.dbPath)
 	for _, conns := range cfg.Concurrency {
-		cr, err := b.measure(ctx, rep, conns, bare, kb)
+		cr, err := b.measure(ctx, rep, conns, targets)
 		if err != nil {
 			return nil, err
 		}
@@ -90,6 +96,9 @@ func (b *bench) run(ctx context.Context) (*Report, error) {
 	}
 	rep.Machine.LoadAvgEnd, rep.Machine.PressureEnd = loadAverage(), pressure()
 	if err := b.check(ctx, &rep.Check); err != nil {
+		return nil, err
+	}
+	if err := b.checkPostgres(ctx, &rep.Check); err != nil {
 		return nil, err
 	}
 	return rep, nil
@@ -124,7 +133,7 @@ func (b *bench) start(ctx context.Context, rep *Report) error {
 	b.bareSecret = "sk_test_bare_" + hex.EncodeToString(random[72:80])
 	b.runID = "bench-" + hex.EncodeToString(random[80:86])
 
-	b.fake = newFakeStripe(cfg.UpstreamLatency, cfg.ResponseBytes, b.kbSecret, b.bareSecret)
+	b.fake = newFakeStripe(cfg.UpstreamLatency, cfg.ResponseBytes, b.kbSecret, b.bareSecret, b.pgSecret())
 	stripeURL, err := b.serveFake(ctx)
 	if err != nil {
 		return err
@@ -160,16 +169,16 @@ func (b *bench) start(ctx context.Context, rep *Report) error {
 	if b.bare, err = startBare(ctx, stripeURL, b.bareSecret, b.progress); err != nil {
 		return err
 	}
-	return nil
+	return b.startPostgres(ctx, rep, bin, stripeURL)
 }
 
-// measure runs cfg.Rounds rounds of bare then keybrake at conns connections and
-// pools them.
-func (b *bench) measure(ctx context.Context, rep *Report, conns int, bare, kb target) (ConcResult, error) {
+// measure runs cfg.Rounds rounds of each target in turn (bare, keybrake, and
+// keybrake on PostgreSQL) at conns connections and pools them.
+func (b *bench) measure(ctx context.Context, rep *Report, conns int, targets []target) (ConcResult, error) {
 	cfg := b.cfg
 	cr := ConcResult{Concurrency: conns}
 	dbBefore := fileSize(b.dbPath)
-	targets := []target{bare, kb}
+	kb := targets[1]
 	rounds := make([][]roundResult, len(targets))
 	mems := make([]memStats, len(targets))
 	peaks := make([]int64, len(targets))
@@ -177,12 +186,14 @@ func (b *bench) measure(ctx context.Context, rep *Report, conns int, bare, kb ta
 		for i, t := range targets {
 			fmt.Fprintf(b.progress, "%d connections, round %d of %d: %s…\n", conns, round, cfg.Rounds, t.name)
 			b.fake.forget()
-			if err := resetPeak(t.pid); err != nil && !b.peakNoted {
-				b.peakNoted = true
-				rep.Notes = append(rep.Notes, "peak RSS is since the process started: "+err.Error())
+			for _, pid := range t.pids {
+				if err := resetPeak(pid); err != nil && !b.peakNoted {
+					b.peakNoted = true
+					rep.Notes = append(rep.Notes, "peak RSS is since the process started: "+err.Error())
+				}
 			}
 			var profiled chan error
-			if t == kb && cfg.CPUProfile != "" && conns == cfg.maxConcurrencyOf() && round == 1 {
+			if t.name == kb.name && cfg.CPUProfile != "" && conns == cfg.maxConcurrencyOf() && round == 1 {
 				profiled = make(chan error, 1)
 				go func() { profiled <- b.kb.cpuProfile(ctx, cfg.Duration, cfg.CPUProfile) }()
 			}
@@ -200,7 +211,7 @@ func (b *bench) measure(ctx context.Context, rep *Report, conns int, bare, kb ta
 			}
 			b.ok[t.name] += r.ok
 			rounds[i] = append(rounds[i], r)
-			if m, err := readMem(t.pid); err == nil {
+			if m, err := readMems(t.pids); err == nil {
 				peaks[i], mems[i] = max(peaks[i], m.PeakRSS), m
 			}
 		}
@@ -215,6 +226,7 @@ func (b *bench) measure(ctx context.Context, rep *Report, conns int, bare, kb ta
 		}
 	}
 	cr.Bare, cr.Keybrake = results[0], results[1]
+	cr.Postgres = postgresResults(targets[2:], results[2:], cr.Bare, cr.Keybrake)
 	cr.DBBytes = fileSize(b.dbPath)
 	if cr.Keybrake.Requests > 0 {
 		cr.DBGrowthPerRequest = round3(float64(cr.DBBytes-dbBefore) / float64(cr.Keybrake.Requests))
@@ -232,26 +244,27 @@ type counters struct {
 	cpuOK, wOK, opsOK bool
 }
 
-// sample reads t's counters: its CPU time and, for keybrake, its store's. The
-// scrape of /metrics costs keybrake CPU (it counts the unknown holds), so a
-// round's CPU time is read inside the scrapes: after the one before the round
-// (cpuFirst false), before the one after it (cpuFirst true).
+// sample reads t's counters, summed over its processes: their CPU time and,
+// for keybrake, their stores'. The scrape of /metrics costs keybrake CPU (it
+// counts the unknown holds), so a round's CPU time is read inside the scrapes:
+// after the one before the round (cpuFirst false), before the one after it
+// (cpuFirst true).
 func (b *bench) sample(ctx context.Context, t target, cpuFirst bool) counters {
-	var c counters
+	c := counters{cpuOK: true, wOK: true, opsOK: len(t.kbs) > 0}
 	readCPUTime := func() {
-		var err error
-		c.cpu, err = readCPU(t.pid)
-		c.cpuOK = err == nil
-		c.written, err = readWritten(t.pid)
-		c.wOK = err == nil
+		for _, pid := range t.pids {
+			cpu, err := readCPU(pid)
+			c.cpu, c.cpuOK = c.cpu+cpu, c.cpuOK && err == nil
+			written, err := readWritten(pid)
+			c.written, c.wOK = c.written+written, c.wOK && err == nil
+		}
 	}
 	if cpuFirst {
 		readCPUTime()
 	}
-	if b.kb != nil && t.pid == b.kb.pid() {
-		var err error
-		c.commits, c.ops, err = b.kb.storeCounters(ctx)
-		c.opsOK = err == nil
+	for _, kb := range t.kbs {
+		commits, ops, err := kb.storeCounters(ctx)
+		c.commits, c.ops, c.opsOK = c.commits+commits, c.ops+ops, c.opsOK && err == nil
 	}
 	if !cpuFirst {
 		readCPUTime()
@@ -314,7 +327,11 @@ func (k *CheckResult) consistency() []string {
 
 // load is a round against t with conns connections.
 func (b *bench) load(t target, conns int, runID string) *load {
-	return &load{url: t.url + "/v1/charges", tokens: b.tokens, conns: conns, runID: runID, timeout: b.cfg.Timeout}
+	urls := make([]string, len(t.urls))
+	for i, u := range t.urls {
+		urls[i] = u + "/v1/charges"
+	}
+	return &load{urls: urls, tokens: t.tokens, conns: conns, runID: runID, timeout: b.cfg.Timeout}
 }
 
 // serveFake serves the fake Stripe on 127.0.0.1 and returns its URL.
@@ -347,6 +364,9 @@ func (b *bench) close() error {
 		if err := b.bare.stop(); err != nil {
 			errs = append(errs, fmt.Errorf("stop bare proxy: %w", err))
 		}
+	}
+	if b.pg != nil {
+		errs = append(errs, b.pg.close())
 	}
 	if b.fakeSrv != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

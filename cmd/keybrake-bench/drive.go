@@ -16,7 +16,7 @@ import (
 // load is one round against one target: conns callers, each on its own
 // keep-alive connection with one request in flight, for a duration.
 type load struct {
-	url     string   // the target's POST /v1/charges
+	urls    []string // the target's POST /v1/charges, used in turn
 	tokens  []string // "Bearer vk_…", used in turn
 	conns   int
 	runID   string // makes every Idempotency-Key of the round unique
@@ -107,7 +107,7 @@ func (l *load) run(ctx context.Context, d time.Duration) roundResult {
 // refuse and the fake Stripe never fails.
 func (l *load) send(client *http.Client, n int64, t *callerTally) {
 	t.requests++
-	req, err := http.NewRequest(http.MethodPost, l.url, strings.NewReader(chargeBody))
+	req, err := http.NewRequest(http.MethodPost, l.urls[n%int64(len(l.urls))], strings.NewReader(chargeBody))
 	if err != nil {
 		t.fail(err.Error())
 		return

@@ -60,9 +60,10 @@ type keybrakeSecrets struct {
 
 // startKeybrake runs `bin serve` on dataDir (whose store the setup prepared) with
 // both listeners on 127.0.0.1, the fake Stripe as its upstream and, with pprof,
-// its profiler on a loopback port. Its log goes to keybrake.log in dataDir. It
-// returns once serve logs that it is serving.
-func startKeybrake(ctx context.Context, bin, dataDir, stripeURL, logLevel string, s keybrakeSecrets, pprof bool) (*keybrakeChild, error) {
+// its profiler on a loopback port, and extraEnv (KEYBRAKE_DATABASE_URL for a
+// replica on PostgreSQL). Its log goes to keybrake.log in dataDir. It returns
+// once serve logs that it is serving.
+func startKeybrake(ctx context.Context, bin, dataDir, stripeURL, logLevel string, s keybrakeSecrets, pprof bool, extraEnv ...string) (*keybrakeChild, error) {
 	logPath := filepath.Join(dataDir, "keybrake.log")
 	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
@@ -84,6 +85,7 @@ func startKeybrake(ctx context.Context, bin, dataDir, stripeURL, logLevel string
 	cmd.Env = append(childEnv(),
 		"KEYBRAKE_MASTER_KEY="+base64.StdEncoding.EncodeToString(s.masterKey),
 		"KEYBRAKE_JWT_SECRET="+base64.StdEncoding.EncodeToString(s.jwtSecret))
+	cmd.Env = append(cmd.Env, extraEnv...)
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	setDeathSignal(cmd)
 	if err := cmd.Start(); err != nil {

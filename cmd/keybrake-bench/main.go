@@ -104,6 +104,13 @@ type Config struct {
 	// TempDir is where the temporary directory with keybrake's data directory
 	// goes (os.TempDir() when empty); its file system decides what an fsync costs.
 	TempDir string
+	// DatabaseURL, when set, names a PostgreSQL server: the benchmark creates a
+	// database of its own there (dropped at the end) and measures keybrake on
+	// the PostgreSQL store too, through one replica and through Replicas (see
+	// postgres.go).
+	DatabaseURL string
+	// Replicas is how many keybrake replicas share the PostgreSQL store.
+	Replicas int
 	// JSON prints the report as JSON instead of a table.
 	JSON bool
 	// Timeout bounds one request.
@@ -119,6 +126,7 @@ func DefaultConfig() Config {
 		Warmup:      time.Second,
 		Keys:        1,
 		LogLevel:    "info",
+		Replicas:    3,
 		Timeout:     30 * time.Second,
 	}
 }
@@ -170,6 +178,7 @@ func (c *Config) Validate() error {
 	if c.Timeout <= 0 {
 		errs = append(errs, errors.New("--timeout must be positive"))
 	}
+	errs = append(errs, c.validatePostgres()...)
 	return errors.Join(errs...)
 }
 
@@ -245,6 +254,8 @@ func (m *Main) ParseFlags(args []string) error {
 	fs.StringVar(&c.LogLevel, "keybrake-log-level", c.LogLevel, "keybrake's --log-level; its log goes to a file")
 	fs.StringVar(&c.CPUProfile, "cpuprofile", c.CPUProfile, "write a CPU profile of keybrake during its first round at the highest concurrency to this file")
 	fs.StringVar(&c.TempDir, "tmp-dir", c.TempDir, "where keybrake's data directory is made (default: the system's temporary directory); use a disk, not tmpfs")
+	fs.StringVar(&c.DatabaseURL, "database-url", c.DatabaseURL, "postgres:// URL of a server (its role may create databases): measure keybrake on the PostgreSQL store too, in a database of its own (default: "+envDatabaseURL+")")
+	fs.IntVar(&c.Replicas, "replicas", c.Replicas, "keybrake replicas sharing the PostgreSQL store, driven round-robin; measured through one and through all")
 	fs.BoolVar(&c.JSON, "json", c.JSON, "print the report as JSON")
 	fs.DurationVar(&c.Timeout, "timeout", c.Timeout, "timeout of one request")
 	if err := fs.Parse(args); err != nil {
@@ -252,6 +263,9 @@ func (m *Main) ParseFlags(args []string) error {
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	if c.DatabaseURL == "" {
+		c.DatabaseURL = os.Getenv(envDatabaseURL)
 	}
 	return c.Validate()
 }

@@ -15,6 +15,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/keybrake/keybrake/vault/postgres/pgtest"
 )
 
 // TestMain lets the test binary play the bare proxy, as the program does: the
@@ -23,7 +25,7 @@ func TestMain(m *testing.M) {
 	if isBareChild() {
 		os.Exit(runBareChild(os.Stdin, os.Stdout, os.Stderr))
 	}
-	os.Exit(m.Run())
+	pgtest.Main(m)
 }
 
 // MustKeybrake builds keybrake from this source into a temporary directory and
@@ -284,4 +286,55 @@ func TestParseFlags(t *testing.T) {
 	require.NoError(t, m.ParseFlags([]string{"--concurrency", "1, 16,64"}))
 	assert.Equal(t, []int{1, 16, 64}, m.Config.Concurrency)
 	assert.Equal(t, 64, m.Config.maxConcurrencyOf())
+}
+
+// TestBenchmarkPostgresSmoke runs the benchmark briefly with the PostgreSQL
+// store beside bbolt: two replicas, measured through one and through both. It
+// checks that each was measured, without errors, that the PostgreSQL store
+// accounts for every charge the fake Stripe executed for it, and that the
+// benchmark's database is gone afterwards. It asserts nothing about speed.
+func TestBenchmarkPostgresSmoke(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the real binary")
+	}
+	server := pgtest.URL(t)
+	rep, stderr := MustBench(t, "--keybrake", MustKeybrake(t),
+		"--concurrency", "2", "--duration", "300ms", "--rounds", "1", "--warmup", "100ms",
+		"--keys", "2", "--seed-records", "10", "--database-url", server, "--replicas", "2")
+	t.Log(stderr)
+	assert.Empty(t, rep.Check.Problems)
+
+	require.NotNil(t, rep.Postgres)
+	assert.Contains(t, rep.Postgres.Server, "PostgreSQL")
+	assert.Equal(t, 2, rep.Postgres.Replicas)
+	require.Len(t, rep.Results, 1)
+	cr := rep.Results[0]
+	require.Len(t, cr.Postgres, 2)
+	for i, pr := range cr.Postgres {
+		assert.Equal(t, i+1, pr.Replicas)
+		assert.Positive(t, pr.Requests)
+		assert.Zero(t, pr.Errors)
+		require.Len(t, pr.Rounds, 1)
+		assert.Equal(t, map[int]int{http.StatusOK: pr.Requests}, pr.Rounds[0].ByStatus)
+		assert.InDelta(t, pr.RPS/cr.Bare.RPS, pr.Ratio, 0.001)
+		assert.InDelta(t, pr.RPS/cr.Keybrake.RPS, pr.VersusBolt, 0.001)
+		assert.InDelta(t, pr.P50MS-cr.Bare.P50MS, pr.AddedP50MS, 0.002)
+		assert.Positive(t, pr.CommitsPerSecond, "read from the replicas' /metrics")
+		if runtime.GOOS == "linux" {
+			assert.Positive(t, pr.CPUPerRequestUS, "from /proc")
+		}
+	}
+
+	k := rep.Check.Postgres
+	require.NotNil(t, k)
+	assert.Positive(t, k.StripeCharges)
+	assert.Equal(t, k.StripeCharges, int64(k.Answered200))
+	assert.Equal(t, int64(10*chargeAmount), k.SeededAmount)
+	assert.Equal(t, k.SeededAmount+k.StripeAmount, k.Committed)
+	assert.Zero(t, k.Held)
+
+	var n int
+	require.NoError(t, pgtest.NewPool(t, server).QueryRow(context.Background(),
+		"SELECT count(*) FROM pg_database WHERE datname = $1", rep.Postgres.Database).Scan(&n))
+	assert.Zero(t, n, "the benchmark's database was dropped")
 }

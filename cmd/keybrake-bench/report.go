@@ -20,10 +20,12 @@ type Report struct {
 	Config  ReportConfig `json:"config"`
 	Results []ConcResult `json:"results"`
 	Setup   SetupResult  `json:"setup"`
-	Check   CheckResult  `json:"check"`
-	Notes   []string     `json:"notes,omitempty"`
-	Profile string       `json:"cpu_profile,omitempty"`
-	Started time.Time    `json:"started"`
+	// Postgres describes the PostgreSQL server and replicas (--database-url).
+	Postgres *PostgresInfo `json:"postgres,omitempty"`
+	Check    CheckResult   `json:"check"`
+	Notes    []string      `json:"notes,omitempty"`
+	Profile  string        `json:"cpu_profile,omitempty"`
+	Started  time.Time     `json:"started"`
 }
 
 // Machine describes where the run happened, and how busy it was: the load
@@ -62,6 +64,9 @@ type ConcResult struct {
 	Concurrency int          `json:"concurrency"`
 	Bare        TargetResult `json:"bare"`
 	Keybrake    TargetResult `json:"keybrake"`
+	// Postgres is keybrake on the PostgreSQL store, through one replica and
+	// through all (--database-url).
+	Postgres []PostgresResult `json:"postgres,omitempty"`
 	// Ratio is keybrake's throughput over the bare proxy's.
 	Ratio float64 `json:"throughput_ratio"`
 	// AddedP50MS and AddedP99MS are keybrake's latency percentiles minus the bare
@@ -135,6 +140,9 @@ type CheckResult struct {
 	Bare200       int   `json:"bare_200"`
 	// Problems lists every inconsistency and failed request; a run with any exits 1.
 	Problems []string `json:"problems"`
+	// Postgres is the same check of keybrake on PostgreSQL (its bare fields
+	// unused; its problems are in Problems too).
+	Postgres *CheckResult `json:"postgres,omitempty"`
 }
 
 // pool merges rounds into one TargetResult.
@@ -230,6 +238,9 @@ func (r *Report) writeText(w io.Writer) error {
 		return err
 	}
 	fmt.Fprintln(w)
+	if err := r.writePostgresText(w); err != nil {
+		return err
+	}
 	s := r.Setup
 	if s.SeedRecords > 0 {
 		fmt.Fprintf(w, "setup: %d keys and %d seeded records written through the store in %.1fs; database %s after seeding\n",

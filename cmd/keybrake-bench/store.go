@@ -223,12 +223,20 @@ func readTotals(ctx context.Context, path string, masterKey []byte, keyIDs []str
 	if err != nil {
 		return storeTotals{}, fmt.Errorf("open store: %w", err)
 	}
+	t, err := sumTotals(ctx, s, keyIDs)
+	if cerr := s.Close(); cerr != nil {
+		err = errors.Join(err, fmt.Errorf("close store: %w", cerr))
+	}
+	return t, err
+}
+
+// sumTotals sums the period windows of keyIDs in s.
+func sumTotals(ctx context.Context, s vault.Store, keyIDs []string) (storeTotals, error) {
 	var t storeTotals
 	for _, id := range keyIDs {
-		_, windows, usage, uerr := s.KeyUsage(ctx, id)
-		if uerr != nil {
-			err = fmt.Errorf("usage of %s: %w", id, uerr)
-			break
+		_, windows, usage, err := s.KeyUsage(ctx, id)
+		if err != nil {
+			return t, fmt.Errorf("usage of %s: %w", id, err)
 		}
 		for _, w := range windows {
 			if w.Kind == policy.WindowPeriod {
@@ -237,8 +245,5 @@ func readTotals(ctx context.Context, path string, masterKey []byte, keyIDs []str
 			}
 		}
 	}
-	if cerr := s.Close(); cerr != nil {
-		err = errors.Join(err, fmt.Errorf("close store: %w", cerr))
-	}
-	return t, err
+	return t, nil
 }

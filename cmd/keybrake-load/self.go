@@ -170,7 +170,7 @@ func startSelf(ctx context.Context, capMinor int64, logw io.Writer) (*selfTarget
 	if st.proxyURL, err = st.serve(ctx, api.NewProxyListener(api.ProxyConfig{Store: st.store, Logger: logger, Stripe: stripe})); err != nil {
 		return st, err
 	}
-	admin := api.NewAdmin(api.AdminConfig{Store: st.store, Logger: logger, JWTSecret: jwtSecret, PublicURL: st.proxyURL})
+	admin := api.NewAdmin(api.AdminConfig{Store: st.store, Logger: logger, JWTSecret: jwtSecret, PublicURL: st.proxyURL, Stripe: stripe})
 	if st.adminURL, err = st.serve(ctx, admin); err != nil {
 		return st, err
 	}

@@ -55,7 +55,9 @@ type Config struct {
 	// ReapInterval is how often expired idempotency records and counters are removed.
 	ReapInterval time.Duration
 	// LeaseMargin is added to UpstreamTimeout for the lease of an in-flight claim, so
-	// a claim outlives the request that holds it.
+	// a claim outlives the request that holds it. With several replicas on one
+	// PostgreSQL store it also bounds how long a request a dead replica left in
+	// flight waits before a retry resumes it elsewhere.
 	LeaseMargin time.Duration
 	// OpenTimeout is how long opening the database waits for its file lock: short,
 	// so that a second serve on a data directory in use says so at once.
@@ -255,6 +257,7 @@ func (c *Config) bindFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.LogFormat, "log-format", c.LogFormat, "log format: json or text")
 	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", c.ShutdownTimeout, "how long in-flight requests may finish on shutdown")
 	fs.DurationVar(&c.ReapInterval, "reap-interval", c.ReapInterval, "how often expired idempotency records are removed")
+	fs.DurationVar(&c.LeaseMargin, "lease-margin", c.LeaseMargin, "added to --upstream-timeout for the lease of a request in flight: how long a request a dead process left in flight waits before a retry may resume it and the reaper makes it outcome unknown")
 	fs.StringVar(&c.PprofListen, "pprof-listen", c.PprofListen, "serve Go's profiler (/debug/pprof/) on this loopback address (default: off)")
 }
 

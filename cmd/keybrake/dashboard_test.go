@@ -47,6 +47,17 @@ func TestServeBannerPrintsTheDashboardAndASignInLink(t *testing.T) {
 	status, body := MustGet(t, strings.Split(match[1], "#")[0], "")
 	assert.Equal(t, http.StatusOK, status)
 	assert.Contains(t, string(body), `<script type="module" src="/ui/assets/`)
+	assert.Contains(t, banner, "Mint more tokens with: keybrake token --role admin --data-dir ")
+}
+
+// With the JWT secret in the environment, the banner's hint says that token needs
+// it there too: the data directory holds no jwt.secret to find.
+func TestServeBannerNamesTheJWTSecretsVariable(t *testing.T) {
+	fake := proxytest.NewFakeStripe(t, "sk_test_banner")
+	m := MustServe(t, t.TempDir(), fake.URL, env{envJWTSecret: "an-environment-jwt-secret-0123456789abcdef"})
+	banner := m.stderr.String()
+	assert.Contains(t, banner, "Mint more tokens with: keybrake token --role admin, with this server's KEYBRAKE_JWT_SECRET in its environment\n")
+	assert.NotContains(t, banner, "--data-dir")
 }
 
 // TestDashboardInABrowser drives the dashboard of a real `keybrake serve` with a
@@ -121,7 +132,7 @@ func TestDashboardInABrowser(t *testing.T) {
 	nyPolicy := map[string]any{"daily_cap": "30.00", "period_cap": "500.00", "timezone": "America/New_York"}
 	fullID, full := d.MustMint("vault_key_cust_77", "billing", nyPolicy)
 	require.NoError(t, d.charger(full, "usd")(3000))
-	d.MustMint("agent_run_2026_12_01", "agents", nyPolicy)
+	agentID, agentKey := d.MustMint("agent_run_2026_12_01", "agents", nyPolicy)
 	b.WaitFor("the key at its cap", `document.querySelector('table.data tbody tr.row-full')?.textContent.includes('at cap')`, uiWait)
 	keyList := b.Screenshot(shots, "keys")
 	if *updateDocs {
@@ -195,6 +206,14 @@ func TestDashboardInABrowser(t *testing.T) {
 	b.Do(chromedp.Navigate(ui + "#/keys/" + fullID))
 	b.WaitFor("an active key's page", `document.querySelector('main h1')?.textContent.startsWith('vault_key_cust_77')`, uiWait)
 	assert.Equal(t, "false", b.Eval(`String(!!document.querySelector('[data-action]'))`), "a viewer has no revoke, rotate or edit button")
+	// A viewer sees a key's money objects, without the Refresh button.
+	pi, err := MustStripeClient(t, m.PublicURL(), agentKey).V1PaymentIntents.Create(context.Background(),
+		&stripe.PaymentIntentCreateParams{Amount: stripe.Int64(500), Currency: stripe.String("usd")})
+	require.NoError(t, err)
+	b.Do(chromedp.Navigate(ui + "#/keys/" + agentID))
+	b.WaitFor("the PaymentIntent's exposure", `document.querySelector('.exposure-region tbody tr')?.textContent.includes('`+pi.ID+`')`, uiWait)
+	assert.Contains(t, b.Text(".exposure-region tbody tr"), "5.00 USD")
+	assert.Equal(t, "false", b.Eval(`String(!!document.querySelector('[data-action]'))`), "a viewer has no Refresh button")
 
 	// A token the API refuses ends the session: back to sign-in, with the reason.
 	forged, err := api.IssueToken([]byte("another-secret-another-secret-0123456789"), "mallory", api.RoleAdmin, time.Hour, time.Now())
@@ -278,6 +297,27 @@ func TestDashboardOverviewHoldsAndKeyboardInABrowser(t *testing.T) {
 	)
 	b.WaitFor("the new cap", `document.querySelector('.usage-region [data-window=daily]')?.textContent.includes('12.00 of 80.00 EUR')`, uiWait)
 	assert.Contains(t, b.Text(".notice-region"), "The caps are saved.")
+
+	// A PaymentIntent created through keybrake holds its amount; cancelled at
+	// Stripe directly, where keybrake cannot see it, it is freed by Refresh.
+	pi, err := MustStripeClient(t, m.PublicURL(), vaultKey).V1PaymentIntents.Create(context.Background(),
+		&stripe.PaymentIntentCreateParams{Amount: stripe.Int64(2000), Currency: stripe.String("eur")})
+	require.NoError(t, err)
+	b.Do(chromedp.Reload())
+	exposureRow := `document.querySelector('.exposure-region tbody tr')`
+	b.WaitFor("the PaymentIntent's exposure", exposureRow+`?.textContent.includes('`+pi.ID+`')`, uiWait)
+	assert.Contains(t, b.Text(".exposure-region tbody tr"), "20.00 EUR")
+	assert.Contains(t, b.Text(".exposure-region tbody tr"), "payment intent")
+	dailyUsage := `document.querySelector('.usage-region [data-window=daily]').textContent`
+	assert.Contains(t, b.Eval(dailyUsage), "12.00 + 20.00 held of 80.00 EUR")
+	b.Screenshot(shots, "exposure")
+	_, err = MustStripeClient(t, fake.URL, fake.Secret).V1PaymentIntents.Cancel(context.Background(), pi.ID, &stripe.PaymentIntentCancelParams{})
+	require.NoError(t, err)
+	b.Do(chromedp.Click(chromedp.CSS(`button[data-action="refresh-exposure"][data-object="` + pi.ID + `"]`)))
+	b.WaitFor("the refresh's result", `document.querySelector('.exposure-result')?.textContent.includes('released 20.00 EUR')`, uiWait)
+	b.WaitFor("nothing left exposed", `document.querySelector('.exposure-region .empty')?.textContent.startsWith('No money object')`, uiWait)
+	assert.Contains(t, b.Eval(dailyUsage), "12.00 of 80.00 EUR", "the held money dropped")
+	b.Screenshot(shots, "exposure-refreshed")
 
 	// An event that came through the MCP endpoint names its tool in the ledger.
 	// (The event's tool field is optional; this page's answers are rewritten so

@@ -25,6 +25,7 @@ import (
 
 	"github.com/keybrake/keybrake/policy"
 	"github.com/keybrake/keybrake/proxy/proxytest"
+	"github.com/keybrake/keybrake/vault"
 	"github.com/keybrake/keybrake/vault/bolt"
 )
 
@@ -71,6 +72,7 @@ type child struct {
 	logMu    sync.Mutex
 	log      strings.Builder
 	raceSeen atomic.Bool
+	admin    atomic.Pointer[string] // the admin listener's address, once logged
 }
 
 // startChild starts the binary and collects its stderr.
@@ -99,8 +101,10 @@ func startChild(tb testing.TB, bin string, args, environ []string) *child {
 			var rec struct {
 				Msg   string `json:"msg"`
 				Proxy string `json:"proxy"`
+				Admin string `json:"admin"`
 			}
 			if json.Unmarshal([]byte(line), &rec) == nil && rec.Msg == "keybrake serving" && rec.Proxy != "" {
+				c.admin.Store(&rec.Admin)
 				select {
 				case c.ready <- rec.Proxy:
 				default:
@@ -111,6 +115,22 @@ func startChild(tb testing.TB, bin string, args, environ []string) *child {
 		close(c.exited)
 	}()
 	return c
+}
+
+// waitReady waits until the child logs that it serves and returns its proxy
+// listener's address; a child that exits first, or takes over a minute, fails
+// the test.
+func (c *child) waitReady(tb testing.TB) string {
+	tb.Helper()
+	select {
+	case addr := <-c.ready:
+		return addr
+	case <-c.exited:
+		require.FailNow(tb, "keybrake exited during start", "%v; logs:\n%s", c.exitErr, c.logs())
+	case <-time.After(60 * time.Second):
+		require.FailNow(tb, "keybrake did not start", "logs:\n%s", c.logs())
+	}
+	return ""
 }
 
 // logs returns what the child wrote to stderr.
@@ -146,24 +166,34 @@ type loadStats struct {
 	succeeded  map[string]string // caller idempotency key -> charge id answered
 	refused    int               // 402
 	retries    int               // transport errors, 409 and 5xx, retried
+	retried    map[int]int       // the retried answers by status (0: no answer)
 	unexpected []string
 }
 
-func TestKill9UnderLoad(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds and kills the real binary")
-	}
-	kills := 3
+// killSchedule returns how many kills a test makes (long of them with
+// KEYBRAKE_LONG, else short) and the seed of their schedule (KEYBRAKE_SEED,
+// else the clock), and logs both.
+func killSchedule(t *testing.T, short, long int) (kills int, seed uint64) {
+	t.Helper()
+	kills = short
 	if os.Getenv("KEYBRAKE_LONG") != "" {
-		kills = 20
+		kills = long
 	}
-	seed := uint64(time.Now().UnixNano())
+	seed = uint64(time.Now().UnixNano())
 	if s := os.Getenv("KEYBRAKE_SEED"); s != "" {
 		var err error
 		seed, err = strconv.ParseUint(s, 10, 64)
 		require.NoError(t, err)
 	}
 	t.Logf("kills=%d seed=%d (KEYBRAKE_SEED reproduces the schedule)", kills, seed)
+	return kills, seed
+}
+
+func TestKill9UnderLoad(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and kills the real binary")
+	}
+	kills, seed := killSchedule(t, 3, 20)
 	rng := rand.New(rand.NewPCG(seed, 1))
 
 	bin := MustBuildBinary(t)
@@ -201,6 +231,12 @@ func TestKill9UnderLoad(t *testing.T) {
 
 	var current atomic.Pointer[child]
 	var proxyURL atomic.Pointer[string]
+	target := func() string {
+		if u := proxyURL.Load(); u != nil {
+			return *u
+		}
+		return ""
+	}
 	t.Cleanup(func() {
 		if c := current.Load(); c != nil {
 			_ = c.cmd.Process.Kill()
@@ -213,22 +249,15 @@ func TestKill9UnderLoad(t *testing.T) {
 		if !waitReady {
 			return c
 		}
-		select {
-		case addr := <-c.ready:
-			u := "http://" + addr
-			proxyURL.Store(&u)
-		case <-c.exited:
-			require.FailNow(t, "keybrake exited during start", "%v; logs:\n%s", c.exitErr, c.logs())
-		case <-time.After(60 * time.Second):
-			require.FailNow(t, "keybrake did not start", "logs:\n%s", c.logs())
-		}
+		u := "http://" + c.waitReady(t)
+		proxyURL.Store(&u)
 		return c
 	}
 
 	// Load: callers charge with their own idempotency keys and retry each key until
 	// they get a definitive answer, across kills and restarts; some send a
 	// charge again after its answer.
-	stats := &loadStats{succeeded: map[string]string{}}
+	stats := newLoadStats()
 	loadCtx, stopLoad := context.WithCancel(context.Background())
 	defer stopLoad()
 	const callers = 6
@@ -243,7 +272,7 @@ func TestKill9UnderLoad(t *testing.T) {
 			for n := 0; loadCtx.Err() == nil; n++ {
 				callerKey := fmt.Sprintf("kill9-c%d-n%d", g, n)
 				amount := 100 * (1 + r.Int64N(5))
-				status := chargeUntilDefinitive(loadCtx, client, &proxyURL, vaultKey, callerKey, amount, stats)
+				status := chargeUntilDefinitive(loadCtx, client, target, vaultKey, callerKey, amount, stats)
 				if status == http.StatusPaymentRequired {
 					capHit[g].Store(true)
 				}
@@ -255,7 +284,7 @@ func TestKill9UnderLoad(t *testing.T) {
 					stats.mu.Lock()
 					first := stats.succeeded[callerKey]
 					stats.mu.Unlock()
-					if chargeUntilDefinitive(loadCtx, client, &proxyURL, vaultKey, callerKey, amount, stats) == http.StatusOK {
+					if chargeUntilDefinitive(loadCtx, client, target, vaultKey, callerKey, amount, stats) == http.StatusOK {
 						stats.mu.Lock()
 						if again := stats.succeeded[callerKey]; again != first {
 							stats.unexpected = append(stats.unexpected, fmt.Sprintf("%s: retried after its answer, got charge %s instead of %s", callerKey, again, first))
@@ -317,9 +346,22 @@ func TestKill9UnderLoad(t *testing.T) {
 	}
 
 	// Money at the fake never passed the cap, and each caller key moved money at
-	// most once: one upstream key per caller key, one charge per upstream key.
+	// most once.
 	moved := fake.TotalMoved("usd")
 	assert.LessOrEqual(t, moved, capCents, "Stripe moved no more than the cap")
+	assertEachCallerKeyMovedOnce(t, fake, stats)
+
+	// The store meters everything that moved and never passed the cap.
+	s := MustOpenStore(t, dbPath, masterKey)
+	assertMetered(t, s, keyID, moved)
+}
+
+// assertEachCallerKeyMovedOnce checks, for every charge at the fake that
+// carries metadata[caller_key], that its caller key reached Stripe under one
+// upstream key and moved money once, and that each charge a caller was
+// answered with is that one charge. The caller holds stats.mu.
+func assertEachCallerKeyMovedOnce(t *testing.T, fake *proxytest.FakeStripe, stats *loadStats) {
+	t.Helper()
 	upstreamOf := map[string]map[string]bool{} // caller key -> upstream keys
 	callerOf := map[string]string{}            // upstream key -> caller key
 	for _, r := range fake.Requests() {
@@ -349,9 +391,13 @@ func TestKill9UnderLoad(t *testing.T) {
 	for ck, id := range stats.succeeded {
 		assert.Equal(t, []string{id}, chargesOf[ck], "caller key %s was answered with the one charge made for it", ck)
 	}
+}
 
-	// The store meters everything that moved and never passed the cap.
-	s := MustOpenStore(t, dbPath, masterKey)
+// assertMetered checks that the key's windows hold committed + held <= cap and
+// that its period window counts (committed or held) at least moved, and that
+// the store is consistent.
+func assertMetered(t *testing.T, s vault.Store, keyID string, moved int64) {
+	t.Helper()
 	_, windows, usage, err := s.KeyUsage(context.Background(), keyID)
 	require.NoError(t, err)
 	var period *policy.Window
@@ -366,11 +412,18 @@ func TestKill9UnderLoad(t *testing.T) {
 	pc := usage[period.ID]
 	assert.LessOrEqual(t, moved, pc.Committed+pc.Held, "everything Stripe moved is metered (committed or held)")
 	t.Logf("store: period committed %s, held %s", fmtCents(pc.Committed), fmtCents(pc.Held))
+	assert.NoError(t, s.CheckInvariant(context.Background()))
+}
+
+// newLoadStats returns empty counts.
+func newLoadStats() *loadStats {
+	return &loadStats{succeeded: map[string]string{}, retried: map[int]int{}}
 }
 
 // chargeUntilDefinitive POSTs one charge under callerKey until it gets an answer
 // that is not worth retrying, and returns its status (0 when the load stopped).
-func chargeUntilDefinitive(ctx context.Context, client *http.Client, proxyURL *atomic.Pointer[string],
+// Each attempt goes to the proxy target names ("" while there is none).
+func chargeUntilDefinitive(ctx context.Context, client *http.Client, target func() string,
 	vaultKey, callerKey string, amount int64, stats *loadStats) int {
 	form := url.Values{
 		"amount":               {strconv.FormatInt(amount, 10)},
@@ -379,16 +432,17 @@ func chargeUntilDefinitive(ctx context.Context, client *http.Client, proxyURL *a
 		"metadata[caller_key]": {callerKey},
 	}
 	for ctx.Err() == nil {
-		base := proxyURL.Load()
-		if base == nil {
+		base := target()
+		if base == "" {
 			sleep(ctx, 20*time.Millisecond)
 			continue
 		}
-		status, body, err := postForm(ctx, client, *base+"/v1/charges", vaultKey, callerKey, form)
+		status, body, err := postForm(ctx, client, base+"/v1/charges", vaultKey, callerKey, form)
 		switch {
 		case err != nil || status == http.StatusConflict || status >= 500:
 			stats.mu.Lock()
 			stats.retries++
+			stats.retried[status]++
 			stats.mu.Unlock()
 			sleep(ctx, 20*time.Millisecond)
 			continue

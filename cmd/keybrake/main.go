@@ -1,6 +1,6 @@
 // Command keybrake is the spend-cap vault for the Stripe API: `keybrake serve`
-// runs the metering proxy and the admin API; `token`, `backup` and `version` are
-// small tools around it.
+// runs the metering proxy and the admin API; `token`, `backup`, `rekey`,
+// `migrate-store` and `version` are small tools around it.
 package main
 
 import (
@@ -79,6 +79,7 @@ const (
 	cmdBackup  = "backup"
 	cmdRekey   = "rekey"
 	cmdCompact = "compact"
+	cmdMigrate = "migrate-store"
 	cmdVersion = "version"
 	cmdHelp    = "help"
 )
@@ -100,6 +101,8 @@ type Main struct {
 	Rekey RekeyConfig
 	// Compact is the compact subcommand's configuration.
 	Compact CompactConfig
+	// Migrate is the migrate-store subcommand's configuration.
+	Migrate MigrateConfig
 
 	// Stdout receives a command's output (a token, the version).
 	Stdout io.Writer
@@ -137,6 +140,7 @@ func NewMain() *Main {
 		Backup:  DefaultBackupConfig(),
 		Rekey:   DefaultRekeyConfig(),
 		Compact: DefaultCompactConfig(),
+		Migrate: DefaultMigrateConfig(),
 		Stdout:  os.Stdout,
 		Stderr:  os.Stderr,
 		Getenv:  os.Getenv,
@@ -146,13 +150,14 @@ func NewMain() *Main {
 const usage = `keybrake — spend-cap vault for the Stripe API
 
 Usage:
-  keybrake serve   [flags]   run the metering proxy and the admin API
-  keybrake token   [flags]   print an admin API token (JWT)
-  keybrake backup  [flags]   write a consistent copy of the database
-  keybrake rekey   [flags]   re-seal the database under a new master key (server stopped)
-  keybrake compact [flags]   give the space the reaper freed back to the file system
-  keybrake version           print the version
-  keybrake help [command]    show help
+  keybrake serve         [flags]  run the metering proxy and the admin API
+  keybrake token         [flags]  print an admin API token (JWT)
+  keybrake backup        [flags]  write a consistent copy of the database
+  keybrake rekey         [flags]  re-seal the database under a new master key (server stopped)
+  keybrake compact       [flags]  give the space the reaper freed back to the file system
+  keybrake migrate-store [flags]  copy a bbolt vault into an empty PostgreSQL database (server stopped)
+  keybrake version                print the version
+  keybrake help [command]         show help
 
 Run "keybrake COMMAND -h" for a command's flags. Every serve flag can also be set
 with the environment variable KEYBRAKE_<FLAG> (e.g. KEYBRAKE_DATA_DIR); a flag wins.
@@ -178,6 +183,8 @@ func (m *Main) ParseFlags(ctx context.Context, args []string) error {
 		return m.parseRekey(args)
 	case cmdCompact:
 		return m.parseCompact(args)
+	case cmdMigrate:
+		return m.parseMigrate(args)
 	case cmdVersion:
 		return parseArgs(m.flagSet(cmdVersion, "keybrake version"), args)
 	case cmdHelp, "-h", "-help", "--help":
@@ -246,6 +253,8 @@ func (m *Main) Run(ctx context.Context) error {
 		return m.runRekey(ctx)
 	case cmdCompact:
 		return m.runCompact(ctx)
+	case cmdMigrate:
+		return m.runMigrate(ctx)
 	case cmdVersion:
 		_, err := fmt.Fprintln(m.Stdout, "keybrake", Version())
 		return err

@@ -395,6 +395,7 @@ func TestServeFlagsAndEnvironment(t *testing.T) {
 		"KEYBRAKE_LOG_FORMAT":       "text",
 		"KEYBRAKE_SHUTDOWN_TIMEOUT": "7s",
 		"KEYBRAKE_REAP_INTERVAL":    "1m",
+		"KEYBRAKE_LEASE_MARGIN":     "5s",
 	}
 	fromEnv := DefaultConfig()
 	fromEnv.DataDir = "/env/data"
@@ -409,6 +410,7 @@ func TestServeFlagsAndEnvironment(t *testing.T) {
 	fromEnv.LogFormat = "text"
 	fromEnv.ShutdownTimeout = 7 * time.Second
 	fromEnv.ReapInterval = time.Minute
+	fromEnv.LeaseMargin = 5 * time.Second
 
 	flagsWin := fromEnv
 	flagsWin.DataDir = "/flag/data"

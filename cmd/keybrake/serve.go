@@ -140,6 +140,7 @@ func (m *Main) runServe(ctx context.Context) error {
 		JWTSecret: jwtSecret,
 		PublicURL: m.publicURL,
 		Metrics:   registry,
+		Stripe:    stripe,
 	})
 
 	m.proxySrv = m.newServer(proxyHandler, cfg.ProxyWriteTimeout(), m.proxyTLS)
@@ -371,9 +372,19 @@ keybrake: no vault keys yet. An admin token, valid for %s:
   Admin API:             %s/api/v1
   Proxy for Stripe SDKs: %s
 
-Mint more tokens with: keybrake token --role admin --data-dir %s
+Mint more tokens with: %s
 
-`, ttl, token, dashboard, dashboard, token, m.AdminURL(), m.publicURL, m.Config.DataDir)
+`, ttl, token, dashboard, dashboard, token, m.AdminURL(), m.publicURL, m.tokenHint())
+}
+
+// tokenHint is the command that mints more admin tokens for this server: token
+// reads the JWT secret where serve did — the environment first, else the data
+// directory.
+func (m *Main) tokenHint() string {
+	if m.Getenv(envJWTSecret) != "" {
+		return "keybrake token --role admin, with this server's " + envJWTSecret + " in its environment"
+	}
+	return "keybrake token --role admin --data-dir " + m.Config.DataDir
 }
 
 // reap removes expired idempotency records and counters now and then every

@@ -277,15 +277,7 @@ func TestSIGHUPReloadsCertificates(t *testing.T) {
 		_ = c.cmd.Process.Kill()
 		<-c.exited
 	})
-	var base string
-	select {
-	case addr := <-c.ready:
-		base = "https://" + addr
-	case <-c.exited:
-		require.FailNow(t, "keybrake exited during start", "%v; logs:\n%s", c.exitErr, c.logs())
-	case <-time.After(60 * time.Second):
-		require.FailNow(t, "keybrake did not start", "logs:\n%s", c.logs())
-	}
+	base := "https://" + c.waitReady(t)
 	require.Equal(t, int64(1), servedSerial(t, tlsClient(both, true), base))
 
 	caB.MustLeaf(t, certPath, keyPath, 2)

@@ -23,6 +23,7 @@ type Invoice struct {
 	Status     string // draft, open, paid, void
 	AmountPaid int64
 	Items      []string // invoice item ids, in order
+	Shipping   int64    // shipping_cost: added to what the invoice collects
 	// counted is what TotalMoved already holds for its lines made through the API.
 	counted int64
 }
@@ -54,6 +55,25 @@ func (f *FakeStripe) AddInvoice(currency, customer string, lineAmounts ...int64)
 		f.newItemLocked(inv, customer, currency, a, 1, true)
 	}
 	return inv.ID
+}
+
+// AddDraftInvoice creates, as if outside keybrake, a draft invoice (Stripe does
+// not collect it by itself) with one line per amount, and returns its id.
+func (f *FakeStripe) AddDraftInvoice(currency, customer string, lineAmounts ...int64) string {
+	id := f.AddInvoice(currency, customer, lineAmounts...)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.invoice(id).Status = "draft"
+	return id
+}
+
+// AddPendingItem creates, as if outside keybrake (by the merchant, or as a
+// subscription's proration), a pending invoice item of amount for customer, and
+// returns its id.
+func (f *FakeStripe) AddPendingItem(currency, customer string, amount int64) string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.newItemLocked(nil, customer, currency, amount, 1, true).ID
 }
 
 // AddInvoiceLine adds, as if outside keybrake, a line of amount to an invoice.
@@ -97,9 +117,9 @@ func (f *FakeStripe) item(id string) *InvoiceItem {
 	return nil
 }
 
-// amountDue is what the invoice's live lines add up to.
+// amountDue is what the invoice's live lines and its shipping add up to.
 func (f *FakeStripe) amountDue(inv *Invoice) int64 {
-	var n int64
+	n := inv.Shipping
 	for _, id := range inv.Items {
 		if it := f.item(id); it != nil && !it.Deleted {
 			n += it.Amount()
@@ -150,14 +170,7 @@ func (f *FakeStripe) repriceLocked(it *InvoiceItem, unit, qty int64) {
 func (f *FakeStripe) routeInvoicing(method, res string, rest []string, p url.Values) (answer, bool) {
 	switch {
 	case res == "invoices" && len(rest) == 0 && method == http.MethodPost:
-		f.seq++
-		cur := p.Get("currency")
-		if cur == "" {
-			cur = "usd"
-		}
-		inv := &Invoice{ID: fmt.Sprintf("in_fake%06d", f.seq), Customer: p.Get("customer"), Currency: cur, Status: "draft"}
-		f.invoices = append(f.invoices, inv)
-		return okJSON(f.invoiceJSON(inv)), true
+		return f.createInvoice(p), true
 	case res == "invoices" && len(rest) >= 1:
 		inv := f.invoice(rest[0])
 		if inv == nil {
@@ -203,6 +216,11 @@ func (f *FakeStripe) invoiceAction(method string, inv *Invoice, rest []string, p
 	}
 	switch {
 	case len(rest) == 0 && method == http.MethodGet:
+		return okJSON(f.invoiceJSON(inv))
+	case len(rest) == 0 && method == http.MethodPost:
+		if a := f.invoiceSettingsLocked(inv, p); a != nil {
+			return *a
+		}
 		return okJSON(f.invoiceJSON(inv))
 	case len(rest) == 1 && rest[0] == "add_lines" && method == http.MethodPost:
 		if a := editable(); a != nil {
@@ -284,6 +302,97 @@ func (f *FakeStripe) invoiceAction(method string, inv *Invoice, rest []string, p
 		return okJSON(f.invoiceJSON(inv))
 	}
 	return notFound("Unrecognized request URL (" + method + ": /v1/invoices/" + inv.ID + "/" + strings.Join(rest, "/") + ").")
+}
+
+// pendingItemsDefaultExclude is the API version from which invoices.create
+// leaves the customer's pending invoice items out unless asked
+// (pending_invoice_items_behavior); before it, the default was
+// include_and_require.
+const pendingItemsDefaultExclude = "2022-08-01"
+
+// createInvoice creates a draft invoice. As Stripe documents: it draws in the
+// customer's pending invoice items with pending_invoice_items_behavior include
+// or include_and_require — the default before API version 2022-08-01 —, only
+// those of subscription when it names one; from_invoice copies the lines of
+// another invoice (a revision); then the settings of invoiceSettingsLocked.
+func (f *FakeStripe) createInvoice(p url.Values) answer {
+	cur := p.Get("currency")
+	if cur == "" {
+		cur = "usd"
+	}
+	f.seq++
+	inv := &Invoice{ID: fmt.Sprintf("in_fake%06d", f.seq), Customer: p.Get("customer"), Currency: cur, Status: "draft"}
+	behavior := p.Get("pending_invoice_items_behavior")
+	if behavior == "" {
+		behavior = "exclude"
+		if f.version < pendingItemsDefaultExclude {
+			behavior = "include_and_require"
+		}
+	}
+	if behavior != "exclude" {
+		var pending []*InvoiceItem
+		for _, it := range f.items {
+			if it.Invoice == "" && !it.Deleted && it.Customer == inv.Customer && it.Currency == cur {
+				pending = append(pending, it)
+			}
+		}
+		if behavior == "include_and_require" && len(pending) == 0 {
+			return paramErr("pending_invoice_items_behavior", "Nothing to invoice for customer")
+		}
+		for _, it := range pending {
+			f.attachLocked(inv, it)
+		}
+	}
+	if from := p.Get("from_invoice[invoice]"); from != "" {
+		old := f.invoice(from)
+		if old == nil {
+			return paramErr("from_invoice[invoice]", "No such invoice: '"+from+"'")
+		}
+		for _, id := range old.Items {
+			if it := f.item(id); it != nil && !it.Deleted {
+				f.newItemLocked(inv, it.Customer, it.Currency, it.UnitAmount, it.Quantity, true)
+			}
+		}
+	}
+	f.invoices = append(f.invoices, inv)
+	if a := f.invoiceSettingsLocked(inv, p); a != nil {
+		return *a
+	}
+	return okJSON(f.invoiceJSON(inv))
+}
+
+// invoiceSettingsLocked applies the settings of invoices.create and .update
+// that change what the invoice collects: shipping_cost (a fixed amount) adds to
+// it, and auto_advance=true (or automatically_finalizes_at) makes Stripe
+// finalise and collect the invoice by itself, without another request — which
+// the fake does at once.
+func (f *FakeStripe) invoiceSettingsLocked(inv *Invoice, p url.Values) *answer {
+	if v := p.Get("shipping_cost[shipping_rate_data][fixed_amount][amount]"); v != "" {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || n < 0 {
+			a := paramErr("shipping_cost[shipping_rate_data][fixed_amount][amount]", "Invalid integer: "+v)
+			return &a
+		}
+		inv.Shipping = n
+	}
+	if p.Get("auto_advance") == "true" || p.Get("automatically_finalizes_at") != "" {
+		f.collectLocked(inv)
+	}
+	return nil
+}
+
+// collectLocked is Stripe's automatic collection of an invoice: finalised and
+// paid in full, without an API request.
+func (f *FakeStripe) collectLocked(inv *Invoice) {
+	if inv.Status != "draft" && inv.Status != "open" {
+		return
+	}
+	inv.AmountPaid = f.amountDue(inv)
+	inv.Status = "paid"
+	if extra := inv.AmountPaid - inv.counted; extra > 0 {
+		f.moved[inv.Currency] += extra // what the key did not add through the API
+		inv.counted += extra
+	}
 }
 
 func (f *FakeStripe) createItem(p url.Values) answer {

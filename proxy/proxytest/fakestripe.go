@@ -109,6 +109,18 @@ type Charge struct {
 	// Source is the connected account an account debit (source=acct_…) took the
 	// money from; "" for a charge of a card or token.
 	Source string
+	// Destination is the connected account a destination charge transfers to
+	// (transfer_data[destination]) when it is captured.
+	Destination string
+}
+
+// Transfer is a transfer to a connected account (AddTransfer).
+type Transfer struct {
+	ID          string
+	Amount      int64
+	Reversed    int64 // taken back from the account by reversals
+	Currency    string
+	Destination string
 }
 
 // Account is a connected account of the fake's platform (AddConnectedAccount).
@@ -141,6 +153,9 @@ type PaymentLink struct {
 	Price    string
 	Quantity int64
 	URL      string
+	Currency string
+	Limit    int64 // restrictions[completed_sessions][limit]; at least 1
+	Pinned   bool  // created with a currency: never charged in another one
 }
 
 // Refund is a refund the fake created.
@@ -204,7 +219,12 @@ type FakeStripe struct {
 	piByID     map[string]*PaymentIntent
 	invoices   []*Invoice
 	items      []*InvoiceItem
+	subs       map[string]*Subscription
+	cards      map[string]bool // Issuing cards (virtual)
+	transfers  []*Transfer
+	sessions   []*CheckoutSession
 	moved      map[string]int64
+	version    string // the Stripe-Version of the request being executed
 }
 
 // NewFakeStripe starts a fake Stripe that accepts secret and stops it in tb.Cleanup.
@@ -220,6 +240,8 @@ func NewFakeStripe(tb testing.TB, secret string) *FakeStripe {
 		products:  map[string]map[string]any{},
 		accounts:  map[string]*Account{},
 		piByID:    map[string]*PaymentIntent{},
+		subs:      map[string]*Subscription{},
+		cards:     map[string]bool{},
 		moved:     map[string]int64{},
 	}
 	f.idle = sync.NewCond(&f.mu)
@@ -571,6 +593,7 @@ func (f *FakeStripe) serve(w http.ResponseWriter, r *http.Request) {
 	}
 	if r.Method != http.MethodPost {
 		f.mu.Lock()
+		f.version = stripeVersion(r)
 		a := f.route(r.Method, path, req.Params, "")
 		f.mu.Unlock()
 		writeAnswer(w, a)
@@ -631,6 +654,7 @@ func (f *FakeStripe) serve(w http.ResponseWriter, r *http.Request) {
 		f.idem[idemKey] = entry
 	}
 	f.executing++
+	f.version = stripeVersion(r)
 	a := f.route(r.Method, path, req.Params, idemKey)
 	if a.status == http.StatusBadRequest && entry != nil {
 		// Stripe saves no result for a request that failed validation.
@@ -858,6 +882,19 @@ func (f *FakeStripe) route(method, path string, p url.Values, idemKey string) an
 	if a, ok := f.routeBilling(method, res, rest, p); ok {
 		return a
 	}
+	if res == "transfers" && len(rest) >= 1 {
+		if a, ok := f.routeTransfer(method, rest, p); ok {
+			return a
+		}
+	}
+	if res == "issuing" && len(rest) == 2 && rest[0] == "cards" && method == http.MethodGet {
+		return f.issuingCard(rest[1], p["expand[]"])
+	}
+	if res == "checkout" {
+		if a, ok := f.routeCheckout(method, rest, p); ok {
+			return a
+		}
+	}
 	switch {
 	case res == "charges" && len(rest) == 0 && method == http.MethodPost:
 		return f.createCharge(p, idemKey)
@@ -931,9 +968,11 @@ func (f *FakeStripe) route(method, path string, p url.Values, idemKey string) an
 		return okJSON(pr)
 	case res == "prices" && len(rest) == 0 && method == http.MethodPost:
 		return f.createPrice(p)
+	case res == "prices" && len(rest) == 1 && method == http.MethodPost:
+		return f.updatePrice(rest[0], p)
 	case res == "prices" && len(rest) == 1 && method == http.MethodGet:
 		if pr, ok := f.prices[rest[0]]; ok {
-			return okJSON(pr)
+			return okJSON(priceJSON(pr, slices.Contains(p["expand[]"], "currency_options")))
 		}
 		return notFound("No such price: '" + rest[0] + "'")
 	case res == "accounts" && len(rest) == 1 && method == http.MethodGet:
@@ -1309,7 +1348,7 @@ func (f *FakeStripe) createPrice(p url.Values) answer {
 	if bad != nil {
 		return *bad
 	}
-	return okJSON(f.prices[f.newPriceLocked(amount, cur, product, nil)])
+	return okJSON(priceJSON(f.prices[f.newPriceLocked(amount, cur, product, nil)], false))
 }
 
 // createPaymentLink creates a link for its line items (a stored price, or
@@ -1327,17 +1366,12 @@ func (f *FakeStripe) createPaymentLink(p url.Values) answer {
 	cur := ""
 	l := &PaymentLink{}
 	for i, pre := range lines {
-		unit, qty, bad := linePrice(p, pre, 0, 1)
+		unit, qty, c, bad := f.lineItemLocked(p, pre)
 		if bad != nil {
 			return *bad
 		}
-		c := p.Get(pre + "[price_data][currency]")
 		if id := p.Get(pre + "[price]"); id != "" {
-			pr, ok := f.prices[id]
-			if !ok {
-				return paramErr(pre+"[price]", "No such price: '"+id+"'")
-			}
-			unit, c = pr["unit_amount"].(int64), pr["currency"].(string)
+			f.localCurrencyLocked(p, id, qty*max(1, limit))
 		}
 		if i == 0 {
 			l.Price, l.Quantity = p.Get(pre+"[price]"), qty
@@ -1345,7 +1379,12 @@ func (f *FakeStripe) createPaymentLink(p url.Values) answer {
 		cur = c
 		total += unit * qty
 	}
-	f.moved[cur] += max(1, limit) * total
+	extra, bad := f.linkExtrasLocked(p)
+	if bad != nil {
+		return *bad
+	}
+	l.Currency, l.Limit, l.Pinned = cur, max(1, limit), p.Get("currency") != ""
+	f.moved[cur] += l.Limit * (total + extra)
 	f.seq++
 	l.ID = fmt.Sprintf("plink_fake%06d", f.seq)
 	l.URL = "https://buy.stripe.com/test_" + l.ID
@@ -1358,12 +1397,242 @@ func (f *FakeStripe) createPaymentLink(p url.Values) answer {
 		"after_completion": after, "livemode": false, "metadata": map[string]any{}})
 }
 
+// linkExtrasLocked is what a customer paying a Payment Link may add to its line
+// items: every optional item (optional_items[i], a stored price × quantity) and
+// the dearest shipping option (shipping_options[i][shipping_rate_data]).
+func (f *FakeStripe) linkExtrasLocked(p url.Values) (int64, *answer) {
+	var extra, shipping int64
+	for _, pre := range indexed(p, "optional_items") {
+		pr, ok := f.prices[p.Get(pre+"[price]")]
+		if !ok {
+			a := paramErr(pre+"[price]", "No such price: '"+p.Get(pre+"[price]")+"'")
+			return 0, &a
+		}
+		qty, _ := strconv.ParseInt(p.Get(pre+"[quantity]"), 10, 64)
+		extra += pr["unit_amount"].(int64) * max(1, qty)
+	}
+	for _, pre := range indexed(p, "shipping_options") {
+		n, _ := strconv.ParseInt(p.Get(pre+"[shipping_rate_data][fixed_amount][amount]"), 10, 64)
+		shipping = max(shipping, n)
+	}
+	return extra + shipping, nil
+}
+
+// updatePaymentLink applies what an update adds to what the link can collect
+// (see linkExtrasLocked) for every payment it still allows.
+func (f *FakeStripe) updatePaymentLink(id string, p url.Values) answer {
+	i := slices.IndexFunc(f.links, func(l *PaymentLink) bool { return l.ID == id })
+	if i < 0 {
+		return notFound("No such payment link: '" + id + "'")
+	}
+	l := f.links[i]
+	extra, bad := f.linkExtrasLocked(p)
+	if bad != nil {
+		return *bad
+	}
+	f.moved[l.Currency] += l.Limit * extra
+	return okJSON(map[string]any{"id": l.ID, "object": "payment_link", "url": l.URL, "active": p.Get("active") != "false",
+		"currency": l.Currency, "livemode": false, "metadata": map[string]any{}})
+}
+
+// priceJSON is a stored price as Stripe answers it: its currency_options (its
+// amount in each currency it is sold in, its own included) only when expanded.
+func priceJSON(pr map[string]any, expandOptions bool) map[string]any {
+	out := map[string]any{}
+	for k, v := range pr {
+		if k != "options" {
+			out[k] = v
+		}
+	}
+	if expandOptions {
+		opts := map[string]any{pr["currency"].(string): map[string]any{"unit_amount": pr["unit_amount"], "tax_behavior": "unspecified"}}
+		others, _ := pr["options"].(map[string]int64)
+		for cur, unit := range others {
+			opts[cur] = map[string]any{"unit_amount": unit, "tax_behavior": "unspecified"}
+		}
+		out["currency_options"] = opts
+	}
+	return out
+}
+
+// AddMultiCurrencyPrice creates a one-time price of unitAmount in currency that
+// is also sold in other currencies (currency_options: currency → unit amount),
+// and returns its id. Checkout and Payment Links charge a customer the amount of
+// their local currency when the request does not fix the currency.
+func (f *FakeStripe) AddMultiCurrencyPrice(unitAmount int64, currency string, options map[string]int64) string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	id := f.newPriceLocked(unitAmount, currency, "", nil)
+	f.prices[id]["options"] = options
+	return id
+}
+
+// lineItemLocked reads the line item under pre of a Checkout Session or a
+// Payment Link: its unit amount, quantity and currency, from price_data or a
+// stored price.
+func (f *FakeStripe) lineItemLocked(p url.Values, pre string) (unit, qty int64, cur string, bad *answer) {
+	unit, qty, bad = linePrice(p, pre, 0, 1)
+	if bad != nil {
+		return 0, 0, "", bad
+	}
+	cur = p.Get(pre + "[price_data][currency]")
+	if id := p.Get(pre + "[price]"); id != "" {
+		pr, ok := f.prices[id]
+		if !ok {
+			a := paramErr(pre+"[price]", "No such price: '"+id+"'")
+			return 0, 0, "", &a
+		}
+		unit, cur = pr["unit_amount"].(int64), pr["currency"].(string)
+	}
+	return unit, qty, cur, nil
+}
+
+// updatePrice adds amounts in other currencies (currency_options[cur][unit_amount])
+// to a price: from then on every Payment Link that uses it without a fixed
+// currency can be paid in them, which TotalMoved counts.
+func (f *FakeStripe) updatePrice(id string, p url.Values) answer {
+	pr, ok := f.prices[id]
+	if !ok {
+		return notFound("No such price: '" + id + "'")
+	}
+	options, _ := pr["options"].(map[string]int64)
+	if options == nil {
+		options = map[string]int64{}
+	}
+	added := map[string]int64{}
+	for k, v := range p {
+		rest, isOption := strings.CutPrefix(k, "currency_options[")
+		cur, isAmount := strings.CutSuffix(rest, "][unit_amount]")
+		if !isOption || !isAmount {
+			continue
+		}
+		n, err := strconv.ParseInt(v[0], 10, 64)
+		if err != nil || n < 0 {
+			return paramErr(k, "Invalid integer: "+v[0])
+		}
+		options[cur], added[cur] = n, n
+	}
+	pr["options"] = options
+	for _, l := range f.links {
+		if l.Price == id && !l.Pinned {
+			for cur, unit := range added {
+				f.moved[cur] += unit * l.Quantity * l.Limit
+			}
+		}
+	}
+	return okJSON(priceJSON(pr, false))
+}
+
+// localCurrencyLocked counts what a stored price sold in other currencies
+// (AddMultiCurrencyPrice) can collect in each of them, times n, when the
+// request left the currency to the customer's location.
+func (f *FakeStripe) localCurrencyLocked(p url.Values, price string, n int64) {
+	options, _ := f.prices[price]["options"].(map[string]int64)
+	if p.Get("currency") != "" {
+		return
+	}
+	for cur, unit := range options {
+		f.moved[cur] += unit * n
+	}
+}
+
+// AddTransfer creates, as if outside keybrake, a transfer of amount to the
+// connected account destination, and returns its id.
+func (f *FakeStripe) AddTransfer(amount int64, currency, destination string) string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.seq++
+	t := &Transfer{ID: fmt.Sprintf("tr_fake%06d", f.seq), Amount: amount, Currency: currency, Destination: destination}
+	f.transfers = append(f.transfers, t)
+	return t.ID
+}
+
+// AddDestinationCharge creates, as if outside keybrake, a destination charge
+// whose capture transfers amount to the connected account destination
+// (captured already, or awaiting capture), and returns its id.
+func (f *FakeStripe) AddDestinationCharge(amount int64, currency, destination string, captured bool) string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	c := f.newChargeLocked(amount, currency, "", captured, "", "")
+	c.Foreign, c.Destination = true, destination
+	return c.ID
+}
+
+// routeTransfer answers GET /v1/transfers/{id} and creates reversals (POST
+// /v1/transfers/{id}/reversals), which take money back from the connected
+// account; ok is false for other paths. f.mu is held.
+func (f *FakeStripe) routeTransfer(method string, rest []string, p url.Values) (answer, bool) {
+	i := slices.IndexFunc(f.transfers, func(t *Transfer) bool { return t.ID == rest[0] })
+	if i < 0 {
+		return notFound("No such transfer: '" + rest[0] + "'"), true
+	}
+	t := f.transfers[i]
+	switch {
+	case len(rest) == 1 && method == http.MethodGet:
+	case len(rest) == 2 && rest[1] == "reversals" && method == http.MethodPost:
+		amount, ok, bad := amountParam(p, "amount", false)
+		if bad != nil {
+			return *bad, true
+		}
+		if !ok {
+			amount = t.Amount - t.Reversed
+		}
+		if amount > t.Amount-t.Reversed {
+			return paramErr("amount", "Reversal amount is greater than the transfer's unreversed amount."), true
+		}
+		t.Reversed += amount
+		f.moved[t.Currency] += amount
+		f.seq++
+		return okJSON(map[string]any{"id": fmt.Sprintf("trr_fake%06d", f.seq), "object": "transfer_reversal",
+			"amount": amount, "currency": t.Currency, "transfer": t.ID}), true
+	default:
+		return answer{}, false
+	}
+	return okJSON(map[string]any{"id": t.ID, "object": "transfer", "amount": t.Amount, "amount_reversed": t.Reversed,
+		"currency": t.Currency, "destination": t.Destination, "livemode": false}), true
+}
+
+// IssuingCardNumber is the full number of every virtual card AddIssuingCard
+// creates: whoever reads it can spend with the card, outside the API.
+const IssuingCardNumber = "4000009990000001"
+
+// AddIssuingCard creates a virtual Issuing card and returns its id.
+func (f *FakeStripe) AddIssuingCard() string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.seq++
+	id := fmt.Sprintf("ic_fake%06d", f.seq)
+	f.cards[id] = true
+	return id
+}
+
+// issuingCard answers GET /v1/issuing/cards/{id}: as Stripe documents, the full
+// number and the CVC of a virtual card only when expanded.
+func (f *FakeStripe) issuingCard(id string, expand []string) answer {
+	if !f.cards[id] {
+		return notFound("No such issuing card: '" + id + "'")
+	}
+	c := map[string]any{"id": id, "object": "issuing.card", "type": "virtual", "status": "active", "last4": "0001",
+		"currency": "usd", "livemode": false}
+	if slices.Contains(expand, "number") {
+		c["number"] = IssuingCardNumber
+	}
+	if slices.Contains(expand, "cvc") {
+		c["cvc"] = "123"
+	}
+	return okJSON(c)
+}
+
 func chargeJSON(c *Charge) map[string]any {
 	m := map[string]any{"id": c.ID, "object": "charge", "amount": c.Amount, "amount_captured": c.AmountCaptured,
 		"amount_refunded": c.AmountRefunded, "currency": c.Currency, "captured": c.Captured, "paid": true,
 		"status": "succeeded", "livemode": false, "metadata": map[string]any{}}
 	m["customer"] = nullable(c.Customer)
 	m["payment_intent"] = nullable(c.PaymentIntent)
+	m["transfer_data"] = nil
+	if c.Destination != "" {
+		m["transfer_data"] = map[string]any{"destination": c.Destination, "amount": nil}
+	}
 	if c.Source != "" {
 		m["source"] = map[string]any{"id": c.Source, "object": "account"}
 		m["payment_method_details"] = map[string]any{"type": "stripe_account", "stripe_account": map[string]any{}}

@@ -283,6 +283,7 @@ type CatalogueWant struct {
 	ObjectID    string      `json:"object_id,omitempty"`
 	Target      string      `json:"target,omitempty"`
 	Creates     bool        `json:"creates,omitempty"`
+	MinVersion  string      `json:"min_version,omitempty"`
 	Error       string      `json:"error,omitempty"`
 }
 

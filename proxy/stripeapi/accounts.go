@@ -90,3 +90,61 @@ func accountParamName(key string) (string, bool) {
 	}
 	return "", false
 }
+
+// LookupAccounts names the fields of the object cls.Lookup reads that name a
+// connected account the request moves money to or from without naming it in the
+// request: a transfer's destination (a reversal takes money back from it), an
+// application fee's account (a fee refund pays it), and the destination and
+// on_behalf_of of a charge, a PaymentIntent or an invoice that the request
+// captures, confirms, raises or pays (the transfer to the account follows). A
+// refund of a charge or a PaymentIntent comes out of the platform's balance,
+// unless it reverses the transfer or refunds the application fee
+// (reverse_transfer, refund_application_fee).
+func LookupAccounts(cls Classification, params *Params) []string {
+	if cls.Lookup == nil {
+		return nil
+	}
+	if cls.Operation == "refunds.create" && !isTrue(params, "reverse_transfer") && !isTrue(params, "refund_application_fee") {
+		return nil
+	}
+	res, _, _ := strings.Cut(strings.TrimPrefix(cls.Lookup.Path, "/v1/"), "/")
+	switch res {
+	case "transfers":
+		return []string{"destination"}
+	case "application_fees":
+		return []string{"account"}
+	case "charges":
+		return []string{"transfer_data.destination", "destination", "on_behalf_of"}
+	case "payment_intents", "invoices":
+		return []string{"transfer_data.destination", "on_behalf_of"}
+	}
+	return nil
+}
+
+// secretFields are the fields whose expansion makes Stripe reveal a secret that
+// spends money, or lets its holder act, outside any request keybrake meters: an
+// Issuing card's number, CVC and PIN (pin.number), a Treasury financial
+// account's account number, a Stripe Apps secret's payload, a v2 event
+// destination's webhook signing secret.
+var secretFields = map[string]bool{"number": true, "cvc": true, "account_number": true, "payload": true,
+	"signing_secret": true}
+
+// RevealedSecret returns the first expand entry of params (v1: expand[]=…,
+// expand[0]=…; v2: include) that names a field of secretFields, at any depth
+// ("number", "data.number", "pin.number"), and whether there is one.
+func RevealedSecret(params *Params) (string, bool) {
+	if !params.Has("expand") && !params.Has("include") {
+		return "", false // most requests: no walk over their parameters
+	}
+	for _, pr := range params.Pairs() {
+		segs, _, err := parseKey(pr.Key)
+		if err != nil || (segs[0] != "expand" && segs[0] != "include") {
+			continue
+		}
+		field := pr.Value[strings.LastIndexByte(pr.Value, '.')+1:]
+		if secretFields[field] {
+			return pr.Value, true
+		}
+	}
+	return "", false
+}

@@ -99,7 +99,13 @@ package stripeapi
 //     pending item nothing; a line changing one factor of unit × quantity, or
 //     carrying tax: amount unknown. Lookup of the invoice for its currency.
 //   - invoices.create / invoices.update: no money, but automatic tax, default tax
-//     rates and pending_invoice_items_behavior=include are amount unknown.
+//     rates, shipping_cost, drawing in lines no request metered (pending items:
+//     any pending_invoice_items_behavior but exclude, or none under a
+//     Stripe-Version before 2022-08-01 — MinVersion —, a subscription's; a
+//     revision's from_invoice) and a change of discounts (on invoices, items
+//     and lines) are amount unknown; invoices.update with auto_advance=true or
+//     automatically_finalizes_at hands the invoice to Stripe's own collection
+//     and is metered like invoices.finalize.
 //   - checkout.sessions.create: mode payment (or no mode): the sum over
 //     line_items[i] of price_data[unit_amount] (or an integral
 //     price_data[unit_amount_decimal]) × quantity (default 1), or a stored price ×
@@ -107,20 +113,30 @@ package stripeapi
 //     (shipping_rate_data[fixed_amount][amount]). Amount unknown (fail closed)
 //     when a line item uses a legacy line_items[i][amount] (older API versions'
 //     ad-hoc price), when quantities are adjustable, when line items carry tax
-//     rates, when automatic tax is enabled, when optional_items are offered, when a
+//     rates, when automatic tax (or Managed Payments, which handles tax) is
+//     enabled, when optional_items are offered, when a
 //     shipping option is a stored rate, when there are no line items, and for
 //     mode=subscription or any subscription_data (renewals happen without any
 //     request keybrake sees, so the first period is not the exposure; older API
-//     versions subscribe without a mode). Currencies that differ between line
-//     items, shipping and the "currency" parameter are malformed. mode=setup
-//     without line items moves no money.
+//     versions subscribe without a mode), and with after_expiration[recovery]
+//     (an expired session's recovery URL creates a payable copy of it).
+//     Currencies that differ between line items, shipping and the "currency"
+//     parameter are malformed. mode=setup without line items moves no money.
 //   - checkout.sessions.update with line_items: amount unknown; otherwise no money.
 //   - subscriptions.create: one period of its items and add_invoice_items, priced
 //     like Checkout line items (see recurring.go); subscription changes that
-//     invoice at once are amount unknown, add_invoice_items are metered;
-//     subscription_schedules that set phases: amount unknown.
+//     invoice at once are amount unknown (always_invoice, billing_cycle_anchor=now,
+//     trial_end=now, a resume that does not keep billing_cycle_anchor=unchanged —
+//     now is its default —, an item moved to a new price, a new item), and
+//     add_invoice_items are metered; subscription_schedules that set phases, or
+//     a schedule cancelled with its default invoice_now: amount unknown.
+//   - prices.update of currency_options (what the links and sessions that use
+//     the price charge in other currencies): amount unknown; other changes move
+//     no money.
 //   - payment_links.create: line items × restrictions[completed_sessions][limit]
-//     (stored prices must be one-time), amount unknown without a limit.
+//     (stored prices must be one-time), amount unknown without a limit, or with
+//     what a customer may add (optional items, shipping options); an update
+//     that changes what the link sells or what may be added: amount unknown.
 //   - customers.update with a positive balance: the new total (NewTotal, Lookup
 //     "balance", a credit counting as 0); customers.create with one: amount
 //     unknown; customers.create_balance_transaction with a positive amount: that
@@ -138,7 +154,10 @@ package stripeapi
 //
 // Customer: the "customer" parameter, else "customer_account" (v2 Accounts as
 // customers), else the id of a /v1/customers/{id}/… path. Both parameters at once
-// are malformed, so a policy's customer list cannot be sidestepped.
+// are malformed, so a policy's customer list cannot be sidestepped. The
+// parameters are not taken from a request on an existing object other than a
+// customer (a path id; a refund of a charge or PaymentIntent): they do not show
+// whose object it is (see namesCustomer).
 //
 // Ids taken from parameters into a lookup path (charge, payment_intent, price) must
 // be plain ids ([A-Za-z0-9_-], at most 255 bytes), else malformed. A "_method"
@@ -326,14 +345,14 @@ func buildCatalogue() []route {
 
 		// Subscriptions (money later: renewals are never seen by keybrake).
 		r("/v1/subscriptions", "subscriptions.create", DirectionIn, subscriptionCreate),
-		r("/v1/subscriptions/{id}", "subscriptions.update", DirectionIn, subscriptionChange),
-		r("/v1/subscriptions/{id}/resume", "subscriptions.resume", DirectionIn, subscriptionChange),
+		r("/v1/subscriptions/{id}", "subscriptions.update", DirectionIn, subscriptionUpdate),
+		r("/v1/subscriptions/{id}/resume", "subscriptions.resume", DirectionIn, subscriptionResume),
 		w("/v1/subscriptions/{id}/migrate", "subscriptions.migrate"),
-		r("/v1/subscription_items", "subscription_items.create", DirectionIn, subscriptionChange),
-		r("/v1/subscription_items/{id}", "subscription_items.update", DirectionIn, subscriptionChange),
+		r("/v1/subscription_items", "subscription_items.create", DirectionIn, subscriptionItemCreate),
+		r("/v1/subscription_items/{id}", "subscription_items.update", DirectionIn, subscriptionItemUpdate),
 		r("/v1/subscription_schedules", "subscription_schedules.create", DirectionIn, scheduleWrite),
 		r("/v1/subscription_schedules/{id}", "subscription_schedules.update", DirectionIn, scheduleWrite),
-		w("/v1/subscription_schedules/{id}/cancel", "subscription_schedules.cancel"),
+		r("/v1/subscription_schedules/{id}/cancel", "subscription_schedules.cancel", DirectionIn, scheduleCancel),
 		w("/v1/subscription_schedules/{id}/release", "subscription_schedules.release"),
 
 		// SetupIntents.
@@ -357,7 +376,7 @@ func buildCatalogue() []route {
 
 		// Catalog.
 		n("/v1/prices", "prices.create", catalogWhy),
-		w("/v1/prices/{id}", "prices.update"),
+		r("/v1/prices/{id}", "prices.update", DirectionIn, priceUpdate),
 		n("/v1/products", "products.create", catalogWhy),
 		w("/v1/products/{id}", "products.update"),
 		n("/v1/plans", "plans.create", catalogWhy),
@@ -436,10 +455,12 @@ func classify(method, path string, params *Params) (Classification, error) {
 	if resource == "customers" && len(ids) > 0 {
 		c.Customer = ids[0]
 	}
-	if v, ok := params.Get("customer"); ok {
-		c.Customer = v
-	} else if v, ok := params.Get("customer_account"); ok {
-		c.Customer = v
+	if namesCustomer(resource, ids, rt) {
+		if v, ok := params.Get("customer"); ok {
+			c.Customer = v
+		} else if v, ok := params.Get("customer_account"); ok {
+			c.Customer = v
+		}
 	}
 	switch method {
 	case "GET":
@@ -485,6 +506,18 @@ func classify(method, path string, params *Params) (Classification, error) {
 		c.Direction, c.Target, c.Creates = DirectionNone, "", false
 	}
 	return c, nil
+}
+
+// namesCustomer reports whether a request's customer (or customer_account)
+// parameter says which customer it touches. On a request that acts on an
+// existing object other than a customer (an update, a capture: a path id) the
+// object's customer is at Stripe, and the parameter proves nothing — on some
+// endpoints (payment_intents.update, charges.update) it even hands the object to
+// that customer —, so a policy's customer list refuses the request. Attaching a
+// payment method is the exception: the parameter is where it goes, and Stripe
+// refuses a method attached to another customer.
+func namesCustomer(resource string, ids []string, rt *route) bool {
+	return len(ids) == 0 || resource == "customers" || (rt != nil && rt.op == "payment_methods.attach")
 }
 
 // checkPath validates a raw request path and returns its segments ("v1", …).
@@ -890,8 +923,9 @@ func refundCreate(r *catRequest, c *Classification) error {
 		lk = &Lookup{Path: "/v1/payment_intents/" + pi, Field: "amount_received"}
 	}
 	if lk != nil {
-		// A refund moves money in the charge's currency, whatever the request says.
-		cur = ""
+		// A refund moves money in the charge's currency, whatever the request says,
+		// and to the charge's customer, whatever customer it names.
+		cur, c.Customer = "", ""
 	}
 	settle(c, amt, ok, cur, lk)
 	return nil
@@ -995,10 +1029,14 @@ func checkoutSessionCreate(r *catRequest, c *Classification) error {
 	// subscription_data[items] starts a subscription in API versions that had no
 	// mode: renewals are never seen.
 	known := (!hasMode || mode == "payment") && p.Has("line_items") &&
-		!p.Has("optional_items") && !isTrue(p, "automatic_tax[enabled]") && !p.Has("subscription_data")
+		!p.Has("optional_items") && !addsTax(p) && !p.Has("subscription_data")
 	lines, err := requestLines(p, "line_items")
 	if err != nil {
 		return err
+	}
+	if isTrue(p, "after_expiration[recovery][enabled]") {
+		unknownBecause(c, "once it expires, its recovery URL creates a copy of it that the customer can pay, which keybrake never sees")
+		return nil
 	}
 	known = known && lines.known
 	cur := lines.currency
@@ -1036,6 +1074,11 @@ func checkoutSessionCreate(r *catRequest, c *Classification) error {
 	if !known || (cur == "" && len(lines.prices) == 0) {
 		unknownAmount(c)
 		return nil
+	}
+	// Without a mode, a recurring stored price could make it a subscription
+	// (in payment mode Stripe refuses one).
+	for i := range lines.prices {
+		lines.prices[i].OneTime = !hasMode
 	}
 	c.Amount, c.AmountKnown, c.Prices = total, true, lines.prices
 	return nil
@@ -1123,6 +1166,20 @@ func readLines(p *Params, name, cur string) (lineTotal, error) {
 	return lt, nil
 }
 
+// priceUpdate: a price's amounts in other currencies (currency_options) are what
+// Payment Links, Checkout Sessions and subscriptions that use it charge a
+// customer paying in one of them — including links keybrake metered before the
+// change: refused; other changes (metadata, active, a lookup key) move no money.
+func priceUpdate(r *catRequest, c *Classification) error {
+	if r.params.Has("currency_options") {
+		unknownBecause(c, "a price's amounts in other currencies change what the Payment Links and Checkout Sessions "+
+			"that use it collect, including those already counted")
+		return nil
+	}
+	c.MovesMoney = false
+	return nil
+}
+
 // checkoutSessionUpdate: changing line items changes the amount in ways keybrake
 // does not compute; other updates move no money.
 func checkoutSessionUpdate(r *catRequest, c *Classification) error {
@@ -1132,6 +1189,13 @@ func checkoutSessionUpdate(r *catRequest, c *Classification) error {
 	}
 	c.MovesMoney = false
 	return nil
+}
+
+// addsTax reports whether a Checkout Session or a Payment Link has Stripe add
+// tax keybrake cannot bound: automatic tax, or Managed Payments (Stripe as
+// merchant of record, which handles the tax itself).
+func addsTax(p *Params) bool {
+	return isTrue(p, "automatic_tax[enabled]") || isTrue(p, "managed_payments[enabled]")
 }
 
 func isTrue(p *Params, key string) bool {

@@ -52,6 +52,11 @@ type Lookup struct {
 	// Signed: Field may be negative (a customer's credit balance), and then
 	// counts as 0.
 	Signed bool
+	// Accounts are fields of the object (dots for nesting) that name a connected
+	// account the request moves money to or from without naming it; ReadLookup
+	// reads them, and the pipeline checks each like an account the request names.
+	// The catalogue leaves them out: see LookupAccounts.
+	Accounts []string
 }
 
 // PriceRef is a stored price a request uses: its unit_amount × Quantity is part of
@@ -137,8 +142,16 @@ type Classification struct {
 	// documentation).
 	Prices []PriceRef
 	// Unknown says why the amount of a money-moving request cannot be known, when
-	// there is more to say than that the request does not state it.
+	// there is more to say than that the request does not state it; with
+	// MinVersion, why the request is refused under an older API version.
 	Unknown string
+	// MinVersion, when set, is the earliest Stripe API version (a date,
+	// "2022-08-01") under which Stripe reads the request as classified: under an
+	// older Stripe-Version, or none (the account's default version applies, which
+	// keybrake does not know), a default Stripe changed since moves money the
+	// classification does not count, and the request must be refused
+	// (amount_unknown, with Unknown). See VersionAtLeast.
+	MinVersion string
 	// Customer is the customer the request names: the "customer" parameter, or the
 	// id in a /v1/customers/{id}/… path ("" when none is named). For requests on an
 	// existing object (capture, confirm, refund) the customer lives at Stripe.
@@ -178,4 +191,21 @@ type Classification struct {
 // comment documents every decision.
 func Classify(method, path string, params *Params) (Classification, error) {
 	return classify(method, path, params)
+}
+
+// VersionAtLeast reports whether the Stripe-Version header value version
+// ("2024-06-20", "2026-08-26.dahlia") names an API version released on or after
+// date ("2022-08-01"). An empty or unreadable version is not: keybrake cannot
+// know the account's default version.
+func VersionAtLeast(version, date string) bool {
+	if len(version) < len(date) {
+		return false
+	}
+	d := version[:len(date)]
+	for i := 0; i < len(d); i++ {
+		if (date[i] == '-') != (d[i] == '-') || (d[i] != '-' && (d[i] < '0' || d[i] > '9')) {
+			return false
+		}
+	}
+	return d >= date
 }

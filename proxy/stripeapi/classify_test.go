@@ -46,6 +46,7 @@ func wantOf(c stripeapi.Classification) proxytest.CatalogueWant {
 		ObjectID:    c.ObjectID,
 		Target:      c.Target,
 		Creates:     c.Creates,
+		MinVersion:  c.MinVersion,
 	}
 	if c.Lookup != nil {
 		w.Lookup = &proxytest.CaseLookup{Path: c.Lookup.Path, Field: c.Lookup.Field, Factors: c.Lookup.Factors, Signed: c.Lookup.Signed}
@@ -473,5 +474,23 @@ func BenchmarkClassify(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+func TestVersionAtLeast(t *testing.T) {
+	for version, want := range map[string]bool{
+		"2022-08-01":        true,
+		"2026-08-26.dahlia": true,
+		"2024-06-20":        true,
+		"2022-07-31":        false,
+		"2020-08-27":        false,
+		"":                  false, // the account's default: unknown
+		"2022-8-1":          false,
+		"latest":            false,
+		"9999-99-99x":       true,
+		"2023-01-0a":        false,
+		"2023/01/01":        false,
+	} {
+		assert.Equal(t, want, stripeapi.VersionAtLeast(version, "2022-08-01"), "%q", version)
 	}
 }

@@ -10,6 +10,7 @@
 //     (Classification); Routes, Operations and CheckOperation for the names a
 //     policy may use;
 //   - Accounts: every place a request can name a connected account;
+//     RevealedSecret: an expand that would reveal a spendable secret;
 //   - reading Stripe's answers: money objects (ReadMoneyObject), amount lookups
 //     (ReadLookup), stored prices (ReadPrice), error bodies.
 //

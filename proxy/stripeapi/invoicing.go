@@ -116,6 +116,10 @@ func (ip itemPricing) replaced() (amount int64, price *PriceRef, ok bool) {
 	return 0, nil, false
 }
 
+// discountsWhy is why a change of discounts on an invoice, an invoice item or a
+// line cannot be metered.
+const discountsWhy = "changing discounts can raise what an invoice collects, by an amount keybrake cannot bound"
+
 // taxWhy is why an invoice item or line with tax cannot be metered.
 const taxWhy = "tax rates and tax amounts make Stripe collect more than the line says, by an amount keybrake cannot bound"
 
@@ -164,6 +168,10 @@ func invoiceItemUpdate(r *catRequest, c *Classification) error {
 	ip, err := readItemPricing(r.params, "")
 	if err != nil {
 		return err
+	}
+	if r.params.Has("discounts") {
+		unknownBecause(c, discountsWhy)
+		return nil
 	}
 	if !ip.present && !ip.taxed {
 		c.MovesMoney = false
@@ -238,6 +246,10 @@ func invoiceLines(add bool, single bool) moneyFunc {
 				}
 				cur = ip.currency
 			}
+			if !add && p.Has(nested(pre, "discounts")) {
+				unknownBecause(c, discountsWhy)
+				return nil
+			}
 			if !ip.present && !ip.taxed {
 				continue // a description, a period, or a pending item attached as it is
 			}
@@ -271,20 +283,60 @@ func invoiceLines(add bool, single bool) moneyFunc {
 	}
 }
 
+// pendingItemsExcludedSince is the API version from which invoices.create leaves
+// the customer's pending invoice items out unless pending_invoice_items_behavior
+// asks for them; before it the default was include_and_require.
+const pendingItemsExcludedSince = "2022-08-01"
+
 // invoiceSettings: invoices.create and invoices.update move no money by
-// themselves (the invoice collects items and lines, each counted when added), but
-// automatic tax and default tax rates make Stripe collect more than they add up
-// to, by an amount keybrake cannot bound, and drawing in the customer's pending
-// items adds an amount keybrake cannot know before the answer: refused.
+// themselves (the invoice collects items and lines, each counted when added),
+// except as follows.
+//
+//   - Automatic tax and default tax rates make Stripe collect more than the lines
+//     add up to, and shipping_cost adds a shipping amount, by amounts keybrake
+//     does not meter as lines: refused (add shipping as an invoice item).
+//   - invoices.create drawing in what no line request metered — the customer's
+//     pending items (pending_invoice_items_behavior other than exclude, the
+//     default include_and_require of API versions before 2022-08-01, a
+//     subscription's pending items), or another invoice's lines (from_invoice) —
+//     adds an amount keybrake cannot know before the answer: refused. Without
+//     pending_invoice_items_behavior the request is read as classified only under
+//     a Stripe-Version of 2022-08-01 or later (MinVersion).
+//   - invoices.update that hands the invoice to Stripe's automatic collection
+//     (auto_advance=true, automatically_finalizes_at) moves money on it like
+//     invoices.finalize: its amount_remaining (looked up) is held on it. Changing
+//     its discounts can raise what it collects by an amount keybrake cannot
+//     bound: refused.
 func invoiceSettings(r *catRequest, c *Classification) error {
-	if isTrue(r.params, "automatic_tax[enabled]") || hasValue(r.params, "default_tax_rates") {
+	p := r.params
+	create := len(r.ids) == 0
+	behavior, hasBehavior := p.Get("pending_invoice_items_behavior")
+	switch {
+	case isTrue(p, "automatic_tax[enabled]") || hasValue(p, "default_tax_rates"):
 		unknownBecause(c, "automatic tax and default tax rates make Stripe collect more than the invoice's lines, by an amount keybrake cannot bound")
-		return nil
+	case hasValue(p, "shipping_cost"):
+		unknownBecause(c, "shipping on an invoice adds to what it collects without a line keybrake meters; add the shipping as an invoice item instead")
+	case create && (p.IsContainer("pending_invoice_items_behavior") || (hasBehavior && behavior != "exclude") ||
+		(!hasBehavior && p.Has("subscription"))):
+		unknownBecause(c, "it draws in pending invoice items, whose total keybrake cannot know before Stripe answers; "+
+			"create it with pending_invoice_items_behavior=exclude and add the items to the invoice instead")
+	case create && p.Has("from_invoice"):
+		unknownBecause(c, "a revision copies another invoice's lines, whose total keybrake cannot know before Stripe answers")
+	case create:
+		c.MovesMoney = false
+		if !hasBehavior {
+			c.MinVersion = pendingItemsExcludedSince
+			c.Unknown = "under API versions before " + pendingItemsExcludedSince + " (or without a Stripe-Version header) " +
+				"it draws in the customer's pending invoice items; send pending_invoice_items_behavior=exclude"
+		}
+	case p.Has("discounts"):
+		unknownBecause(c, discountsWhy)
+	case isTrue(p, "auto_advance") || hasValue(p, "automatically_finalizes_at"):
+		// Stripe finalises and collects the invoice by itself from now on.
+		c.Target = r.ids[0]
+		c.Lookup = &Lookup{Path: "/v1/invoices/" + r.ids[0], Field: "amount_remaining"}
+	default:
+		c.MovesMoney = false
 	}
-	if isValue(r.params, "pending_invoice_items_behavior", "include") {
-		unknownBecause(c, "it draws in the customer's pending invoice items, whose total keybrake cannot know before Stripe answers; add the items to the invoice instead")
-		return nil
-	}
-	c.MovesMoney = false
 	return nil
 }

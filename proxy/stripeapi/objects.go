@@ -108,9 +108,12 @@ func (o Object) factor(fields []string) (int64, error) {
 
 // moneyKind says how to read one kind of Stripe money object (its "object" value).
 type moneyKind struct {
-	// moved is the object's cumulative money moved; ok is false when the kind
-	// moves no money by itself (an invoice item is collected by its invoice).
+	// moved is the object's cumulative money moved; ok is false when it cannot
+	// be read, and always for a kind that moves no money by itself (noMoney).
 	moved func(o Object) (n int64, ok bool)
+	// noMoney: the kind moves no money by itself (an invoice item is collected
+	// by its invoice).
+	noMoney bool
 	// terminal reports that the object can move no more money.
 	terminal func(o Object) bool
 }
@@ -149,17 +152,46 @@ var moneyKinds = map[string]moneyKind{
 	"invoice": {moved: intField("amount_paid"), terminal: statusIn("paid", "void")},
 	"checkout.session": {
 		moved: func(o Object) (int64, bool) {
-			if o.Get("payment_status") != "paid" {
+			switch o.Get("payment_status") {
+			case "paid":
+				return o.int("amount_total")
+			case "unpaid", "no_payment_required":
 				return 0, true
 			}
-			return o.int("amount_total")
+			return 0, false // not a payment status keybrake knows
 		},
 		terminal: func(o Object) bool {
 			st, ps := o.Get("status"), o.Get("payment_status")
-			return st == "expired" || (st == "complete" && ps != "unpaid")
+			return st == "expired" || (st == "complete" && (ps == "paid" || ps == "no_payment_required"))
 		},
 	},
-	"invoiceitem": {moved: func(Object) (int64, bool) { return 0, false }, terminal: statusIn()},
+	"invoiceitem": {moved: func(Object) (int64, bool) { return 0, false }, terminal: statusIn(), noMoney: true},
+}
+
+// moneyIDs maps the prefix Stripe gives the ids of each kind of money object
+// to the kind (its "object" value) and the path that retrieves one.
+var moneyIDs = []struct{ prefix, kind, path string }{
+	{"pi_", "payment_intent", "/v1/payment_intents/"},
+	{"ch_", "charge", "/v1/charges/"},
+	{"py_", "charge", "/v1/charges/"}, // the charge of an account debit and of some payment methods
+	{"cs_", "checkout.session", "/v1/checkout/sessions/"},
+	{"in_", "invoice", "/v1/invoices/"},
+	{"ii_", "invoiceitem", "/v1/invoiceitems/"},
+}
+
+// MoneyObjectOf says which kind of money object id names, by the prefix of
+// Stripe's ids, and the path that retrieves it (a GET); ok is false for an id
+// of another kind or one that is not a plain id.
+func MoneyObjectOf(id string) (kind, path string, ok bool) {
+	if !IsID(id) {
+		return "", "", false
+	}
+	for _, m := range moneyIDs {
+		if strings.HasPrefix(id, m.prefix) {
+			return m.kind, m.path + id, true
+		}
+	}
+	return "", "", false
 }
 
 // MoneyObject is what one answer says about a money object.
@@ -176,7 +208,10 @@ type MoneyObject struct {
 
 // ReadMoneyObject reads o as a money object in currency. An object in another
 // currency, of a kind keybrake does not read, or without a plain id gives ok
-// false; a deleted object carries no currency.
+// false; a deleted object carries no currency. So does one whose money moved
+// cannot be read (a field an older Stripe-Version leaves out, an unknown payment
+// status): a terminal state read without what moved would release the
+// object's exposure with nothing committed.
 func ReadMoneyObject(o Object, currency string) (MoneyObject, bool) {
 	kind, ok := moneyKinds[o.Get("object")]
 	id := o.Get("id")
@@ -188,6 +223,9 @@ func ReadMoneyObject(o Object, currency string) (MoneyObject, bool) {
 	}
 	m := MoneyObject{ID: id, Terminal: kind.terminal(o)}
 	m.Moved, m.MovedKnown = kind.moved(o)
+	if !m.MovedKnown && !kind.noMoney && !o.isTrue("deleted") {
+		return MoneyObject{}, false
+	}
 	return m, true
 }
 
@@ -222,6 +260,9 @@ type LookupResult struct {
 	MovedKnown bool
 	// Factor is the value of Lookup.Factors.
 	Factor int64
+	// Accounts are the connected accounts the fields of Lookup.Accounts name (a
+	// field that is null or absent names none; an expanded one, its id).
+	Accounts []string
 }
 
 // ReadLookup reads the answer to the lookup l: the non-negative integer at
@@ -265,6 +306,17 @@ func ReadLookup(body []byte, l Lookup) (LookupResult, error) {
 			return LookupResult{}, err
 		}
 	}
+	for _, f := range l.Accounts {
+		raw, ok := obj.path(f)
+		if !ok {
+			continue
+		}
+		id := ""
+		if err := json.Unmarshal(raw, &id); err != nil {
+			id = DecodeObject(raw).Get("id")
+		}
+		res.Accounts = append(res.Accounts, id) // "" (unreadable) is refused
+	}
 	return res, nil
 }
 
@@ -273,13 +325,25 @@ type Price struct {
 	Unit      int64  // unit_amount, in minor units of Currency
 	Currency  string // one Stripe supports
 	Recurring bool   // a recurring price: it starts a subscription
+	// MultiCurrency: the price has amounts in other currencies too
+	// (currency_options), which Stripe charges instead of Unit when the payment
+	// is in one of them — a customer's local currency when the request does not
+	// fix the currency.
+	MultiCurrency bool
 }
 
-// ReadPrice reads a stored price (GET /v1/prices/{id}) keybrake can bound:
-// charged per unit (not tiered), licensed (not metered by usage), with an
-// integer unit_amount (not a custom amount the customer chooses, nor a
-// fractional unit_amount_decimal), in a currency Stripe supports. Ignoring
-// transform_quantity can only overcount (it divides).
+// PriceExpand is what a price lookup must expand (GET
+// /v1/prices/{id}?expand[]=currency_options) for ReadPrice to see a
+// multi-currency price: Stripe leaves currency_options out otherwise.
+const PriceExpand = "currency_options"
+
+// ReadPrice reads a stored price (GET /v1/prices/{id}, with PriceExpand)
+// keybrake can bound: charged per unit (not tiered), licensed (not metered by
+// usage), with an integer unit_amount (not a custom amount the customer
+// chooses, nor a fractional unit_amount_decimal), in a currency Stripe supports.
+// Ignoring transform_quantity can only overcount (it divides). A price read
+// without its currency_options is refused: whether Stripe may charge another
+// currency's amount would be unknown.
 func ReadPrice(body []byte) (Price, error) {
 	o := DecodeObject(body)
 	switch {
@@ -298,5 +362,13 @@ func ReadPrice(body []byte) (Price, error) {
 	if _, ok := policy.Exponent(cur); !ok {
 		return Price{}, fmt.Errorf("currency %q not supported", Clip(cur))
 	}
-	return Price{Unit: unit, Currency: cur, Recurring: o.Get("type") == "recurring"}, nil
+	options := o.Object("currency_options")
+	if options == nil {
+		return Price{}, errors.New("the price's currency_options could not be read")
+	}
+	pr := Price{Unit: unit, Currency: cur, Recurring: o.Get("type") == "recurring"}
+	for c := range options {
+		pr.MultiCurrency = pr.MultiCurrency || c != cur
+	}
+	return pr, nil
 }

@@ -72,6 +72,78 @@ func subscriptionChange(r *catRequest, c *Classification) error {
 	return nil
 }
 
+// newPriceWhy is why a new price on an existing subscription cannot be metered.
+const newPriceWhy = "a new price on an existing subscription starts a new billing period and charges it at once when " +
+	"its billing interval differs (or the old price was free), by an amount keybrake cannot bound before Stripe answers"
+
+// subscriptionUpdate: subscriptions.update is a subscriptionChange, and an
+// item moved to a new price (items[i][price], [price_data], the legacy [plan])
+// is refused: whether Stripe starts and charges a new billing period at once
+// depends on the prices' intervals, which the request does not show.
+func subscriptionUpdate(r *catRequest, c *Classification) error {
+	for _, k := range r.params.Keys("items") {
+		if hasNewPrice(r.params, "items["+k+"]") {
+			unknownBecause(c, newPriceWhy)
+			return nil
+		}
+	}
+	return subscriptionChange(r, c)
+}
+
+// subscriptionItemUpdate: subscription_items.update, refused like
+// subscriptionUpdate when it moves the item to a new price.
+func subscriptionItemUpdate(r *catRequest, c *Classification) error {
+	if hasNewPrice(r.params, "") {
+		unknownBecause(c, newPriceWhy)
+		return nil
+	}
+	return subscriptionChange(r, c)
+}
+
+// subscriptionItemCreate: a new item on an existing subscription is a new price
+// on it (see newPriceWhy): refused.
+func subscriptionItemCreate(_ *catRequest, c *Classification) error {
+	unknownBecause(c, newPriceWhy)
+	return nil
+}
+
+// hasNewPrice reports whether the item under prefix ("" or "items[0]") names a
+// price.
+func hasNewPrice(p *Params, prefix string) bool {
+	for _, f := range []string{"price", "price_data", "plan"} {
+		if hasValue(p, nested(prefix, f)) {
+			return true
+		}
+	}
+	return false
+}
+
+// subscriptionResume: subscriptions.resume defaults to billing_cycle_anchor=now,
+// which starts a new billing period and charges it at once; only a resume on the
+// old cycle (billing_cycle_anchor=unchanged), whose prorations wait for the next
+// renewal, is a subscriptionChange.
+func subscriptionResume(r *catRequest, c *Classification) error {
+	if !isValue(r.params, "billing_cycle_anchor", "unchanged") {
+		unknownBecause(c, "resuming starts a new billing period and charges it at once (billing_cycle_anchor defaults to now); "+
+			"resume with billing_cycle_anchor=unchanged")
+		return nil
+	}
+	return subscriptionChange(r, c)
+}
+
+// scheduleCancel: cancelling a subscription schedule generates, by default
+// (invoice_now), a final invoice of the subscription's pending prorations and
+// usage, which Stripe charges by itself: refused unless invoice_now=false.
+func scheduleCancel(r *catRequest, c *Classification) error {
+	if !isValue(r.params, "invoice_now", "false") {
+		unknownBecause(c, "cancelling a subscription schedule invoices its pending prorations and usage at once "+
+			"(invoice_now defaults to true); cancel with invoice_now=false")
+		return nil
+	}
+	c.MovesMoney = false
+	return nil
+}
+
 // scheduleWrite: a subscription schedule bills its phases on dates keybrake never
 // sees, starting at once when a phase starts now: refused when it sets phases;
 // other changes (metadata, end behavior) move no money.
@@ -90,7 +162,7 @@ func scheduleWrite(r *catRequest, c *Classification) error {
 // whether or not it is ever paid. Without a limit it can be paid any number of
 // times, by anyone with the link, without a request keybrake could see: refused.
 // Refused too: adjustable quantities, tax, recurring prices (subscription_data),
-// and shipping (a stored shipping rate).
+// shipping options, and optional items (each customer may add them).
 func paymentLinkCreate(r *catRequest, c *Classification) error {
 	p := r.params
 	limit, hasLimit, err := minorParam(p, "restrictions[completed_sessions][limit]")
@@ -106,8 +178,8 @@ func paymentLinkCreate(r *catRequest, c *Classification) error {
 	case !hasLimit || limit == 0:
 		unknownBecause(c, "a Payment Link can be paid any number of times; set restrictions[completed_sessions][limit] to bound it")
 		return nil
-	case isTrue(p, "automatic_tax[enabled]") || p.Has("shipping_options") || p.Has("subscription_data"):
-		unknownBecause(c, "tax, shipping rates and subscriptions make a Payment Link collect more than its line items")
+	case addsTax(p) || p.Has("shipping_options") || p.Has("subscription_data") || p.Has("optional_items"):
+		unknownBecause(c, linkExtrasWhy)
 		return nil
 	case !p.Has("line_items") || !lines.known:
 		unknownBecause(c, "every line item needs a per-unit price (a stored price or price_data), a fixed whole quantity, and no tax rates")
@@ -127,13 +199,21 @@ func paymentLinkCreate(r *catRequest, c *Classification) error {
 	return nil
 }
 
-// paymentLinkUpdate: changing what a Payment Link sells or how often it can be
+// linkExtrasWhy is why a Payment Link with more than fixed line items cannot be
+// metered.
+const linkExtrasWhy = "tax, shipping options, optional items (which each customer may add) and subscriptions " +
+	"make a Payment Link collect more than its line items"
+
+// paymentLinkUpdate: changing what a Payment Link sells (its line items,
+// optional items, shipping options, tax, a subscription) or how often it can be
 // paid changes what it can collect: refused; deactivating it, or changing its
 // texts, moves no money.
 func paymentLinkUpdate(r *catRequest, c *Classification) error {
 	p := r.params
-	if p.Has("line_items") || p.Has("restrictions") || p.Has("automatic_tax") || p.Has("subscription_data") {
-		unknownBecause(c, "changing what a Payment Link sells, or how often it can be paid, changes what it collects")
+	if p.Has("line_items") || p.Has("restrictions") || p.Has("automatic_tax") || p.Has("subscription_data") ||
+		p.Has("optional_items") || p.Has("shipping_options") {
+		unknownBecause(c, "changing what a Payment Link sells, what a customer may add to it, or how often it can be paid, "+
+			"changes what it collects; "+linkExtrasWhy)
 		return nil
 	}
 	c.MovesMoney = false

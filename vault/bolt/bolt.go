@@ -182,6 +182,7 @@ func (s *Store) Close() error {
 	s.closed = true
 	close(s.ops)
 	s.closeMu.Unlock()
+	s.Closing()
 	<-s.loopDone
 	s.dbMu.Lock()
 	defer s.dbMu.Unlock()
@@ -277,6 +278,24 @@ func (s *Store) Backup(ctx context.Context, w io.Writer) (int64, error) {
 	return n, nil
 }
 
+// Export calls fn with a snapshot of the whole store — every bucket's entries
+// and sequence — in one read transaction, for copying it into another store
+// (postgres.Import). Writers go on meanwhile; the snapshot does not see them.
+func (s *Store) Export(ctx context.Context, fn func(engine.Snapshot) error) error {
+	if s.isClosed() {
+		return fmt.Errorf("export: %w", vault.ErrClosed)
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	db, release, err := s.useDB()
+	if err != nil {
+		return fmt.Errorf("export: %w", err)
+	}
+	defer release()
+	return translate(db.View(func(btx *bbolt.Tx) error { return fn(newTx(btx)) }))
+}
+
 // translate maps bbolt's errors to the vault's vocabulary so that nothing above this
 // package sees bbolt. Errors that already belong to the vault pass through.
 func translate(err error) error {
@@ -364,6 +383,8 @@ func (t *tx) Insert(b engine.Bucket, k, v []byte) error {
 func (t *tx) Delete(b engine.Bucket, k []byte) error { return t.bucket(b).Delete(k) }
 
 func (t *tx) NextSequence(b engine.Bucket) (uint64, error) { return t.bucket(b).NextSequence() }
+
+func (t *tx) Sequence(b engine.Bucket) (uint64, error) { return t.bucket(b).Sequence(), nil }
 
 func (t *tx) Cursor(b engine.Bucket) engine.Cursor { return t.bucket(b).Cursor() }
 

@@ -127,6 +127,7 @@ func (s *Store) compact(ctx context.Context) (vault.CompactResult, error) {
 	}
 	if err != nil {
 		s.broken = true
+		s.Closing()
 		s.log.Error("the compacted database could not be opened in place of the old one: the store is closed until a restart", "error", err)
 		return vault.CompactResult{}, translate(err)
 	}

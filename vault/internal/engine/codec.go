@@ -352,6 +352,9 @@ func encodeObject(o *objectRec) []byte {
 	w.bool(o.Closed)
 	w.str(o.Currency)
 	w.time(o.UpdatedAt)
+	w.str(o.StripeAccount)
+	w.str(o.StripeContext)
+	w.time(o.CreatedAt)
 	return w.b
 }
 
@@ -372,5 +375,6 @@ func decodeObject(k, v []byte) (*objectRec, error) {
 	}
 	o.Moved, o.MovedSeen, o.Own, o.Closed = rd.int(), rd.bool(), rd.bool(), rd.bool()
 	o.Currency, o.UpdatedAt = rd.str(), rd.time()
+	o.StripeAccount, o.StripeContext, o.CreatedAt = rd.str(), rd.str(), rd.time()
 	return o, rd.done("object", k)
 }

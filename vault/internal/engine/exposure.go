@@ -32,8 +32,15 @@ type objectRec struct {
 	// Own is set when a request of this key created the object.
 	Own bool `json:"own,omitempty"`
 	// Closed is set when an answer proved that the object can move no more money.
-	Closed    bool      `json:"closed,omitempty"`
-	Currency  string    `json:"cur,omitempty"`
+	Closed   bool   `json:"closed,omitempty"`
+	Currency string `json:"cur,omitempty"`
+	// StripeAccount and StripeContext are the headers Stripe last answered for
+	// the object under (vault.Exposure).
+	StripeAccount string `json:"acct,omitempty"`
+	StripeContext string `json:"sctx,omitempty"`
+	// CreatedAt is when the key first counted the object (zero in records
+	// written before it was kept).
+	CreatedAt time.Time `json:"created_at,omitzero"`
 	UpdatedAt time.Time `json:"updated_at"`
 }
 
@@ -173,7 +180,8 @@ func (s *Engine) ObjectExposure(ctx context.Context, keyID, objectID string) (ex
 }
 
 func (o *objectRec) public() vault.Exposure {
-	return vault.Exposure{Held: o.held(), Committed: o.Amount, Moved: o.Moved, MovedSeen: o.MovedSeen, Own: o.Own, Closed: o.Closed}
+	return vault.Exposure{Held: o.held(), Committed: o.Amount, Moved: o.Moved, MovedSeen: o.MovedSeen, Own: o.Own, Closed: o.Closed,
+		StripeAccount: o.StripeAccount, StripeContext: o.StripeContext}
 }
 
 // ObserveObject applies a Stripe answer about a money object to the key's live
@@ -200,31 +208,44 @@ func (s *Engine) ObserveObject(ctx context.Context, keyID, objectID string, ob v
 		if err != nil || !ok || len(o.Parts) == 0 {
 			return err
 		}
-		var changes []partChange
-		if ob.MovedKnown {
-			if moved := ob.Moved - o.Moved; moved > 0 {
-				c := min(moved, o.held())
-				changes = append(changes, o.commit(c)...)
-				o.Amount += c
-			}
-			o.Moved, o.MovedSeen = max(o.Moved, ob.Moved), true
-		}
-		if ob.Terminal {
-			changes = append(changes, o.releaseAll()...)
-			o.Closed = true
-		}
+		changes := o.observe(ob)
 		if len(changes) == 0 {
 			return nil
 		}
 		changed = true
-		o.UpdatedAt = now
-		if err := putObject(tx, keyID, objectID, o); err != nil {
-			return err
-		}
-		return applyPartChanges(tx, now, keyID, objectID, ob.Operation, o.Currency, changes)
+		return writeObjectChanges(tx, now, keyID, objectID, ob.Operation, o, changes)
 	})
 	if err != nil {
 		return false, fmt.Errorf("observe object: %w", err)
 	}
 	return changed, nil
+}
+
+// observe applies ob to the object's exposure (see ObserveObject) and returns
+// the part changes it made; nothing is written.
+func (o *objectRec) observe(ob vault.Observation) []partChange {
+	var changes []partChange
+	if ob.MovedKnown {
+		if moved := ob.Moved - o.Moved; moved > 0 {
+			c := min(moved, o.held())
+			changes = append(changes, o.commit(c)...)
+			o.Amount += c
+		}
+		o.Moved, o.MovedSeen = max(o.Moved, ob.Moved), true
+	}
+	if ob.Terminal {
+		changes = append(changes, o.releaseAll()...)
+		o.Closed = true
+	}
+	return changes
+}
+
+// writeObjectChanges writes the object o, changed by changes, and books them
+// (applyPartChanges).
+func writeObjectChanges(tx Tx, now time.Time, keyID, objectID, operation string, o *objectRec, changes []partChange) error {
+	o.UpdatedAt = now
+	if err := putObject(tx, keyID, objectID, o); err != nil {
+		return err
+	}
+	return applyPartChanges(tx, now, keyID, objectID, operation, o.Currency, changes)
 }

@@ -21,19 +21,27 @@ func (s *Engine) CheckInvariant(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	var problems []error
+	var problems error
 	err := s.viewSettled(ctx, "", func(tx Tx, now time.Time) error {
 		var err error
-		problems, err = checkInvariantTx(tx, now)
+		problems, err = CheckInvariantTx(tx, now)
 		return err
 	})
 	if err != nil {
 		return fmt.Errorf("check invariant: %w", err)
 	}
-	if len(problems) == 0 {
-		return nil
+	return problems
+}
+
+// CheckInvariantTx is CheckInvariant in tx, at now: problems is nil, or
+// ErrInvariant joined with one error per violation; err is a failure to read.
+// A copy of a store checks its target with it before it commits.
+func CheckInvariantTx(tx Tx, now time.Time) (problems, err error) {
+	found, err := checkInvariantTx(tx, now)
+	if err != nil || len(found) == 0 {
+		return nil, err
 	}
-	return errors.Join(append([]error{vault.ErrInvariant}, problems...)...)
+	return errors.Join(append([]error{vault.ErrInvariant}, found...)...), nil
 }
 
 type sums struct{ held, committed, allowance int64 }

@@ -12,10 +12,13 @@ import "sync"
 // committed, so a revoked, rotated or changed key and a replaced secret take
 // effect from the next request on. A read that began before such a write must
 // not put back what it read: the generation, taken before the read and bumped
-// by each emptying, tells. A nil *memo keeps nothing.
+// by each emptying, tells. A nil *memo keeps nothing, nor does a closed one:
+// once its store is closed, a request must meet the closed store, not what
+// the memo kept of it.
 type memo struct {
 	mu      sync.Mutex
 	gen     uint64
+	closed  bool
 	keys    map[string]*keyRec // token hash → key
 	secrets map[string]string  // upstream name → secret
 }
@@ -42,6 +45,17 @@ func (m *memo) forget() {
 	m.keys, m.secrets = nil, nil
 }
 
+// close empties the memo for good.
+func (m *memo) close() {
+	if m == nil {
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.gen++
+	m.keys, m.secrets, m.closed = nil, nil, true
+}
+
 // key returns the key of the token hash, if kept. It shares maps and slices
 // with the memo: read it, or take public().
 func (m *memo) key(hash string) (*keyRec, bool) {
@@ -61,7 +75,7 @@ func (m *memo) keepKey(gen uint64, hash string, rec *keyRec) {
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if m.gen != gen {
+	if m.gen != gen || m.closed {
 		return
 	}
 	if m.keys == nil || len(m.keys) >= memoMax {
@@ -87,7 +101,7 @@ func (m *memo) keepSecret(gen uint64, name, secret string) {
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if m.gen != gen {
+	if m.gen != gen || m.closed {
 		return
 	}
 	if m.secrets == nil || len(m.secrets) >= memoMax {

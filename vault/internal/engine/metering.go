@@ -508,6 +508,10 @@ func commitObject(tx Tx, now time.Time, req *vault.SettleRequest, hold *holdRec,
 	if obj.Currency == "" {
 		obj.Currency = hold.Currency
 	}
+	if obj.CreatedAt.IsZero() {
+		obj.CreatedAt = now
+	}
+	obj.StripeAccount, obj.StripeContext = ch.StripeAccount, ch.StripeContext
 	obj.Amount += amount
 	obj.Own = obj.Own || ch.Created
 	if ch.MovedKnown {

@@ -111,6 +111,11 @@ func New(b Backend, cfg Config) (*Engine, error) {
 // memory (vault.SecretKeeper): on a store no other process writes.
 func (s *Engine) KeepsSecrets() bool { return s.memo != nil }
 
+// Closing tells the engine that its backend is closing: it forgets the keys
+// and secrets it kept in memory and keeps no more, so that every call meets
+// the closed backend.
+func (s *Engine) Closing() { s.memo.close() }
+
 // Sealer is the engine's Sealer, for a backend's own sealing needs (rekey).
 func (s *Engine) Sealer() *Sealer { return s.seal }
 

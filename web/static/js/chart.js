@@ -90,7 +90,7 @@ export function spendChart(spend, width) {
 
   const legend = h('ul', {class: 'legend'},
     h('li', null, h('span', {class: 'swatch committed'}), 'committed'),
-    h('li', null, h('span', {class: 'swatch held'}), 'held (in flight or outcome unknown)'),
+    h('li', null, h('span', {class: 'swatch held'}), 'held (in flight, outcome unknown, or exposure)'),
     cap !== null ? h('li', null, h('span', {class: 'swatch cap'}), `daily cap (${money(spend.daily_cap, cur)})`) : null);
   const rows = days.slice().reverse();
   const details = h('details', {class: 'chart-table'}, h('summary', null, 'Show the days as a table'),

@@ -1,14 +1,16 @@
-// A key: its usage, spend per day over the billing period, policy, ledger (with
-// the refusals easy to find) and audit trail; admins may edit its caps, rotate
+// A key: its usage, the money objects whose exposure it holds, spend per day
+// over the billing period, policy, ledger (with the refusals easy to find) and
+// audit trail; admins may refresh an object from Stripe, edit its caps, rotate
 // its token and revoke it.
 
 import {get, post, request, pathId, query} from '../api.js';
 import {h, replace, section, table, timeEl, statusBadge, labelChips, money, badge, id, keepFocus, announce, changes} from '../dom.js';
 import {errorBox, confirm, openDialog, field, showErrors, tokenPanel, message} from '../ui.js';
-import {usageBar} from '../money.js';
+import {usageBar, isZero} from '../money.js';
 import {spendChart} from '../chart.js';
 
 const LEDGER_PAGE = 50;
+const EXPOSURE_PAGE = 100;
 const AUDIT_PAGES = 5;
 
 export function mount(main, ctx) {
@@ -17,6 +19,8 @@ export function mount(main, ctx) {
   const head = h('div', {class: 'key-head'}, h('p', {class: 'loading'}, 'Loading…'));
   const notice = h('div', {class: 'notice-region'});
   const usageRegion = h('div', {class: 'usage-region'});
+  const exposureNotice = h('div', {class: 'notice-region exposure-notice'});
+  const exposureRegion = h('div', {class: 'exposure-region'});
   const chartRegion = h('div', {class: 'chart-region'});
   const policyRegion = h('div');
   const ledgerRegion = h('div', {class: 'ledger-region'});
@@ -30,6 +34,9 @@ export function mount(main, ctx) {
     h('p', {class: 'crumbs'}, h('a', {href: '#/keys'}, 'Keys'), ' › ', h('span', {class: 'crumb-id'}, keyId)),
     head, notice,
     section('Usage', usageRegion),
+    section('Exposure', h('p', {class: 'hint'}, 'PaymentIntents, uncaptured charges, Checkout Sessions and invoices this key created or acted on that can still move money: their amounts count as held until an answer from Stripe through keybrake shows the money moved (committed) or cannot move any more (released). ',
+      ctx.isAdmin ? 'Refresh asks Stripe about one now — for one cancelled in the Stripe Dashboard, abandoned or paid in a browser.' : null),
+    exposureNotice, exposureRegion),
     section('Spend per day this billing period', chartRegion),
     section('Ledger', h('p', {class: 'hint'}, 'Every metered request, newest first: what keybrake decided and why, and what Stripe answered.'), ledgerTools, ledgerRegion, more),
     section('Policy', policyRegion),
@@ -42,6 +49,7 @@ export function mount(main, ctx) {
   const changed = changes();
   let refreshFailed = false;
   let lastSpend = null;
+  let exposures = null;
   // drawChart draws the chart for the width it has, keeping its table open if it was.
   const drawChart = () => {
     const open = chartRegion.querySelector('details')?.open;
@@ -93,6 +101,46 @@ export function mount(main, ctx) {
       h('div', {class: 'usage-block'},
         h('h3', null, 'Per request'),
         h('p', null, u.per_request.cap === null ? h('span', {class: 'muted'}, 'no cap') : money(u.per_request.cap, u.currency)))));
+  }
+
+  function renderExposure() {
+    const tz = key.policy.timezone;
+    const windows = (x) => h('ul', {class: 'plain'}, x.windows.map((w) => h('li', null, h('code', null, w.id), ' ', money(w.exposure, x.currency))));
+    keepFocus(exposureRegion, () => replace(exposureRegion,
+      table({
+        caption: 'Money objects with exposure',
+        empty: 'No money object holds any of this key\'s budget.',
+        columns: [
+          {label: 'Object', cell: (x) => [h('code', {class: 'break'}, x.object_id), h('br'), h('span', {class: 'muted'}, x.kind.replace(/_/g, ' '))]},
+          {label: 'Exposure', class: 'num', cell: (x) => money(x.exposure, x.currency)},
+          {label: 'Committed', class: 'num', cell: (x) => money(x.committed, x.currency)},
+          {label: 'Held on', cell: windows},
+          {label: 'Since', cell: (x) => timeEl(x.created_at, tz)},
+          ctx.isAdmin ? {label: 'Stripe', cell: (x) => h('button', {type: 'button', class: 'button secondary small', 'data-action': 'refresh-exposure',
+            'data-object': x.object_id, 'data-focus-id': `refresh:${x.object_id}`, onclick: (ev) => refreshExposure(x, ev.currentTarget)}, 'Refresh')} : null,
+        ].filter(Boolean),
+        rows: exposures.exposures,
+      }),
+      exposures.next_cursor ? h('p', {class: 'hint'}, `The first ${EXPOSURE_PAGE} objects, by id; the admin API lists them all (GET /api/v1/keys/${key.id}/exposures).`) : null));
+  }
+
+  async function refreshExposure(x, button) {
+    button.disabled = true;
+    try {
+      const r = await post(`/keys/${enc}/exposures/${pathId(x.object_id)}/refresh`);
+      const what = [];
+      if (!isZero(r.committed)) what.push(`committed ${money(r.committed, x.currency)} (the money moved)`);
+      if (!isZero(r.released)) what.push(`released ${money(r.released, x.currency)}`);
+      let text = `Stripe shows ${x.object_id} can still move money: nothing changed; its ${money(r.after.exposure, x.currency)} stay held.`;
+      if (r.changed) text = `Stripe's answer about ${x.object_id}: ${what.join(' and ')}. Its exposure is now ${money(r.after.exposure, x.currency)}.`;
+      else if (isZero(r.after.exposure)) text = `${x.object_id} has no exposure left: nothing changed.`;
+      replace(exposureNotice, message(r.changed ? 'success' : 'info', h('p', {class: 'exposure-result'}, text)));
+      announce(text);
+    } catch (err) {
+      replace(exposureNotice, errorBox(err, `${x.object_id} was not refreshed`));
+    }
+    button.disabled = false;
+    await load({withAudit: true});
   }
 
   function renderPolicy() {
@@ -178,10 +226,11 @@ export function mount(main, ctx) {
     let spend;
     let first;
     try {
-      [key, spend, first] = await Promise.all([
+      [key, spend, first, exposures] = await Promise.all([
         get(`/keys/${enc}`),
         get(`/keys/${enc}/spend`),
         pagesLoaded === 1 ? get(`/keys/${enc}/events${query({limit: LEDGER_PAGE})}`) : null,
+        get(`/keys/${enc}/exposures${query({limit: EXPOSURE_PAGE})}`),
       ]);
     } catch (err) {
       if (!key) {
@@ -197,9 +246,10 @@ export function mount(main, ctx) {
       refreshFailed = false;
     }
     if (withAudit) loadAudit();
-    if (!changed([key, spend, first])) return;
+    if (!changed([key, spend, first, exposures])) return;
     renderHead();
     renderUsage();
+    renderExposure();
     lastSpend = spend;
     drawChart();
     renderPolicy();
@@ -304,6 +354,7 @@ function decisionBadge(e) {
     case 'allowed': return badge('allowed', 'ok');
     case 'settled': return badge('settled', 'info');
     case 'resolved': return badge('resolved', 'info');
+    case 'exposure': return badge('exposure', 'info');
     default: return badge(e.decision || '?', 'muted');
   }
 }
