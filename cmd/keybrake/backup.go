@@ -156,35 +156,54 @@ func (m *Main) backupOffline(ctx context.Context) (int64, error) {
 // backupOnline streams GET /api/v1/backup from a running server.
 func (m *Main) backupOnline(ctx context.Context) (int64, error) {
 	c := m.Backup
-	token := c.Token
+	resp, done, err := m.callAdmin(ctx, http.MethodGet, c.AdminURL, "/api/v1/backup", c.Token, c.DataDir, "keybrake-backup", c.Timeout)
+	if err != nil {
+		return 0, err
+	}
+	defer done()
+	return writeFileAtomic(c.Out, func(w io.Writer) (int64, error) { return io.Copy(w, resp.Body) })
+}
+
+// callAdmin sends method path, without a body, to the admin API at adminURL as
+// an admin, within timeout: with token, else with one minted for subject from
+// the local JWT secret (in dataDir or KEYBRAKE_JWT_SECRET). Any status but 200
+// is an error quoting the answer. The caller reads the body, then calls done.
+func (m *Main) callAdmin(ctx context.Context, method, adminURL, path, token, dataDir, subject string,
+	timeout time.Duration) (resp *http.Response, done func(), err error) {
 	if token == "" {
-		secret, err := m.localJWTSecret(m.Getenv(envJWTSecret), c.DataDir)
+		secret, err := m.localJWTSecret(m.Getenv(envJWTSecret), dataDir)
 		if err != nil {
-			return 0, fmt.Errorf("no --token or %s, and %w", envAdminToken, err)
+			return nil, nil, fmt.Errorf("no --token or %s, and %w", envAdminToken, err)
 		}
-		token, err = api.IssueToken(secret, "keybrake-backup", api.RoleAdmin, backupTokenTTL, time.Now())
+		token, err = api.IssueToken(secret, subject, api.RoleAdmin, backupTokenTTL, time.Now())
 		if err != nil {
-			return 0, fmt.Errorf("issue token: %w", err)
+			return nil, nil, fmt.Errorf("issue token: %w", err)
 		}
 	}
-	ctx, cancel := context.WithTimeout(ctx, c.Timeout)
-	defer cancel()
-	u := strings.TrimRight(c.AdminURL, "/") + "/api/v1/backup"
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	u := strings.TrimRight(adminURL, "/") + path
+	req, err := http.NewRequestWithContext(ctx, method, u, nil)
 	if err != nil {
-		return 0, fmt.Errorf("build request: %w", err)
+		cancel()
+		return nil, nil, fmt.Errorf("build request: %w", err)
 	}
 	req.Header.Set("Authorization", "Bearer "+token)
-	resp, err := http.DefaultClient.Do(req)
+	verb := strings.ToLower(method)
+	resp, err = http.DefaultClient.Do(req)
 	if err != nil {
-		return 0, fmt.Errorf("get %s: %w", u, err)
+		cancel()
+		return nil, nil, fmt.Errorf("%s %s: %w", verb, u, err)
 	}
-	defer resp.Body.Close()
+	done = func() {
+		_ = resp.Body.Close()
+		cancel()
+	}
 	if resp.StatusCode != http.StatusOK {
 		detail, _ := io.ReadAll(io.LimitReader(resp.Body, 4<<10))
-		return 0, fmt.Errorf("get %s: %s: %s", u, resp.Status, strings.TrimSpace(string(detail)))
+		done()
+		return nil, nil, fmt.Errorf("%s %s: %s: %s", verb, u, resp.Status, strings.TrimSpace(string(detail)))
 	}
-	return writeFileAtomic(c.Out, func(w io.Writer) (int64, error) { return io.Copy(w, resp.Body) })
+	return resp, done, nil
 }
 
 // writeFileAtomic writes path through fill: a temporary file beside it (mode 0600),

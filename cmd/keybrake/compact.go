@@ -8,10 +8,8 @@ import (
 	"io"
 	"net/http"
 	"path/filepath"
-	"strings"
 	"time"
 
-	"github.com/keybrake/keybrake/api"
 	"github.com/keybrake/keybrake/vault"
 	"github.com/keybrake/keybrake/vault/bolt"
 )
@@ -116,42 +114,17 @@ func (m *Main) runCompact(ctx context.Context) error {
 // compactOnline asks a running server to compact its store.
 func (m *Main) compactOnline(ctx context.Context) (vault.CompactResult, error) {
 	c := m.Compact
-	token := c.Token
-	if token == "" {
-		secret, err := m.localJWTSecret(m.Getenv(envJWTSecret), c.DataDir)
-		if err != nil {
-			return vault.CompactResult{}, fmt.Errorf("no --token or %s, and %w", envAdminToken, err)
-		}
-		if token, err = api.IssueToken(secret, "keybrake-compact", api.RoleAdmin, backupTokenTTL, time.Now()); err != nil {
-			return vault.CompactResult{}, fmt.Errorf("issue token: %w", err)
-		}
-	}
-	ctx, cancel := context.WithTimeout(ctx, c.Timeout)
-	defer cancel()
-	u := strings.TrimRight(c.AdminURL, "/") + "/api/v1/compact"
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, u, nil)
+	resp, done, err := m.callAdmin(ctx, http.MethodPost, c.AdminURL, "/api/v1/compact", c.Token, c.DataDir, "keybrake-compact", c.Timeout)
 	if err != nil {
-		return vault.CompactResult{}, fmt.Errorf("build request: %w", err)
+		return vault.CompactResult{}, err
 	}
-	req.Header.Set("Authorization", "Bearer "+token)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return vault.CompactResult{}, fmt.Errorf("post %s: %w", u, err)
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
-	if err != nil {
-		return vault.CompactResult{}, fmt.Errorf("post %s: %w", u, err)
-	}
-	if resp.StatusCode != http.StatusOK {
-		return vault.CompactResult{}, fmt.Errorf("post %s: %s: %s", u, resp.Status, strings.TrimSpace(string(body)))
-	}
+	defer done()
 	var out struct {
 		Before int64 `json:"bytes_before"`
 		After  int64 `json:"bytes_after"`
 	}
-	if err := json.Unmarshal(body, &out); err != nil {
-		return vault.CompactResult{}, fmt.Errorf("post %s: the answer: %w", u, err)
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 64<<10)).Decode(&out); err != nil {
+		return vault.CompactResult{}, fmt.Errorf("post %s: the answer: %w", resp.Request.URL, err)
 	}
 	return vault.CompactResult{Before: out.Before, After: out.After}, nil
 }

@@ -3,7 +3,6 @@ package bolt
 import (
 	"bytes"
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -157,18 +156,10 @@ func syncDirectory(dir string) error {
 // checkRekeySource checks that tx is a keybrake database this code can read
 // whose master key check opens with sl.
 func checkRekeySource(tx *bbolt.Tx, sl *engine.Sealer) error {
-	meta := tx.Bucket([]byte(engine.BucketMeta.Name()))
-	if meta == nil {
-		return fmt.Errorf("not a keybrake database (no meta bucket): %w", vault.ErrStorage)
+	if err := checkCopy(tx); err != nil {
+		return err
 	}
-	v := meta.Get(engine.MetaSchemaVersion)
-	if len(v) != 8 {
-		return fmt.Errorf("schema version missing or malformed: %w", vault.ErrSchemaVersion)
-	}
-	if got := binary.BigEndian.Uint64(v); got > engine.SchemaVersion {
-		return fmt.Errorf("database schema version %d is newer than this keybrake's %d: %w", got, engine.SchemaVersion, vault.ErrSchemaVersion)
-	}
-	return sl.CheckMaster(meta.Get(engine.MetaMasterCheck))
+	return sl.CheckMaster(tx.Bucket([]byte(engine.BucketMeta.Name())).Get(engine.MetaMasterCheck))
 }
 
 // dbCopy writes a copy of a database beside it, each value passed through
