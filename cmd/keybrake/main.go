@@ -46,6 +46,9 @@ func main() {
 		fmt.Fprintln(os.Stderr, "keybrake:", err)
 		os.Exit(exitUsage)
 	}
+	if m.Command == cmdServe {
+		tuneGC(os.Getenv)
+	}
 	if err := m.Run(ctx); err != nil {
 		// Close releases what Run set up before it failed; its own error is reported too.
 		err = errors.Join(err, m.Close())
