@@ -26,8 +26,8 @@ func TestMain(m *testing.M) { pgtest.Main(m) }
 
 // TestServeOnPostgreSQL: two serve processes' worth of Main on one database,
 // selected by KEYBRAKE_DATABASE_URL, share keys and usage: a key minted
-// through one meters a charge through the other. keybrake backup and rekey
-// say that they do not apply to a PostgreSQL store.
+// through one meters a charge through the other. keybrake backup, rekey and
+// compact say that they do not apply to a PostgreSQL store.
 func TestServeOnPostgreSQL(t *testing.T) {
 	ctx := context.Background()
 	fake := proxytest.NewFakeStripe(t, "sk_test_pg")
@@ -81,6 +81,9 @@ func TestServeOnPostgreSQL(t *testing.T) {
 
 	_, err = runCommand(e, "backup", "--out", filepath.Join(t.TempDir(), "x.db"))
 	assert.ErrorContains(t, err, "pg_dump")
+	_, err = runCommand(env{}, "compact", "--admin-url", a.AdminURL(), "--token", adminToken)
+	assert.ErrorContains(t, err, "501", "a running server on PostgreSQL answers that it does not compact")
+	assert.ErrorContains(t, err, "autovacuum")
 	_, err = runCommand(e, "rekey", "--new-master-key", base64.StdEncoding.EncodeToString(make([]byte, 32)))
 	assert.ErrorContains(t, err, "cannot rekey a PostgreSQL store")
 	_, err = runCommand(env{}, "serve", "--database-url", "mysql://x")
