@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"net/http"
@@ -20,29 +21,15 @@ import (
 type BackupConfig struct {
 	// Out is the file the copy is written to (atomically: temporary file, fsync, rename).
 	Out string
-	// DataDir holds keybrake.db for the offline copy (and the generated secrets).
-	DataDir string
-	// AdminURL, when set, takes the copy from a running server's GET /api/v1/backup.
-	AdminURL string
-	// Token authenticates against AdminURL (--token, else KEYBRAKE_ADMIN_TOKEN, else
-	// minted from the local JWT secret).
-	Token string
-	// OpenTimeout is how long the offline copy waits for the database's file lock.
-	OpenTimeout time.Duration
-	// DatabaseURL, when set, names a PostgreSQL store, which backup refuses:
-	// pg_dump copies it.
-	DatabaseURL string
-	// Timeout bounds the whole online copy.
-	Timeout time.Duration
+	// serverAccess says where the database is: DataDir for the offline copy,
+	// AdminURL for a running server's GET /api/v1/backup. A DatabaseURL is
+	// refused: pg_dump copies a PostgreSQL store.
+	serverAccess
 }
 
 // DefaultBackupConfig returns backup's defaults.
 func DefaultBackupConfig() BackupConfig {
-	return BackupConfig{
-		DataDir:     DefaultConfig().DataDir,
-		OpenTimeout: 2 * time.Second,
-		Timeout:     10 * time.Minute,
-	}
+	return BackupConfig{serverAccess: defaultServerAccess(10 * time.Minute)}
 }
 
 // Validate returns every problem with the configuration at once.
@@ -55,18 +42,7 @@ func (c BackupConfig) Validate() error {
 	if c.Out == "" {
 		errs = append(errs, errors.New("out: required"))
 	}
-	if c.AdminURL != "" {
-		if err := validateBaseURL(c.AdminURL); err != nil {
-			errs = append(errs, fmt.Errorf("admin-url: %w", err))
-		}
-	}
-	if c.OpenTimeout <= 0 {
-		errs = append(errs, fmt.Errorf("open-timeout: must be positive, got %s", c.OpenTimeout))
-	}
-	if c.Timeout <= 0 {
-		errs = append(errs, fmt.Errorf("timeout: must be positive, got %s", c.Timeout))
-	}
-	return errors.Join(errs...)
+	return errors.Join(append(errs, c.validate()...)...)
 }
 
 // backupTokenTTL is the lifetime of a token backup mints for itself.
@@ -78,18 +54,11 @@ func (m *Main) parseBackup(args []string) error {
 	fs := m.flagSet(cmdBackup, "keybrake backup --out FILE [--data-dir DIR] [--admin-url URL [--token JWT]]\n\nWithout --admin-url the database is copied from the data directory while the\nserver is stopped (the server holds the file lock). With --admin-url the copy is\nstreamed from a running server's GET /api/v1/backup.")
 	c := &m.Backup
 	fs.StringVar(&c.Out, "out", c.Out, "file to write the copy to (required)")
-	fs.StringVar(&c.DataDir, "data-dir", c.DataDir, "data directory holding keybrake.db")
-	fs.StringVar(&c.AdminURL, "admin-url", c.AdminURL, "copy from a running server at this admin URL (e.g. http://127.0.0.1:8081)")
-	fs.StringVar(&c.Token, "token", c.Token, "admin JWT for --admin-url (default: "+envAdminToken+", else minted from the local JWT secret)")
-	fs.DurationVar(&c.OpenTimeout, "open-timeout", c.OpenTimeout, "how long to wait for the database lock (offline copy)")
-	fs.DurationVar(&c.Timeout, "timeout", c.Timeout, "time limit of the online copy")
-	fs.StringVar(&c.DatabaseURL, "database-url", c.DatabaseURL, "a PostgreSQL store's URL: refused, pg_dump backs it up")
+	c.bind(fs, "copy", "pg_dump backs it up")
 	if err := parseArgs(fs, args); err != nil {
 		return err
 	}
-	envs := map[string]string{"data-dir": envName("data-dir"), "admin-url": envName("admin-url"), "token": envAdminToken,
-		"database-url": envName("database-url")}
-	if err := applyEnv(fs, m.Getenv, envs); err != nil {
+	if err := applyEnv(fs, m.Getenv, serverAccessEnv); err != nil {
 		return fmt.Errorf("backup: %w", err)
 	}
 	if err := c.Validate(); err != nil {
@@ -156,7 +125,7 @@ func (m *Main) backupOffline(ctx context.Context) (int64, error) {
 // backupOnline streams GET /api/v1/backup from a running server.
 func (m *Main) backupOnline(ctx context.Context) (int64, error) {
 	c := m.Backup
-	resp, done, err := m.callAdmin(ctx, http.MethodGet, c.AdminURL, "/api/v1/backup", c.Token, c.DataDir, "keybrake-backup", c.Timeout)
+	resp, done, err := m.callAdmin(ctx, c.serverAccess, http.MethodGet, "/api/v1/backup", "keybrake-backup")
 	if err != nil {
 		return 0, err
 	}
@@ -164,14 +133,15 @@ func (m *Main) backupOnline(ctx context.Context) (int64, error) {
 	return writeFileAtomic(c.Out, func(w io.Writer) (int64, error) { return io.Copy(w, resp.Body) })
 }
 
-// callAdmin sends method path, without a body, to the admin API at adminURL as
-// an admin, within timeout: with token, else with one minted for subject from
-// the local JWT secret (in dataDir or KEYBRAKE_JWT_SECRET). Any status but 200
-// is an error quoting the answer. The caller reads the body, then calls done.
-func (m *Main) callAdmin(ctx context.Context, method, adminURL, path, token, dataDir, subject string,
-	timeout time.Duration) (resp *http.Response, done func(), err error) {
+// callAdmin sends method path, without a body, to the admin API at a.AdminURL
+// as an admin, within a.Timeout: with a.Token, else with one minted for subject
+// from the local JWT secret (in a.DataDir or KEYBRAKE_JWT_SECRET). Any status
+// but 200 is an error quoting the answer. The caller reads the body, then
+// calls done.
+func (m *Main) callAdmin(ctx context.Context, a serverAccess, method, path, subject string) (resp *http.Response, done func(), err error) {
+	token := a.Token
 	if token == "" {
-		secret, err := m.localJWTSecret(m.Getenv(envJWTSecret), dataDir)
+		secret, err := m.localJWTSecret(m.Getenv(envJWTSecret), a.DataDir)
 		if err != nil {
 			return nil, nil, fmt.Errorf("no --token or %s, and %w", envAdminToken, err)
 		}
@@ -180,8 +150,8 @@ func (m *Main) callAdmin(ctx context.Context, method, adminURL, path, token, dat
 			return nil, nil, fmt.Errorf("issue token: %w", err)
 		}
 	}
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	u := strings.TrimRight(adminURL, "/") + path
+	ctx, cancel := context.WithTimeout(ctx, a.Timeout)
+	u := strings.TrimRight(a.AdminURL, "/") + path
 	req, err := http.NewRequestWithContext(ctx, method, u, nil)
 	if err != nil {
 		cancel()
@@ -239,4 +209,60 @@ func samePath(a, b string) (bool, error) {
 	ai, errA := os.Stat(aa)
 	bi, errB := os.Stat(bb)
 	return errA == nil && errB == nil && os.SameFile(ai, bi), nil
+}
+
+// serverAccess is what backup and compact share: where the bbolt database is,
+// in a data directory while its server is stopped, or behind a running
+// server's admin API.
+type serverAccess struct {
+	// DataDir holds keybrake.db for the offline command (and the generated secrets).
+	DataDir string
+	// AdminURL, when set, has a running server do it through its admin API.
+	AdminURL string
+	// Token authenticates against AdminURL (--token, else KEYBRAKE_ADMIN_TOKEN,
+	// else minted from the local JWT secret).
+	Token string
+	// OpenTimeout is how long the offline command waits for the database's file lock.
+	OpenTimeout time.Duration
+	// Timeout bounds the online command.
+	Timeout time.Duration
+	// DatabaseURL, when set, names a PostgreSQL store, which both commands refuse.
+	DatabaseURL string
+}
+
+// defaultServerAccess is the default data directory and timeouts.
+func defaultServerAccess(timeout time.Duration) serverAccess {
+	return serverAccess{DataDir: DefaultConfig().DataDir, OpenTimeout: 2 * time.Second, Timeout: timeout}
+}
+
+// serverAccessEnv names the variables serverAccess's flags fall back to.
+var serverAccessEnv = map[string]string{"data-dir": envName("data-dir"), "admin-url": envName("admin-url"),
+	"token": envAdminToken, "database-url": envName("database-url")}
+
+// bind registers the flags; what names the command's work ("copy"), pgRefusal
+// says what serves a PostgreSQL store instead.
+func (a *serverAccess) bind(fs *flag.FlagSet, what, pgRefusal string) {
+	fs.StringVar(&a.DataDir, "data-dir", a.DataDir, "data directory holding keybrake.db")
+	fs.StringVar(&a.AdminURL, "admin-url", a.AdminURL, "have a running server at this admin URL do the "+what+" (e.g. http://127.0.0.1:8081)")
+	fs.StringVar(&a.Token, "token", a.Token, "admin JWT for --admin-url (default: "+envAdminToken+", else minted from the local JWT secret)")
+	fs.DurationVar(&a.OpenTimeout, "open-timeout", a.OpenTimeout, "how long to wait for the database lock (offline "+what+")")
+	fs.DurationVar(&a.Timeout, "timeout", a.Timeout, "time limit of the online "+what)
+	fs.StringVar(&a.DatabaseURL, "database-url", a.DatabaseURL, "a PostgreSQL store's URL: refused, "+pgRefusal)
+}
+
+// validate returns the problems with the admin URL and the timeouts.
+func (a serverAccess) validate() []error {
+	var errs []error
+	if a.AdminURL != "" {
+		if err := validateBaseURL(a.AdminURL); err != nil {
+			errs = append(errs, fmt.Errorf("admin-url: %w", err))
+		}
+	}
+	if a.OpenTimeout <= 0 {
+		errs = append(errs, fmt.Errorf("open-timeout: must be positive, got %s", a.OpenTimeout))
+	}
+	if a.Timeout <= 0 {
+		errs = append(errs, fmt.Errorf("timeout: must be positive, got %s", a.Timeout))
+	}
+	return errs
 }

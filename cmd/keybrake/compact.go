@@ -16,26 +16,15 @@ import (
 
 // CompactConfig is the configuration of `keybrake compact`.
 type CompactConfig struct {
-	// DataDir holds keybrake.db for the offline compaction.
-	DataDir string
-	// AdminURL, when set, compacts a running server's store through POST
-	// /api/v1/compact instead.
-	AdminURL string
-	// Token authenticates against AdminURL (--token, else KEYBRAKE_ADMIN_TOKEN,
-	// else minted from the local JWT secret).
-	Token string
-	// OpenTimeout is how long the offline compaction waits for the file lock.
-	OpenTimeout time.Duration
-	// DatabaseURL, when set, names a PostgreSQL store, which compact refuses:
-	// its autovacuum reclaims space.
-	DatabaseURL string
-	// Timeout bounds the online compaction.
-	Timeout time.Duration
+	// serverAccess says where the database is: DataDir for the offline
+	// compaction, AdminURL for a running server's POST /api/v1/compact. A
+	// DatabaseURL is refused: PostgreSQL's autovacuum reclaims space.
+	serverAccess
 }
 
 // DefaultCompactConfig returns compact's defaults.
 func DefaultCompactConfig() CompactConfig {
-	return CompactConfig{DataDir: DefaultConfig().DataDir, OpenTimeout: 2 * time.Second, Timeout: time.Hour}
+	return CompactConfig{serverAccess: defaultServerAccess(time.Hour)}
 }
 
 // Validate returns every problem with the configuration at once.
@@ -43,19 +32,7 @@ func (c CompactConfig) Validate() error {
 	if c.DatabaseURL != "" {
 		return errors.New("database-url: keybrake compact rewrites a bbolt data directory; PostgreSQL's autovacuum reclaims the space of a PostgreSQL store (VACUUM FULL gives it back to the file system)")
 	}
-	var errs []error
-	if c.AdminURL != "" {
-		if err := validateBaseURL(c.AdminURL); err != nil {
-			errs = append(errs, fmt.Errorf("admin-url: %w", err))
-		}
-	}
-	if c.OpenTimeout <= 0 {
-		errs = append(errs, fmt.Errorf("open-timeout: must be positive, got %s", c.OpenTimeout))
-	}
-	if c.Timeout <= 0 {
-		errs = append(errs, fmt.Errorf("timeout: must be positive, got %s", c.Timeout))
-	}
-	return errors.Join(errs...)
+	return errors.Join(c.validate()...)
 }
 
 // parseCompact reads compact's flags; --data-dir, --admin-url and --token fall
@@ -68,18 +45,11 @@ func (m *Main) parseCompact(args []string) error {
 		"server is stopped; with --admin-url a running server compacts its own, and every\n"+
 		"request waits while it copies (seconds per gigabyte).")
 	c := &m.Compact
-	fs.StringVar(&c.DataDir, "data-dir", c.DataDir, "data directory holding keybrake.db")
-	fs.StringVar(&c.AdminURL, "admin-url", c.AdminURL, "compact a running server's store at this admin URL (e.g. http://127.0.0.1:8081)")
-	fs.StringVar(&c.Token, "token", c.Token, "admin JWT for --admin-url (default: "+envAdminToken+", else minted from the local JWT secret)")
-	fs.DurationVar(&c.OpenTimeout, "open-timeout", c.OpenTimeout, "how long to wait for the database lock (offline)")
-	fs.DurationVar(&c.Timeout, "timeout", c.Timeout, "time limit of the online compaction")
-	fs.StringVar(&c.DatabaseURL, "database-url", c.DatabaseURL, "a PostgreSQL store's URL: refused, autovacuum reclaims its space")
+	c.bind(fs, "compaction", "autovacuum reclaims its space")
 	if err := parseArgs(fs, args); err != nil {
 		return err
 	}
-	envs := map[string]string{"data-dir": envName("data-dir"), "admin-url": envName("admin-url"), "token": envAdminToken,
-		"database-url": envName("database-url")}
-	if err := applyEnv(fs, m.Getenv, envs); err != nil {
+	if err := applyEnv(fs, m.Getenv, serverAccessEnv); err != nil {
 		return fmt.Errorf("compact: %w", err)
 	}
 	if err := c.Validate(); err != nil {
@@ -114,7 +84,7 @@ func (m *Main) runCompact(ctx context.Context) error {
 // compactOnline asks a running server to compact its store.
 func (m *Main) compactOnline(ctx context.Context) (vault.CompactResult, error) {
 	c := m.Compact
-	resp, done, err := m.callAdmin(ctx, http.MethodPost, c.AdminURL, "/api/v1/compact", c.Token, c.DataDir, "keybrake-compact", c.Timeout)
+	resp, done, err := m.callAdmin(ctx, c.serverAccess, http.MethodPost, "/api/v1/compact", "keybrake-compact")
 	if err != nil {
 		return vault.CompactResult{}, err
 	}
