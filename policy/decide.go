@@ -244,6 +244,19 @@ type Decision struct {
 // requested, 4.00 remaining; resets at 2026-09-15T00:00:00Z"; times are written in
 // the policy's time zone. Remaining values are never negative.
 func Decide(p *Policy, usage Usage, req Request, now time.Time) Decision {
+	windows, err := p.Windows(now)
+	return decide(p, windows, err, usage, req, now)
+}
+
+// DecideIn is Decide for a caller that has computed p.Windows(now) already
+// (without an error): the store's Reserve reads the counters of those windows
+// and decides in its single committer, where every microsecond counts.
+func DecideIn(p *Policy, windows []Window, usage Usage, req Request, now time.Time) Decision {
+	return decide(p, windows, nil, usage, req, now)
+}
+
+// decide is Decide with p.Windows(now) and its error.
+func decide(p *Policy, windows []Window, windowsErr error, usage Usage, req Request, now time.Time) Decision {
 	loc := p.Location()
 	stamp := func(t time.Time) string { return t.In(loc).Format(time.RFC3339) }
 
@@ -260,9 +273,8 @@ func Decide(p *Policy, usage Usage, req Request, now time.Time) Decision {
 	if req.Amount < 0 {
 		return refuse(ReasonAmountUnknown, fmt.Sprintf("amount %d is negative", req.Amount))
 	}
-	windows, err := p.Windows(now)
-	if err != nil {
-		return refuse(ReasonCapExceeded, "the policy's caps cannot be evaluated: "+err.Error())
+	if windowsErr != nil {
+		return refuse(ReasonCapExceeded, "the policy's caps cannot be evaluated: "+windowsErr.Error())
 	}
 
 	report := p.EffectiveMode() == ModeReport

@@ -243,8 +243,14 @@ func UpstreamKey(keyID, idempotencyKey string) string {
 // HoldID derives the hold id for (keyID, idempotencyKey): "hold_" followed by 26
 // lower-case base32 characters of the pair's SHA-256.
 func HoldID(keyID, idempotencyKey string) string {
+	sum := HoldHash(keyID, idempotencyKey)
+	return "hold_" + lowerBase32.EncodeToString(sum[:])
+}
+
+// HoldHash is what HoldID encodes: the first 16 bytes of the pair's SHA-256.
+func HoldHash(keyID, idempotencyKey string) [16]byte {
 	sum := pairHash("hold", keyID, idempotencyKey)
-	return "hold_" + lowerBase32.EncodeToString(sum[:16])
+	return [16]byte(sum[:16])
 }
 
 // lowerBase32 is base32 with the "extended hex" alphabet in lower case and no
@@ -254,13 +260,12 @@ var lowerBase32 = base32.NewEncoding("0123456789abcdefghijklmnopqrstuv").WithPad
 // pairHash hashes a (keyID, idempotencyKey) pair under a purpose label. The NUL
 // separators keep ("a", "bc") and ("ab", "c") apart; key ids never contain NUL.
 func pairHash(purpose, keyID, idempotencyKey string) [sha256.Size]byte {
-	h := sha256.New()
-	h.Write([]byte(purpose))
-	h.Write([]byte{0})
-	h.Write([]byte(keyID))
-	h.Write([]byte{0})
-	h.Write([]byte(idempotencyKey))
-	var out [sha256.Size]byte
-	h.Sum(out[:0])
-	return out
+	// One buffer on the stack and one Sum256: no allocation on the hot path.
+	var buf [320]byte
+	b := append(buf[:0], purpose...)
+	b = append(b, 0)
+	b = append(b, keyID...)
+	b = append(b, 0)
+	b = append(b, idempotencyKey...)
+	return sha256.Sum256(b)
 }

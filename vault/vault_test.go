@@ -1,6 +1,7 @@
 package vault_test
 
 import (
+	"encoding/hex"
 	"strings"
 	"testing"
 
@@ -24,4 +25,9 @@ func TestDerivedIDs(t *testing.T) {
 	assert.LessOrEqual(t, len(vault.UpstreamKey("key_a", strings.Repeat("x", 255))), 255)
 	assert.True(t, strings.HasPrefix(vault.HoldID("k", "i"), "hold_"))
 	assert.Len(t, vault.HoldID("k", "i"), 5+26)
+	// Both are stored and sent to Stripe: their derivation never changes.
+	assert.Equal(t, "hold_i57cqiq2gidjvg23rn1je1hv98", vault.HoldID("key_a", "x"))
+	assert.Equal(t, "keybrake_LIZ4vlXJ1W-xxl4-h_cuN2gXjkqsxX9g-Qy1U7rDAQ8", vault.UpstreamKey("key_a", "x"))
+	h := vault.HoldHash("key_a", "x")
+	assert.Equal(t, "914ecd4b42849b3fc043ddc337063f4a", hex.EncodeToString(h[:]), "what the hold id encodes")
 }

@@ -139,7 +139,7 @@ func (s *Engine) planNew(tx Tx, now time.Time, req *vault.ReserveRequest, res va
 		}
 		usage = usageOf(windows, counters)
 	}
-	dec := policy.Decide(&key.Policy, usage, req.Request, now)
+	dec := policy.DecideIn(&key.Policy, windows, usage, req.Request, now)
 	res.Decision = dec
 	pl := &reservePlan{counters: counters}
 	if !dec.Allowed {

@@ -103,14 +103,14 @@ type keyCache struct {
 
 type cachedKey struct {
 	raw []byte
-	rec keyRec
+	rec *keyRec // never modified once cached: every get returns it
 }
 
 const keyCacheMax = 10000
 
 // get reads key id in tx, decoding it only when the cache has no entry for these
-// bytes. The result shares maps and slices with the cache: read it, or take
-// public(); never modify it.
+// bytes. The result is the cached record itself, shared with every caller:
+// read it, or take public(); never modify it.
 func (c *keyCache) get(tx Tx, id string) (*keyRec, error) {
 	raw, err := tx.Get(BucketKeys, []byte(id))
 	if err != nil {
@@ -123,11 +123,10 @@ func (c *keyCache) get(tx Tx, id string) (*keyRec, error) {
 	e, ok := c.m[id]
 	c.mu.Unlock()
 	if ok && bytes.Equal(e.raw, raw) {
-		rec := e.rec
-		return &rec, nil
+		return e.rec, nil
 	}
-	var rec keyRec
-	if err := decodeJSON([]byte(id), raw, &rec); err != nil {
+	rec := &keyRec{}
+	if err := decodeJSON([]byte(id), raw, rec); err != nil {
 		return nil, err
 	}
 	c.mu.Lock()
@@ -136,8 +135,7 @@ func (c *keyCache) get(tx Tx, id string) (*keyRec, error) {
 	}
 	c.m[id] = cachedKey{raw: bytes.Clone(raw), rec: rec}
 	c.mu.Unlock()
-	out := rec
-	return &out, nil
+	return rec, nil
 }
 
 func putKey(tx Tx, r *keyRec) error { return putJSON(tx, BucketKeys, []byte(r.ID), r) }
@@ -185,6 +183,8 @@ type recordRec struct {
 	// seq is the records bucket key the record lives under, 0 when it lives
 	// in the idem bucket under its hash. Not stored in the record.
 	seq uint64
+	// key is the idem bucket key once known (idemKey). Not stored.
+	key []byte
 }
 
 func (r *recordRec) holdID() string {
@@ -196,8 +196,17 @@ func (r *recordRec) holdID() string {
 
 // recordKey is the idem bucket key of (keyID, idempotency key).
 func recordKey(keyID, idem string) []byte {
-	k, _ := recordKeyOfHold(vault.HoldID(keyID, idem)) // HoldID is well formed
-	return k
+	k := vault.HoldHash(keyID, idem)
+	return k[:]
+}
+
+// idemKey is r's idem bucket key, recordKey(r.KeyID, r.Idem), hashed once per
+// record in memory: a Reserve and a Settle each need it more than once.
+func (r *recordRec) idemKey() []byte {
+	if r.key == nil {
+		r.key = recordKey(r.KeyID, r.Idem)
+	}
+	return r.key
 }
 
 // recordKeyOfHold is the idem bucket key of the record a hold id belongs to.
@@ -293,7 +302,8 @@ func forEachRecord(tx Tx, fn func(k []byte, r *recordRec) error) error {
 
 // getRecord returns the record of (keyID, idem), nil when there is none.
 func getRecord(tx Tx, keyID, idem string) (*recordRec, error) {
-	r, err := readRecord(tx, recordKey(keyID, idem))
+	k := recordKey(keyID, idem)
+	r, err := readRecord(tx, k)
 	if err != nil || r == nil {
 		return nil, err
 	}
@@ -301,6 +311,7 @@ func getRecord(tx Tx, keyID, idem string) (*recordRec, error) {
 		// Two pairs with one 128-bit hash: refuse rather than mix them up.
 		return nil, fmt.Errorf("idempotency record of %s collides with one of %s: %w", keyID, r.KeyID, vault.ErrConflict)
 	}
+	r.key = k
 	return r, nil
 }
 
@@ -323,7 +334,7 @@ func getRecordByHold(tx Tx, holdID string) (*recordRec, error) {
 // putRecord writes the record and, when it has a hold, the hold's index entry (its
 // value is the hold's state, so ListHolds filters without decoding records).
 func putRecord(tx Tx, r *recordRec) error {
-	k := recordKey(r.KeyID, r.Idem)
+	k := r.idemKey()
 	var err error
 	if r.seq != 0 {
 		err = tx.Put(BucketRecords, u64(r.seq), encodeRecord(r))
@@ -381,7 +392,7 @@ func completionKey(k []byte, r *recordRec) []byte {
 // its hold's index entry: like putRecord, but the record's key must be free
 // (Tx.Insert), so that no two claims of one idempotency key can both commit.
 func insertRecord(tx Tx, r *recordRec, appendOrder bool) error {
-	k := recordKey(r.KeyID, r.Idem)
+	k := r.idemKey()
 	v := encodeRecord(r)
 	if appendOrder {
 		seq, err := tx.NextSequence(BucketRecords)
@@ -413,7 +424,7 @@ func putHoldIndex(tx Tx, r *recordRec) error {
 
 // deleteRecord deletes the record and its index entries.
 func deleteRecord(tx Tx, r *recordRec) error {
-	k := recordKey(r.KeyID, r.Idem)
+	k := r.idemKey()
 	if err := tx.Delete(BucketIdem, k); err != nil {
 		return fmt.Errorf("delete idempotency record: %w", err)
 	}
