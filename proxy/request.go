@@ -96,15 +96,17 @@ func (c *call) readStripeHeaders(h http.Header) error {
 
 // readBody reads the whole body, at most maxBody bytes (413 beyond).
 func (p *Proxy) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
-	tooLarge := refuse(CodeRequestTooLarge, "The request body is larger than %d bytes.", p.maxBody)
+	tooLarge := func() error {
+		return refuse(CodeRequestTooLarge, "The request body is larger than %d bytes.", p.maxBody)
+	}
 	if r.ContentLength > p.maxBody {
-		return nil, tooLarge
+		return nil, tooLarge()
 	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, p.maxBody))
 	var maxErr *http.MaxBytesError
 	switch {
 	case errors.As(err, &maxErr):
-		return nil, tooLarge
+		return nil, tooLarge()
 	case err != nil:
 		return nil, malformed(err, "The request body could not be read.")
 	}

@@ -413,15 +413,14 @@ func (p *Proxy) settle(ctx context.Context, c *call, sr vault.SettleRequest, not
 	}
 	c.freeOwnHold(&sr)
 	// The failure is logged from the committer's callback, after this request
-	// may have ended: it names the request by values copied now.
-	attrs := []slog.Attr{
-		slog.String(logfield.RequestID, c.requestID), slog.String(logfield.KeyID, c.key.ID),
-		slog.String(logfield.Operation, c.cls.Operation), slog.String(logfield.Outcome, string(sr.Outcome)),
-		slog.Int(logfield.UpstreamStatus, c.upstreamStatus), slog.String(logfield.Note, note),
-	}
+	// may have ended: it names the request by values copied now (the log
+	// attributes themselves are built only on a failure).
+	requestID, keyID, operation, outcome, status := c.requestID, c.key.ID, c.cls.Operation, sr.Outcome, c.upstreamStatus
 	failed := func(err error) {
 		p.log.LogAttrs(context.Background(), slog.LevelError, "settle failed; the record stays in progress until recovered as unknown",
-			append(attrs, slog.Any(logfield.Error, err))...)
+			slog.String(logfield.RequestID, requestID), slog.String(logfield.KeyID, keyID),
+			slog.String(logfield.Operation, operation), slog.String(logfield.Outcome, string(outcome)),
+			slog.Int(logfield.UpstreamStatus, status), slog.String(logfield.Note, note), slog.Any(logfield.Error, err))
 	}
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
 	defer cancel()

@@ -17,21 +17,17 @@ import (
 // Object is a Stripe object (a JSON object) decoded one level deep.
 type Object map[string]json.RawMessage
 
-// DecodeObject decodes a JSON object, nil when body is not one.
-func DecodeObject(body []byte) Object {
-	var o Object
-	if json.Unmarshal(body, &o) != nil {
-		return nil
-	}
-	return o
-}
-
 // Get is the string member field ("" when it is missing or not a string).
 func (o Object) Get(field string) string {
-	var s string
-	if raw, ok := o[field]; ok {
-		_ = json.Unmarshal(raw, &s)
+	raw, ok := o[field]
+	if !ok {
+		return ""
 	}
+	if n := len(raw); n >= 2 && raw[0] == '"' && raw[n-1] == '"' && isPlain(raw[1:n-1]) {
+		return string(raw[1 : n-1]) // what json.Unmarshal gives, without reflection
+	}
+	var s string
+	_ = json.Unmarshal(raw, &s)
 	return s
 }
 
