@@ -43,9 +43,23 @@ func validateReserve(req *vault.ReserveRequest) error {
 	return nil
 }
 
+// pairKeys are what a Reserve derives from its pair (key id, idempotency key)
+// by hashing, worked out before it enters the committer, which runs every
+// write alone.
+type pairKeys struct {
+	record   []byte // recordKey
+	holdID   string // vault.HoldID
+	upstream string // vault.UpstreamKey
+}
+
+func newPairKeys(keyID, idem string) pairKeys {
+	k := recordKey(keyID, idem)
+	return pairKeys{record: k, holdID: holdIDOf(k), upstream: vault.UpstreamKey(keyID, idem)}
+}
+
 // reserveTx is one Reserve: plan and apply in tx.
-func (s *Engine) reserveTx(tx Tx, now time.Time, req *vault.ReserveRequest) (txResult[vault.ReserveResult], error) {
-	pl, err := s.planReserve(tx, now, req)
+func (s *Engine) reserveTx(tx Tx, now time.Time, req *vault.ReserveRequest, pk *pairKeys) (txResult[vault.ReserveResult], error) {
+	pl, err := s.planReserve(tx, now, req, pk)
 	if err != nil {
 		return txResult[vault.ReserveResult]{}, err
 	}
@@ -53,7 +67,7 @@ func (s *Engine) reserveTx(tx Tx, now time.Time, req *vault.ReserveRequest) (txR
 }
 
 // planReserve reads everything Reserve needs in tx and decides. It writes nothing.
-func (s *Engine) planReserve(tx Tx, now time.Time, req *vault.ReserveRequest) (*reservePlan, error) {
+func (s *Engine) planReserve(tx Tx, now time.Time, req *vault.ReserveRequest, pk *pairKeys) (*reservePlan, error) {
 	if err := validateReserve(req); err != nil {
 		return &reservePlan{res: reject[vault.ReserveResult](err)}, nil
 	}
@@ -68,14 +82,14 @@ func (s *Engine) planReserve(tx Tx, now time.Time, req *vault.ReserveRequest) (*
 		return &reservePlan{res: txResult[vault.ReserveResult]{val: res,
 			err: fmt.Errorf("reserve under key %s: %w", key.ID, vault.ErrKeyRevoked)}}, nil
 	}
-	rec, err := getRecord(tx, req.KeyID, req.IdempotencyKey)
+	rec, err := getRecordAt(tx, pk.record, req.KeyID, req.IdempotencyKey)
 	if err != nil {
 		return nil, err
 	}
 	if rec != nil {
 		return s.planExisting(tx, now, req, res, rec, key)
 	}
-	return s.planNew(tx, now, req, res, key)
+	return s.planNew(tx, now, req, res, key, pk)
 }
 
 // withUsage fills res's windows at now and their counters, as read in tx (a
@@ -99,7 +113,7 @@ func withUsage(tx Tx, now time.Time, res *vault.ReserveResult, key *keyRec) erro
 // is the one a write transaction would give, without one. ok is false when the
 // Reserve needs its write transaction (no record, one in flight or unknown, a
 // revoked key, or anything to refuse), which decides again from scratch.
-func (s *Engine) reserveFromRead(ctx context.Context, req *vault.ReserveRequest) (res vault.ReserveResult, ok bool, err error) {
+func (s *Engine) reserveFromRead(ctx context.Context, req *vault.ReserveRequest, pk *pairKeys) (res vault.ReserveResult, ok bool, err error) {
 	if validateReserve(req) != nil {
 		return res, false, nil
 	}
@@ -109,7 +123,7 @@ func (s *Engine) reserveFromRead(ctx context.Context, req *vault.ReserveRequest)
 		if err != nil || key.Status == vault.KeyRevoked {
 			return nil // the write transaction says why
 		}
-		rec, err := getRecord(tx, req.KeyID, req.IdempotencyKey)
+		rec, err := getRecordAt(tx, pk.record, req.KeyID, req.IdempotencyKey)
 		if err != nil || rec == nil || rec.State != vault.RecordCompleted {
 			return nil
 		}
@@ -125,7 +139,7 @@ func (s *Engine) reserveFromRead(ctx context.Context, req *vault.ReserveRequest)
 
 // planNew decides a Reserve without an idempotency record: against the key's
 // current policy and counters.
-func (s *Engine) planNew(tx Tx, now time.Time, req *vault.ReserveRequest, res vault.ReserveResult, key *keyRec) (*reservePlan, error) {
+func (s *Engine) planNew(tx Tx, now time.Time, req *vault.ReserveRequest, res vault.ReserveResult, key *keyRec, pk *pairKeys) (*reservePlan, error) {
 	windows, err := key.Policy.Windows(now)
 	if err != nil {
 		return nil, fmt.Errorf("key %s windows: %w", key.ID, err)
@@ -164,8 +178,9 @@ func (s *Engine) planNew(tx Tx, now time.Time, req *vault.ReserveRequest, res va
 	res.Windows, res.Usage = windows, usage
 	r := &recordRec{
 		KeyID: key.ID, Idem: req.IdempotencyKey,
-		Fingerprint: req.Fingerprint, UpstreamKey: vault.UpstreamKey(key.ID, req.IdempotencyKey),
+		Fingerprint: req.Fingerprint, UpstreamKey: pk.upstream,
 		State: vault.RecordInProgress, LeaseUntil: now.Add(s.lease), CreatedAt: now, UpdatedAt: now, Fresh: true,
+		key: pk.record,
 	}
 	pl.record, pl.claim, pl.appendOrder = r, true, s.appendRecords
 	res.Outcome = vault.ReserveClaimed
@@ -175,7 +190,7 @@ func (s *Engine) planNew(tx Tx, now time.Time, req *vault.ReserveRequest, res va
 			ids[i] = w.ID
 		}
 		h := &holdRec{
-			ID: vault.HoldID(key.ID, req.IdempotencyKey), KeyID: key.ID, IdempotencyKey: req.IdempotencyKey,
+			ID: pk.holdID, KeyID: key.ID, IdempotencyKey: req.IdempotencyKey,
 			Operation: req.Request.Operation, Currency: req.Request.Currency, Amount: req.Request.Amount,
 			WindowIDs: ids, State: vault.HoldHeld, CreatedAt: now,
 		}
@@ -346,8 +361,9 @@ func addToWindows(tx Tx, keyID string, windowIDs []string, heldDelta, committedD
 	return nil
 }
 
-// settleTx applies a Settle. Every reason to turn it down is found before any write.
-func (s *Engine) settleTx(tx Tx, now time.Time, req *vault.SettleRequest, resp *responseRec) (txResult[noValue], error) {
+// settleTx applies a Settle to the record under k, recordKey(req.KeyID,
+// req.IdempotencyKey). Every reason to turn it down is found before any write.
+func (s *Engine) settleTx(tx Tx, now time.Time, req *vault.SettleRequest, resp *responseRec, k []byte) (txResult[noValue], error) {
 	switch req.Outcome {
 	case vault.SettleCommit, vault.SettleRelease, vault.SettleUnknown, vault.SettleAbandon:
 	default:
@@ -362,7 +378,7 @@ func (s *Engine) settleTx(tx Tx, now time.Time, req *vault.SettleRequest, resp *
 	if err := tx.LockKey(req.KeyID); err != nil {
 		return txResult[noValue]{}, err
 	}
-	rec, err := getRecord(tx, req.KeyID, req.IdempotencyKey)
+	rec, err := getRecordAt(tx, k, req.KeyID, req.IdempotencyKey)
 	if err != nil {
 		return txResult[noValue]{}, err
 	}

@@ -209,6 +209,10 @@ func (r *recordRec) idemKey() []byte {
 	return r.key
 }
 
+// holdIDOf is the hold id of the pair whose record key is k: vault.HoldID
+// from the hash it already made.
+func holdIDOf(k []byte) string { return "hold_" + lowerBase32.EncodeToString(k) }
+
 // recordKeyOfHold is the idem bucket key of the record a hold id belongs to.
 func recordKeyOfHold(holdID string) ([]byte, bool) {
 	rest, ok := strings.CutPrefix(holdID, "hold_")
@@ -302,7 +306,11 @@ func forEachRecord(tx Tx, fn func(k []byte, r *recordRec) error) error {
 
 // getRecord returns the record of (keyID, idem), nil when there is none.
 func getRecord(tx Tx, keyID, idem string) (*recordRec, error) {
-	k := recordKey(keyID, idem)
+	return getRecordAt(tx, recordKey(keyID, idem), keyID, idem)
+}
+
+// getRecordAt is getRecord for a caller that has k, recordKey(keyID, idem).
+func getRecordAt(tx Tx, k []byte, keyID, idem string) (*recordRec, error) {
 	r, err := readRecord(tx, k)
 	if err != nil || r == nil {
 		return nil, err

@@ -435,8 +435,9 @@ func (s *Engine) KeyUsage(ctx context.Context, id string) (vault.Key, []policy.W
 // ErrClosed, ctx's error when ctx ends before the request is queued. Once queued,
 // Reserve waits for its transaction even if ctx ends, so its result is never lost.
 func (s *Engine) Reserve(ctx context.Context, req vault.ReserveRequest) (vault.ReserveResult, error) {
+	pk := newPairKeys(req.KeyID, req.IdempotencyKey)
 	if s.cheapReads {
-		if res, ok, err := s.reserveFromRead(ctx, &req); err != nil || ok {
+		if res, ok, err := s.reserveFromRead(ctx, &req, &pk); err != nil || ok {
 			if err != nil {
 				return res, fmt.Errorf("reserve: %w", err)
 			}
@@ -444,7 +445,7 @@ func (s *Engine) Reserve(ctx context.Context, req vault.ReserveRequest) (vault.R
 		}
 	}
 	res, err := submitResult(ctx, s, func(tx Tx, now time.Time) (txResult[vault.ReserveResult], error) {
-		return s.reserveTx(tx, now, &req)
+		return s.reserveTx(tx, now, &req, &pk)
 	})
 	if err != nil {
 		return res, fmt.Errorf("reserve: %w", err)
@@ -466,8 +467,9 @@ func (s *Engine) Settle(ctx context.Context, req vault.SettleRequest) error {
 	if err != nil {
 		return fmt.Errorf("settle: %w", err)
 	}
+	k := recordKey(req.KeyID, req.IdempotencyKey) // hashed before the committer
 	_, err = submitResult(ctx, s, func(tx Tx, now time.Time) (txResult[noValue], error) {
-		return s.settleTx(tx, now, &req, resp)
+		return s.settleTx(tx, now, &req, resp, k)
 	})
 	if err != nil {
 		return fmt.Errorf("settle: %w", err)
@@ -486,10 +488,11 @@ func (s *Engine) SettleQueued(ctx context.Context, req vault.SettleRequest, done
 		return fmt.Errorf("settle: %w", err)
 	}
 	var r txResult[noValue]
+	k := recordKey(req.KeyID, req.IdempotencyKey) // hashed before the committer
 	s.queued.add(req.KeyID)
 	err = s.b.Queue(ctx, func(tx Tx, now time.Time) error {
 		var err error
-		r, err = s.settleTx(tx, now, &req, resp) // a re-run starts over
+		r, err = s.settleTx(tx, now, &req, resp, k) // a re-run starts over
 		return err
 	}, func(err error) {
 		s.queued.finish(req.KeyID)

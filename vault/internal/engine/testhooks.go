@@ -152,7 +152,8 @@ func ReserveInTwoTransactions(e *Engine, ctx context.Context, req vault.ReserveR
 	var pl *reservePlan
 	err := e.view(ctx, func(tx Tx, now time.Time) error {
 		var err error
-		pl, err = e.planReserve(tx, now, &req)
+		pk := newPairKeys(req.KeyID, req.IdempotencyKey)
+		pl, err = e.planReserve(tx, now, &req, &pk)
 		return err
 	})
 	if err != nil {
@@ -190,7 +191,8 @@ func PutKey(tx Tx, r *KeyRec) error { return putKey(tx, r) }
 // ReserveTx runs one Reserve in tx: its result, the domain error that turned it
 // down before any write, and the failure that must roll tx back.
 func ReserveTx(e *Engine, tx Tx, now time.Time, req vault.ReserveRequest) (res vault.ReserveResult, turnedDown, failure error) {
-	r, err := e.reserveTx(tx, now, &req)
+	pk := newPairKeys(req.KeyID, req.IdempotencyKey)
+	r, err := e.reserveTx(tx, now, &req, &pk)
 	return r.val, r.err, err
 }
 
