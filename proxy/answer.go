@@ -98,7 +98,8 @@ func (p *Proxy) logCall(c *call) {
 	case c.status >= 400:
 		level = slog.LevelWarn
 	}
-	attrs := []slog.Attr{
+	// Room for every attribute at once: the line's 13, and up to 3 more.
+	attrs := append(make([]slog.Attr, 0, 16),
 		slog.String(logfield.RequestID, c.requestID),
 		slog.String(logfield.Method, c.method),
 		slog.String(logfield.Path, stripeapi.Clip(c.path)),
@@ -112,7 +113,7 @@ func (p *Proxy) logCall(c *call) {
 		slog.Int(logfield.UpstreamStatus, c.upstreamStatus),
 		slog.Int(logfield.Status, c.status),
 		logfield.Duration(p.now().Sub(c.start)),
-	}
+	)
 	if c.stripeRequestID != "" {
 		attrs = append(attrs, slog.String(logfield.StripeRequestID, c.stripeRequestID))
 	}

@@ -3,6 +3,7 @@ package proxy
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"net/textproto"
 	"strings"
 	"testing"
 
@@ -20,5 +21,13 @@ func TestFingerprintLayout(t *testing.T) {
 			writeField(h, f)
 		}
 		assert.Equal(t, hex.EncodeToString(h.Sum(nil)), Fingerprint("POST", "/v1/charges", "acct_1", "ctx_1", []byte(canonical)))
+	}
+}
+
+// TestStrippedHeaders checks that rewrite's list is canonical: it deletes the
+// names from the header map as they are, and the map's keys are canonical.
+func TestStrippedHeaders(t *testing.T) {
+	for _, name := range strippedHeaders {
+		assert.Equal(t, textproto.CanonicalMIMEHeaderKey(name), name)
 	}
 }

@@ -81,6 +81,13 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, c *call) {
 	}
 }
 
+// strippedHeaders are removed from every upstream request (rewrite sets its
+// own where it needs one). They are written canonically (TestStrippedHeaders),
+// as the server's header map holds them.
+var strippedHeaders = [...]string{"Authorization", "Proxy-Authorization", headerStripeAccount, headerStripeContext,
+	headerIdempotencyKey, "X-Idempotency-Key", "Cookie", "Forwarded", "X-Real-Ip", "Accept-Encoding",
+	"Content-Encoding", "Content-Length", "Transfer-Encoding", "Expect", "Content-Type", headerStripeVersion}
+
 // rewrite builds the upstream request. The ReverseProxy has already removed
 // hop-by-hop headers, Forwarded and X-Forwarded-*.
 func (p *Proxy) rewrite(pr *httputil.ProxyRequest) {
@@ -107,10 +114,8 @@ func (p *Proxy) rewrite(pr *httputil.ProxyRequest) {
 			delete(h, name)
 		}
 	}
-	for _, name := range []string{"Authorization", "Proxy-Authorization", headerStripeAccount, headerStripeContext,
-		headerIdempotencyKey, "X-Idempotency-Key", "Cookie", "Forwarded", "X-Real-Ip", "Accept-Encoding",
-		"Content-Encoding", "Content-Length", "Transfer-Encoding", "Expect", "Content-Type", headerStripeVersion} {
-		h.Del(name)
+	for _, name := range strippedHeaders {
+		delete(h, name) // h.Del without canonicalising names that are canonical already
 	}
 	out.Trailer = nil
 	h.Set("Authorization", "Bearer "+c.secret)
