@@ -119,12 +119,14 @@ func (s *Engine) reserveFromRead(ctx context.Context, req *vault.ReserveRequest,
 	}
 	err = s.view(ctx, func(tx Tx, now time.Time) error {
 		ok = false // a re-run starts over
-		key, err := s.keys.get(tx, req.KeyID)
-		if err != nil || key.Status == vault.KeyRevoked {
-			return nil // the write transaction says why
-		}
+		// The record first: most Reserves claim a new key, and then the key
+		// need not be read here.
 		rec, err := getRecordAt(tx, pk.record, req.KeyID, req.IdempotencyKey)
 		if err != nil || rec == nil || rec.State != vault.RecordCompleted {
+			return nil // the write transaction says why
+		}
+		key, err := s.keys.get(tx, req.KeyID)
+		if err != nil || key.Status == vault.KeyRevoked {
 			return nil
 		}
 		pl, err := s.planExisting(tx, now, req, vault.ReserveResult{Key: key.public()}, rec, key)
