@@ -299,3 +299,12 @@ func pageParams(q url.Values) (limit int, cursor string, err error) {
 	}
 	return limit, q.Get("cursor"), nil
 }
+
+// pageQuery reads a list's query when it takes only limit and cursor.
+func pageQuery(c echo.Context) (limit int, cursor string, err error) {
+	q, err := query(c, "limit", "cursor")
+	if err != nil {
+		return 0, "", err
+	}
+	return pageParams(q)
+}

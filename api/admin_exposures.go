@@ -76,11 +76,7 @@ func (a *admin) keyExposures(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	q, err := query(c, "limit", "cursor")
-	if err != nil {
-		return err
-	}
-	limit, cursor, err := pageParams(q)
+	limit, cursor, err := pageQuery(c)
 	if err != nil {
 		return err
 	}

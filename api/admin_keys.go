@@ -284,11 +284,7 @@ func (a *admin) keyEvents(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	q, err := query(c, "limit", "cursor")
-	if err != nil {
-		return err
-	}
-	limit, cursor, err := pageParams(q)
+	limit, cursor, err := pageQuery(c)
 	if err != nil {
 		return err
 	}

@@ -99,11 +99,7 @@ type auditListView struct {
 
 // listAudit handles GET /api/v1/audit: newest first.
 func (a *admin) listAudit(c echo.Context) error {
-	q, err := query(c, "limit", "cursor")
-	if err != nil {
-		return err
-	}
-	limit, cursor, err := pageParams(q)
+	limit, cursor, err := pageQuery(c)
 	if err != nil {
 		return err
 	}
