@@ -207,6 +207,17 @@ type backend Store
 
 // Update runs fn in one bbolt write transaction with the clock read once.
 func (s *backend) Update(ctx context.Context, fn engine.TxFunc) error {
+	return s.run(ctx, (*bbolt.DB).Update, fn)
+}
+
+// View runs fn in one bbolt read transaction with the clock read once.
+func (s *backend) View(ctx context.Context, fn engine.TxFunc) error {
+	return s.run(ctx, (*bbolt.DB).View, fn)
+}
+
+// run runs fn in one transaction that txn (DB.Update or DB.View) opens on the
+// database, shared with Compact through useDB.
+func (s *backend) run(ctx context.Context, txn func(*bbolt.DB, func(*bbolt.Tx) error) error, fn engine.TxFunc) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -215,7 +226,7 @@ func (s *backend) Update(ctx context.Context, fn engine.TxFunc) error {
 		return err
 	}
 	defer release()
-	return translate(db.Update(func(btx *bbolt.Tx) error { return fn(newTx(btx), s.now()) }))
+	return translate(txn(db, func(btx *bbolt.Tx) error { return fn(newTx(btx), s.now()) }))
 }
 
 // useDB returns the database for one transaction, shared with every other
@@ -227,19 +238,6 @@ func (s *Store) useDB() (*bbolt.DB, func(), error) {
 		return nil, nil, vault.ErrClosed
 	}
 	return s.db, s.dbMu.RUnlock, nil
-}
-
-// View runs fn in one bbolt read transaction with the clock read once.
-func (s *backend) View(ctx context.Context, fn engine.TxFunc) error {
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	db, release, err := (*Store)(s).useDB()
-	if err != nil {
-		return err
-	}
-	defer release()
-	return translate(db.View(func(btx *bbolt.Tx) error { return fn(newTx(btx), s.now()) }))
 }
 
 // Size is the size of the database file in bytes: what it takes on disk (bbolt
