@@ -243,3 +243,32 @@ func TestLinkCheckerFindsBrokenLinks(t *testing.T) {
 	assert.Equal(t, []string{"#no-such-heading", "missing.md", "missing.png"}, broken)
 	assert.False(t, headingAnchors(doc)["not-a-heading"], "a heading inside a fence")
 }
+
+// The quickstart's first command starts keybrake and its second runs every test,
+// and CI runs exactly that second command (.ci/run's run_tests), so what a
+// newcomer runs is what CI proves.
+func TestQuickstartIsWhatCIRuns(t *testing.T) {
+	readme, err := os.ReadFile(filepath.Join(repoRoot, "README.md"))
+	require.NoError(t, err)
+	_, quickstart, ok := strings.Cut(string(readme), "\n## Quickstart\n")
+	require.True(t, ok, "the README has a Quickstart section")
+	_, block, ok := strings.Cut(quickstart, "```sh\n")
+	require.True(t, ok, "the Quickstart starts with a shell block")
+	block, _, _ = strings.Cut(block, "```")
+	commands := strings.Split(strings.TrimSpace(block), "\n")
+	require.Len(t, commands, 2, "the quickstart's two commands")
+	assert.Equal(t, "go run ./cmd/keybrake serve", commands[0])
+
+	ci, err := os.ReadFile(filepath.Join(repoRoot, ".ci", "run"))
+	require.NoError(t, err)
+	_, runTests, ok := strings.Cut(string(ci), "\nrun_tests() {\n")
+	require.True(t, ok, ".ci/run has run_tests")
+	runTests, _, _ = strings.Cut(runTests, "\n}")
+	var last string
+	for line := range strings.SplitSeq(runTests, "\n") {
+		if line = strings.TrimSpace(line); line != "" {
+			last = line
+		}
+	}
+	assert.Equal(t, commands[1], last, ".ci/run's tests are the README's second command")
+}
