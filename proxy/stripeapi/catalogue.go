@@ -1071,6 +1071,10 @@ func checkoutSessionCreate(r *catRequest, c *Classification) error {
 		return err
 	}
 	c.Currency = cur
+	if lines.recurring {
+		unknownBecause(c, recurringLineWhy)
+		return nil
+	}
 	if !known || (cur == "" && len(lines.prices) == 0) {
 		unknownAmount(c)
 		return nil
@@ -1102,6 +1106,7 @@ func requestLines(p *Params, names ...string) (lineTotal, error) {
 		}
 		all.prices = append(all.prices, lt.prices...)
 		all.currency, all.known = lt.currency, all.known && lt.known
+		all.recurring = all.recurring || lt.recurring
 	}
 	return all, nil
 }
@@ -1112,6 +1117,9 @@ type lineTotal struct {
 	prices   []PriceRef // the lines priced by a stored price
 	currency string     // the currency stated so far
 	known    bool       // every line could be priced
+	// recurring: a line's inline price recurs (price_data[recurring]); on a
+	// Payment Link or a Checkout Session it starts a subscription.
+	recurring bool
 }
 
 // readLines reads the line items under name ("line_items", "items",
@@ -1148,6 +1156,7 @@ func readLines(p *Params, name, cur string) (lineTotal, error) {
 		if err != nil {
 			return lt, err
 		}
+		lt.recurring = lt.recurring || p.Has(li+"[price_data][recurring]")
 		switch {
 		case n+boolInt(hasPrice) != 1 || p.Has(li+"[amount]") || p.Has(li+"[plan]") ||
 			isTrue(p, li+"[adjustable_quantity][enabled]") ||
