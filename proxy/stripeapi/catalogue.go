@@ -1071,7 +1071,7 @@ func checkoutSessionCreate(r *catRequest, c *Classification) error {
 		return err
 	}
 	c.Currency = cur
-	if lines.recurring {
+	if lines.recurring || mode == "subscription" || p.Has("subscription_data") {
 		unknownBecause(c, recurringLineWhy)
 		return nil
 	}
@@ -1193,7 +1193,8 @@ func priceUpdate(r *catRequest, c *Classification) error {
 // does not compute; other updates move no money.
 func checkoutSessionUpdate(r *catRequest, c *Classification) error {
 	if r.params.Has("line_items") || r.params.Has("shipping_options") {
-		unknownAmount(c)
+		unknownBecause(c, "changing a session's line items or shipping options changes what it collects, by an amount keybrake "+
+			"does not compute; expire the session and create a new one, which keybrake meters")
 		return nil
 	}
 	c.MovesMoney = false

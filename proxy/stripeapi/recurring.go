@@ -108,7 +108,8 @@ const (
 
 // newPriceWhy is why a new price on an existing subscription cannot be metered.
 const newPriceWhy = "a new price on an existing subscription starts a new billing period and charges it at once when " +
-	"its billing interval differs (or the old price was free), by an amount keybrake cannot bound before Stripe answers"
+	"its billing interval differs (or the old price was free), by an amount keybrake cannot bound before Stripe answers; " +
+	"start a new subscription with the new price instead (subscriptions.create, metered at its first period)"
 
 // subscriptionUpdate: subscriptions.update is a subscriptionChange, and an
 // item moved to a new price (items[i][price], [price_data], the legacy [plan])
@@ -184,7 +185,8 @@ func scheduleCancel(r *catRequest, c *Classification) error {
 // behavior) move no money.
 func scheduleWrite(r *catRequest, c *Classification) error {
 	if r.params.Has("phases") || r.params.Has("from_subscription") || r.params.Has("start_date") || r.params.Has("default_settings") {
-		unknownBecause(c, "a subscription schedule bills its phases on dates keybrake never sees")
+		unknownBecause(c, "a subscription schedule bills its phases on dates keybrake never sees; "+
+			"create each subscription it would start with subscriptions.create, which keybrake meters")
 		return nil
 	}
 	c.MovesMoney = false
@@ -217,7 +219,10 @@ func paymentLinkCreate(r *catRequest, c *Classification) error {
 	case lines.recurring:
 		unknownBecause(c, recurringLineWhy)
 		return nil
-	case addsTax(p) || p.Has("shipping_options") || p.Has("subscription_data") || p.Has("optional_items"):
+	case p.Has("subscription_data"):
+		unknownBecause(c, recurringLineWhy)
+		return nil
+	case addsTax(p) || p.Has("shipping_options") || p.Has("optional_items"):
 		unknownBecause(c, linkExtrasWhy)
 		return nil
 	case !p.Has("line_items") || !lines.known:
@@ -262,7 +267,11 @@ func paymentLinkUpdate(r *catRequest, c *Classification) error {
 			"create a new Payment Link instead")
 		return nil
 	}
-	if p.Has("line_items") || p.Has("restrictions") || p.Has("automatic_tax") || p.Has("subscription_data") ||
+	if p.Has("subscription_data") {
+		unknownBecause(c, recurringLineWhy)
+		return nil
+	}
+	if p.Has("line_items") || p.Has("restrictions") || p.Has("automatic_tax") ||
 		p.Has("optional_items") || p.Has("shipping_options") {
 		unknownBecause(c, "changing what a Payment Link sells, what a customer may add to it, or how often it can be paid, "+
 			"changes what it collects; "+linkExtrasWhy)
