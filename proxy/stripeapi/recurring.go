@@ -50,8 +50,8 @@ func subscriptionCreate(r *catRequest, c *Classification) error {
 
 // subscriptionChange: subscriptions.update, subscriptions.resume and
 // subscription_items.create/.update move money at once when they invoice
-// immediately (proration_behavior=always_invoice, billing_cycle_anchor=now,
-// trial_end=now): the prorations depend on the billing period's position, which
+// immediately (proration_behavior=always_invoice, billing_cycle_anchor=now, or
+// anything but unchanged, trial_end=now): the prorations depend on the billing period's position, which
 // keybrake does not compute, so those forms are refused. A trial end at any
 // other moment (trial_end, trial_from_plan) moves the billing cycle anchor
 // there, and Stripe invoices a full period at the items as they are then, at a
@@ -62,7 +62,8 @@ func subscriptionCreate(r *catRequest, c *Classification) error {
 func subscriptionChange(r *catRequest, c *Classification) error {
 	p := r.params
 	switch v, _ := p.Get("proration_behavior"); {
-	case v == "always_invoice" || isValue(p, "billing_cycle_anchor", "now") || isValue(p, "trial_end", "now"):
+	case v == "always_invoice" || (p.Has("billing_cycle_anchor") && !isValue(p, "billing_cycle_anchor", "unchanged")) ||
+		isValue(p, "trial_end", "now"):
 		unknownBecause(c, "it invoices prorations at once, and keybrake does not compute prorations; change it with proration_behavior=create_prorations or none")
 		return nil
 	case p.Has("trial_end") || p.Has("trial_from_plan"):
