@@ -107,3 +107,24 @@ func TestMoneyAddedToASubscriptionPayingAConnectedAccount(t *testing.T) {
 	c, h = usage(t, e, key.ID)
 	assert.EqualValues(t, 1000, c+h)
 }
+
+// Lead: invoices.add_lines with lines[][invoice_item] assigns an existing pending
+// invoice item to the invoice. The item may be a proration Stripe made from a
+// subscription change, which keybrake never metered (a quantity change waits
+// for the renewal, unmetered): attached to a self-collecting invoice it is
+// charged at once. Attaching was counted as adding nothing; it is refused.
+func TestAttachingAnUnmeteredInvoiceItemIsRefused(t *testing.T) {
+	e := MustEnv(t)
+	tok, _ := e.MustKey(t, Policy("50.00", everything))
+	cus := e.Fake.AddCustomer("usd")
+	proration := e.Fake.AddPendingItem("usd", cus, 50000)
+	draft := e.Fake.AddDraftInvoice("usd", cus)
+
+	refusedUnknown(t, e.Post(t, "/v1/invoices/"+draft+"/add_lines", tok, "attach", form("lines[0][invoice_item]", proration)),
+		"existing invoice item")
+	assert.Zero(t, postsTo(e, "/v1/invoices/"+draft+"/add_lines"))
+
+	// A line with its own amount is metered on the invoice.
+	r := e.Post(t, "/v1/invoices/"+draft+"/add_lines", tok, "line", form("lines[0][amount]", "1000"))
+	require.Equal(t, http.StatusOK, r.Status, "%s", r.Raw)
+}
