@@ -359,8 +359,6 @@ func (m *Main) bootstrapBanner(ctx context.Context, log *slog.Logger, jwtSecret 
 		log.Warn("cannot issue the first-start admin token", logfield.Error, err)
 		return
 	}
-	// The sign-in link carries the token in the URL fragment, which browsers never
-	// send to a server (nor in a Referer): only the dashboard's script reads it.
 	dashboard := m.AdminURL() + api.UIPath
 	fmt.Fprintf(m.Stderr, `
 keybrake: no vault keys yet. An admin token, valid for %s:
@@ -368,13 +366,13 @@ keybrake: no vault keys yet. An admin token, valid for %s:
     %s
 
   Dashboard:             %s
-  Sign-in link:          %s#token=%s
+  Sign-in link:          %s
   Admin API:             %s/api/v1
   Proxy for Stripe SDKs: %s
 
 Mint more tokens with: %s
 
-`, ttl, token, dashboard, dashboard, token, m.AdminURL(), m.publicURL, m.tokenHint())
+`, ttl, token, dashboard, signInLink(m.AdminURL(), token), m.AdminURL(), m.publicURL, m.tokenHint())
 }
 
 // tokenHint is the command that mints more admin tokens for this server: token
