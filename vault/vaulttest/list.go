@@ -23,6 +23,7 @@ var suite = []struct {
 	{"DailySpendSumsTheLedgerPerDay", testDailySpendSumsTheLedgerPerDay},
 	{"DailySpendDaysFollowTheKeysTimeZone", testDailySpendDaysFollowTheKeysTimeZone},
 	{"OverviewSummarizesKeysSpendRefusalsAndUnknownHolds", testOverviewSummarizesKeysSpendRefusalsAndUnknownHolds},
+	{"RecordKeyRefusalCountsARevokedKeysUse", testRecordKeyRefusalCountsARevokedKeysUse},
 	{"SyncEnvUpstream", testSyncEnvUpstream},
 	{"SyncEnvUpstreamAfterAnUpgrade", testSyncEnvUpstreamAfterAnUpgrade},
 	{"ExposureFromCreationToCapture", testExposureFromCreationToCapture},
