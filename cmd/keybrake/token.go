@@ -40,8 +40,8 @@ const MaxTokenTTL = 30 * 24 * time.Hour
 // DefaultTokenConfig returns token's defaults.
 func DefaultTokenConfig() TokenConfig {
 	return TokenConfig{
-		Role:    api.RoleAdmin,
-		TTL:     time.Hour,
+		Role:     api.RoleAdmin,
+		TTL:      time.Hour,
 		Sub:      "admin",
 		DataDir:  DefaultConfig().DataDir,
 		AdminURL: listenerURL(DefaultConfig().AdminListen, "127.0.0.1", false),
