@@ -77,3 +77,6 @@ func remoteHost(addr string) string {
 	}
 	return addr
 }
+
+// UpstreamURL is the base URL the proxy forwards to.
+func (p *Proxy) UpstreamURL() string { return p.upstream.String() }

@@ -228,6 +228,10 @@ type Event struct {
 	UpstreamStatus  int
 	StripeRequestID string
 	ObjectID        string
+	// IdempotencyKey is the caller's idempotency key of the request the event
+	// is about ("" for an event about a money object, and in events written
+	// before keybrake kept it).
+	IdempotencyKey string
 	// Tool is the MCP tool whose call made the request ("" for a request that
 	// reached the proxy directly).
 	Tool string
@@ -277,6 +281,8 @@ func CheckTokenShape(token string) error {
 	case token == "null" || token == "undefined" || token == "None" || token == "nil":
 		return fmt.Errorf("the vault key is the word %q, which is what a script prints for a value that is missing: "+
 			"the command that should have produced the key failed (with jq, use jq -er so that it fails loudly)", token)
+	case strings.HasPrefix(token, "eyJ") && strings.Count(token, ".") == 2:
+		return errors.New("this looks like an admin API token (a JWT), not a vault key: the proxy takes a vault key (vk_…), the admin API the token")
 	case !ok:
 		return fmt.Errorf("a vault key starts with %s, and this one does not", TokenPrefix)
 	case len(rest) != base64.RawURLEncoding.EncodedLen(TokenRandBytes):

@@ -326,3 +326,19 @@ func testRecordKeyRefusalCountsARevokedKeysUse(t *testing.T) {
 	assert.ErrorIs(t, f.s.RecordKeyRefusal(ctx, "key_nope", vault.KeyRefusal{Code: "vault_key_revoked"}), vault.ErrNotFound)
 	assert.ErrorIs(t, f.s.RecordKeyRefusal(ctx, f.key.ID, vault.KeyRefusal{}), vault.ErrInvalid)
 }
+
+// Each event about a request names the caller's idempotency key, so that an
+// operator can find the request in the ledger.
+func testEventsCarryTheCallersIdempotencyKey(t *testing.T) {
+	ctx := context.Background()
+	f := newMeteringFixture(t)
+	commitCharge(t, f.s, f.key.ID, "order-42", 2500)
+	res := MustReserve(t, f.s, Charge(f.key.ID, "order-43", 99999))
+	require.Equal(t, vault.ReserveRefused, res.Outcome)
+	events, _, err := f.s.ListEvents(ctx, f.key.ID, 100, "")
+	require.NoError(t, err)
+	require.Len(t, events, 3)
+	assert.Equal(t, "order-43", events[0].IdempotencyKey, "refused")
+	assert.Equal(t, "order-42", events[1].IdempotencyKey, "settled")
+	assert.Equal(t, "order-42", events[2].IdempotencyKey, "allowed")
+}

@@ -24,6 +24,7 @@ var suite = []struct {
 	{"DailySpendDaysFollowTheKeysTimeZone", testDailySpendDaysFollowTheKeysTimeZone},
 	{"OverviewSummarizesKeysSpendRefusalsAndUnknownHolds", testOverviewSummarizesKeysSpendRefusalsAndUnknownHolds},
 	{"RecordKeyRefusalCountsARevokedKeysUse", testRecordKeyRefusalCountsARevokedKeysUse},
+	{"EventsCarryTheCallersIdempotencyKey", testEventsCarryTheCallersIdempotencyKey},
 	{"SyncEnvUpstream", testSyncEnvUpstream},
 	{"SyncEnvUpstreamAfterAnUpgrade", testSyncEnvUpstreamAfterAnUpgrade},
 	{"ExposureFromCreationToCapture", testExposureFromCreationToCapture},
