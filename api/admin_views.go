@@ -235,6 +235,10 @@ type eventView struct {
 	ObjectID        string    `json:"object_id,omitempty"`
 	IdempotencyKey  string    `json:"idempotency_key,omitempty"`
 	Tool            string    `json:"tool,omitempty"`
+	// HeldDelta and CommittedDelta are what the event changed on the key's
+	// held and committed money (negative: released or moved out of held).
+	HeldDelta      string `json:"held_delta"`
+	CommittedDelta string `json:"committed_delta"`
 }
 
 func newEventView(e vault.Event) eventView {
@@ -254,6 +258,8 @@ func newEventView(e vault.Event) eventView {
 		ObjectID:        e.ObjectID,
 		IdempotencyKey:  e.IdempotencyKey,
 		Tool:            e.Tool,
+		HeldDelta:       formatAmount(e.Currency, e.HeldDelta),
+		CommittedDelta:  formatAmount(e.Currency, e.CommittedDelta),
 	}
 }
 

@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -45,6 +46,9 @@ func (m *Main) runServe(ctx context.Context) error {
 	}
 	m.logger = logger
 	log := logger.With(logfield.Component, "main")
+	// The first words on the screen, before the store opens: a first run has
+	// shown nothing while it compiled.
+	fmt.Fprintf(m.Stderr, "keybrake %s: starting; the store is %s\n", Version(), m.storeName())
 
 	masterKey, masterSrc, jwtSecret, err := m.loadSecrets(log)
 	if err != nil {
@@ -75,7 +79,11 @@ func (m *Main) runServe(ctx context.Context) error {
 		return err
 	}
 
-	if secret := m.Getenv(envStripeKey); secret != "" {
+	if cfg.Demo {
+		if upstreamURL, err = m.startDemo(ctx, log); err != nil {
+			return err
+		}
+	} else if secret := m.Getenv(envStripeKey); secret != "" {
 		if err := m.registerDefaultUpstream(ctx, log, secret); err != nil {
 			return err
 		}
@@ -141,7 +149,11 @@ func (m *Main) runServe(ctx context.Context) error {
 		PublicURL: m.publicURL,
 		Metrics:   registry,
 		Stripe:    stripe,
+		Demo:      cfg.Demo,
 	})
+	if cfg.Demo {
+		proxyHandler, adminHandler = demoHeaders(proxyHandler), demoHeaders(adminHandler)
+	}
 
 	m.proxySrv = m.newServer(proxyHandler, cfg.ProxyWriteTimeout(), m.proxyTLS)
 	m.adminSrv = m.newServer(adminHandler, cfg.AdminWriteTimeout, m.adminTLS)
@@ -154,7 +166,8 @@ func (m *Main) runServe(ctx context.Context) error {
 		"public_url", m.publicURL,
 		"proxy_tls", m.proxyTLS != nil,
 		"admin_tls", m.adminTLS != nil,
-		"stripe_url", cfg.StripeURL,
+		"stripe_url", upstreamURL.String(),
+		"demo", cfg.Demo,
 		"data_dir", cfg.DataDir,
 	}
 	if m.pprofLn != nil {
@@ -340,10 +353,11 @@ func (m *Main) registerDefaultUpstream(ctx context.Context, log *slog.Logger, se
 	return nil
 }
 
-// bootstrapBanner prints a short-lived admin token, a dashboard sign-in link that
-// carries it and the URLs to Stderr while the store holds no vault key yet, so a
-// new user can log in at once. It goes to Stderr directly, not through the
-// logger, so it does not land in log pipelines as a structured record.
+// bootstrapBanner prints where keybrake serves to Stderr and, while the store
+// holds no vault key yet, a short-lived admin token and a dashboard sign-in
+// link that carries it, so a new user can log in at once. It goes to Stderr
+// directly, not through the logger, so it does not land in log pipelines as a
+// structured record.
 func (m *Main) bootstrapBanner(ctx context.Context, log *slog.Logger, jwtSecret []byte) {
 	keys, _, err := m.store.ListKeys(ctx, vault.KeyFilter{Limit: 1})
 	if err != nil {
@@ -351,6 +365,13 @@ func (m *Main) bootstrapBanner(ctx context.Context, log *slog.Logger, jwtSecret 
 		return
 	}
 	if len(keys) > 0 {
+		fmt.Fprintf(m.Stderr, `%s
+keybrake is serving.
+  Dashboard:             %s
+  Proxy for Stripe SDKs: %s
+  Sign in with the link: %s
+
+`, m.demoBanner(), m.AdminURL()+api.UIPath, m.publicURL, m.linkHint())
 		return
 	}
 	ttl := m.Config.BootstrapTokenTTL
@@ -360,7 +381,7 @@ func (m *Main) bootstrapBanner(ctx context.Context, log *slog.Logger, jwtSecret 
 		return
 	}
 	dashboard := m.AdminURL() + api.UIPath
-	fmt.Fprintf(m.Stderr, `
+	fmt.Fprintf(m.Stderr, `%s
 keybrake: no vault keys yet. An admin token, valid for %s:
 
     %s
@@ -371,8 +392,26 @@ keybrake: no vault keys yet. An admin token, valid for %s:
   Proxy for Stripe SDKs: %s
 
 Mint more tokens with: %s
+A sign-in link later:  %s
 
-`, ttl, token, dashboard, signInLink(m.AdminURL(), token), m.AdminURL(), m.publicURL, m.tokenHint())
+`, m.demoBanner(), ttl, token, dashboard, signInLink(m.AdminURL(), token), m.AdminURL(), m.publicURL, m.tokenHint(), m.linkHint())
+}
+
+// linkHint is the command that prints a sign-in link for this server's dashboard.
+func (m *Main) linkHint() string {
+	h := strings.Replace(m.tokenHint(), "keybrake token --role admin", "keybrake token --link", 1)
+	if def := listenerURL(DefaultConfig().AdminListen, "127.0.0.1", false); m.AdminURL() != def {
+		h = strings.Replace(h, "keybrake token --link", "keybrake token --link --admin-url "+m.AdminURL(), 1)
+	}
+	return h
+}
+
+// storeName says which store serve opens, for the first line it prints.
+func (m *Main) storeName() string {
+	if m.Config.DatabaseURL != "" {
+		return "PostgreSQL at " + redactedDatabaseURL(m.Config.DatabaseURL)
+	}
+	return filepath.Join(m.Config.DataDir, databaseFile)
 }
 
 // tokenHint is the command that mints more admin tokens for this server: token
@@ -462,6 +501,9 @@ func (m *Main) close() error {
 
 	if m.pprofSrv != nil {
 		_ = m.pprofSrv.Close() // a profile being taken is cut short
+	}
+	if m.demoStripe != nil {
+		m.demoStripe.Close()
 	}
 	if m.stopReap != nil {
 		m.stopReap()

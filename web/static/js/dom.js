@@ -184,3 +184,41 @@ export function keepFocus(region, render) {
     if (again) again.focus({preventScroll: true});
   }
 }
+
+// copyButton is a small button that copies text (a long id) to the clipboard,
+// and says so.
+export function copyButton(text, what = 'id') {
+  const btn = h('button', {type: 'button', class: 'button copy small', title: `Copy the ${what}`, 'aria-label': `Copy the ${what} ${text}`}, 'Copy');
+  btn.addEventListener('click', async () => {
+    try {
+      await navigator.clipboard.writeText(text);
+      btn.textContent = 'Copied';
+    } catch {
+      btn.textContent = 'Select it';
+    }
+    setTimeout(() => { btn.textContent = 'Copy'; }, 1500);
+  });
+  return btn;
+}
+
+// idWithCopy shows a long id as code with a copy button beside it.
+export function idWithCopy(text, what) {
+  if (!text) return h('span', {class: 'muted'}, '—');
+  return h('span', {class: 'id-copy'}, h('code', {class: 'break'}, text), copyButton(text, what));
+}
+
+// modeBadge marks a report-mode key: it is never refused for its caps, only
+// logs what would have been.
+export function modeBadge(mode) {
+  return mode === 'report' ? h('span', {class: 'badge badge-info mode-report', title: 'Report mode: what the policy would refuse is let through and logged as would_refuse'}, 'report mode') : null;
+}
+
+// keyLink links to a key's page by its name, with the id on hover.
+export function keyLink(id, name) {
+  return h('a', {class: 'key-link', href: `#/keys/${encodeURIComponent(id)}`, title: id}, name || id);
+}
+
+// opCode shows an operation name that never breaks inside a word.
+export function opCode(op) {
+  return h('code', {class: 'op'}, op || '—');
+}
