@@ -154,7 +154,14 @@ export function table({caption, columns, rows, empty, rowClass, captionHidden = 
     caption && h('caption', {class: captionHidden ? 'visually-hidden' : null}, caption),
     h('thead', null, h('tr', null, columns.map((c) => h('th', {scope: 'col', class: c.class}, c.label)))),
     h('tbody', null, rows.map((row, i) => h('tr', {class: rowClass ? rowClass(row, i) : null},
-      columns.map((c) => h('td', {'data-label': c.label, class: c.class}, c.cell(row))))))));
+      columns.map((c) => h('td', {'data-label': c.label, class: c.class}, oneItem(c.cell(row)))))))));
+}
+
+// oneItem wraps a cell of several parts in one span: narrow screens lay a cell
+// out as a grid of its label and its content, and each part would be a grid
+// item of its own.
+function oneItem(content) {
+  return Array.isArray(content) ? h('span', {class: 'cell'}, content) : content;
 }
 
 // changes returns a function that reports whether the value it is given differs
