@@ -19,8 +19,8 @@ import (
 	"github.com/keybrake/keybrake/proxy/proxytest"
 )
 
-// updateDocs makes the browser tests write the docs' screenshots
-// (docs/dashboard-*.png) from their run.
+// updateDocs makes the browser tests write the screenshots that the README and
+// docs/dashboard.md show (docs/dashboard-*.png) from their run.
 var updateDocs = flag.Bool("update-docs", false, "write docs/dashboard-*.png from the browser tests")
 
 // uiWait is how long the browser tests wait for the page to show a change: the
