@@ -361,6 +361,7 @@ func TestServeRefusesADatabaseWithoutItsMasterKey(t *testing.T) {
 	err = serve(env{envMasterKey: MustNewMasterKeyText(t)})
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "was sealed with another master key than the one in KEYBRAKE_MASTER_KEY")
+	assert.NoFileExists(t, filepath.Join(newDir, jwtSecretFile), "a start that failed leaves no secret behind")
 	require.NoError(t, os.WriteFile(filepath.Join(newDir, masterKeyFile), []byte(MustNewMasterKeyText(t)), 0o600))
 	err = serve(env{})
 	require.Error(t, err)

@@ -50,7 +50,7 @@ func (m *Main) runServe(ctx context.Context) error {
 	// shown nothing while it compiled.
 	fmt.Fprintf(m.Stderr, "keybrake %s: starting; the store is %s\n", Version(), m.storeName())
 
-	masterKey, masterSrc, jwtSecret, err := m.loadSecrets(log)
+	masterKey, masterSrc, err := m.loadMasterKey(log)
 	if err != nil {
 		return err
 	}
@@ -75,6 +75,14 @@ func (m *Main) runServe(ctx context.Context) error {
 		return err
 	}
 	m.store = store
+	// The JWT secret is generated only once the store opened: a start that
+	// fails (a restored database with the wrong master key) leaves nothing
+	// behind in the data directory.
+	jwtSecret, jwtSrc, err := loadOrGenerateSecret(jwtSecretSpec, m.Getenv, cfg.DataDir, log)
+	if err != nil {
+		return fmt.Errorf("jwt secret: %w", err)
+	}
+	log.Info("secrets loaded", "master_key", masterSrc, "jwt_secret", jwtSrc)
 	if err := m.metrics.WatchStore(store); err != nil {
 		return err
 	}
@@ -178,22 +186,22 @@ func (m *Main) runServe(ctx context.Context) error {
 	return nil
 }
 
-// loadSecrets creates the data directory and returns the master key (and where it
-// came from) and the JWT secret: from the environment, else the data directory,
-// else freshly generated into it. A master key is generated only for a new
-// database: a database without its key (a backup restored without master.key)
-// is refused, and nothing is generated. It logs where each came from, never the
-// secret.
-func (m *Main) loadSecrets(log *slog.Logger) (masterKey []byte, masterSrc secretSource, jwtSecret []byte, err error) {
+// loadMasterKey creates the data directory and returns the master key and where
+// it came from: the environment, else the data directory, else freshly
+// generated into it. A master key is generated only for a new database: a
+// database without its key (a backup restored without master.key) is refused,
+// and nothing is generated. The JWT secret is loaded the same way, once the
+// store opened (runServe).
+func (m *Main) loadMasterKey(log *slog.Logger) (masterKey []byte, masterSrc secretSource, err error) {
 	dir := m.Config.DataDir
 	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, "", nil, fmt.Errorf("create data directory: %w", err)
+		return nil, "", fmt.Errorf("create data directory: %w", err)
 	}
 	masterKey, masterSrc, err = loadSecret(masterKeySpec, m.Getenv, dir, log)
 	if errors.Is(err, errNoSecret) {
 		dbPath := filepath.Join(dir, databaseFile)
 		if fi, serr := os.Stat(dbPath); serr == nil && fi.Size() > 0 {
-			return nil, "", nil, fmt.Errorf("%s exists, but there is no master key (%s is unset and %s is missing): "+
+			return nil, "", fmt.Errorf("%s exists, but there is no master key (%s is unset and %s is missing): "+
 				"the database was sealed with a master key that is not here, and a new one would not open it. "+
 				"A restored backup needs the master key of the server it was taken from: set %s to it, or write it to %s (mode 0600)",
 				dbPath, envMasterKey, filepath.Join(dir, masterKeyFile), envMasterKey, filepath.Join(dir, masterKeyFile))
@@ -201,14 +209,9 @@ func (m *Main) loadSecrets(log *slog.Logger) (masterKey []byte, masterSrc secret
 		masterKey, masterSrc, err = loadOrGenerateSecret(masterKeySpec, m.Getenv, dir, log)
 	}
 	if err != nil {
-		return nil, "", nil, fmt.Errorf("master key: %w", err)
+		return nil, "", fmt.Errorf("master key: %w", err)
 	}
-	jwtSecret, jwtSrc, err := loadOrGenerateSecret(jwtSecretSpec, m.Getenv, dir, log)
-	if err != nil {
-		return nil, "", nil, fmt.Errorf("jwt secret: %w", err)
-	}
-	log.Info("secrets loaded", "master_key", masterSrc, "jwt_secret", jwtSrc)
-	return masterKey, masterSrc, jwtSecret, nil
+	return masterKey, masterSrc, nil
 }
 
 // openStore opens the store the configuration names: PostgreSQL with
