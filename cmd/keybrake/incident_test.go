@@ -150,7 +150,7 @@ func TestDashboardDuringAnIncidentInABrowser(t *testing.T) {
 	b.WaitFor("the key list", `document.querySelectorAll('table.data tbody tr').length >= 3`, uiWait)
 	b.Eval(`window.scrollTo(0, document.body.scrollHeight); String(window.scrollY)`)
 	require.NotEqual(t, "0", b.Eval(`String(window.scrollY)`), "the list is longer than the screen")
-	b.Do(chromedp.Click(chromedp.CSS(`a.key-name[href="#/keys/`+agentID+`"]`)))
+	b.Do(chromedp.Click(chromedp.CSS(`a.key-name[href="#/keys/` + agentID + `"]`)))
 	b.WaitFor("the key's page", `document.querySelector('main h1')?.textContent.startsWith('agent_run_7')`, uiWait)
 	assert.Equal(t, "0", b.Eval(`String(window.scrollY)`), "the key's page opens at its top, navigation included")
 	b.WaitFor("the ledger", `!!document.querySelector('.ledger-region tbody tr')`, uiWait)
