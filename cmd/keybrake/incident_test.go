@@ -89,6 +89,7 @@ func TestDashboardDuringAnIncidentInABrowser(t *testing.T) {
 	assert.Equal(t, "true", b.Eval(`String(!!`+dryRow+`.querySelector('.mode-report'))`), "a report-mode key is marked")
 	assert.Contains(t, b.Eval(dryRow+`.querySelector('[data-window="daily"]').textContent`), "report mode")
 	assert.NotContains(t, b.Eval(dryRow+`.querySelector('[data-window="daily"]').textContent`), "at cap")
+	assert.Equal(t, "row-report", b.Eval(dryRow+`.className`), "not marked as a broken cap")
 	keyList := b.Screenshot(shots, "keys")
 	if *updateDocs {
 		copyToDocs(t, keyList, "dashboard-keys.png")
@@ -145,6 +146,7 @@ func TestDashboardDuringAnIncidentInABrowser(t *testing.T) {
 	b.WaitFor("the overview", `!!document.querySelector('.card-alert .unknown-list li')`, uiWait)
 	assert.Equal(t, "true", b.Eval(`String(document.querySelector('.card-alert').getBoundingClientRect().top < window.innerHeight)`),
 		"the unknown holds are above the fold")
+	assert.Equal(t, "false", b.Eval(`String(document.documentElement.scrollWidth > window.innerWidth)`), "nothing wider than the screen")
 	b.Screenshot(shots, "overview-390")
 	b.Do(chromedp.Navigate(ui + "#/keys"))
 	b.WaitFor("the key list", `document.querySelectorAll('table.data tbody tr').length >= 3`, uiWait)

@@ -103,6 +103,7 @@ function keyTable(keys, usage, unknown, filters) {
       if (unknown.has(k.id)) return 'row-full row-unknown';
       const u = usage.get(k.id);
       const states = u ? [windowState(u.daily), windowState(u.period)] : [];
+      if (k.policy.mode === 'report' && states.some(Boolean)) return 'row-report'; // what would be refused, not a broken cap
       if (states.includes('full')) return 'row-full';
       if (states.includes('near')) return 'row-near';
       return null;
