@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/chromedp/chromedp"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"github.com/stripe/stripe-go/v84"
@@ -115,4 +116,26 @@ func TestServeDemoHasItsOwnDataDirectory(t *testing.T) {
 	tm = NewTestMain(env{"KEYBRAKE_DATA_DIR": "/somewhere"})
 	require.NoError(t, tm.ParseFlags(context.Background(), []string{"serve", "--demo"}))
 	assert.Equal(t, "/somewhere", tm.Config.DataDir)
+}
+
+// Under --demo every page of the dashboard says that the upstream is no Stripe,
+// and the upstreams page names the mode.
+func TestServeDemoDashboardSaysItIsNotStripe(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a browser test: -short skips it")
+	}
+	b := MustBrowser(t)
+	shots := screenshotDir(t)
+	m := MustServeDemo(t, t.TempDir(), env{})
+	match := signInLinkRE.FindStringSubmatch(m.stderr.String())
+	require.NotNil(t, match, m.stderr.String())
+	b.Do(chromedp.Navigate(match[1]))
+	b.WaitFor("the demo notice", `!document.querySelector('.demo-banner').hidden`, uiWait)
+	assert.Contains(t, b.Text(".demo-banner"), "not Stripe")
+	b.Screenshot(shots, "demo-overview")
+	b.Do(chromedp.Navigate(m.AdminURL() + api.UIPath + "#/upstreams"))
+	b.WaitFor("the upstream", `!!document.querySelector('table.data tbody tr')`, uiWait)
+	assert.Contains(t, b.Text("table.data tbody tr"), "demo: not Stripe")
+	assert.Contains(t, b.Text(".demo-banner"), "not Stripe", "on every page")
+	b.AssertNoConsoleErrors(m.AdminURL() + "/api/v1/")
 }
