@@ -38,6 +38,7 @@ type admin struct {
 	parser    *jwt.Parser
 	scrape    http.Handler
 	stripe    *proxy.Proxy
+	demo      bool
 
 	// patchMu serializes PATCH /keys/{id}: a merge patch is applied to the key as
 	// read, so two concurrent patches must not both start from the same read.
@@ -111,6 +112,7 @@ func NewAdmin(cfg AdminConfig) http.Handler {
 		now:       now,
 		parser:    newTokenParser(now),
 		stripe:    cfg.Stripe,
+		demo:      cfg.Demo,
 	}
 	gatherer := cfg.Metrics
 	if gatherer == nil {

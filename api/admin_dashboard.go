@@ -157,6 +157,9 @@ type nearCapView struct {
 	Held        string    `json:"held"`
 	UsedPercent int       `json:"used_percent"`
 	ResetAt     time.Time `json:"reset_at"`
+	// Mode is the key's policy mode: a report-mode key past its cap was let
+	// through, and would have been refused.
+	Mode string `json:"mode"`
 }
 
 // refusalCountView counts one kind of refusal.
@@ -197,6 +200,35 @@ type overviewView struct {
 	NearCapTotal   int                 `json:"near_cap_total"`
 	Refusals       refusalsView        `json:"refusals"`
 	UnknownHolds   unknownHoldsView    `json:"unknown_holds"`
+	RefusedKeys    refusedKeysView     `json:"refused_keys"`
+	// UnknownKeys counts this process's refusals of tokens that are no key's.
+	UnknownKeys unknownKeysView `json:"unknown_keys"`
+	// Demo is set when the upstream is keybrake's built-in fake Stripe (serve --demo).
+	Demo bool `json:"demo"`
+}
+
+// refusedKeyView is a revoked or expired key that requests still use.
+type refusedKeyView struct {
+	KeyID   string      `json:"key_id"`
+	Name    string      `json:"name"`
+	Status  string      `json:"status"`
+	Refused refusedView `json:"refused"`
+}
+
+// refusedKeysView lists the revoked or expired keys refused since Since.
+type refusedKeysView struct {
+	Since time.Time        `json:"since"`
+	Total int              `json:"total"`
+	Keys  []refusedKeyView `json:"keys"`
+}
+
+// unknownKeysView counts refused credentials that are no key's, in this process.
+type unknownKeysView struct {
+	Count      int64      `json:"count"`
+	Since      time.Time  `json:"since"`
+	Last       *time.Time `json:"last,omitempty"`
+	RemoteAddr string     `json:"remote_addr,omitempty"`
+	Path       string     `json:"path,omitempty"`
 }
 
 // Overview parameters: what counts as near a cap, and how much is listed.
@@ -205,6 +237,8 @@ const (
 	overviewNearCapLimit   = 50
 	overviewRefusalWindow  = time.Hour
 	overviewOldestUnknown  = 10
+	overviewRefusedKeys    = 10
+	overviewRefusedWindow  = 24 * time.Hour
 )
 
 // overview handles GET /api/v1/overview: what an operator opens first.
@@ -213,10 +247,12 @@ func (a *admin) overview(c echo.Context) error {
 		return err
 	}
 	ov, err := a.store.Overview(c.Request().Context(), vault.OverviewOptions{
-		NearCapPercent: overviewNearCapPercent,
-		NearCapLimit:   overviewNearCapLimit,
-		RefusalWindow:  overviewRefusalWindow,
-		OldestUnknown:  overviewOldestUnknown,
+		NearCapPercent:    overviewNearCapPercent,
+		NearCapLimit:      overviewNearCapLimit,
+		RefusalWindow:     overviewRefusalWindow,
+		OldestUnknown:     overviewOldestUnknown,
+		RefusedKeysWindow: overviewRefusedWindow,
+		RefusedKeysLimit:  overviewRefusedKeys,
 	})
 	if err != nil {
 		return fmt.Errorf("overview: %w", err)
@@ -247,6 +283,7 @@ func (a *admin) overview(c echo.Context) error {
 				Held:        policy.FormatMinor(cur, n.Counter.Held),
 				UsedPercent: n.Percent,
 				ResetAt:     n.Window.End.UTC(),
+				Mode:        string(n.Key.Policy.EffectiveMode()),
 			}
 		}),
 		Refusals: refusalsView{
@@ -257,6 +294,21 @@ func (a *admin) overview(c echo.Context) error {
 			}),
 		},
 		UnknownHolds: unknownHoldsView{Count: ov.UnknownHolds, Oldest: viewsOf(ov.OldestUnknown, newHoldView)},
+		RefusedKeys: refusedKeysView{
+			Since: ov.RefusedKeysSince.UTC(),
+			Total: ov.RefusedKeysTotal,
+			Keys: viewsOf(ov.RefusedKeys, func(k vault.Key) refusedKeyView {
+				return refusedKeyView{KeyID: k.ID, Name: k.Name, Status: string(k.StatusAt(ov.Time)), Refused: *newRefusedView(k.Refused)}
+			}),
+		},
+		Demo: a.demo,
+	}
+	if err := nameHolds(c.Request().Context(), a.store, v.UnknownHolds.Oldest); err != nil {
+		return err
+	}
+	if a.stripe != nil {
+		u := a.stripe.UnknownKeyRefusals()
+		v.UnknownKeys = unknownKeysView{Count: u.Count, Since: u.Since.UTC(), Last: optionalTime(u.Last), RemoteAddr: u.RemoteAddr, Path: u.Path}
 	}
 	for _, r := range ov.Refusals {
 		v.Refusals.Total += r.Count

@@ -271,3 +271,113 @@ func TestAdminOverview(t *testing.T) {
 	assert.Equal(t, "0.20", got.UnknownHolds.Oldest[0].Amount)
 	assert.Equal(t, vault.UpstreamKey(k.ID, "lost"), got.UnknownHolds.Oldest[0].UpstreamIdempotencyKey)
 }
+
+// What an operator needs during an incident: the overview and the holds name
+// each unknown hold's key, list the revoked keys still in use (and count the
+// tokens that are no key's), say which near-cap key only reports; a key says
+// how often it was refused since it was revoked; the ledger names the caller's
+// idempotency key; the upstreams say where they point and in which mode.
+func TestAdminOverviewNamesKeysForAnIncident(t *testing.T) {
+	env := MustAdminEnv(t)
+	env.MustUpstream("default")
+	ctx := context.Background()
+	k := env.MustMint("agent_run_7", "", nil, septemberPolicy)
+	report := env.MustMint("dry_run", "", nil, `{"vendor":"stripe","currency":"usd","daily_cap":"10.00","mode":"report",
+  "period_start":"2026-09-01T00:00:00Z","expires_at":"2026-10-01T00:00:00Z"}`)
+	env.MustHold(k.ID, "order-42", 850, vault.SettleCommit)
+	env.MustHold(k.ID, "lost", 20, vault.SettleUnknown)
+	env.MustHold(report.ID, "big", 1600, vault.SettleCommit)
+	gone := env.MustMint("revoked_one", "", nil, septemberPolicy)
+	_, err := env.store.RevokeKey(ctx, "test", gone.ID)
+	require.NoError(t, err)
+	balance := func(auth string) {
+		req, err := http.NewRequest(http.MethodGet, env.proxyURL+"/v1/balance", nil)
+		require.NoError(t, err)
+		req.Header.Set("Authorization", auth)
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		resp.Body.Close()
+		require.Equal(t, http.StatusUnauthorized, resp.StatusCode)
+	}
+	balance("Bearer " + gone.Token)
+	balance("Bearer " + gone.Token)
+	balance("Bearer null")
+
+	r := env.Do(http.MethodGet, "/api/v1/overview", env.viewerToken, nil)
+	require.Equal(t, http.StatusOK, r.Status, "body: %s", r.Body)
+	var ov struct {
+		NearCap []struct {
+			Name string `json:"name"`
+			Mode string `json:"mode"`
+		} `json:"near_cap"`
+		UnknownHolds struct {
+			Oldest []struct {
+				KeyName string `json:"key_name"`
+			} `json:"oldest"`
+		} `json:"unknown_holds"`
+		RefusedKeys struct {
+			Total int `json:"total"`
+			Keys  []struct {
+				KeyID   string `json:"key_id"`
+				Name    string `json:"name"`
+				Status  string `json:"status"`
+				Refused struct {
+					Count      int    `json:"count"`
+					Code       string `json:"code"`
+					RemoteAddr string `json:"remote_addr"`
+					Path       string `json:"path"`
+				} `json:"refused"`
+			} `json:"keys"`
+		} `json:"refused_keys"`
+		UnknownKeys struct {
+			Count int    `json:"count"`
+			Path  string `json:"path"`
+		} `json:"unknown_keys"`
+		Demo bool `json:"demo"`
+	}
+	r.Decode(t, &ov)
+	require.Len(t, ov.UnknownHolds.Oldest, 1)
+	assert.Equal(t, "agent_run_7", ov.UnknownHolds.Oldest[0].KeyName)
+	modes := map[string]string{}
+	for _, n := range ov.NearCap {
+		modes[n.Name] = n.Mode
+	}
+	assert.Equal(t, map[string]string{"agent_run_7": "enforce", "dry_run": "report"}, modes)
+	assert.Equal(t, 1, ov.RefusedKeys.Total)
+	require.Len(t, ov.RefusedKeys.Keys, 1)
+	rk := ov.RefusedKeys.Keys[0]
+	assert.Equal(t, gone.ID, rk.KeyID)
+	assert.Equal(t, "revoked_one", rk.Name)
+	assert.Equal(t, "revoked", rk.Status)
+	assert.Equal(t, 2, rk.Refused.Count)
+	assert.Equal(t, "vault_key_revoked", rk.Refused.Code)
+	assert.Equal(t, "127.0.0.1", rk.Refused.RemoteAddr)
+	assert.Equal(t, "/v1/balance", rk.Refused.Path)
+	assert.Equal(t, 1, ov.UnknownKeys.Count)
+	assert.Equal(t, "/v1/balance", ov.UnknownKeys.Path)
+	assert.False(t, ov.Demo)
+
+	r = env.Do(http.MethodGet, "/api/v1/keys/"+gone.ID, env.viewerToken, nil)
+	require.Equal(t, http.StatusOK, r.Status, "body: %s", r.Body)
+	assert.Equal(t, 2.0, r.JSON(t)["refused"].(map[string]any)["count"])
+
+	r = env.Do(http.MethodGet, "/api/v1/holds?state=unknown", env.viewerToken, nil)
+	require.Equal(t, http.StatusOK, r.Status, "body: %s", r.Body)
+	holds := r.JSON(t)["holds"].([]any)
+	require.Len(t, holds, 1)
+	assert.Equal(t, "agent_run_7", holds[0].(map[string]any)["key_name"])
+
+	r = env.Do(http.MethodGet, "/api/v1/keys/"+k.ID+"/events", env.viewerToken, nil)
+	require.Equal(t, http.StatusOK, r.Status, "body: %s", r.Body)
+	var idems []any
+	for _, e := range r.JSON(t)["events"].([]any) {
+		idems = append(idems, e.(map[string]any)["idempotency_key"])
+	}
+	assert.Contains(t, idems, "order-42")
+
+	r = env.Do(http.MethodGet, "/api/v1/upstreams", env.viewerToken, nil)
+	require.Equal(t, http.StatusOK, r.Status, "body: %s", r.Body)
+	up := r.JSON(t)["upstreams"].([]any)[0].(map[string]any)
+	assert.Equal(t, "test", up["mode"])
+	assert.Equal(t, env.fake.URL, up["base_url"])
+}

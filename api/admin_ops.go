@@ -59,7 +59,11 @@ func (a *admin) listHolds(c echo.Context) error {
 	if err != nil {
 		return cursorError(fmt.Errorf("list holds: %w", err))
 	}
-	return c.JSON(http.StatusOK, holdListView{Holds: viewsOf(holds, newHoldView), page: page{NextCursor: next}})
+	views := viewsOf(holds, newHoldView)
+	if err := nameHolds(c.Request().Context(), a.store, views); err != nil {
+		return err
+	}
+	return c.JSON(http.StatusOK, holdListView{Holds: views, page: page{NextCursor: next}})
 }
 
 // resolveHoldRequest is the body of POST /api/v1/holds/{id}/resolve.

@@ -64,7 +64,7 @@ func (a *admin) putUpstream(c echo.Context) error {
 	if err != nil {
 		return fmt.Errorf("put upstream %q: %w", req.Name, err)
 	}
-	return c.JSON(status, newUpstreamView(u))
+	return c.JSON(status, newUpstreamView(u, a.upstreamMode(req.Secret), a.upstreamURL()))
 }
 
 // listUpstreams handles GET /api/v1/upstreams.
@@ -72,11 +72,22 @@ func (a *admin) listUpstreams(c echo.Context) error {
 	if _, err := query(c); err != nil {
 		return err
 	}
-	ups, err := a.store.ListUpstreams(c.Request().Context())
+	ctx := c.Request().Context()
+	ups, err := a.store.ListUpstreams(ctx)
 	if err != nil {
 		return fmt.Errorf("list upstreams: %w", err)
 	}
-	return c.JSON(http.StatusOK, upstreamListView{Upstreams: viewsOf(ups, newUpstreamView)})
+	views := make([]upstreamView, 0, len(ups))
+	for _, u := range ups {
+		// The mode is read from the secret itself: only its last 4 are stored
+		// beside it.
+		secret, err := a.store.UpstreamSecret(ctx, u.Name)
+		if err != nil {
+			return fmt.Errorf("list upstreams: %s: %w", u.Name, err)
+		}
+		views = append(views, newUpstreamView(u, a.upstreamMode(secret), a.upstreamURL()))
+	}
+	return c.JSON(http.StatusOK, upstreamListView{Upstreams: views})
 }
 
 // deleteUpstream handles DELETE /api/v1/upstreams/{name}: 409 while an active key
@@ -95,4 +106,21 @@ func (a *admin) deleteUpstream(c echo.Context) error {
 		return fmt.Errorf("delete upstream %q: %w", name, err)
 	}
 	return c.NoContent(http.StatusNoContent)
+}
+
+// upstreamURL is the base URL the proxy sends upstream requests to ("" without a proxy).
+func (a *admin) upstreamURL() string {
+	if a.stripe == nil {
+		return ""
+	}
+	return a.stripe.UpstreamURL()
+}
+
+// upstreamMode is "demo" in a demonstration (the upstream is no Stripe, whatever
+// its secret says), else the secret's mode.
+func (a *admin) upstreamMode(secret string) string {
+	if a.demo {
+		return "demo"
+	}
+	return secretMode(secret)
 }

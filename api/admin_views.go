@@ -1,8 +1,12 @@
 package api
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/keybrake/keybrake/policy"
@@ -13,23 +17,41 @@ import (
 // format is the API's contract, and storage fields (token hashes, sealed bytes) have
 // no way into a response.
 
-// upstreamView is a registered upstream. The secret is never shown, only its last 4.
+// upstreamView is a registered upstream. The secret is never shown, only its
+// last 4 and whether it is a test or a live key.
 type upstreamView struct {
-	Name        string    `json:"name"`
-	Vendor      string    `json:"vendor"`
-	SecretLast4 string    `json:"secret_last4"`
-	CreatedAt   time.Time `json:"created_at"`
-	UpdatedAt   time.Time `json:"updated_at"`
+	Name        string `json:"name"`
+	Vendor      string `json:"vendor"`
+	SecretLast4 string `json:"secret_last4"`
+	// Mode is "test" or "live" from the secret's prefix ("" when it has neither).
+	Mode string `json:"mode"`
+	// BaseURL is where keybrake sends the upstream's requests (--stripe-url).
+	BaseURL   string    `json:"base_url"`
+	CreatedAt time.Time `json:"created_at"`
+	UpdatedAt time.Time `json:"updated_at"`
 }
 
-func newUpstreamView(u vault.Upstream) upstreamView {
+func newUpstreamView(u vault.Upstream, mode, baseURL string) upstreamView {
 	return upstreamView{
 		Name:        u.Name,
 		Vendor:      u.Vendor,
 		SecretLast4: u.SecretLast4,
+		Mode:        mode,
+		BaseURL:     baseURL,
 		CreatedAt:   u.CreatedAt.UTC(),
 		UpdatedAt:   u.UpdatedAt.UTC(),
 	}
+}
+
+// secretMode is "live" or "test" for a Stripe secret or restricted key of that
+// mode, "" otherwise.
+func secretMode(secret string) string {
+	for _, mode := range []string{"live", "test"} {
+		if strings.HasPrefix(secret, "sk_"+mode+"_") || strings.HasPrefix(secret, "rk_"+mode+"_") {
+			return mode
+		}
+	}
+	return ""
 }
 
 // keyView is a vault key without its token.
@@ -44,7 +66,10 @@ type keyView struct {
 	CreatedAt   time.Time         `json:"created_at"`
 	UpdatedAt   time.Time         `json:"updated_at"`
 	RevokedAt   *time.Time        `json:"revoked_at,omitempty"`
-	Usage       *usageView        `json:"usage,omitempty"`
+	// Refused counts the requests refused because the key was revoked or had
+	// expired; absent while there is none.
+	Refused *refusedView `json:"refused,omitempty"`
+	Usage   *usageView   `json:"usage,omitempty"`
 	// Warnings, only in the answers of a mint and a change, name caps of the
 	// policy that can never bind.
 	Warnings []string `json:"warnings,omitempty"`
@@ -62,7 +87,25 @@ func newKeyView(k vault.Key, now time.Time) keyView {
 		CreatedAt:   k.CreatedAt.UTC(),
 		UpdatedAt:   k.UpdatedAt.UTC(),
 		RevokedAt:   optionalTime(k.RevokedAt),
+		Refused:     newRefusedView(k.Refused),
 	}
+}
+
+// refusedView is a key's count of requests refused for its status.
+type refusedView struct {
+	Count      int64     `json:"count"`
+	Code       string    `json:"code"`
+	First      time.Time `json:"first"`
+	Last       time.Time `json:"last"`
+	RemoteAddr string    `json:"remote_addr"`
+	Path       string    `json:"path"`
+}
+
+func newRefusedView(r vault.KeyRefusals) *refusedView {
+	if r.Count == 0 {
+		return nil
+	}
+	return &refusedView{Count: r.Count, Code: r.Code, First: r.First.UTC(), Last: r.Last.UTC(), RemoteAddr: r.RemoteAddr, Path: r.Path}
 }
 
 // labelsOf returns the key's labels, empty rather than nil so that they are {} in
@@ -140,8 +183,10 @@ func newUsageView(k vault.Key, windows []policy.Window, usage policy.Usage) *usa
 
 // holdView is a hold on a key's windows.
 type holdView struct {
-	ID                     string     `json:"id"`
-	KeyID                  string     `json:"key_id"`
+	ID    string `json:"id"`
+	KeyID string `json:"key_id"`
+	// KeyName is the key's name (absent where the answer does not name keys).
+	KeyName                string     `json:"key_name,omitempty"`
 	IdempotencyKey         string     `json:"idempotency_key"`
 	UpstreamIdempotencyKey string     `json:"upstream_idempotency_key"`
 	Operation              string     `json:"operation"`
@@ -188,7 +233,12 @@ type eventView struct {
 	UpstreamStatus  int       `json:"upstream_status,omitempty"`
 	StripeRequestID string    `json:"stripe_request_id,omitempty"`
 	ObjectID        string    `json:"object_id,omitempty"`
+	IdempotencyKey  string    `json:"idempotency_key,omitempty"`
 	Tool            string    `json:"tool,omitempty"`
+	// HeldDelta and CommittedDelta are what the event changed on the key's
+	// held and committed money (negative: released or moved out of held).
+	HeldDelta      string `json:"held_delta"`
+	CommittedDelta string `json:"committed_delta"`
 }
 
 func newEventView(e vault.Event) eventView {
@@ -206,7 +256,10 @@ func newEventView(e vault.Event) eventView {
 		UpstreamStatus:  e.UpstreamStatus,
 		StripeRequestID: e.StripeRequestID,
 		ObjectID:        e.ObjectID,
+		IdempotencyKey:  e.IdempotencyKey,
 		Tool:            e.Tool,
+		HeldDelta:       formatAmount(e.Currency, e.HeldDelta),
+		CommittedDelta:  formatAmount(e.Currency, e.CommittedDelta),
 	}
 }
 
@@ -277,4 +330,28 @@ func fieldError(field, message string) policy.FieldError {
 // page is a list answer's cursor: next_cursor is absent on the last page.
 type page struct {
 	NextCursor string `json:"next_cursor,omitempty"`
+}
+
+// nameHolds sets each hold's key name, reading each key once. A key that is
+// gone (it cannot be: holds keep their key) is named by its id.
+func nameHolds(ctx context.Context, store vault.Store, holds []holdView) error {
+	names := map[string]string{}
+	for i := range holds {
+		id := holds[i].KeyID
+		name, ok := names[id]
+		if !ok {
+			k, err := store.GetKey(ctx, id)
+			switch {
+			case errors.Is(err, vault.ErrNotFound):
+				name = id
+			case err != nil:
+				return fmt.Errorf("name the key of hold %s: %w", holds[i].ID, err)
+			default:
+				name = k.Name
+			}
+			names[id] = name
+		}
+		holds[i].KeyName = name
+	}
+	return nil
 }

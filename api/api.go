@@ -31,6 +31,9 @@ type AdminConfig struct {
 	// an operator's refresh (POST /api/v1/keys/{id}/exposures/{object_id}/refresh);
 	// without it that route answers 503.
 	Stripe *proxy.Proxy
+	// Demo says the upstream is keybrake's built-in fake Stripe (serve --demo):
+	// the overview and the upstreams say so, and the dashboard shows it on every page.
+	Demo bool
 }
 
 // ProxyConfig configures the proxy listener's handler.

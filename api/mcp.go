@@ -298,7 +298,7 @@ func budgetText(v meView) string {
 			parts = append(parts, fmt.Sprintf("%s: no cap (%s committed, %s held)", w.name, w.view.Committed, w.view.Held))
 			continue
 		}
-		parts = append(parts, fmt.Sprintf("%s: %s of %s %s left (%s committed, %s held by pending requests), resets at %s",
+		parts = append(parts, fmt.Sprintf("%s: %s of %s %s left (%s committed, %s held for requests in flight, unknown outcomes and money objects that can still move money), resets at %s",
 			w.name, *w.view.Remaining, *w.view.Cap, v.Currency, w.view.Committed, w.view.Held,
 			w.view.ResetAt.Format(time.RFC3339)))
 	}

@@ -98,8 +98,8 @@ func (p *Proxy) logCall(c *call) {
 	case c.status >= 400:
 		level = slog.LevelWarn
 	}
-	// Room for every attribute at once: the line's 13, and up to 3 more.
-	attrs := append(make([]slog.Attr, 0, 16),
+	// Room for every attribute at once: the line's 13, and up to 4 more.
+	attrs := append(make([]slog.Attr, 0, 17),
 		slog.String(logfield.RequestID, c.requestID),
 		slog.String(logfield.Method, c.method),
 		slog.String(logfield.Path, stripeapi.Clip(c.path)),
@@ -116,6 +116,9 @@ func (p *Proxy) logCall(c *call) {
 	)
 	if c.stripeRequestID != "" {
 		attrs = append(attrs, slog.String(logfield.StripeRequestID, c.stripeRequestID))
+	}
+	if c.keyRefused {
+		attrs = append(attrs, slog.String(logfield.KeyName, c.key.Name), slog.String(logfield.RemoteAddr, c.remoteAddr))
 	}
 	if c.tool != "" {
 		attrs = append(attrs, slog.String(logfield.Tool, c.tool))

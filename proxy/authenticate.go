@@ -22,7 +22,10 @@ import (
 func (p *Proxy) authenticate(ctx context.Context, r *http.Request, c *call) error {
 	now := p.now()
 	key, kr, err := AuthenticateVaultKey(ctx, p.store, r.Header, now)
-	c.key = key // the log line names even an expired key
+	c.key = key // the log line names even a revoked or expired key
+	if kr != nil {
+		p.noteKeyRefusal(ctx, r, c, kr)
+	}
 	switch {
 	case err != nil:
 		return internalError(err)
@@ -63,16 +66,20 @@ type KeyRefusal struct {
 // AuthenticateVaultKey finds the vault key a request carries (see VaultToken)
 // and checks it at now: it returns the key — also one that is not valid yet,
 // which only the proxy refuses — or why it is refused, or the store's failure.
-// An expired key is returned with its refusal.
+// A revoked or expired key is returned with its refusal, so that the refusal
+// can name it.
 func AuthenticateVaultKey(ctx context.Context, store vault.Store, h http.Header, now time.Time) (vault.Key, *KeyRefusal, error) {
 	token, kr := readVaultToken(h)
 	if kr != nil {
 		return vault.Key{}, kr, nil
 	}
+	if err := vault.CheckTokenShape(token); err != nil {
+		return vault.Key{}, &KeyRefusal{Code: CodeVaultKeyInvalid, Cause: err}, nil
+	}
 	key, err := store.Authenticate(ctx, token)
 	switch {
 	case errors.Is(err, vault.ErrKeyRevoked):
-		return vault.Key{}, &KeyRefusal{Code: CodeVaultKeyRevoked}, nil
+		return key, &KeyRefusal{Code: CodeVaultKeyRevoked}, nil
 	case errors.Is(err, vault.ErrKeyInvalid), errors.Is(err, vault.ErrNotFound):
 		return vault.Key{}, &KeyRefusal{Code: CodeVaultKeyInvalid}, nil
 	case err != nil:
@@ -125,11 +132,14 @@ func readCredential(h http.Header) (string, error) {
 		if cred != "" {
 			return cred, nil
 		}
+		return "", errors.New("the vault key is empty: Authorization: Bearer has nothing after it (is the variable that should hold the key empty?)")
 	case "basic":
 		if raw, err := base64.StdEncoding.DecodeString(cred); err == nil {
-			if user, _, _ := strings.Cut(string(raw), ":"); user != "" {
+			user, _, _ := strings.Cut(string(raw), ":")
+			if user != "" {
 				return user, nil
 			}
+			return "", errors.New("the vault key is empty: the HTTP Basic user name is empty (is the variable that should hold the key empty?)")
 		}
 	}
 	return "", errors.New("invalid Authorization header: use Bearer with the vault key, or Basic with the vault key as the user name")

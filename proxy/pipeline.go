@@ -66,8 +66,12 @@ type call struct {
 	params        *stripeapi.Params
 	cls           stripeapi.Classification
 
-	key    vault.Key
-	secret string
+	key vault.Key
+	// keyRefused is set when step 1 refused the key: the log line names it,
+	// and the caller's address (remoteAddr).
+	keyRefused bool
+	remoteAddr string
+	secret     string
 	// windows and usage are the key's windows and counters as Reserve left
 	// them, corrected by the request's own settle (the remaining-budget
 	// headers); nil for a request that keeps no record.

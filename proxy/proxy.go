@@ -129,6 +129,7 @@ type Proxy struct {
 	lookups     *http.Client
 	secrets     secretCache
 	metrics     *metrics
+	unknown     unknownRefusals
 }
 
 var _ http.Handler = (*Proxy)(nil)
@@ -179,6 +180,7 @@ func New(cfg Config) (*Proxy, error) {
 		secrets:     secretCache{ttl: cfg.SecretCacheTTL, entries: map[string]cachedSecret{}},
 		metrics:     m,
 	}
+	p.unknown.Since = p.now()
 	transport := cfg.Transport
 	if transport == nil {
 		transport = newTransport(cfg.UpstreamTimeout)

@@ -54,6 +54,11 @@ type OverviewOptions struct {
 	RefusalWindow time.Duration
 	// OldestUnknown is the most outcome-unknown holds listed (default 10).
 	OldestUnknown int
+	// RefusedKeysWindow is how far back a revoked or expired key's last
+	// refused request lists it (default 24 hours).
+	RefusedKeysWindow time.Duration
+	// RefusedKeysLimit is the most such keys listed (default 10).
+	RefusedKeysLimit int
 }
 
 // KeyCounts counts keys by status at the store clock.
@@ -110,4 +115,10 @@ type Overview struct {
 	RefusalsTruncated bool
 	UnknownHolds      int
 	OldestUnknown     []Hold // oldest first, at most OldestUnknown
+	// RefusedKeys are the revoked or expired keys a request used within
+	// RefusedKeysWindow of Time, the most recent first, at most RefusedKeysLimit;
+	// RefusedKeysTotal counts them all.
+	RefusedKeys      []Key
+	RefusedKeysTotal int
+	RefusedKeysSince time.Time
 }

@@ -75,6 +75,12 @@ type Store interface {
 	// event). Errors: ErrNotFound, ErrInvalid (also a change of currency),
 	// ErrConflict (a revoked key cannot be changed).
 	UpdateKey(ctx context.Context, actor, id string, p policy.Policy, labels map[string]string) (Key, error)
+	// RecordKeyRefusal counts a request refused because key id was revoked or
+	// had expired, keeping the last one's code, remote address and path
+	// (Key.Refused; the caller bounds their length). It is a hot-path write
+	// that changes nothing else: no audit entry, no ledger event, no change to
+	// the key's UpdatedAt. Errors: ErrNotFound, ErrInvalid (an empty code).
+	RecordKeyRefusal(ctx context.Context, id string, r KeyRefusal) error
 	// RevokeKey revokes the key at once, with its audit entry; revoking a
 	// revoked key returns it unchanged. Errors: ErrNotFound.
 	RevokeKey(ctx context.Context, actor, id string) (Key, error)

@@ -39,7 +39,9 @@ import (
 	"encoding/base32"
 	"encoding/base64"
 	"errors"
+	"fmt"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/keybrake/keybrake/policy"
@@ -90,6 +92,28 @@ type Key struct {
 	CreatedAt   time.Time
 	UpdatedAt   time.Time
 	RevokedAt   time.Time // zero unless revoked
+	// Refused counts the requests refused because this key was revoked or
+	// expired (Store.RecordKeyRefusal): who still uses a key that no longer works.
+	Refused KeyRefusals
+}
+
+// KeyRefusals counts the requests refused for a key's status, with the last one.
+type KeyRefusals struct {
+	Count int64
+	// Code is the last refusal's code (vault_key_revoked, vault_key_expired).
+	Code       string
+	First      time.Time
+	Last       time.Time
+	RemoteAddr string // the last refused request's remote address
+	Path       string // the last refused request's path
+}
+
+// KeyRefusal is one request refused for its key's status, as RecordKeyRefusal
+// takes it.
+type KeyRefusal struct {
+	Code       string
+	RemoteAddr string
+	Path       string
 }
 
 // StatusAt returns KeyExpired when the key is active but its policy expired at now.
@@ -204,6 +228,10 @@ type Event struct {
 	UpstreamStatus  int
 	StripeRequestID string
 	ObjectID        string
+	// IdempotencyKey is the caller's idempotency key of the request the event
+	// is about ("" for an event about a money object, and in events written
+	// before keybrake kept it).
+	IdempotencyKey string
 	// Tool is the MCP tool whose call made the request ("" for a request that
 	// reached the proxy directly).
 	Tool string
@@ -230,6 +258,41 @@ type AuditEntry struct {
 	Target string // id or name
 	Before []byte
 	After  []byte
+}
+
+// A vault key's token is TokenPrefix followed by the unpadded base64url
+// encoding of TokenRandBytes random bytes.
+const (
+	TokenPrefix    = "vk_"
+	TokenRandBytes = 32 // 256 bits
+)
+
+// CheckTokenShape says what is wrong with the shape of a vault key token, or
+// returns nil for one that could have been minted. Its errors name the
+// mistakes a shell pipeline makes: the word null or undefined (what jq and
+// JavaScript print for a missing field), an empty value, a value cut short or
+// with something appended, another kind of credential. They never repeat the
+// token.
+func CheckTokenShape(token string) error {
+	rest, ok := strings.CutPrefix(token, TokenPrefix)
+	switch {
+	case token == "":
+		return errors.New("the vault key is empty")
+	case token == "null" || token == "undefined" || token == "None" || token == "nil":
+		return fmt.Errorf("the vault key is the word %q, which is what a script prints for a value that is missing: "+
+			"the command that should have produced the key failed (with jq, use jq -er so that it fails loudly)", token)
+	case strings.HasPrefix(token, "eyJ") && strings.Count(token, ".") == 2:
+		return errors.New("this looks like an admin API token (a JWT), not a vault key: the proxy takes a vault key (vk_…), the admin API the token")
+	case !ok:
+		return fmt.Errorf("a vault key starts with %s, and this one does not", TokenPrefix)
+	case len(rest) != base64.RawURLEncoding.EncodedLen(TokenRandBytes):
+		return fmt.Errorf("a vault key is %s followed by %d characters, and this one has %d: it was cut short or has something appended",
+			TokenPrefix, base64.RawURLEncoding.EncodedLen(TokenRandBytes), len(rest))
+	}
+	if _, err := base64.RawURLEncoding.DecodeString(rest); err != nil {
+		return errors.New("a vault key has only letters, digits, - and _ after its " + TokenPrefix + ", and this one has other characters")
+	}
+	return nil
 }
 
 // UpstreamKey derives the upstream Idempotency-Key for (keyID, idempotencyKey).

@@ -29,6 +29,8 @@ type Config struct {
 	AdminListen string
 	// StripeURL is the upstream base URL; never taken from a request.
 	StripeURL string
+	// Demo makes the upstream keybrake's built-in fake Stripe (see demo.go).
+	Demo bool
 	// PublicURL is the proxy base URL handed out with each minted key; derived from
 	// the bound proxy address (https when TLS is on) when empty.
 	PublicURL string
@@ -245,6 +247,7 @@ func (c *Config) bindFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.Listen, "listen", c.Listen, "proxy listener address (Stripe API surface)")
 	fs.StringVar(&c.AdminListen, "admin-listen", c.AdminListen, "admin API listener address")
 	fs.StringVar(&c.StripeURL, "stripe-url", c.StripeURL, "upstream Stripe API base URL")
+	fs.BoolVar(&c.Demo, "demo", c.Demo, "try keybrake without a Stripe account: the upstream is a built-in fake Stripe (not Stripe: no money moves), the data directory ./keybrake-demo unless --data-dir")
 	fs.StringVar(&c.PublicURL, "public-url", c.PublicURL, "proxy base URL handed out with minted keys (default: derived from --listen; https with --tls-cert)")
 	fs.StringVar(&c.TLSCert, "tls-cert", c.TLSCert, "PEM certificate (chain) of the proxy listener; serves TLS 1.2+ (reloaded on SIGHUP or when the file changes)")
 	fs.StringVar(&c.TLSKey, "tls-key", c.TLSKey, "PEM private key of --tls-cert")

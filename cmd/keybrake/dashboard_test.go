@@ -4,8 +4,6 @@ import (
 	"context"
 	"flag"
 	"net/http"
-	"os"
-	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -21,9 +19,9 @@ import (
 	"github.com/keybrake/keybrake/proxy/proxytest"
 )
 
-// updateDocs makes the browser test write the screenshot of the key list that the
-// README and docs/dashboard.md show (docs/dashboard-keys.png) from its run.
-var updateDocs = flag.Bool("update-docs", false, "write docs/dashboard-keys.png from the browser test")
+// updateDocs makes the browser tests write the screenshots that the README and
+// docs/dashboard.md show (docs/dashboard-*.png) from their run.
+var updateDocs = flag.Bool("update-docs", false, "write docs/dashboard-*.png from the browser tests")
 
 // uiWait is how long the browser tests wait for the page to show a change: the
 // dashboard refreshes every 5 s.
@@ -134,12 +132,7 @@ func TestDashboardInABrowser(t *testing.T) {
 	require.NoError(t, d.charger(full, "usd")(3000))
 	agentID, agentKey := d.MustMint("agent_run_2026_12_01", "agents", nyPolicy)
 	b.WaitFor("the key at its cap", `document.querySelector('table.data tbody tr.row-full')?.textContent.includes('at cap')`, uiWait)
-	keyList := b.Screenshot(shots, "keys")
-	if *updateDocs {
-		data, err := os.ReadFile(keyList)
-		require.NoError(t, err)
-		require.NoError(t, os.WriteFile(filepath.Join("..", "..", "docs", "dashboard-keys.png"), data, 0o644))
-	}
+	b.Screenshot(shots, "keys")
 
 	// 45 + 10 passes the daily cap of 50: refused before Stripe, and in the ledger.
 	var serr *stripe.Error

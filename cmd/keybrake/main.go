@@ -22,6 +22,7 @@ import (
 	_ "time/tzdata"
 
 	"github.com/keybrake/keybrake/api"
+	"github.com/keybrake/keybrake/proxy/fakestripe"
 	"github.com/keybrake/keybrake/vault"
 )
 
@@ -114,24 +115,26 @@ type Main struct {
 	// Getenv reads the environment; os.Getenv in NewMain.
 	Getenv func(string) string
 
-	logger    *slog.Logger
-	metrics   *api.Metrics
-	store     vault.Store
-	proxyLn   net.Listener
-	adminLn   net.Listener
-	proxyTLS  *certReloader // nil without --tls-cert
-	adminTLS  *certReloader // nil without --admin-tls-cert
-	proxySrv  *http.Server
-	adminSrv  *http.Server
-	pprofLn   net.Listener
-	pprofSrv  *http.Server
-	publicURL string
-	inflight  inflight
-	serveErr  chan error
-	stopReap  context.CancelFunc
-	wg        sync.WaitGroup
-	closeOnce sync.Once
-	closeErr  error
+	logger  *slog.Logger
+	metrics *api.Metrics
+	store   vault.Store
+	// demoStripe is the fake Stripe of serve --demo.
+	demoStripe *fakestripe.FakeStripe
+	proxyLn    net.Listener
+	adminLn    net.Listener
+	proxyTLS   *certReloader // nil without --tls-cert
+	adminTLS   *certReloader // nil without --admin-tls-cert
+	proxySrv   *http.Server
+	adminSrv   *http.Server
+	pprofLn    net.Listener
+	pprofSrv   *http.Server
+	publicURL  string
+	inflight   inflight
+	serveErr   chan error
+	stopReap   context.CancelFunc
+	wg         sync.WaitGroup
+	closeOnce  sync.Once
+	closeErr   error
 }
 
 // NewMain returns a Main with the default configuration that talks to the
@@ -234,6 +237,9 @@ func (m *Main) parseServe(args []string) error {
 		return err
 	}
 	if err := applyEnv(fs, m.Getenv, nil); err != nil {
+		return fmt.Errorf("serve: %w", err)
+	}
+	if err := m.Config.applyDemo(fs); err != nil {
 		return fmt.Errorf("serve: %w", err)
 	}
 	if err := m.Config.Validate(); err != nil {

@@ -361,6 +361,7 @@ func TestServeRefusesADatabaseWithoutItsMasterKey(t *testing.T) {
 	err = serve(env{envMasterKey: MustNewMasterKeyText(t)})
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "was sealed with another master key than the one in KEYBRAKE_MASTER_KEY")
+	assert.NoFileExists(t, filepath.Join(newDir, jwtSecretFile), "a start that failed leaves no secret behind")
 	require.NoError(t, os.WriteFile(filepath.Join(newDir, masterKeyFile), []byte(MustNewMasterKeyText(t)), 0o600))
 	err = serve(env{})
 	require.Error(t, err)
@@ -587,6 +588,29 @@ func TestTokenCommand(t *testing.T) {
 			assert.Empty(t, out, "no token printed")
 		})
 	}
+}
+
+// token --link prints a sign-in link for a running server's dashboard: the token
+// in the fragment, and a token the server accepts.
+func TestTokenCommandPrintsASignInLink(t *testing.T) {
+	fake := proxytest.NewFakeStripe(t, "sk_test_link")
+	dataDir := t.TempDir()
+	m := MustServe(t, dataDir, fake.URL, env{})
+	out := MustRunCommand(t, env{"KEYBRAKE_ADMIN_URL": m.AdminURL() + "/"}, "token", "--data-dir", dataDir, "--link", "--role", "viewer")
+	link := strings.TrimSpace(out)
+	prefix := m.AdminURL() + api.UIPath + "#token="
+	require.True(t, strings.HasPrefix(link, prefix), link)
+	token := strings.TrimPrefix(link, prefix)
+	secret, err := os.ReadFile(filepath.Join(dataDir, jwtSecretFile))
+	require.NoError(t, err)
+	assertToken(t, secret, token, "admin", api.RoleViewer, time.Hour)
+	status, _ := MustGet(t, m.AdminURL()+"/api/v1/overview", token)
+	assert.Equal(t, http.StatusOK, status, "the server accepts the link's token")
+
+	def := MustRunCommand(t, nil, "token", "--data-dir", dataDir, "--link")
+	assert.True(t, strings.HasPrefix(def, "http://127.0.0.1:8081/ui/#token="), "the default admin listener: %s", def)
+	_, err = runCommand(nil, "token", "--data-dir", dataDir, "--link", "--admin-url", "ftp://x")
+	assert.ErrorContains(t, err, "admin-url")
 }
 
 func TestBackupOffline(t *testing.T) {

@@ -294,7 +294,7 @@ func TestMCPPaymentsUnderTheCap(t *testing.T) {
 	assert.Equal(t, meView["windows"], budget["windows"])
 	daily := budget["windows"].(map[string]any)["daily"].(map[string]any)
 	assertMoney(t, "25", daily["remaining"].(string))
-	assert.Contains(t, text(res), "daily: 25.00 of 80.00 usd left (30.00 committed, 25.00 held by pending requests)")
+	assert.Contains(t, text(res), "daily: 25.00 of 80.00 usd left (30.00 committed, 25.00 held for requests in flight, unknown outcomes and money objects that can still move money)")
 
 	// The ledger says which calls came through MCP.
 	var events struct {
@@ -368,7 +368,8 @@ func TestMCPAuthentication(t *testing.T) {
 		auth, challenge, body string
 	}{
 		"none":    {"", `Bearer realm="keybrake"`, "missing Authorization header"},
-		"unknown": {"Bearer vk_unknown", `error="invalid_token"`, "invalid vault key"},
+		"unknown": {"Bearer vk_" + strings.Repeat("A", 43), `error="invalid_token"`, "invalid vault key"},
+		"cut":     {"Bearer vk_unknown", `error="invalid_token"`, "it was cut short"},
 		"revoked": {"Bearer " + token, `error_description="this vault key has been revoked"`, "this vault key has been revoked"},
 	} {
 		req, err := http.NewRequest(http.MethodPost, s.ProxyURL()+"/mcp", strings.NewReader(initialize))

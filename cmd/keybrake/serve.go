@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -45,8 +46,11 @@ func (m *Main) runServe(ctx context.Context) error {
 	}
 	m.logger = logger
 	log := logger.With(logfield.Component, "main")
+	// The first words on the screen, before the store opens: a first run has
+	// shown nothing while it compiled.
+	fmt.Fprintf(m.Stderr, "keybrake %s: starting; the store is %s\n", Version(), m.storeName())
 
-	masterKey, masterSrc, jwtSecret, err := m.loadSecrets(log)
+	masterKey, masterSrc, err := m.loadMasterKey(log)
 	if err != nil {
 		return err
 	}
@@ -71,11 +75,23 @@ func (m *Main) runServe(ctx context.Context) error {
 		return err
 	}
 	m.store = store
+	// The JWT secret is generated only once the store opened: a start that
+	// fails (a restored database with the wrong master key) leaves nothing
+	// behind in the data directory.
+	jwtSecret, jwtSrc, err := loadOrGenerateSecret(jwtSecretSpec, m.Getenv, cfg.DataDir, log)
+	if err != nil {
+		return fmt.Errorf("jwt secret: %w", err)
+	}
+	log.Info("secrets loaded", "master_key", masterSrc, "jwt_secret", jwtSrc)
 	if err := m.metrics.WatchStore(store); err != nil {
 		return err
 	}
 
-	if secret := m.Getenv(envStripeKey); secret != "" {
+	if cfg.Demo {
+		if upstreamURL, err = m.startDemo(ctx, log); err != nil {
+			return err
+		}
+	} else if secret := m.Getenv(envStripeKey); secret != "" {
 		if err := m.registerDefaultUpstream(ctx, log, secret); err != nil {
 			return err
 		}
@@ -141,7 +157,11 @@ func (m *Main) runServe(ctx context.Context) error {
 		PublicURL: m.publicURL,
 		Metrics:   registry,
 		Stripe:    stripe,
+		Demo:      cfg.Demo,
 	})
+	if cfg.Demo {
+		proxyHandler, adminHandler = demoHeaders(proxyHandler), demoHeaders(adminHandler)
+	}
 
 	m.proxySrv = m.newServer(proxyHandler, cfg.ProxyWriteTimeout(), m.proxyTLS)
 	m.adminSrv = m.newServer(adminHandler, cfg.AdminWriteTimeout, m.adminTLS)
@@ -154,7 +174,8 @@ func (m *Main) runServe(ctx context.Context) error {
 		"public_url", m.publicURL,
 		"proxy_tls", m.proxyTLS != nil,
 		"admin_tls", m.adminTLS != nil,
-		"stripe_url", cfg.StripeURL,
+		"stripe_url", upstreamURL.String(),
+		"demo", cfg.Demo,
 		"data_dir", cfg.DataDir,
 	}
 	if m.pprofLn != nil {
@@ -165,22 +186,22 @@ func (m *Main) runServe(ctx context.Context) error {
 	return nil
 }
 
-// loadSecrets creates the data directory and returns the master key (and where it
-// came from) and the JWT secret: from the environment, else the data directory,
-// else freshly generated into it. A master key is generated only for a new
-// database: a database without its key (a backup restored without master.key)
-// is refused, and nothing is generated. It logs where each came from, never the
-// secret.
-func (m *Main) loadSecrets(log *slog.Logger) (masterKey []byte, masterSrc secretSource, jwtSecret []byte, err error) {
+// loadMasterKey creates the data directory and returns the master key and where
+// it came from: the environment, else the data directory, else freshly
+// generated into it. A master key is generated only for a new database: a
+// database without its key (a backup restored without master.key) is refused,
+// and nothing is generated. The JWT secret is loaded the same way, once the
+// store opened (runServe).
+func (m *Main) loadMasterKey(log *slog.Logger) (masterKey []byte, masterSrc secretSource, err error) {
 	dir := m.Config.DataDir
 	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, "", nil, fmt.Errorf("create data directory: %w", err)
+		return nil, "", fmt.Errorf("create data directory: %w", err)
 	}
 	masterKey, masterSrc, err = loadSecret(masterKeySpec, m.Getenv, dir, log)
 	if errors.Is(err, errNoSecret) {
 		dbPath := filepath.Join(dir, databaseFile)
 		if fi, serr := os.Stat(dbPath); serr == nil && fi.Size() > 0 {
-			return nil, "", nil, fmt.Errorf("%s exists, but there is no master key (%s is unset and %s is missing): "+
+			return nil, "", fmt.Errorf("%s exists, but there is no master key (%s is unset and %s is missing): "+
 				"the database was sealed with a master key that is not here, and a new one would not open it. "+
 				"A restored backup needs the master key of the server it was taken from: set %s to it, or write it to %s (mode 0600)",
 				dbPath, envMasterKey, filepath.Join(dir, masterKeyFile), envMasterKey, filepath.Join(dir, masterKeyFile))
@@ -188,14 +209,9 @@ func (m *Main) loadSecrets(log *slog.Logger) (masterKey []byte, masterSrc secret
 		masterKey, masterSrc, err = loadOrGenerateSecret(masterKeySpec, m.Getenv, dir, log)
 	}
 	if err != nil {
-		return nil, "", nil, fmt.Errorf("master key: %w", err)
+		return nil, "", fmt.Errorf("master key: %w", err)
 	}
-	jwtSecret, jwtSrc, err := loadOrGenerateSecret(jwtSecretSpec, m.Getenv, dir, log)
-	if err != nil {
-		return nil, "", nil, fmt.Errorf("jwt secret: %w", err)
-	}
-	log.Info("secrets loaded", "master_key", masterSrc, "jwt_secret", jwtSrc)
-	return masterKey, masterSrc, jwtSecret, nil
+	return masterKey, masterSrc, nil
 }
 
 // openStore opens the store the configuration names: PostgreSQL with
@@ -340,10 +356,11 @@ func (m *Main) registerDefaultUpstream(ctx context.Context, log *slog.Logger, se
 	return nil
 }
 
-// bootstrapBanner prints a short-lived admin token, a dashboard sign-in link that
-// carries it and the URLs to Stderr while the store holds no vault key yet, so a
-// new user can log in at once. It goes to Stderr directly, not through the
-// logger, so it does not land in log pipelines as a structured record.
+// bootstrapBanner prints where keybrake serves to Stderr and, while the store
+// holds no vault key yet, a short-lived admin token and a dashboard sign-in
+// link that carries it, so a new user can log in at once. It goes to Stderr
+// directly, not through the logger, so it does not land in log pipelines as a
+// structured record.
 func (m *Main) bootstrapBanner(ctx context.Context, log *slog.Logger, jwtSecret []byte) {
 	keys, _, err := m.store.ListKeys(ctx, vault.KeyFilter{Limit: 1})
 	if err != nil {
@@ -351,6 +368,13 @@ func (m *Main) bootstrapBanner(ctx context.Context, log *slog.Logger, jwtSecret 
 		return
 	}
 	if len(keys) > 0 {
+		fmt.Fprintf(m.Stderr, `%s
+keybrake is serving.
+  Dashboard:             %s
+  Proxy for Stripe SDKs: %s
+  Sign in with the link: %s
+
+`, m.demoBanner(), m.AdminURL()+api.UIPath, m.publicURL, m.linkHint())
 		return
 	}
 	ttl := m.Config.BootstrapTokenTTL
@@ -359,22 +383,38 @@ func (m *Main) bootstrapBanner(ctx context.Context, log *slog.Logger, jwtSecret 
 		log.Warn("cannot issue the first-start admin token", logfield.Error, err)
 		return
 	}
-	// The sign-in link carries the token in the URL fragment, which browsers never
-	// send to a server (nor in a Referer): only the dashboard's script reads it.
 	dashboard := m.AdminURL() + api.UIPath
-	fmt.Fprintf(m.Stderr, `
+	fmt.Fprintf(m.Stderr, `%s
 keybrake: no vault keys yet. An admin token, valid for %s:
 
     %s
 
   Dashboard:             %s
-  Sign-in link:          %s#token=%s
+  Sign-in link:          %s
   Admin API:             %s/api/v1
   Proxy for Stripe SDKs: %s
 
 Mint more tokens with: %s
+A sign-in link later:  %s
 
-`, ttl, token, dashboard, dashboard, token, m.AdminURL(), m.publicURL, m.tokenHint())
+`, m.demoBanner(), ttl, token, dashboard, signInLink(m.AdminURL(), token), m.AdminURL(), m.publicURL, m.tokenHint(), m.linkHint())
+}
+
+// linkHint is the command that prints a sign-in link for this server's dashboard.
+func (m *Main) linkHint() string {
+	h := strings.Replace(m.tokenHint(), "keybrake token --role admin", "keybrake token --link", 1)
+	if def := listenerURL(DefaultConfig().AdminListen, "127.0.0.1", false); m.AdminURL() != def {
+		h = strings.Replace(h, "keybrake token --link", "keybrake token --link --admin-url "+m.AdminURL(), 1)
+	}
+	return h
+}
+
+// storeName says which store serve opens, for the first line it prints.
+func (m *Main) storeName() string {
+	if m.Config.DatabaseURL != "" {
+		return "PostgreSQL at " + redactedDatabaseURL(m.Config.DatabaseURL)
+	}
+	return filepath.Join(m.Config.DataDir, databaseFile)
 }
 
 // tokenHint is the command that mints more admin tokens for this server: token
@@ -464,6 +504,9 @@ func (m *Main) close() error {
 
 	if m.pprofSrv != nil {
 		_ = m.pprofSrv.Close() // a profile being taken is cut short
+	}
+	if m.demoStripe != nil {
+		m.demoStripe.Close()
 	}
 	if m.stopReap != nil {
 		m.stopReap()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/keybrake/keybrake/api"
@@ -23,6 +24,12 @@ type TokenConfig struct {
 	JWTSecret string
 	// AllowLongTTL lets TTL exceed MaxTokenTTL.
 	AllowLongTTL bool
+	// Link prints a dashboard sign-in link that carries the token instead of
+	// the bare token.
+	Link bool
+	// AdminURL is the dashboard's server for Link (--admin-url, else
+	// KEYBRAKE_ADMIN_URL, else the default admin listener's URL).
+	AdminURL string
 }
 
 // MaxTokenTTL is the longest token `keybrake token` mints without --allow-long-ttl:
@@ -33,10 +40,11 @@ const MaxTokenTTL = 30 * 24 * time.Hour
 // DefaultTokenConfig returns token's defaults.
 func DefaultTokenConfig() TokenConfig {
 	return TokenConfig{
-		Role:    api.RoleAdmin,
-		TTL:     time.Hour,
-		Sub:     "admin",
-		DataDir: DefaultConfig().DataDir,
+		Role:     api.RoleAdmin,
+		TTL:      time.Hour,
+		Sub:      "admin",
+		DataDir:  DefaultConfig().DataDir,
+		AdminURL: listenerURL(DefaultConfig().AdminListen, "127.0.0.1", false),
 	}
 }
 
@@ -56,13 +64,18 @@ func (c TokenConfig) Validate() error {
 	if c.Sub == "" {
 		errs = append(errs, errors.New("sub: must not be empty"))
 	}
+	if c.Link {
+		if err := validateBaseURL(c.AdminURL); err != nil {
+			errs = append(errs, fmt.Errorf("admin-url: %w", err))
+		}
+	}
 	return errors.Join(errs...)
 }
 
 // parseToken reads token's flags; --jwt-secret falls back to KEYBRAKE_JWT_SECRET
 // and --data-dir to KEYBRAKE_DATA_DIR.
 func (m *Main) parseToken(args []string) error {
-	fs := m.flagSet(cmdToken, "keybrake token [--role admin|viewer] [--ttl 1h] [--sub NAME] [--data-dir DIR] [--jwt-secret SECRET]\n\nPrints an admin API token signed with --jwt-secret, else KEYBRAKE_JWT_SECRET,\nelse the jwt.secret that serve generated in the data directory. A token cannot be\nrevoked, so --ttl is capped at 30 days unless --allow-long-ttl.")
+	fs := m.flagSet(cmdToken, "keybrake token [--role admin|viewer] [--ttl 1h] [--sub NAME] [--data-dir DIR] [--jwt-secret SECRET] [--link [--admin-url URL]]\n\nPrints an admin API token signed with --jwt-secret, else KEYBRAKE_JWT_SECRET,\nelse the jwt.secret that serve generated in the data directory. A token cannot be\nrevoked, so --ttl is capped at 30 days unless --allow-long-ttl. With --link it\nprints a dashboard sign-in link that carries the token instead.")
 	c := &m.Token
 	fs.StringVar(&c.Role, "role", c.Role, "role: admin or viewer")
 	fs.DurationVar(&c.TTL, "ttl", c.TTL, "how long the token is valid (at most 720h = 30 days without --allow-long-ttl)")
@@ -70,10 +83,12 @@ func (m *Main) parseToken(args []string) error {
 	fs.StringVar(&c.Sub, "sub", c.Sub, "subject (who the audit log names)")
 	fs.StringVar(&c.DataDir, "data-dir", c.DataDir, "data directory holding the generated jwt.secret")
 	fs.StringVar(&c.JWTSecret, "jwt-secret", c.JWTSecret, "signing secret (visible to other local users in the process list: prefer KEYBRAKE_JWT_SECRET)")
+	fs.BoolVar(&c.Link, "link", c.Link, "print a dashboard sign-in link carrying the token (in the URL fragment, which browsers never send to a server)")
+	fs.StringVar(&c.AdminURL, "admin-url", c.AdminURL, "the admin listener's URL, for --link")
 	if err := parseArgs(fs, args); err != nil {
 		return err
 	}
-	if err := applyEnv(fs, m.Getenv, map[string]string{"data-dir": envName("data-dir"), "jwt-secret": envJWTSecret}); err != nil {
+	if err := applyEnv(fs, m.Getenv, map[string]string{"data-dir": envName("data-dir"), "jwt-secret": envJWTSecret, "admin-url": envName("admin-url")}); err != nil {
 		return fmt.Errorf("token: %w", err)
 	}
 	if err := c.Validate(); err != nil {
@@ -91,6 +106,10 @@ func (m *Main) runToken(ctx context.Context) error {
 	token, err := api.IssueToken(secret, m.Token.Sub, m.Token.Role, m.Token.TTL, time.Now())
 	if err != nil {
 		return fmt.Errorf("issue token: %w", err)
+	}
+	if m.Token.Link {
+		_, err = fmt.Fprintln(m.Stdout, signInLink(m.Token.AdminURL, token))
+		return err
 	}
 	_, err = fmt.Fprintln(m.Stdout, token)
 	return err
@@ -114,4 +133,11 @@ func (m *Main) localJWTSecret(explicit, dataDir string) ([]byte, error) {
 		return nil, fmt.Errorf("jwt secret: %w", err)
 	}
 	return b, nil
+}
+
+// signInLink is the dashboard's sign-in link for token on the admin listener at
+// adminURL. The token travels in the URL fragment, which browsers never send to
+// a server (nor in a Referer): only the dashboard's script reads it.
+func signInLink(adminURL, token string) string {
+	return strings.TrimRight(adminURL, "/") + api.UIPath + "#token=" + token
 }

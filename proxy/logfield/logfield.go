@@ -22,6 +22,7 @@ const (
 	DurationMS = "duration_ms" // arrival to answer, in milliseconds (a float, to the microsecond)
 	Error      = "error"       // the cause of a failure; never shown to the caller
 	KeyID      = "key_id"      // the vault key (its id, never its token)
+	KeyName    = "key_name"    // the vault key's name, on the line of a request refused for its key's status
 	Tool       = "tool"        // the MCP tool whose call made the request
 	RemoteAddr = "remote_addr" // the caller's address, on warnings about what it sent
 )

@@ -271,3 +271,74 @@ func testOverviewSummarizesKeysSpendRefusalsAndUnknownHolds(t *testing.T) {
 	_, err = s.Overview(cancelled, vault.OverviewOptions{})
 	assert.ErrorIs(t, err, context.Canceled)
 }
+
+// A revoked key's refused requests are counted on the key, with the last one's
+// address and path, and the overview lists the key while its last refusal is
+// recent.
+func testRecordKeyRefusalCountsARevokedKeysUse(t *testing.T) {
+	ctx := context.Background()
+	f := newMeteringFixture(t)
+	quiet, _ := MustMint(t, f.s, "quiet", Policy(t, "10.00", "", ""), nil)
+	_, err := f.s.RevokeKey(ctx, "alice", f.key.ID)
+	require.NoError(t, err)
+	audit, _, err := f.s.ListAudit(ctx, 100, "")
+	require.NoError(t, err)
+
+	f.clock.Advance(time.Minute)
+	first := f.clock.Now()
+	require.NoError(t, f.s.RecordKeyRefusal(ctx, f.key.ID, vault.KeyRefusal{Code: "vault_key_revoked", RemoteAddr: "10.0.4.6:5000", Path: "/v1/charges"}))
+	f.clock.Advance(time.Minute)
+	require.NoError(t, f.s.RecordKeyRefusal(ctx, f.key.ID, vault.KeyRefusal{Code: "vault_key_revoked", RemoteAddr: "10.0.4.7:5001", Path: "/v1/refunds"}))
+
+	k, err := f.s.GetKey(ctx, f.key.ID)
+	require.NoError(t, err)
+	r := k.Refused
+	assert.Equal(t, int64(2), r.Count)
+	assert.Equal(t, "vault_key_revoked", r.Code)
+	assert.True(t, r.First.Equal(first), "first %s", r.First)
+	assert.True(t, r.Last.Equal(f.clock.Now()), "last %s", r.Last)
+	assert.Equal(t, "10.0.4.7:5001", r.RemoteAddr)
+	assert.Equal(t, "/v1/refunds", r.Path)
+	again, _, err := f.s.ListAudit(ctx, 100, "")
+	require.NoError(t, err)
+	assert.Len(t, again, len(audit), "no audit entry")
+	events, _, err := f.s.ListEvents(ctx, f.key.ID, 100, "")
+	require.NoError(t, err)
+	for _, e := range events {
+		assert.NotEqual(t, vault.DecisionRefused, e.Decision, "no ledger event")
+	}
+
+	ov, err := f.s.Overview(ctx, vault.OverviewOptions{})
+	require.NoError(t, err)
+	require.Len(t, ov.RefusedKeys, 1)
+	assert.Equal(t, f.key.ID, ov.RefusedKeys[0].ID)
+	assert.Equal(t, int64(2), ov.RefusedKeys[0].Refused.Count)
+	assert.Equal(t, 1, ov.RefusedKeysTotal)
+	q, err := f.s.GetKey(ctx, quiet.ID)
+	require.NoError(t, err)
+	assert.Zero(t, q.Refused.Count)
+
+	f.clock.Advance(25 * time.Hour)
+	ov, err = f.s.Overview(ctx, vault.OverviewOptions{})
+	require.NoError(t, err)
+	assert.Empty(t, ov.RefusedKeys, "a day after its last refusal the key is no longer listed")
+
+	assert.ErrorIs(t, f.s.RecordKeyRefusal(ctx, "key_nope", vault.KeyRefusal{Code: "vault_key_revoked"}), vault.ErrNotFound)
+	assert.ErrorIs(t, f.s.RecordKeyRefusal(ctx, f.key.ID, vault.KeyRefusal{}), vault.ErrInvalid)
+}
+
+// Each event about a request names the caller's idempotency key, so that an
+// operator can find the request in the ledger.
+func testEventsCarryTheCallersIdempotencyKey(t *testing.T) {
+	ctx := context.Background()
+	f := newMeteringFixture(t)
+	commitCharge(t, f.s, f.key.ID, "order-42", 2500)
+	res := MustReserve(t, f.s, Charge(f.key.ID, "order-43", 99999))
+	require.Equal(t, vault.ReserveRefused, res.Outcome)
+	events, _, err := f.s.ListEvents(ctx, f.key.ID, 100, "")
+	require.NoError(t, err)
+	require.Len(t, events, 3)
+	assert.Equal(t, "order-43", events[0].IdempotencyKey, "refused")
+	assert.Equal(t, "order-42", events[1].IdempotencyKey, "settled")
+	assert.Equal(t, "order-42", events[2].IdempotencyKey, "allowed")
+}

@@ -23,6 +23,8 @@ var suite = []struct {
 	{"DailySpendSumsTheLedgerPerDay", testDailySpendSumsTheLedgerPerDay},
 	{"DailySpendDaysFollowTheKeysTimeZone", testDailySpendDaysFollowTheKeysTimeZone},
 	{"OverviewSummarizesKeysSpendRefusalsAndUnknownHolds", testOverviewSummarizesKeysSpendRefusalsAndUnknownHolds},
+	{"RecordKeyRefusalCountsARevokedKeysUse", testRecordKeyRefusalCountsARevokedKeysUse},
+	{"EventsCarryTheCallersIdempotencyKey", testEventsCarryTheCallersIdempotencyKey},
 	{"SyncEnvUpstream", testSyncEnvUpstream},
 	{"SyncEnvUpstreamAfterAnUpgrade", testSyncEnvUpstreamAfterAnUpgrade},
 	{"ExposureFromCreationToCapture", testExposureFromCreationToCapture},

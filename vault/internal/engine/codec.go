@@ -319,6 +319,8 @@ func encodeEvent(e *vault.Event) []byte {
 	w.int(e.HeldDelta)
 	w.int(e.CommittedDelta)
 	w.ints(e.AllowanceDeltas)
+	// Last, so that an event written before it had the field decodes too.
+	w.str(e.IdempotencyKey)
 	return w.b
 }
 
@@ -330,6 +332,9 @@ func decodeEventBinary(k, v []byte) (vault.Event, error) {
 		Decision: vault.Decision(rd.str()), Reason: rd.str(), HoldID: rd.str(), HoldState: vault.HoldState(rd.str()),
 		UpstreamStatus: int(rd.int()), StripeRequestID: rd.str(), ObjectID: rd.str(), Tool: rd.str(),
 		WindowIDs: rd.strs(), HeldDelta: rd.int(), CommittedDelta: rd.int(), AllowanceDeltas: rd.ints(),
+	}
+	if rd.err == nil && len(rd.b) > 0 {
+		e.IdempotencyKey = rd.str()
 	}
 	return e, rd.done("event", k)
 }

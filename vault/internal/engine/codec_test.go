@@ -44,10 +44,18 @@ func TestRecordCodecRoundTrips(t *testing.T) {
 	e := vault.Event{Time: codecT0, KeyID: "key_1", Operation: "charges.create", Amount: 2500, Currency: "usd",
 		Decision: vault.DecisionSettled, Reason: "commit", HoldID: "hold_x", HoldState: vault.HoldCommitted, UpstreamStatus: 200,
 		StripeRequestID: "req_1", ObjectID: "ch_1", Tool: "tool", WindowIDs: []string{"day:2026-09-14", "period"},
-		HeldDelta: -2500, CommittedDelta: 2500, AllowanceDeltas: []int64{0, 7}}
-	gotE, err := decodeEventBinary([]byte("k"), encodeEvent(&e))
+		HeldDelta: -2500, CommittedDelta: 2500, AllowanceDeltas: []int64{0, 7}, IdempotencyKey: "order-42"}
+	enc := encodeEvent(&e)
+	gotE, err := decodeEventBinary([]byte("k"), enc)
 	require.NoError(t, err)
 	assert.Equal(t, e, gotE)
+	// An event written before events kept the idempotency key ends one field earlier.
+	older := enc[:len(enc)-1-len(e.IdempotencyKey)]
+	gotE, err = decodeEventBinary([]byte("k"), older)
+	require.NoError(t, err)
+	want := e
+	want.IdempotencyKey = ""
+	assert.Equal(t, want, gotE)
 
 	o := &objectRec{Amount: 100, Parts: []exposurePart{{HoldID: "hold_x", WindowIDs: []string{"period"}, Amount: 50, CreatedAt: codecT0}},
 		Moved: 100, MovedSeen: true, Own: true, Closed: true, Currency: "usd", UpdatedAt: codecT0}

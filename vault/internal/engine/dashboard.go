@@ -196,6 +196,12 @@ func overviewDefaults(o *vault.OverviewOptions) {
 	if o.OldestUnknown <= 0 {
 		o.OldestUnknown = 10
 	}
+	if o.RefusedKeysWindow <= 0 {
+		o.RefusedKeysWindow = 24 * time.Hour
+	}
+	if o.RefusedKeysLimit <= 0 {
+		o.RefusedKeysLimit = 10
+	}
 }
 
 // refusalKey groups refusals by decision and reason.
@@ -217,7 +223,7 @@ func (s *Engine) Overview(ctx context.Context, opts vault.OverviewOptions) (vaul
 	overviewDefaults(&opts)
 	var ov vault.Overview
 	err := s.viewSettled(ctx, "", func(tx Tx, now time.Time) error {
-		ov = vault.Overview{Time: now, RefusalsSince: now.Add(-opts.RefusalWindow)}
+		ov = vault.Overview{Time: now, RefusalsSince: now.Add(-opts.RefusalWindow), RefusedKeysSince: now.Add(-opts.RefusedKeysWindow)}
 		return overviewKeysTx(tx, now, &ov, opts)
 	})
 	if err != nil {
@@ -242,6 +248,9 @@ func overviewKeysTx(tx Tx, now time.Time, ov *vault.Overview, opts vault.Overvie
 		}
 		key := rec.public()
 		status := key.StatusAt(now)
+		if key.Refused.Count > 0 && !key.Refused.Last.Before(ov.RefusedKeysSince) {
+			ov.RefusedKeys = append(ov.RefusedKeys, key)
+		}
 		switch status {
 		case vault.KeyActive:
 			ov.Keys.Active++
@@ -305,6 +314,11 @@ func overviewKeysTx(tx Tx, now time.Time, ov *vault.Overview, opts vault.Overvie
 	})
 	ov.NearCapTotal = len(ov.NearCap)
 	ov.NearCap = ov.NearCap[:min(len(ov.NearCap), opts.NearCapLimit)]
+	slices.SortStableFunc(ov.RefusedKeys, func(a, b vault.Key) int {
+		return cmp.Or(b.Refused.Last.Compare(a.Refused.Last), cmp.Compare(a.ID, b.ID))
+	})
+	ov.RefusedKeysTotal = len(ov.RefusedKeys)
+	ov.RefusedKeys = ov.RefusedKeys[:min(len(ov.RefusedKeys), opts.RefusedKeysLimit)]
 	for rk, n := range refusals {
 		ov.Refusals = append(ov.Refusals, vault.RefusalCount{Decision: rk.decision, Reason: rk.reason, Count: n})
 	}

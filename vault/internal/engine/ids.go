@@ -20,8 +20,8 @@ import (
 var lowerBase32 = base32.NewEncoding("0123456789abcdefghijklmnopqrstuv").WithPadding(base32.NoPadding)
 
 const (
-	tokenPrefix     = "vk_"
-	tokenRandBytes  = 32 // 256 bits
+	tokenPrefix     = vault.TokenPrefix
+	tokenRandBytes  = vault.TokenRandBytes
 	tokenDisplayLen = 10 // Key.TokenPrefix: "vk_" and 7 more characters
 	keyIDPrefix     = "key_"
 	keyIDRawLen     = 16 // 48-bit ms timestamp + 80 random bits
@@ -46,12 +46,7 @@ func tokenHash(token string) string {
 // wellFormedToken reports whether token looks like one newToken makes, so that
 // garbage is refused without a lookup.
 func wellFormedToken(token string) bool {
-	rest, ok := strings.CutPrefix(token, tokenPrefix)
-	if !ok || len(rest) != base64.RawURLEncoding.EncodedLen(tokenRandBytes) {
-		return false
-	}
-	_, err := base64.RawURLEncoding.DecodeString(rest)
-	return err == nil
+	return vault.CheckTokenShape(token) == nil
 }
 
 // newKeyIDRaw returns 16 bytes: a 48-bit millisecond timestamp followed by 80 random

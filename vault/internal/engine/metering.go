@@ -165,6 +165,7 @@ func (s *Engine) planNew(tx Tx, now time.Time, req *vault.ReserveRequest, res va
 			pl.event = &vault.Event{
 				Time: now, KeyID: key.ID, Operation: req.Request.Operation, Amount: req.Request.Amount,
 				Currency: req.Request.Currency, Decision: vault.DecisionRefused, Reason: string(dec.Reason), Tool: req.Tool,
+				IdempotencyKey: req.IdempotencyKey,
 			}
 		}
 		return pl, nil
@@ -206,7 +207,7 @@ func (s *Engine) planNew(tx Tx, now time.Time, req *vault.ReserveRequest, res va
 		pl.event = &vault.Event{
 			Time: now, KeyID: key.ID, Operation: h.Operation, Amount: h.Amount, Currency: h.Currency,
 			Decision: decision, Reason: string(dec.Reason), HoldID: h.ID, HoldState: vault.HoldHeld,
-			WindowIDs: ids, HeldDelta: h.Amount, Tool: req.Tool,
+			WindowIDs: ids, HeldDelta: h.Amount, Tool: req.Tool, IdempotencyKey: req.IdempotencyKey,
 		}
 		pub := h.public()
 		res.Hold = &pub
@@ -424,7 +425,7 @@ func settleWrites(tx Tx, now time.Time, req *vault.SettleRequest, rec *recordRec
 	ev := &vault.Event{
 		Time: now, KeyID: req.KeyID, Decision: vault.DecisionSettled, Reason: string(req.Outcome),
 		UpstreamStatus: req.UpstreamStatus, StripeRequestID: req.StripeRequestID, ObjectID: req.ObjectID,
-		Tool: req.Tool,
+		Tool: req.Tool, IdempotencyKey: req.IdempotencyKey,
 	}
 	if hold != nil {
 		ev.Operation, ev.Currency, ev.HoldID, ev.WindowIDs = hold.Operation, hold.Currency, hold.ID, hold.WindowIDs
@@ -579,7 +580,7 @@ func (s *Engine) resolveHoldTx(tx Tx, now time.Time, actor, holdID string, outco
 	ev := &vault.Event{
 		Time: now, KeyID: hold.KeyID, Operation: hold.Operation, Amount: hold.Amount, Currency: hold.Currency,
 		Decision: vault.DecisionResolved, Reason: "operator:" + string(outcome), HoldID: hold.ID, HoldState: outcome,
-		WindowIDs: hold.WindowIDs, HeldDelta: -hold.Amount,
+		WindowIDs: hold.WindowIDs, HeldDelta: -hold.Amount, IdempotencyKey: hold.IdempotencyKey,
 	}
 	committed := int64(0)
 	if outcome == vault.HoldCommitted {

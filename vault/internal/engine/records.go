@@ -43,6 +43,17 @@ type keyRec struct {
 	CreatedAt   time.Time         `json:"created_at"`
 	UpdatedAt   time.Time         `json:"updated_at"`
 	RevokedAt   time.Time         `json:"revoked_at,omitzero"`
+	Refused     *refusedRec       `json:"refused,omitempty"`
+}
+
+// refusedRec counts the requests refused for the key's status (RecordKeyRefusal).
+type refusedRec struct {
+	Count      int64     `json:"count"`
+	Code       string    `json:"code"`
+	First      time.Time `json:"first"`
+	Last       time.Time `json:"last"`
+	RemoteAddr string    `json:"remote_addr,omitempty"`
+	Path       string    `json:"path,omitempty"`
 }
 
 func (r *keyRec) public() vault.Key {
@@ -55,7 +66,16 @@ func (r *keyRec) public() vault.Key {
 		ID: r.ID, Name: r.Name, Upstream: r.Upstream, Labels: maps.Clone(r.Labels), Policy: p,
 		Status: r.Status, TokenHash: r.TokenHash, TokenPrefix: r.TokenPrefix,
 		CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt, RevokedAt: r.RevokedAt,
+		Refused: r.refused(),
 	}
+}
+
+func (r *keyRec) refused() vault.KeyRefusals {
+	if r.Refused == nil {
+		return vault.KeyRefusals{}
+	}
+	f := r.Refused
+	return vault.KeyRefusals{Count: f.Count, Code: f.Code, First: f.First, Last: f.Last, RemoteAddr: f.RemoteAddr, Path: f.Path}
 }
 
 // keyView is what audit entries show of a key: never its token or token hash.

@@ -3,6 +3,7 @@ package engine
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"time"
@@ -379,6 +380,36 @@ func (s *Engine) RevokeKey(ctx context.Context, actor, id string) (vault.Key, er
 		return vault.Key{}, fmt.Errorf("revoke key: %w", err)
 	}
 	return key, nil
+}
+
+// RecordKeyRefusal counts a request refused for the key's status. A hot-path
+// write: it does not empty the memo, since nothing the proxy reads changes.
+func (s *Engine) RecordKeyRefusal(ctx context.Context, id string, r vault.KeyRefusal) error {
+	if r.Code == "" {
+		return fmt.Errorf("record key refusal: no code: %w", vault.ErrInvalid)
+	}
+	_, err := submitResult(ctx, s, func(tx Tx, now time.Time) (txResult[noValue], error) {
+		rec, err := getKey(tx, id)
+		if errors.Is(err, vault.ErrNotFound) {
+			return reject[noValue](err), nil
+		}
+		if err != nil {
+			return txResult[noValue]{}, err
+		}
+		f := rec.Refused
+		if f == nil {
+			f = &refusedRec{First: now}
+			rec.Refused = f
+		}
+		f.Count++
+		f.Code, f.Last = r.Code, now
+		f.RemoteAddr, f.Path = r.RemoteAddr, r.Path
+		return accept(noValue{}), putJSON(tx, BucketKeys, []byte(id), rec)
+	})
+	if err != nil {
+		return fmt.Errorf("record key refusal %s: %w", id, err)
+	}
+	return nil
 }
 
 // RotateKey gives the key a new token; the old one stops working at once.

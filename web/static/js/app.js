@@ -29,6 +29,8 @@ const routes = [
 ];
 
 const main = document.getElementById('main');
+const demoBanner = document.querySelector('.demo-banner');
+let demoChecked = '';
 const nav = document.querySelector('.main-nav');
 const who = document.querySelector('.session');
 
@@ -48,11 +50,21 @@ export function navigate(route) {
   location.hash = `#${route}`;
 }
 
+// checkDemo shows the demo banner on every page when the server runs with
+// --demo: its upstream is no Stripe. Asked once per token.
+function checkDemo() {
+  const token = session.token();
+  if (!token || demoChecked === token) return;
+  demoChecked = token;
+  get('/overview').then((ov) => { demoBanner.hidden = !ov.demo; }).catch(() => {});
+}
+
 function renderHeader() {
   const claims = session.claims();
   nav.hidden = !claims;
   who.hidden = !claims;
   if (!claims) return;
+  checkDemo();
   const exp = typeof claims.exp === 'number' ? new Date(claims.exp * 1000).toISOString() : null;
   replace(who.querySelector('.who'),
     h('span', {class: 'sub'}, claims.sub || '?'), ' ',
@@ -158,7 +170,13 @@ async function start() {
   await signInFromFragment();
   session.onChange(() => mountCurrent());
   window.addEventListener('hashchange', () => {
-    mountCurrent().then(() => main.focus());
+    // The focus moves to the new page for keyboards and screen readers, but
+    // the page opens at its top, navigation included (a phone would otherwise
+    // open it scrolled past the navigation).
+    mountCurrent().then(() => {
+      main.focus({preventScroll: true});
+      window.scrollTo(0, 0);
+    });
   });
   session.resume();
   await mountCurrent();

@@ -154,7 +154,14 @@ export function table({caption, columns, rows, empty, rowClass, captionHidden = 
     caption && h('caption', {class: captionHidden ? 'visually-hidden' : null}, caption),
     h('thead', null, h('tr', null, columns.map((c) => h('th', {scope: 'col', class: c.class}, c.label)))),
     h('tbody', null, rows.map((row, i) => h('tr', {class: rowClass ? rowClass(row, i) : null},
-      columns.map((c) => h('td', {'data-label': c.label, class: c.class}, c.cell(row))))))));
+      columns.map((c) => h('td', {'data-label': c.label, class: c.class}, oneItem(c.cell(row)))))))));
+}
+
+// oneItem wraps a cell of several parts in one span: narrow screens lay a cell
+// out as a grid of its label and its content, and each part would be a grid
+// item of its own.
+function oneItem(content) {
+  return Array.isArray(content) ? h('span', {class: 'cell'}, content) : content;
 }
 
 // changes returns a function that reports whether the value it is given differs
@@ -183,4 +190,42 @@ export function keepFocus(region, render) {
     const again = region.querySelector(`[data-focus-id="${CSS.escape(fid)}"]`);
     if (again) again.focus({preventScroll: true});
   }
+}
+
+// copyButton is a small button that copies text (a long id) to the clipboard,
+// and says so.
+export function copyButton(text, what = 'id') {
+  const btn = h('button', {type: 'button', class: 'button copy small', title: `Copy the ${what}`, 'aria-label': `Copy the ${what} ${text}`}, 'Copy');
+  btn.addEventListener('click', async () => {
+    try {
+      await navigator.clipboard.writeText(text);
+      btn.textContent = 'Copied';
+    } catch {
+      btn.textContent = 'Select it';
+    }
+    setTimeout(() => { btn.textContent = 'Copy'; }, 1500);
+  });
+  return btn;
+}
+
+// idWithCopy shows a long id as code with a copy button beside it.
+export function idWithCopy(text, what) {
+  if (!text) return h('span', {class: 'muted'}, '—');
+  return h('span', {class: 'id-copy'}, h('code', {class: 'break'}, text), copyButton(text, what));
+}
+
+// modeBadge marks a report-mode key: it is never refused for its caps, only
+// logs what would have been.
+export function modeBadge(mode) {
+  return mode === 'report' ? h('span', {class: 'badge badge-info mode-report', title: 'Report mode: what the policy would refuse is let through and logged as would_refuse'}, 'report mode') : null;
+}
+
+// keyLink links to a key's page by its name, with the id on hover.
+export function keyLink(id, name) {
+  return h('a', {class: 'key-link', href: `#/keys/${encodeURIComponent(id)}`, title: id}, name || id);
+}
+
+// opCode shows an operation name that never breaks inside a word.
+export function opCode(op) {
+  return h('code', {class: 'op'}, op || '—');
 }

@@ -64,7 +64,10 @@ export function windowState(win) {
 // usageBar shows one window: a bar of committed, held and remaining against the
 // cap, and the same numbers as text (the bar's colours are never the only
 // carrier of the information).
-export function usageBar(win, currency, name) {
+//
+// mode is the key's policy mode: a report-mode window at or past its cap is
+// not a broken cap but what would have been refused, and is worded so.
+export function usageBar(win, currency, name, mode) {
   if (!win) return h('span', {class: 'muted'}, '—');
   const cur = currency ? currency.toUpperCase() : '';
   if (win.cap === null || win.cap === undefined) {
@@ -72,6 +75,7 @@ export function usageBar(win, currency, name) {
       h('div', {class: 'usage-text'}, h('strong', null, win.committed), ` committed, ${win.held} held ${cur}`),
       h('div', {class: 'usage-sub muted'}, 'no cap'));
   }
+  const report = mode === 'report';
   const state = windowState(win);
   const pc = Math.min(100, percent(win.committed, win.cap));
   const ph = Math.min(100 - pc, percent(win.held, win.cap));
@@ -81,13 +85,22 @@ export function usageBar(win, currency, name) {
   const held = h('span', {class: 'seg seg-held', dataset: {percent: String(ph)}});
   committed.style.width = `${pc}%`;
   held.style.width = `${ph}%`;
-  return h('div', {class: ['usage', state && `usage-${state}`], dataset: {window: name.toLowerCase()}},
+  return h('div', {class: ['usage', state && `usage-${state}`, report && 'usage-report'], dataset: {window: name.toLowerCase()}},
     h('div', {class: 'bar', role: 'img', 'aria-label': label}, committed, held),
     h('div', {class: 'usage-text'},
       h('strong', {class: 'committed'}, win.committed),
       isZero(win.held) ? null : h('span', {class: 'held'}, ` + ${win.held} held`),
       h('span', {class: 'of'}, ` of ${win.cap} ${cur}`),
-      state === 'full' ? h('span', {class: 'badge badge-bad'}, 'at cap')
-        : state === 'near' ? h('span', {class: 'badge badge-warn'}, `${Math.floor(used)} %`) : null),
-    h('div', {class: 'usage-sub muted'}, `${money(win.remaining, currency)} left`));
+      state === 'full' && report ? h('span', {class: 'badge badge-info'}, `${Math.floor(used)} % · report mode`)
+        : state === 'full' ? h('span', {class: 'badge badge-bad'}, 'at cap')
+          : state === 'near' ? h('span', {class: 'badge badge-warn'}, `${Math.floor(used)} %`) : null),
+    h('div', {class: 'usage-sub muted'}, report && state === 'full'
+      ? `over the cap: an enforcing key would have refused ${money(overCap(win), currency)} of it`
+      : `${money(win.remaining, currency)} left`));
+}
+
+// overCap is how far committed + held is past the window's cap ("0" when not).
+export function overCap(win) {
+  const over = add(win.committed, win.held, `-${win.cap}`);
+  return over.startsWith('-') ? add('0', `-${win.cap}`, win.cap) : over;
 }

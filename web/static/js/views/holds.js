@@ -2,7 +2,7 @@
 // (for admins) buttons that resolve each as committed or released.
 
 import {get, post, query, pathId} from '../api.js';
-import {h, replace, table, timeEl, money, ago, announce, keepFocus, changes} from '../dom.js';
+import {h, replace, table, timeEl, money, ago, announce, keepFocus, changes, keyLink, opCode, idWithCopy} from '../dom.js';
 import {errorBox, confirm, message} from '../ui.js';
 
 // MAX_PAGES bounds how many pages of 500 the page reads (unknown holds are rare:
@@ -52,11 +52,11 @@ export function mount(main, ctx) {
         empty: 'No hold has an unknown outcome: nothing to resolve.',
         columns: [
           {label: 'Sent', cell: (hd) => [timeEl(hd.created_at), h('br'), h('span', {class: 'muted'}, ago(hd.created_at))]},
-          {label: 'Key', cell: (hd) => h('a', {href: `#/keys/${encodeURIComponent(hd.key_id)}`}, h('code', null, hd.key_id))},
-          {label: 'Operation', cell: (hd) => h('code', null, hd.operation)},
+          {label: 'Key', cell: (hd) => [keyLink(hd.key_id, hd.key_name), h('br'), h('code', {class: 'muted small-id'}, hd.key_id)]},
+          {label: 'Operation', cell: (hd) => opCode(hd.operation)},
           {label: 'Amount', class: 'num', cell: (hd) => money(hd.amount, hd.currency)},
-          {label: 'Stripe Idempotency-Key', cell: (hd) => h('code', {class: 'break'}, hd.upstream_idempotency_key)},
-          {label: "Caller's idempotency key", cell: (hd) => h('code', {class: 'break'}, hd.idempotency_key)},
+          {label: 'Stripe Idempotency-Key', cell: (hd) => idWithCopy(hd.upstream_idempotency_key, 'Stripe Idempotency-Key')},
+          {label: "Caller's idempotency key", cell: (hd) => idWithCopy(hd.idempotency_key, 'idempotency key')},
           ctx.isAdmin ? {label: 'Resolve', cell: (hd) => h('div', {class: 'actions'},
             h('button', {type: 'button', class: 'button secondary small', 'data-action': 'commit', 'data-focus-id': `commit:${hd.id}`, onclick: () => resolve(hd, 'committed')}, 'Committed'),
             h('button', {type: 'button', class: 'button secondary small', 'data-action': 'release', 'data-focus-id': `release:${hd.id}`, onclick: () => resolve(hd, 'released')}, 'Released'))} : null,
@@ -71,8 +71,8 @@ export function mount(main, ctx) {
       title: `Resolve as ${outcome}?`,
       content: [
         h('p', null, moved
-          ? `Stripe did execute this request: ${money(hold.amount, hold.currency)} counts as committed against the key's caps.`
-          : `Stripe did not execute this request: the ${money(hold.amount, hold.currency)} held is released.`),
+          ? `Stripe did execute this request: ${money(hold.amount, hold.currency)} counts as committed against the caps of ${hold.key_name}.`
+          : `Stripe did not execute this request: the ${money(hold.amount, hold.currency)} held on ${hold.key_name} is released.`),
         h('p', null, 'A retry with the same idempotency key then gets an answer saying what you decided, and moves no money. This cannot be undone.'),
       ],
       action: moved ? 'Resolve as committed' : 'Resolve as released',

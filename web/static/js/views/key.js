@@ -4,14 +4,18 @@
 // its token and revoke it.
 
 import {get, post, request, pathId, query} from '../api.js';
-import {h, replace, section, table, timeEl, statusBadge, labelChips, money, badge, id, keepFocus, announce, changes} from '../dom.js';
+import {h, replace, section, table, timeEl, statusBadge, labelChips, money, badge, id, keepFocus, announce, changes,
+  modeBadge, opCode, idWithCopy} from '../dom.js';
 import {errorBox, confirm, openDialog, field, showErrors, tokenPanel, message} from '../ui.js';
-import {usageBar, isZero} from '../money.js';
+import {usageBar, isZero, add} from '../money.js';
+import {refusedText} from './overview.js';
 import {spendChart} from '../chart.js';
 
 const LEDGER_PAGE = 50;
 const EXPOSURE_PAGE = 100;
 const AUDIT_PAGES = 5;
+// SEARCH_PAGES bounds how many older ledger pages a search reads.
+const SEARCH_PAGES = 20;
 
 export function mount(main, ctx) {
   const [keyId] = ctx.params;
@@ -19,6 +23,7 @@ export function mount(main, ctx) {
   const head = h('div', {class: 'key-head'}, h('p', {class: 'loading'}, 'Loading…'));
   const notice = h('div', {class: 'notice-region'});
   const usageRegion = h('div', {class: 'usage-region'});
+  const heldRegion = h('div', {class: 'held-region'});
   const exposureNotice = h('div', {class: 'notice-region exposure-notice'});
   const exposureRegion = h('div', {class: 'exposure-region'});
   const chartRegion = h('div', {class: 'chart-region'});
@@ -26,17 +31,25 @@ export function mount(main, ctx) {
   const ledgerRegion = h('div', {class: 'ledger-region'});
   const auditRegion = h('div');
   const refusalsOnly = h('input', {type: 'checkbox', id: id('refusals-only')});
+  const searchId = id('ledger-search');
+  const search = h('input', {type: 'search', id: searchId, class: 'ledger-search', autocomplete: 'off', spellcheck: 'false',
+    placeholder: 'order-42, pi_…, req_…'});
+  const searchMore = h('span', {class: 'search-more'});
   const ledgerTools = h('div', {class: 'ledger-tools'},
-    h('label', {class: 'check'}, refusalsOnly, ' Refusals only'));
+    h('label', {class: 'check'}, refusalsOnly, ' Refusals only'),
+    h('span', {class: 'search-field'}, h('label', {for: searchId}, 'Find an idempotency key, object or Stripe request'), search),
+    searchMore);
   const more = h('div', {class: 'more'});
 
+  const exposureSection = section('Exposure', h('p', {class: 'hint'}, 'PaymentIntents, uncaptured charges, Checkout Sessions and invoices this key created or acted on that can still move money: their amounts count as held until an answer from Stripe through keybrake shows the money moved (committed) or cannot move any more (released). ',
+      ctx.isAdmin ? 'Refresh asks Stripe about one now — for one cancelled in the Stripe Dashboard, abandoned or paid in a browser.' : null),
+    exposureNotice, exposureRegion);
+  exposureSection.classList.add('exposure-section');
   main.append(
     h('p', {class: 'crumbs'}, h('a', {href: '#/keys'}, 'Keys'), ' › ', h('span', {class: 'crumb-id'}, keyId)),
     head, notice,
-    section('Usage', usageRegion),
-    section('Exposure', h('p', {class: 'hint'}, 'PaymentIntents, uncaptured charges, Checkout Sessions and invoices this key created or acted on that can still move money: their amounts count as held until an answer from Stripe through keybrake shows the money moved (committed) or cannot move any more (released). ',
-      ctx.isAdmin ? 'Refresh asks Stripe about one now — for one cancelled in the Stripe Dashboard, abandoned or paid in a browser.' : null),
-    exposureNotice, exposureRegion),
+    section('Usage', usageRegion, heldRegion),
+    exposureSection,
     section('Spend per day this billing period', chartRegion),
     section('Ledger', h('p', {class: 'hint'}, 'Every metered request, newest first: what keybrake decided and why, and what Stripe answered.'), ledgerTools, ledgerRegion, more),
     section('Policy', policyRegion),
@@ -50,6 +63,7 @@ export function mount(main, ctx) {
   let refreshFailed = false;
   let lastSpend = null;
   let exposures = null;
+  let unknownHolds = [];
   // drawChart draws the chart for the width it has, keeping its table open if it was.
   const drawChart = () => {
     const open = chartRegion.querySelector('details')?.open;
@@ -67,25 +81,30 @@ export function mount(main, ctx) {
   window.addEventListener('resize', onResize);
 
   refusalsOnly.addEventListener('change', () => renderLedger());
+  search.addEventListener('input', () => renderLedger());
 
   function renderHead() {
     document.title = `${key.name} · keybrake`;
     const live = key.status === 'active';
     keepFocus(head, () => replace(head,
       h('div', {class: 'page-head'},
-        h('h1', null, key.name, ' ', statusBadge(key.status)),
+        h('h1', null, key.name, ' ', statusBadge(key.status), modeBadge(key.policy.mode) ? [' ', modeBadge(key.policy.mode)] : null),
         ctx.isAdmin && key.status !== 'revoked' ? h('div', {class: 'actions'},
           live ? h('button', {type: 'button', class: 'button secondary', 'data-action': 'edit-caps', 'data-focus-id': 'edit-caps', onclick: editCaps}, 'Edit caps') : null,
           h('button', {type: 'button', class: 'button secondary', 'data-action': 'rotate', 'data-focus-id': 'rotate', onclick: rotate}, 'Rotate token'),
           h('button', {type: 'button', class: 'button danger', 'data-action': 'revoke', 'data-focus-id': 'revoke', onclick: revoke}, 'Revoke')) : null),
       h('dl', {class: 'meta'},
-        meta('Id', h('code', null, key.id)),
+        meta('Id', idWithCopy(key.id, 'key id')),
         meta('Token', h('code', null, `${key.token_prefix}…`)),
         meta('Upstream', key.upstream),
         meta('Labels', labelChips(key.labels)),
         meta('Created', timeEl(key.created_at, key.policy.timezone)),
         key.revoked_at ? meta('Revoked', timeEl(key.revoked_at, key.policy.timezone)) : null,
-        meta('Expires', timeEl(key.policy.expires_at, key.policy.timezone)))));
+        meta('Expires', timeEl(key.policy.expires_at, key.policy.timezone))),
+      key.refused ? message('warn', h('p', {class: 'key-refused'}, h('strong', null, 'Still in use: '),
+        `${refusedText(key.refused, key.status)}.`)) : null,
+      key.policy.mode === 'report' ? message('info', h('p', null, h('strong', null, 'Report mode: '),
+        'this key is never refused for its caps or its policy. What an enforcing key would refuse is let through and logged as "would refuse"; usage past a cap is what would have been refused.')) : null));
   }
 
   function renderUsage() {
@@ -93,14 +112,54 @@ export function mount(main, ctx) {
     const tz = key.policy.timezone;
     replace(usageRegion, h('div', {class: 'usage-grid'},
       h('div', {class: 'usage-block', 'data-window': 'daily'},
-        h('h3', null, 'Today'), usageBar(u.daily, u.currency, 'Daily'),
+        h('h3', null, 'Today'), usageBar(u.daily, u.currency, 'Daily', key.policy.mode),
         h('p', {class: 'hint'}, 'Resets ', timeEl(u.daily.reset_at, tz))),
       h('div', {class: 'usage-block', 'data-window': 'period'},
-        h('h3', null, 'Billing period'), usageBar(u.period, u.currency, 'Period'),
+        h('h3', null, 'Billing period'), usageBar(u.period, u.currency, 'Period', key.policy.mode),
         h('p', {class: 'hint'}, timeEl(u.period.start, tz), ' to ', timeEl(u.period.end, tz))),
       h('div', {class: 'usage-block'},
         h('h3', null, 'Per request'),
         h('p', null, u.per_request.cap === null ? h('span', {class: 'muted'}, 'no cap') : money(u.per_request.cap, u.currency)))));
+  }
+
+  // renderHeld says what the key's held money is: money objects' exposure,
+  // requests whose outcome is unknown, and requests in flight, with links.
+  function renderHeld() {
+    const u = key.usage;
+    const win = u.period || u.daily;
+    if (!win || isZero(win.held)) {
+      replace(heldRegion);
+      return;
+    }
+    const cur = u.currency;
+    const exp = exposures.exposures.map((x) => x.exposure);
+    const expSum = exp.length ? add(...exp) : '0';
+    const unk = unknownHolds.map((hd) => hd.amount);
+    const unkSum = unk.length ? add(...unk) : '0';
+    let rest = add(win.held, `-${expSum}`, `-${unkSum}`);
+    if (rest.startsWith('-')) rest = add(rest, rest.slice(1)); // never below zero
+    const toExposure = (ev) => {
+      ev.preventDefault();
+      exposureSection.scrollIntoView();
+    };
+    const items = [];
+    if (exp.length) {
+      items.push(h('li', {dataset: {held: 'exposure'}}, h('strong', null, money(expSum, cur)), ' as the exposure of ',
+        h('a', {href: `#/keys/${encodeURIComponent(key.id)}`, onclick: toExposure}, `${exp.length} money ${exp.length === 1 ? 'object' : 'objects'}`),
+        ' that can still move money'));
+    }
+    if (unk.length) {
+      items.push(h('li', {dataset: {held: 'unknown'}}, h('strong', null, money(unkSum, cur)), ' in ',
+        h('a', {href: '#/holds'}, `${unk.length} ${unk.length === 1 ? 'request' : 'requests'} whose outcome is unknown`),
+        ': check them at Stripe and resolve them'));
+    }
+    if (!isZero(rest)) {
+      items.push(h('li', {dataset: {held: 'in-flight'}}, h('strong', null, money(rest, cur)),
+        ' in requests in flight (sent to Stripe, no answer yet)'));
+    }
+    replace(heldRegion, h('div', {class: 'held-breakdown'},
+      h('h3', null, `What the ${money(win.held, cur)} held ${u.period ? 'this period' : 'today'} is`),
+      h('ul', null, items)));
   }
 
   function renderExposure() {
@@ -109,9 +168,9 @@ export function mount(main, ctx) {
     keepFocus(exposureRegion, () => replace(exposureRegion,
       table({
         caption: 'Money objects with exposure',
-        empty: 'No money object holds any of this key\'s budget.',
+        empty: 'No money object has exposure on this key.',
         columns: [
-          {label: 'Object', cell: (x) => [h('code', {class: 'break'}, x.object_id), h('br'), h('span', {class: 'muted'}, x.kind.replace(/_/g, ' '))]},
+          {label: 'Object', cell: (x) => [idWithCopy(x.object_id, 'object id'), h('br'), h('span', {class: 'muted'}, x.kind.replace(/_/g, ' '))]},
           {label: 'Exposure', class: 'num', cell: (x) => money(x.exposure, x.currency)},
           {label: 'Committed', class: 'num', cell: (x) => money(x.committed, x.currency)},
           {label: 'Held on', cell: windows},
@@ -162,26 +221,31 @@ export function mount(main, ctx) {
   }
 
   function renderLedger() {
-    const shown = refusalsOnly.checked ? events.filter(isRefusal) : events;
+    const q = search.value.trim();
+    let shown = refusalsOnly.checked ? events.filter(isRefusal) : events;
+    if (q) shown = shown.filter((e) => matches(e, q));
+    replace(searchMore, q && shown.length === 0 && nextCursor
+      ? h('button', {type: 'button', class: 'button secondary small', 'data-action': 'search-older', onclick: searchOlder}, 'Search older events') : null);
     const refusals = events.filter(isRefusal).length;
     const hasTool = events.some((e) => e.tool);
     const columns = [
-      {label: 'Time', cell: (e) => timeEl(e.time, key.policy.timezone)},
-      {label: 'Operation', cell: (e) => h('code', null, e.operation || '—')},
+      {label: 'Time', class: 'time', cell: (e) => timeEl(e.time, key.policy.timezone)},
+      {label: 'Operation', cell: (e) => opCode(e.operation)},
       hasTool ? {label: 'MCP tool', cell: (e) => (e.tool ? h('code', null, e.tool) : h('span', {class: 'muted'}, '—'))} : null,
-      {label: 'Decision', cell: (e) => decisionBadge(e)},
-      {label: 'Reason', cell: (e) => (e.reason ? h('code', null, e.reason) : h('span', {class: 'muted'}, '—'))},
+      {label: 'What happened', class: 'what', cell: (e) => [eventBadge(e), ' ', h('span', {class: 'what-text'}, whatHappened(e))]},
       {label: 'Amount', class: 'num', cell: (e) => money(e.amount, e.currency)},
-      {label: 'Stripe status', class: 'num', cell: (e) => (e.upstream_status ? String(e.upstream_status) : h('span', {class: 'muted'}, '—'))},
-      {label: 'Stripe request', cell: (e) => (e.stripe_request_id ? h('code', null, e.stripe_request_id) : h('span', {class: 'muted'}, '—'))},
-      {label: 'Hold', cell: (e) => (e.hold_state ? e.hold_state : h('span', {class: 'muted'}, '—'))},
+      {label: 'Idempotency key', cell: (e) => (e.idempotency_key ? h('code', {class: 'break'}, e.idempotency_key) : h('span', {class: 'muted'}, '—'))},
+      {label: 'Object', cell: (e) => (e.object_id ? h('code', {class: 'break'}, e.object_id) : h('span', {class: 'muted'}, '—'))},
+      {label: 'Stripe', cell: (e) => (e.upstream_status || e.stripe_request_id
+        ? [e.upstream_status ? String(e.upstream_status) : null, e.stripe_request_id ? [' ', h('code', {class: 'break'}, e.stripe_request_id)] : null]
+        : h('span', {class: 'muted'}, '—'))},
     ].filter(Boolean);
     keepFocus(ledgerRegion, () => replace(ledgerRegion,
       h('p', {class: 'ledger-summary'}, refusals > 0
         ? badge(`${refusals} refused on this page`, 'bad') : h('span', {class: 'muted'}, 'No refusal on this page.')),
       table({
         caption: 'Ledger',
-        empty: refusalsOnly.checked ? 'No refusal among the events loaded.' : 'No metered request yet.',
+        empty: q ? `No event loaded matches "${q}".` : refusalsOnly.checked ? 'No refusal among the events loaded.' : 'No metered request yet.',
         columns,
         rows: shown,
         rowClass: (e) => (isRefusal(e) ? 'row-refused' : null),
@@ -200,6 +264,26 @@ export function mount(main, ctx) {
     } catch (err) {
       replace(more, errorBox(err, 'Older events could not be loaded'));
     }
+  }
+
+  // searchOlder loads older ledger pages until one matches the search (or the
+  // ledger ends, or SEARCH_PAGES more were read).
+  async function searchOlder() {
+    const q = search.value.trim();
+    for (let i = 0; i < SEARCH_PAGES && nextCursor; i += 1) {
+      try {
+        const page = await get(`/keys/${enc}/events${query({limit: 200, cursor: nextCursor})}`);
+        events = events.concat(page.events);
+        nextCursor = page.next_cursor || '';
+        pagesLoaded += 1;
+      } catch (err) {
+        replace(searchMore, errorBox(err, 'Older events could not be loaded'));
+        return;
+      }
+      if (events.some((e) => matches(e, q))) break;
+    }
+    renderLedger();
+    announce(events.some((e) => matches(e, q)) ? `Found "${q}".` : `"${q}" is not in the ledger${nextCursor ? ' as far as it was read' : ''}.`);
   }
 
   async function loadAudit() {
@@ -225,13 +309,16 @@ export function mount(main, ctx) {
   async function load({withAudit} = {}) {
     let spend;
     let first;
+    let holds;
     try {
-      [key, spend, first, exposures] = await Promise.all([
+      [key, spend, first, exposures, holds] = await Promise.all([
         get(`/keys/${enc}`),
         get(`/keys/${enc}/spend`),
         pagesLoaded === 1 ? get(`/keys/${enc}/events${query({limit: LEDGER_PAGE})}`) : null,
         get(`/keys/${enc}/exposures${query({limit: EXPOSURE_PAGE})}`),
+        get(`/holds${query({state: 'unknown', limit: 500})}`),
       ]);
+      unknownHolds = holds.holds.filter((hd) => hd.key_id === keyId);
     } catch (err) {
       if (!key) {
         replace(head, errorBox(err, err.status === 404 ? 'No such key' : 'The key could not be loaded'));
@@ -246,9 +333,10 @@ export function mount(main, ctx) {
       refreshFailed = false;
     }
     if (withAudit) loadAudit();
-    if (!changed([key, spend, first, exposures])) return;
+    if (!changed([key, spend, first, exposures, unknownHolds])) return;
     renderHead();
     renderUsage();
+    renderHeld();
     renderExposure();
     lastSpend = spend;
     drawChart();
@@ -347,15 +435,71 @@ function isRefusal(e) {
   return e.decision === 'refused' || e.decision === 'would_refuse';
 }
 
-function decisionBadge(e) {
+// matches reports whether an event carries q in one of the ids an operator
+// searches for.
+function matches(e, q) {
+  const needle = q.toLowerCase();
+  return [e.idempotency_key, e.object_id, e.stripe_request_id, e.hold_id, e.operation]
+    .some((x) => x && x.toLowerCase().includes(needle));
+}
+
+// abs drops a decimal string's sign.
+const abs = (x) => (x || '0').replace(/^-/, '');
+
+// eventBadge names what happened to the event's money, in one or two words.
+function eventBadge(e) {
   switch (e.decision) {
     case 'refused': return badge('refused', 'bad');
     case 'would_refuse': return badge('would refuse', 'warn');
-    case 'allowed': return badge('allowed', 'ok');
-    case 'settled': return badge('settled', 'info');
-    case 'resolved': return badge('resolved', 'info');
-    case 'exposure': return badge('exposure', 'info');
+    case 'allowed': return badge('held', 'info');
+    case 'settled':
+      if (e.reason === 'commit') return isZero(e.committed_delta) && e.object_id ? badge('held as exposure', 'info') : badge('committed', 'ok');
+      if (e.reason === 'release') return badge('released', 'muted');
+      if (e.reason === 'unknown') return badge('outcome unknown', 'bad');
+      return badge(e.reason || 'settled', 'info');
+    case 'resolved': return badge(isZero(e.committed_delta) ? 'released' : 'committed', isZero(e.committed_delta) ? 'muted' : 'ok');
+    case 'exposure': return badge(e.reason === 'commit' ? 'committed' : 'released', e.reason === 'commit' ? 'ok' : 'muted');
+    case 'carried': return badge('carried', 'muted');
     default: return badge(e.decision || '?', 'muted');
+  }
+}
+
+// whatHappened words an event as what happened to the money.
+function whatHappened(e) {
+  const m = (x) => money(abs(x), e.currency);
+  const obj = e.object_id || 'the object';
+  switch (e.decision) {
+    case 'refused':
+      return `refused (${e.reason}) before Stripe: nothing held, nothing sent`;
+    case 'would_refuse':
+      return `report mode let it through; an enforcing key would have refused it (${e.reason})`;
+    case 'allowed':
+      return `${m(e.held_delta)} held while the request goes to Stripe`;
+    case 'settled':
+      switch (e.reason) {
+        case 'commit':
+          if (!isZero(e.committed_delta)) return `Stripe answered: ${m(e.committed_delta)} moved and is committed`;
+          if (e.object_id) return `Stripe answered: the money stays held as the exposure of ${obj} until it moves or can move no more`;
+          return 'Stripe answered: no money moved';
+        case 'release':
+          return `Stripe refused the request: ${m(e.held_delta)} released, nothing moved`;
+        case 'unknown':
+          return `no answer from Stripe: the money may have moved, so ${m(e.amount)} stays held until a retry or an operator settles it`;
+        default:
+          return `settled (${e.reason})`;
+      }
+    case 'resolved':
+      return isZero(e.committed_delta)
+        ? `an operator said it did not move: ${m(e.held_delta)} released`
+        : `an operator said it moved: ${m(e.committed_delta)} committed`;
+    case 'exposure':
+      return e.reason === 'commit'
+        ? `${m(e.committed_delta)} of ${obj} moved: committed`
+        : `${m(e.held_delta)} of ${obj} released: it can move no more money`;
+    case 'carried':
+      return "the day's usage carried into the new time zone's day";
+    default:
+      return e.reason || '';
   }
 }
 
@@ -368,11 +512,24 @@ export function auditTable(entries, timeZone) {
       {label: 'Time', cell: (e) => timeEl(e.time, timeZone)},
       {label: 'Who', cell: (e) => e.actor},
       {label: 'Action', cell: (e) => h('code', null, e.action)},
-      {label: 'Target', cell: (e) => (e.target.startsWith('key_') ? h('a', {href: `#/keys/${encodeURIComponent(e.target)}`}, h('code', null, e.target)) : h('code', null, e.target))},
+      {label: 'Target', cell: (e) => auditTarget(e)},
       {label: 'Change', cell: (e) => changeDetails(e)},
     ],
     rows: entries,
   });
+}
+
+// auditTarget names an audit entry's target beside its id, linking a key (also
+// the key of a resolved hold) to its page.
+function auditTarget(e) {
+  const doc = e.after || e.before || {};
+  const keyId = e.target.startsWith('key_') ? e.target : doc.key_id || doc.KeyID;
+  const name = doc.name && doc.name !== e.target ? doc.name : '';
+  return [
+    name ? [h('strong', null, name), h('br')] : null,
+    e.target.startsWith('key_') ? h('a', {href: `#/keys/${encodeURIComponent(e.target)}`}, h('code', {class: 'break'}, e.target)) : h('code', {class: 'break'}, e.target),
+    !e.target.startsWith('key_') && keyId ? [h('br'), h('span', {class: 'muted'}, 'key '), h('a', {href: `#/keys/${encodeURIComponent(keyId)}`}, h('code', null, keyId))] : null,
+  ];
 }
 
 // changeDetails shows what an audit entry changed: the fields that differ, with

@@ -3,7 +3,7 @@
 // stand out.
 
 import {get, query} from '../api.js';
-import {h, replace, table, timeEl, statusBadge, labelChips, keepFocus, id, announce, changes} from '../dom.js';
+import {h, replace, table, timeEl, statusBadge, labelChips, keepFocus, id, announce, changes, modeBadge, badge} from '../dom.js';
 import {errorBox, field} from '../ui.js';
 import {usageBar, windowState} from '../money.js';
 
@@ -50,11 +50,18 @@ export function mount(main, ctx) {
     const cursor = cursors[cursors.length - 1];
     let list;
     let usage = new Map();
+    let unknown = new Map();
     try {
       list = await get(`/keys${query({...filters, limit: PAGE, cursor})}`);
       if (list.keys.length > 0) {
-        const u = await get(`/usage${query({ids: list.keys.map((k) => k.id).join(',')})}`);
+        // Unknown holds are rare (each is a request Stripe did not answer):
+        // one page of them flags the keys that need an operator.
+        const [u, holds] = await Promise.all([
+          get(`/usage${query({ids: list.keys.map((k) => k.id).join(',')})}`),
+          get(`/holds${query({state: 'unknown', limit: 500})}`),
+        ]);
         usage = new Map(u.usage.map((x) => [x.key_id, x]));
+        unknown = unknownByKey(holds.holds);
       }
     } catch (err) {
       replace(listRegion, errorBox(err, 'The keys could not be loaded'));
@@ -62,8 +69,8 @@ export function mount(main, ctx) {
       changed.reset();
       return;
     }
-    if (!changed([cursors, list, [...usage.values()]])) return;
-    keepFocus(listRegion, () => replace(listRegion, keyTable(list.keys, usage, filters)));
+    if (!changed([cursors, list, [...usage.values()], [...unknown.entries()]])) return;
+    keepFocus(listRegion, () => replace(listRegion, keyTable(list.keys, usage, unknown, filters)));
     keepFocus(pager, () => replace(pager,
       cursors.length > 1 ? h('button', {type: 'button', class: 'button secondary', 'data-focus-id': 'prev', onclick: () => {
         cursors.pop();
@@ -80,25 +87,37 @@ export function mount(main, ctx) {
   return {refresh: load};
 }
 
-function keyTable(keys, usage, filters) {
+// unknownByKey counts unknown holds per key id.
+export function unknownByKey(holds) {
+  const m = new Map();
+  for (const hd of holds) m.set(hd.key_id, (m.get(hd.key_id) || 0) + 1);
+  return m;
+}
+
+function keyTable(keys, usage, unknown, filters) {
   const filtered = filters.status || filters.label || filters.q;
   return table({
     caption: 'Vault keys',
     empty: filtered ? 'No key matches these filters.' : 'No vault key yet.',
     rowClass: (k) => {
+      if (unknown.has(k.id)) return 'row-full row-unknown';
       const u = usage.get(k.id);
       const states = u ? [windowState(u.daily), windowState(u.period)] : [];
+      if (k.policy.mode === 'report' && states.some(Boolean)) return 'row-report'; // what would be refused, not a broken cap
       if (states.includes('full')) return 'row-full';
       if (states.includes('near')) return 'row-near';
       return null;
     },
     columns: [
-      {label: 'Name', cell: (k) => h('a', {class: 'key-name', href: `#/keys/${encodeURIComponent(k.id)}`, 'data-focus-id': `key:${k.id}`}, k.name)},
+      {label: 'Name', cell: (k) => [h('a', {class: 'key-name', href: `#/keys/${encodeURIComponent(k.id)}`, 'data-focus-id': `key:${k.id}`}, k.name),
+        modeBadge(k.policy.mode) ? [' ', modeBadge(k.policy.mode)] : null,
+        unknown.has(k.id) ? [' ', h('a', {class: 'unknown-flag', href: '#/holds', title: 'Holds whose outcome is unknown: check them at Stripe and resolve them'},
+          badge(`${unknown.get(k.id)} unknown ${unknown.get(k.id) === 1 ? 'hold' : 'holds'}`, 'bad'))] : null]},
       {label: 'Labels', cell: (k) => labelChips(k.labels)},
       {label: 'Status', cell: (k) => statusBadge(usage.get(k.id)?.status || k.status)},
       {label: 'Currency', cell: (k) => k.policy.currency.toUpperCase()},
-      {label: 'Today', class: 'usage-cell', cell: (k) => usageBar(usage.get(k.id)?.daily, k.policy.currency, 'Daily')},
-      {label: 'Period', class: 'usage-cell', cell: (k) => usageBar(usage.get(k.id)?.period, k.policy.currency, 'Period')},
+      {label: 'Today', class: 'usage-cell', cell: (k) => usageBar(usage.get(k.id)?.daily, k.policy.currency, 'Daily', k.policy.mode)},
+      {label: 'Period', class: 'usage-cell', cell: (k) => usageBar(usage.get(k.id)?.period, k.policy.currency, 'Period', k.policy.mode)},
       {label: 'Day resets', cell: (k) => timeEl(usage.get(k.id)?.daily?.reset_at, k.policy.timezone)},
       {label: 'Expires', cell: (k) => timeEl(k.policy.expires_at, k.policy.timezone)},
     ],

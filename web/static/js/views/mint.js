@@ -132,7 +132,8 @@ export function mount(main, ctx) {
         h('p', {class: 'actions'},
           h('a', {class: 'button primary', href: `#/keys/${encodeURIComponent(key.id)}`}, 'Open the key'),
           h('a', {class: 'button secondary', href: '#/mint', onclick: (e) => { e.preventDefault(); replace(main); mount(main, ctx); }}, 'Mint another')));
-      region.querySelector('input.token').focus();
+      region.querySelector('input.token').focus({preventScroll: true});
+      region.querySelector('.token-panel').scrollIntoView();
     } catch (err) {
       submit.disabled = false;
       if (err.status !== 401) showErrors(form, err, 'The key was not minted');
@@ -140,7 +141,7 @@ export function mount(main, ctx) {
   });
 
   replace(region, form);
-  c.name.focus();
+  c.name.focus({preventScroll: true}); // the page opens at its top, navigation included
 
   get('/upstreams').then((res) => {
     if (res.upstreams.length === 0) {

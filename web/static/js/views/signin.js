@@ -44,9 +44,9 @@ export function mount(main) {
     h('div', {class: 'help'},
       h('h2', null, 'Where to get a token'),
       h('p', null, 'On the machine where keybrake runs, from its working directory:'),
-      h('pre', {class: 'snippet'}, h('code', null, 'keybrake token --role admin     # or --role viewer, read-only\nkeybrake token --role admin --ttl 8h --sub alice@example.com')),
+      h('pre', {class: 'snippet'}, h('code', null, 'keybrake token --link          # a sign-in link for this page\nkeybrake token --role admin     # or --role viewer, read-only\nkeybrake token --role admin --ttl 8h --sub alice@example.com')),
       h('p', null, 'On its first start, ', h('code', null, 'keybrake serve'),
         ' prints a sign-in link that opens this page already signed in. A token is valid until it expires; then this page asks for a new one.'))));
-  tokenInput.focus();
+  tokenInput.focus({preventScroll: true});
   return {};
 }

@@ -2,7 +2,7 @@
 // written, never read back: only its last four characters are shown.
 
 import {get, post, request, pathId} from '../api.js';
-import {h, replace, table, timeEl, announce} from '../dom.js';
+import {h, replace, table, timeEl, announce, badge} from '../dom.js';
 import {errorBox, confirm, field, showErrors, clearErrors, message} from '../ui.js';
 
 export function mount(main, ctx) {
@@ -13,6 +13,7 @@ export function mount(main, ctx) {
     h('p', {class: 'hint'}, 'The real Stripe secret keys. They are sealed in the database; nobody can read one back.'),
     notice, region);
 
+  let known = []; // the upstreams as last read, for the form's confirmation
   if (ctx.isAdmin) main.append(upstreamForm());
 
   async function load() {
@@ -23,12 +24,14 @@ export function mount(main, ctx) {
       replace(region, errorBox(err, 'The upstreams could not be loaded'));
       return;
     }
+    known = res.upstreams;
     replace(region, table({
       caption: 'Upstreams',
       empty: 'No upstream yet. Keys cannot be minted until one is registered.',
       columns: [
         {label: 'Name', cell: (u) => h('strong', null, u.name)},
-        {label: 'Vendor', cell: (u) => u.vendor},
+        {label: 'Mode', cell: (u) => modeBadge(u.mode)},
+        {label: 'Base URL', cell: (u) => h('code', {class: 'break'}, u.base_url || '—')},
         {label: 'Secret', cell: (u) => h('code', null, `••••${u.secret_last4}`)},
         {label: 'Registered', cell: (u) => timeEl(u.created_at)},
         {label: 'Changed', cell: (u) => timeEl(u.updated_at)},
@@ -57,7 +60,9 @@ export function mount(main, ctx) {
   }
 
   function upstreamForm() {
-    const name = h('input', {name: 'name', type: 'text', value: 'default', autocomplete: 'off', spellcheck: 'false'});
+    // Not pre-filled: saving under the name of a registered upstream replaces
+    // its secret, which must be a deliberate choice (and is confirmed below).
+    const name = h('input', {name: 'name', type: 'text', autocomplete: 'off', spellcheck: 'false', placeholder: 'default'});
     const secret = h('input', {name: 'secret', type: 'password', autocomplete: 'off', spellcheck: 'false', placeholder: 'sk_live_… or rk_live_…'});
     const form = h('form', {class: 'form', method: 'post', novalidate: true},
       h('h2', null, 'Register or replace an upstream'),
@@ -67,6 +72,17 @@ export function mount(main, ctx) {
     form.addEventListener('submit', async (ev) => {
       ev.preventDefault();
       clearErrors(form);
+      const existing = known.find((u) => u.name === name.value.trim());
+      if (existing) {
+        const ok = await confirm({
+          title: `Replace the secret of ${existing.name}?`,
+          content: h('p', null, `${existing.name} is registered (${existing.mode || 'unknown'} mode, secret ending ${existing.secret_last4}). `,
+            'Every key that names it spends through the new secret from its next request.'),
+          action: 'Replace the secret',
+          danger: true,
+        });
+        if (!ok) return;
+      }
       try {
         const u = await post('/upstreams', {name: name.value.trim(), vendor: 'stripe', secret: secret.value});
         secret.value = '';
@@ -82,4 +98,14 @@ export function mount(main, ctx) {
 
   load();
   return {};
+}
+
+// modeBadge shows an upstream's mode: live moves real money.
+function modeBadge(mode) {
+  switch (mode) {
+    case 'live': return badge('live: real money', 'bad');
+    case 'test': return badge('test', 'ok');
+    case 'demo': return badge('demo: not Stripe', 'warn');
+    default: return badge('unknown', 'muted');
+  }
 }

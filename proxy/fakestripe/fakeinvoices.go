@@ -1,4 +1,4 @@
-package proxytest
+package fakestripe
 
 import (
 	"fmt"
