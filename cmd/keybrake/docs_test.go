@@ -244,8 +244,8 @@ func TestLinkCheckerFindsBrokenLinks(t *testing.T) {
 	assert.False(t, headingAnchors(doc)["not-a-heading"], "a heading inside a fence")
 }
 
-// The quickstart's first command starts keybrake (a demo, which needs no
-// Stripe account) and its second runs every test,
+// The quickstart's first command starts keybrake on its embedded defaults and
+// its second runs every test,
 // and CI runs exactly that second command (.ci/run's run_tests), so what a
 // newcomer runs is what CI proves.
 func TestQuickstartIsWhatCIRuns(t *testing.T) {
@@ -258,7 +258,7 @@ func TestQuickstartIsWhatCIRuns(t *testing.T) {
 	block, _, _ = strings.Cut(block, "```")
 	commands := strings.Split(strings.TrimSpace(block), "\n")
 	require.Len(t, commands, 2, "the quickstart's two commands")
-	assert.Equal(t, "go run ./cmd/keybrake serve --demo", commands[0])
+	assert.Equal(t, "go run ./cmd/keybrake serve", commands[0])
 
 	ci, err := os.ReadFile(filepath.Join(repoRoot, ".ci", "run"))
 	require.NoError(t, err)
