@@ -10,7 +10,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/golang-jwt/jwt/v5"
@@ -38,10 +37,6 @@ type admin struct {
 	parser    *jwt.Parser
 	scrape    http.Handler
 	stripe    *proxy.Proxy
-
-	// patchMu serializes PATCH /keys/{id}: a merge patch is applied to the key as
-	// read, so two concurrent patches must not both start from the same read.
-	patchMu sync.Mutex
 }
 
 // adminRoute is one route of the admin API. The OpenAPI document describes exactly

@@ -75,6 +75,16 @@ type Store interface {
 	// event). Errors: ErrNotFound, ErrInvalid (also a change of currency),
 	// ErrConflict (a revoked key cannot be changed).
 	UpdateKey(ctx context.Context, actor, id string, p policy.Policy, labels map[string]string) (Key, error)
+	// PatchKey changes the key's policy and labels as change.Apply says, given
+	// the key as it is: the read, Apply and the write are one write
+	// transaction that holds the key's lock (a row lock on PostgreSQL), so
+	// two patches of different fields sent at once through two replicas both
+	// apply, and a patch computed from a read is never written over a newer
+	// key. The new policy is validated like UpdateKey's, with its audit entry.
+	// Errors: those of UpdateKey, ErrPrecondition (change.IfVersion is set and
+	// the key is at another version), and Apply's own error, returned as it
+	// is (nothing is written then).
+	PatchKey(ctx context.Context, actor, id string, change KeyChange) (Key, error)
 	// RevokeKey revokes the key at once, with its audit entry; revoking a
 	// revoked key returns it unchanged. Errors: ErrNotFound.
 	RevokeKey(ctx context.Context, actor, id string) (Key, error)
@@ -317,6 +327,21 @@ type MintRequest struct {
 	Upstream string
 	Labels   map[string]string
 	Policy   policy.Policy
+}
+
+// KeyChange is a change of a key's policy and labels made against the key as
+// it is (see Store.PatchKey).
+type KeyChange struct {
+	// IfVersion, when not 0, is the Key.Version the change was made against:
+	// a key at another version is left alone (ErrPrecondition).
+	IfVersion uint64
+	// Apply returns the key's new policy and labels from the key as it is and
+	// the store's clock now (which defaults period_start). It runs inside the
+	// store's transaction, under the key's lock, and may run more than once
+	// (a transaction that collided runs again): it must be a pure function
+	// of its arguments, and must never wait on anything outside the process.
+	// An error it returns turns the change down.
+	Apply func(k Key, now time.Time) (policy.Policy, map[string]string, error)
 }
 
 // KeyFilter selects keys for ListKeys. Status may be "active", "revoked" or
