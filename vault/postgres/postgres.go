@@ -101,6 +101,20 @@ type Options struct {
 	UnsafeNow func() time.Time
 }
 
+// SessionDefaults are the server settings keybrake gives each of its sessions
+// unless the database URL sets them (as a query parameter of that name):
+// how long a statement waits for a lock another session holds (a key's row,
+// held by another replica), how long a statement may run, and how long a
+// session may sit idle inside a transaction before the server ends it and
+// rolls the transaction back. lock_timeout is below the others, so that a
+// frozen replica's waiting statements have all given up before its lock is
+// freed, and none of them takes it next.
+var SessionDefaults = map[string]string{
+	"lock_timeout":                        "3s",
+	"statement_timeout":                   "15s",
+	"idle_in_transaction_session_timeout": "10s",
+}
+
 // DefaultMaxConns is the pool size when the URL does not set pool_max_conns
 // (at least 4 per CPU): enough connections for concurrent requests to share
 // PostgreSQL's commits. A pool_max_conns below 2 is raised to 2.
@@ -157,10 +171,16 @@ func open(ctx context.Context, url string, opts Options) (*Store, error) {
 	if params["application_name"] == "" {
 		params["application_name"] = "keybrake"
 	}
-	// A replica frozen inside a transaction must not hold a key's lock for
-	// ever: its session ends, the transaction rolls back.
-	if params["idle_in_transaction_session_timeout"] == "" {
-		params["idle_in_transaction_session_timeout"] = "60s"
+	// A replica frozen inside a transaction (SIGSTOP, a pause of its VM)
+	// must not hold a key's lock for long: its session ends, the transaction
+	// rolls back. The others meanwhile wait at most lock_timeout for the key
+	// and answer 503 store_unavailable (retryable); no statement runs longer
+	// than statement_timeout. No transaction of keybrake's waits on anything
+	// but the database while it is open, so none of them comes near these.
+	for name, value := range SessionDefaults {
+		if params[name] == "" {
+			params[name] = value
+		}
 	}
 	s := &Store{now: opts.UnsafeNow, observe: opts.CommitObserver}
 	s.Engine, err = engine.New((*backend)(s), engine.Config{
