@@ -12,6 +12,7 @@ import (
 
 	"github.com/keybrake/keybrake/cmd/internal/loopback"
 	"github.com/keybrake/keybrake/vault"
+	"github.com/keybrake/keybrake/vault/postgres"
 )
 
 // Config is the configuration of `keybrake serve`. Flags and KEYBRAKE_* environment
@@ -220,14 +221,9 @@ func validateDatabaseURL(s string) error {
 	return nil
 }
 
-// redactedDatabaseURL is the URL without its password, for logs and messages.
-func redactedDatabaseURL(s string) string {
-	u, err := url.Parse(s)
-	if err != nil {
-		return "(unparsable URL)"
-	}
-	return u.Redacted()
-}
+// redactedDatabaseURL is the URL without any of its secrets (the password,
+// wherever it is, sslpassword, passfile), for logs and messages.
+func redactedDatabaseURL(s string) string { return postgres.RedactURL(s) }
 
 // parseLevel maps a log level name to its slog level.
 func parseLevel(s string) (slog.Level, error) {

@@ -1,0 +1,183 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/keybrake/keybrake/api"
+	"github.com/keybrake/keybrake/proxy/proxytest"
+	"github.com/keybrake/keybrake/vault/postgres/pgtest"
+)
+
+// The replicas that disagree: admin writes of two replicas that race, a
+// replica whose clock is off, a replica frozen holding a key's lock, and the
+// secrets of the database URL. Each test runs real `keybrake serve`
+// processes on one PostgreSQL database (MustReplicas).
+
+// longRounds is n, or long under KEYBRAKE_LONG=1.
+func longRounds(n, long int) int {
+	if os.Getenv("KEYBRAKE_LONG") != "" {
+		return long
+	}
+	return n
+}
+
+// replicaAdminToken is an admin token every replica of MustReplicas accepts.
+func replicaAdminToken(t *testing.T) string {
+	t.Helper()
+	tok, err := api.IssueToken([]byte(replicaJWTSecret), "disagree-test", api.RoleAdmin, time.Hour, time.Now())
+	require.NoError(t, err)
+	return tok
+}
+
+// adminSend sends a request with a raw body to an admin API and returns the
+// status, the body and the ETag.
+func adminSend(t *testing.T, method, u, token, body string, header ...string) (int, string, string) {
+	t.Helper()
+	var rd io.Reader
+	if body != "" {
+		rd = strings.NewReader(body)
+	}
+	req, err := http.NewRequest(method, u, rd)
+	require.NoError(t, err)
+	req.Header.Set("Authorization", "Bearer "+token)
+	if body != "" {
+		req.Header.Set("Content-Type", "application/merge-patch+json")
+	}
+	for i := 0; i+1 < len(header); i += 2 {
+		req.Header.Set(header[i], header[i+1])
+	}
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	data, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return resp.StatusCode, string(data), resp.Header.Get("ETag")
+}
+
+// TestReplicasConcurrentPatchesLoseNothing: in each round two replicas patch
+// one key at the same moment, one its daily cap, the other a label. Both
+// answer 200 and the key has both changes afterwards, every round; then a
+// charge above the lowered cap is refused by a third replica, and a PATCH
+// against an ETag another replica's change made stale is 412.
+func TestReplicasConcurrentPatchesLoseNothing(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs real replicas")
+	}
+	ctx := context.Background()
+	dbURL := pgtest.URL(t)
+	fake := proxytest.NewFakeStripe(t, "sk_test_patches")
+	store, masterText := MustPostgresVault(t, dbURL, fake.Secret)
+	k, tok := MustMintKey(t, store, "patched", 50)
+	rs := MustReplicas(t, 3, dbURL, fake.URL, masterText)
+	admin := replicaAdminToken(t)
+	keyURL := func(i int) string { return rs.adminURL(i) + "/api/v1/keys/" + k.ID }
+
+	rounds := longRounds(100, 500)
+	lost := 0
+	for i := range rounds {
+		capCents := 1000 + i // another cap each round, so that a lost one shows
+		capText := fmt.Sprintf("%d.%02d", capCents/100, capCents%100)
+		var wg sync.WaitGroup
+		var capStatus, labelStatus int
+		start := make(chan struct{})
+		wg.Go(func() {
+			<-start
+			capStatus, _, _ = adminSend(t, http.MethodPatch, keyURL(0), admin, `{"policy":{"daily_cap":"`+capText+`"}}`)
+		})
+		wg.Go(func() {
+			<-start
+			labelStatus, _, _ = adminSend(t, http.MethodPatch, keyURL(1), admin, fmt.Sprintf(`{"labels":{"round":"%d"}}`, i))
+		})
+		close(start)
+		wg.Wait()
+		require.Equal(t, http.StatusOK, capStatus, "round %d", i)
+		require.Equal(t, http.StatusOK, labelStatus, "round %d", i)
+		got, err := store.GetKey(ctx, k.ID)
+		require.NoError(t, err)
+		if got.Policy.DailyCap.StringFixed(2) != capText || got.Labels["round"] != fmt.Sprint(i) {
+			lost++
+			t.Logf("round %d: daily_cap %s (sent %s), label round %q", i, got.Policy.DailyCap.StringFixed(2), capText, got.Labels["round"])
+		}
+	}
+	assert.Zero(t, lost, "rounds of %d that lost a patch", rounds)
+
+	// The last cap was lowered below $20: a $20 charge through the third
+	// replica is refused, and nothing reaches Stripe.
+	status, body, err := postForm(ctx, http.DefaultClient, rs.proxyURL(2)+"/v1/charges", tok, "over-cap", chargeForm(2000, "over-cap"))
+	require.NoError(t, err)
+	assert.Equal(t, http.StatusPaymentRequired, status, "%s", body)
+	assert.Zero(t, fake.Count(), "nothing reached Stripe")
+
+	// ETag: read on replica 0, changed on replica 1, the stale ETag is refused on replica 2.
+	status, _, etag := adminSend(t, http.MethodGet, keyURL(0), admin, "")
+	require.Equal(t, http.StatusOK, status)
+	status, _, _ = adminSend(t, http.MethodPatch, keyURL(1), admin, `{"labels":{"by":"one"}}`, "If-Match", etag)
+	require.Equal(t, http.StatusOK, status)
+	status, body2, _ := adminSend(t, http.MethodPatch, keyURL(2), admin, `{"policy":{"daily_cap":"99.00"}}`, "If-Match", etag)
+	assert.Equal(t, http.StatusPreconditionFailed, status, body2)
+	got, err := store.GetKey(ctx, k.ID)
+	require.NoError(t, err)
+	assert.NotEqual(t, "99.00", got.Policy.DailyCap.StringFixed(2), "the stale patch changed nothing")
+	rs.stopAll()
+}
+
+// TestNoSecretOfTheDatabaseURLInAnyLogLine: a replica given a database URL
+// whose password, sslpassword and passfile are in the query (and whose
+// password is the real one) serves, is scraped, shows its dashboard, refuses
+// a request and stops, and none of those secrets is in any line it logged,
+// in /metrics or in the dashboard.
+func TestNoSecretOfTheDatabaseURLInAnyLogLine(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs a real replica")
+	}
+	dbURL := pgtest.URL(t)
+	fake := proxytest.NewFakeStripe(t, "sk_test_redact")
+	_, masterText := MustPostgresVault(t, dbURL, fake.Secret)
+
+	u, err := url.Parse(dbURL)
+	require.NoError(t, err)
+	password, ok := u.User.Password()
+	require.True(t, ok, "pgtest's URL has a password")
+	secrets := []string{password, "sslpassword-Zq81xT", "passfile-Kc55rP"}
+	q := u.Query()
+	q.Set("password", password)
+	q.Set("sslpassword", secrets[1])
+	q.Set("passfile", "/nonexistent/"+secrets[2])
+	u.User = url.User(u.User.Username())
+	u.RawQuery = q.Encode()
+
+	rs := MustReplicas(t, 1, u.String(), fake.URL, masterText)
+	admin := replicaAdminToken(t)
+	var pages []string
+	for _, path := range []string{"/metrics", "/readyz", api.UIPath, "/api/v1/overview"} {
+		status, body, _ := adminSend(t, http.MethodGet, rs.adminURL(0)+path, admin, "")
+		require.Equal(t, http.StatusOK, status, "%s: %s", path, body)
+		pages = append(pages, body)
+	}
+	status, _ := MustGet(t, rs.proxyURL(0)+"/v1/charges", "vk_not_a_key")
+	require.Equal(t, http.StatusUnauthorized, status)
+	logs := rs.procs[0].logs()
+	rs.stopAll()
+
+	require.Contains(t, logs, `"store opened"`)
+	for _, secret := range secrets {
+		for i, line := range strings.Split(logs, "\n") {
+			assert.NotContains(t, line, secret, "log line %d", i+1)
+		}
+		for _, page := range pages {
+			assert.NotContains(t, page, secret)
+		}
+	}
+}
