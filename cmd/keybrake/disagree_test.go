@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -180,4 +181,77 @@ func TestNoSecretOfTheDatabaseURLInAnyLogLine(t *testing.T) {
 			assert.NotContains(t, page, secret)
 		}
 	}
+}
+
+// TestFrozenLockHolderCostsTheOthersLockTimeoutAnd503: a session holds a
+// key's row lock and does nothing more, as a replica SIGSTOPped inside its
+// transaction does. Charges of that key through the two live replicas wait
+// lock_timeout (1 s here) and are answered 503 store_unavailable with
+// Stripe-Should-Retry: true, nothing reaching Stripe; another key is served
+// meanwhile. The frozen session ends at its idle_in_transaction timeout, and
+// the key is served again.
+func TestFrozenLockHolderCostsTheOthersLockTimeoutAnd503(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs real replicas")
+	}
+	ctx := context.Background()
+	dbURL := pgtest.URL(t)
+	fake := proxytest.NewFakeStripe(t, "sk_test_frozen")
+	store, masterText := MustPostgresVault(t, dbURL, fake.Secret)
+	held, heldTok := MustMintKey(t, store, "held", 50)
+	_, freeTok := MustMintKey(t, store, "free", 50)
+	u, err := url.Parse(dbURL)
+	require.NoError(t, err)
+	q := u.Query()
+	q.Set("lock_timeout", "1s")
+	u.RawQuery = q.Encode()
+	rs := MustReplicas(t, 2, u.String(), fake.URL, masterText)
+
+	// The frozen replica: its transaction holds the key's row and goes idle;
+	// the server ends it after 4 s idle, as keybrake's sessions are ended
+	// after idle_in_transaction_session_timeout.
+	frozen, err := pgx.Connect(ctx, dbURL)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = frozen.Close(context.Background()) })
+	_, err = frozen.Exec(ctx, "SET idle_in_transaction_session_timeout = '4s'")
+	require.NoError(t, err)
+	_, err = frozen.Exec(ctx, "BEGIN")
+	require.NoError(t, err)
+	_, err = frozen.Exec(ctx, "SELECT 1 FROM keybrake_keys WHERE k = $1 FOR UPDATE", []byte(held.ID))
+	require.NoError(t, err)
+
+	client := &http.Client{Timeout: 30 * time.Second}
+	for i := range 2 {
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, rs.proxyURL(i)+"/v1/charges",
+			strings.NewReader(chargeForm(100, fmt.Sprintf("frozen-%d", i)).Encode()))
+		require.NoError(t, err)
+		req.Header.Set("Authorization", "Bearer "+heldTok)
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		req.Header.Set("Idempotency-Key", fmt.Sprintf("frozen-%d", i))
+		start := time.Now()
+		resp, err := client.Do(req)
+		require.NoError(t, err)
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		waited := time.Since(start)
+		assert.Equal(t, http.StatusServiceUnavailable, resp.StatusCode, "replica %d: %s", i, body)
+		assert.Contains(t, string(body), "store_unavailable")
+		assert.Equal(t, "true", resp.Header.Get("Stripe-Should-Retry"))
+		// A bound, not a measurement: without lock_timeout the wait is 30 s.
+		assert.Less(t, waited, 10*time.Second, "replica %d waited about lock_timeout", i)
+		t.Logf("replica %d answered %d after %s", i, resp.StatusCode, waited.Round(time.Millisecond))
+	}
+	status, body, err := postForm(ctx, client, rs.proxyURL(0)+"/v1/charges", freeTok, "free-1", chargeForm(100, "free-1"))
+	require.NoError(t, err)
+	assert.Equal(t, http.StatusOK, status, "another key is served meanwhile: %s", body)
+	assert.Equal(t, 1, fake.Count(), "only the other key's charge reached Stripe")
+
+	// The frozen session is ended by the server; the key works again, and the
+	// retries of the refused charges go through once each.
+	require.Eventually(t, func() bool {
+		status, _, err := postForm(ctx, client, rs.proxyURL(1)+"/v1/charges", heldTok, "frozen-0", chargeForm(100, "frozen-0"))
+		return err == nil && status == http.StatusOK
+	}, 30*time.Second, 200*time.Millisecond, "the key is served once the frozen session is gone")
+	rs.stopAll()
+	assertMetered(t, store, held.ID, 100)
 }
