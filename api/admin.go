@@ -37,6 +37,8 @@ type admin struct {
 	parser    *jwt.Parser
 	scrape    http.Handler
 	stripe    *proxy.Proxy
+	// maxClockOffset is AdminConfig.MaxClockOffset.
+	maxClockOffset time.Duration
 }
 
 // adminRoute is one route of the admin API. The OpenAPI document describes exactly
@@ -103,9 +105,11 @@ func NewAdmin(cfg AdminConfig) http.Handler {
 		log:       logger.With(logfield.Component, "admin"),
 		secret:    append([]byte(nil), cfg.JWTSecret...),
 		publicURL: strings.TrimRight(cfg.PublicURL, "/"),
-		now:       now,
+		now:       cfg.Store.Now,
 		parser:    newTokenParser(now),
 		stripe:    cfg.Stripe,
+
+		maxClockOffset: cfg.MaxClockOffset,
 	}
 	gatherer := cfg.Metrics
 	if gatherer == nil {

@@ -272,6 +272,13 @@ type Store interface {
 	// docs/ARCHITECTURE.md, "The invariant and its exceptions"). It returns
 	// nil, or ErrInvariant joined with one error per violation.
 	CheckInvariant(ctx context.Context) error
+	// Now is the store's clock: the instant by which it decides windows,
+	// leases and expiry, and by which every surface decides whether a key is
+	// expired or not yet valid, so that a replica whose own clock is off
+	// decides no key differently. bbolt's is the process's; PostgreSQL's is
+	// the database's, read as the process's clock plus the offset measured
+	// at every transaction's start.
+	Now() time.Time
 	// Ping proves the store can write: an empty durable write transaction.
 	Ping(ctx context.Context) error
 	// Size is how many bytes the store takes on disk.
@@ -303,6 +310,16 @@ type CompactResult struct {
 // staler.
 type SecretKeeper interface {
 	KeepsSecrets() bool
+}
+
+// ClockReader is implemented by a store whose clock is not the process's
+// (PostgreSQL: the database's). ClockOffset says how far the store's clock is
+// ahead of the process's as last measured (negative: behind); ok is false
+// until it has been measured. A replica whose offset is large has a clock
+// that needs fixing: nothing of keybrake's decides by it, but what the
+// process writes (log times, tokens it issues) does.
+type ClockReader interface {
+	ClockOffset() (offset time.Duration, ok bool)
 }
 
 // ObjectRetention is how long a metered-object total is kept after its last

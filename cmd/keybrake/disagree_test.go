@@ -2,11 +2,13 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
 	"net/url"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -17,7 +19,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/keybrake/keybrake/api"
+	"github.com/keybrake/keybrake/policy"
 	"github.com/keybrake/keybrake/proxy/proxytest"
+	"github.com/keybrake/keybrake/vault"
 	"github.com/keybrake/keybrake/vault/postgres/pgtest"
 )
 
@@ -186,7 +190,7 @@ func TestNoSecretOfTheDatabaseURLInAnyLogLine(t *testing.T) {
 // TestFrozenLockHolderCostsTheOthersLockTimeoutAnd503: a session holds a
 // key's row lock and does nothing more, as a replica SIGSTOPped inside its
 // transaction does. Charges of that key through the two live replicas wait
-// lock_timeout (1 s here) and are answered 503 store_unavailable with
+// lock_timeout (keybrake's default, 3 s) and are answered 503 store_unavailable with
 // Stripe-Should-Retry: true, nothing reaching Stripe; another key is served
 // meanwhile. The frozen session ends at its idle_in_transaction timeout, and
 // the key is served again.
@@ -200,20 +204,15 @@ func TestFrozenLockHolderCostsTheOthersLockTimeoutAnd503(t *testing.T) {
 	store, masterText := MustPostgresVault(t, dbURL, fake.Secret)
 	held, heldTok := MustMintKey(t, store, "held", 50)
 	_, freeTok := MustMintKey(t, store, "free", 50)
-	u, err := url.Parse(dbURL)
-	require.NoError(t, err)
-	q := u.Query()
-	q.Set("lock_timeout", "1s")
-	u.RawQuery = q.Encode()
-	rs := MustReplicas(t, 2, u.String(), fake.URL, masterText)
+	rs := MustReplicas(t, 2, dbURL, fake.URL, masterText) // keybrake's default lock_timeout, 3 s
 
 	// The frozen replica: its transaction holds the key's row and goes idle;
-	// the server ends it after 4 s idle, as keybrake's sessions are ended
+	// the server ends it after 12 s idle, as it ends keybrake's own sessions
 	// after idle_in_transaction_session_timeout.
 	frozen, err := pgx.Connect(ctx, dbURL)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = frozen.Close(context.Background()) })
-	_, err = frozen.Exec(ctx, "SET idle_in_transaction_session_timeout = '4s'")
+	_, err = frozen.Exec(ctx, "SET idle_in_transaction_session_timeout = '12s'")
 	require.NoError(t, err)
 	_, err = frozen.Exec(ctx, "BEGIN")
 	require.NoError(t, err)
@@ -254,4 +253,112 @@ func TestFrozenLockHolderCostsTheOthersLockTimeoutAnd503(t *testing.T) {
 	}, 30*time.Second, 200*time.Millisecond, "the key is served once the frozen session is gone")
 	rs.stopAll()
 	assertMetered(t, store, held.ID, 100)
+}
+
+// mintAt mints a key on upstream "default" in the store whose policy mod
+// changes MustPolicy's.
+func mintAt(t *testing.T, s vault.Store, name string, mod func(p *policy.Policy)) string {
+	t.Helper()
+	p := MustPolicy(t, 50)
+	mod(&p)
+	_, token, err := s.MintKey(context.Background(), "test", vault.MintRequest{Name: name, Upstream: upstreamDefault, Policy: p})
+	require.NoError(t, err)
+	return token
+}
+
+// TestSkewedReplicaClockDecidesNoKeyDifferently: three replicas on one
+// database, one whose own clock is right, one 48 h fast and one 48 h slow
+// (--unsafe-clock-skew). For a key that expires in 24 h, one valid only from
+// tomorrow, and one that has just expired, every replica answers a read and a
+// charge exactly as the right one does: expiry and not-yet-valid are decided
+// at the database's clock. The skewed replicas say so on /readyz (503) and in
+// keybrake_store_clock_offset_seconds; the right one is ready.
+func TestSkewedReplicaClockDecidesNoKeyDifferently(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs real replicas")
+	}
+	ctx := context.Background()
+	dbURL := pgtest.URL(t)
+	fake := proxytest.NewFakeStripe(t, "sk_test_skew")
+	store, masterText := MustPostgresVault(t, dbURL, fake.Secret)
+	now := store.Now()
+	tokens := map[string]string{
+		"expires tomorrow": mintAt(t, store, "tomorrow", func(p *policy.Policy) { p.ExpiresAt = now.Add(24 * time.Hour).Truncate(time.Second) }),
+		"valid from tomorrow": mintAt(t, store, "future", func(p *policy.Policy) {
+			p.PeriodStart = now.Add(24 * time.Hour).Truncate(time.Second)
+		}),
+		"just expired": mintAt(t, store, "expired", func(p *policy.Policy) { p.ExpiresAt = now.Add(2 * time.Second).Truncate(time.Second) }),
+	}
+	skews := []string{"0s", "48h", "-48h"}
+	var replicas []*replicaSet
+	for _, skew := range skews {
+		replicas = append(replicas, MustReplicas(t, 1, dbURL, fake.URL, masterText, "--unsafe-clock-skew", skew))
+	}
+	// The database's clock passes the third key's expiry.
+	for store.Now().Before(now.Add(3 * time.Second)) {
+		time.Sleep(100 * time.Millisecond)
+	}
+
+	answer := func(rs *replicaSet, name string, n int) string {
+		status, body := MustGet(t, rs.proxyURL(0)+"/v1/charges?limit=1", tokens[name])
+		read := fmt.Sprintf("read %d %s", status, errorCode(body))
+		ck := fmt.Sprintf("skew-%s-%d", strings.ReplaceAll(name, " ", "-"), n)
+		status, body, err := postForm(ctx, http.DefaultClient, rs.proxyURL(0)+"/v1/charges", tokens[name], ck, chargeForm(100, ck))
+		require.NoError(t, err)
+		return read + fmt.Sprintf(", charge %d %s", status, errorCode(body))
+	}
+	want := map[string]string{
+		"expires tomorrow":    "read 200 , charge 200 ",
+		"valid from tomorrow": "read 403 vault_key_not_yet_valid, charge 403 vault_key_not_yet_valid",
+		"just expired":        "read 401 vault_key_expired, charge 401 vault_key_expired",
+	}
+	for name, w := range want {
+		for i, rs := range replicas {
+			assert.Equal(t, w, answer(rs, name, i), "%s on the replica %s off", name, skews[i])
+		}
+	}
+
+	admin := replicaAdminToken(t)
+	for i, rs := range replicas {
+		status, body := MustGet(t, rs.adminURL(0)+"/readyz", "")
+		_, page, _ := adminSend(t, http.MethodGet, rs.adminURL(0)+"/metrics", admin, "")
+		offset := metricValue(t, page, "keybrake_store_clock_offset_seconds")
+		if skews[i] == "0s" {
+			assert.Equal(t, http.StatusOK, status, "%s", body)
+			assert.Less(t, offset, 2.0)
+			assert.Greater(t, offset, -2.0)
+		} else {
+			assert.Equal(t, http.StatusServiceUnavailable, status, "%s", body)
+			assert.Contains(t, string(body), "clock")
+			skew, err := time.ParseDuration(skews[i])
+			require.NoError(t, err)
+			assert.InDelta(t, -skew.Seconds(), offset, 2, "the offset measured on the replica %s off", skews[i])
+		}
+		rs.stopAll()
+	}
+}
+
+// errorCode is the code of a Stripe-shaped error body ("" for none).
+func errorCode(body []byte) string {
+	var e struct {
+		Error struct {
+			Code string `json:"code"`
+		} `json:"error"`
+	}
+	_ = json.Unmarshal(body, &e)
+	return e.Error.Code
+}
+
+// metricValue reads the value of an unlabelled metric from a text exposition.
+func metricValue(t *testing.T, page, name string) float64 {
+	t.Helper()
+	for _, line := range strings.Split(page, "\n") {
+		if v, ok := strings.CutPrefix(line, name+" "); ok {
+			f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+			require.NoError(t, err)
+			return f
+		}
+	}
+	require.FailNow(t, "no metric "+name, page)
+	return 0
 }

@@ -82,6 +82,7 @@ func (m *Main) runServe(ctx context.Context) error {
 	}
 
 	stripe, err := proxy.New(proxy.Config{
+		Now:             m.processNow,
 		Store:           store,
 		Upstream:        upstreamURL,
 		UpstreamTimeout: cfg.UpstreamTimeout,
@@ -129,13 +130,17 @@ func (m *Main) runServe(ctx context.Context) error {
 	}
 
 	proxyHandler := api.NewProxyListener(api.ProxyConfig{
-		Store:   store,
+		Now:            m.processNow,
+		MaxClockOffset: cfg.MaxClockOffset,
+		Store:          store,
 		Logger:  logger,
 		Stripe:  stripe,
 		Version: buildVersion(),
 	})
 	adminHandler := api.NewAdmin(api.AdminConfig{
-		Store:     store,
+		Now:            m.processNow,
+		MaxClockOffset: cfg.MaxClockOffset,
+		Store:          store,
 		Logger:    logger,
 		JWTSecret: jwtSecret,
 		PublicURL: m.publicURL,
@@ -204,6 +209,7 @@ func (m *Main) openStore(ctx context.Context, masterKey []byte, masterSrc secret
 	cfg := m.Config
 	if cfg.DatabaseURL != "" {
 		store, err := postgres.Open(ctx, cfg.DatabaseURL, postgres.Options{
+			ProcessNow:      m.processNow,
 			MasterKey:       masterKey,
 			IdempotencyTTL:  cfg.IdempotencyTTL,
 			LedgerRetention: cfg.LedgerRetention,
@@ -543,3 +549,9 @@ func (f *inflight) wait(d time.Duration) bool {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// processNow is this process's own clock: the wall clock, shifted by
+// --unsafe-clock-skew under test. It times requests, stamps the admin tokens
+// and is what the PostgreSQL store measures the database's clock against;
+// no decision about a key or money is made by it.
+func (m *Main) processNow() time.Time { return time.Now().Add(m.Config.UnsafeClockSkew) }

@@ -95,6 +95,10 @@ type Options struct {
 	// CommitObserver, when set, is called after every write transaction of the
 	// hot path (Reserve, Settle, the claims API) with 1 and how long it took.
 	CommitObserver func(ops int, d time.Duration)
+	// ProcessNow is the process's clock, against which the database's offset
+	// is measured (time.Now when nil): Store.Now is ProcessNow plus that
+	// offset.
+	ProcessNow func() time.Time
 	// UnsafeNow replaces the database's clock. It exists for tests, which drive
 	// time through a clock of their own; a replica that used its own clock
 	// could open a new day's window early. serve never sets it.
@@ -127,6 +131,11 @@ type Store struct {
 	pool    *pgxpool.Pool
 	log     *slog.Logger
 	now     func() time.Time // nil: the database's clock
+	// processNow is the process's clock; offset (nanoseconds) is the
+	// database's clock minus it, as the last transaction's start measured.
+	processNow func() time.Time
+	offset     atomic.Int64
+	measured   atomic.Bool
 	observe func(ops int, d time.Duration)
 
 	closeOnce sync.Once
@@ -136,7 +145,10 @@ type Store struct {
 	roundTrips atomic.Int64
 }
 
-var _ vault.Store = (*Store)(nil)
+var (
+	_ vault.Store       = (*Store)(nil)
+	_ vault.ClockReader = (*Store)(nil)
+)
 
 // Open connects to the database at url (postgres://…), brings its schema up
 // to date, checks or writes the master key check, and turns the in-progress
@@ -182,7 +194,10 @@ func open(ctx context.Context, url string, opts Options) (*Store, error) {
 			params[name] = value
 		}
 	}
-	s := &Store{now: opts.UnsafeNow, observe: opts.CommitObserver}
+	s := &Store{now: opts.UnsafeNow, processNow: opts.ProcessNow, observe: opts.CommitObserver}
+	if s.processNow == nil {
+		s.processNow = time.Now
+	}
 	s.Engine, err = engine.New((*backend)(s), engine.Config{
 		MasterKey: opts.MasterKey, IdempotencyTTL: opts.IdempotencyTTL,
 		UnknownRetryLimit: opts.UnknownRetryLimit, Lease: opts.Lease, Logger: opts.Logger,
@@ -216,6 +231,36 @@ func (s *Store) start(ctx context.Context) error {
 	}
 	_, err = s.RecoverLapsed(ctx)
 	return err
+}
+
+// Now is the store's clock: the database's (UnsafeNow under test), read as
+// the process's clock plus the offset measured at the start of the latest
+// transaction (every transaction reads clock_timestamp() as it begins, so a
+// replica that serves measures it all the time, and /readyz's Ping refreshes
+// it on one that does not). The offset is known to within half a round trip.
+func (s *Store) Now() time.Time {
+	if s.now != nil {
+		return s.now()
+	}
+	return s.processNow().Add(time.Duration(s.offset.Load()))
+}
+
+// ClockOffset is how far the database's clock is ahead of the process's (a
+// negative offset: behind), as last measured; ok is false before the first
+// measurement and under UnsafeNow.
+func (s *Store) ClockOffset() (offset time.Duration, ok bool) {
+	if s.now != nil || !s.measured.Load() {
+		return 0, false
+	}
+	return time.Duration(s.offset.Load()), true
+}
+
+// measure records the offset of the database's clock read as db, between the
+// process's instants before and after the round trip that read it.
+func (s *Store) measure(before, db, after time.Time) {
+	mid := before.Add(after.Sub(before) / 2)
+	s.offset.Store(int64(db.Sub(mid)))
+	s.measured.Store(true)
 }
 
 // Close closes the pool; transactions under way finish first. Calls after

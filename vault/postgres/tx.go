@@ -263,6 +263,7 @@ func (t *tx) begin() (time.Time, error) {
 	b := &pgx.Batch{}
 	b.Queue(mode)
 	b.Queue("SELECT clock_timestamp()")
+	before := t.s.processNow()
 	br := t.conn.SendBatch(t.ctx, b)
 	t.s.roundTrips.Add(1)
 	var now time.Time
@@ -272,6 +273,9 @@ func (t *tx) begin() (time.Time, error) {
 	}
 	if cerr := br.Close(); err == nil {
 		err = cerr
+	}
+	if err == nil {
+		(*Store)(t.s).measure(before, now, t.s.processNow())
 	}
 	return now.UTC(), err
 }
