@@ -133,19 +133,19 @@ func (m *Main) runServe(ctx context.Context) error {
 		Now:            m.processNow,
 		MaxClockOffset: cfg.MaxClockOffset,
 		Store:          store,
-		Logger:  logger,
-		Stripe:  stripe,
-		Version: buildVersion(),
+		Logger:         logger,
+		Stripe:         stripe,
+		Version:        buildVersion(),
 	})
 	adminHandler := api.NewAdmin(api.AdminConfig{
 		Now:            m.processNow,
 		MaxClockOffset: cfg.MaxClockOffset,
 		Store:          store,
-		Logger:    logger,
-		JWTSecret: jwtSecret,
-		PublicURL: m.publicURL,
-		Metrics:   registry,
-		Stripe:    stripe,
+		Logger:         logger,
+		JWTSecret:      jwtSecret,
+		PublicURL:      m.publicURL,
+		Metrics:        registry,
+		Stripe:         stripe,
 	})
 
 	m.proxySrv = m.newServer(proxyHandler, cfg.ProxyWriteTimeout(), m.proxyTLS)

@@ -128,15 +128,15 @@ const DefaultMaxConns = 16
 // number of Stores, in any number of processes, may share one database.
 type Store struct {
 	*engine.Engine
-	pool    *pgxpool.Pool
-	log     *slog.Logger
-	now     func() time.Time // nil: the database's clock
+	pool *pgxpool.Pool
+	log  *slog.Logger
+	now  func() time.Time // nil: the database's clock
 	// processNow is the process's clock; offset (nanoseconds) is the
 	// database's clock minus it, as the last transaction's start measured.
 	processNow func() time.Time
 	offset     atomic.Int64
 	measured   atomic.Bool
-	observe func(ops int, d time.Duration)
+	observe    func(ops int, d time.Duration)
 
 	closeOnce sync.Once
 	closed    atomic.Bool
