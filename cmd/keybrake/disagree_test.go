@@ -362,3 +362,25 @@ func metricValue(t *testing.T, page, name string) float64 {
 	require.FailNow(t, "no metric "+name, page)
 	return 0
 }
+
+// TestBootstrapTokenPrintedByTheReplicaThatCreatedTheSchema: three replicas
+// started together on an empty database print the first-start admin token
+// once between them: the one that created the schema does.
+func TestBootstrapTokenPrintedByTheReplicaThatCreatedTheSchema(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs real replicas")
+	}
+	dbURL := pgtest.URL(t)
+	fake := proxytest.NewFakeStripe(t, "sk_test_bootstrap")
+	masterText, err := newMasterKeyText()
+	require.NoError(t, err)
+	rs := MustReplicas(t, 3, dbURL, fake.URL, masterText)
+	printed := 0
+	for i := range 3 {
+		if strings.Contains(rs.procs[i].logs(), "no vault keys yet. An admin token") {
+			printed++
+		}
+	}
+	rs.stopAll()
+	assert.Equal(t, 1, printed, "replicas that printed the token")
+}

@@ -359,6 +359,12 @@ func (m *Main) bootstrapBanner(ctx context.Context, log *slog.Logger, jwtSecret 
 	if len(keys) > 0 {
 		return
 	}
+	if pg, ok := m.store.(*postgres.Store); ok && !pg.CreatedSchema() {
+		// Replicas starting together on an empty database: the one that
+		// created the schema prints the token, the others do not repeat it.
+		log.Info("no vault keys yet; the replica that created the schema printed the first-start admin token (keybrake token issues another)")
+		return
+	}
 	ttl := m.Config.BootstrapTokenTTL
 	token, err := api.IssueToken(jwtSecret, "bootstrap", api.RoleAdmin, ttl, time.Now())
 	if err != nil {

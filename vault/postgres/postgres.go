@@ -138,6 +138,10 @@ type Store struct {
 	measured   atomic.Bool
 	observe    func(ops int, d time.Duration)
 
+	// createdSchema says that this Store's Open created keybrake's schema
+	// in an empty database (it applied the first migration).
+	createdSchema bool
+
 	closeOnce sync.Once
 	closed    atomic.Bool
 	// roundTrips counts the round trips to the database, for the measurement
@@ -223,6 +227,7 @@ func (s *Store) start(ctx context.Context) error {
 	if err != nil {
 		return translate(err)
 	}
+	s.createdSchema = len(applied) > 0 && applied[0] == 1
 	if len(applied) > 0 {
 		s.log.Info("PostgreSQL schema migrated", "versions", applied, "schema_version", SchemaVersion())
 	}
@@ -262,6 +267,11 @@ func (s *Store) measure(before, db, after time.Time) {
 	s.offset.Store(int64(db.Sub(mid)))
 	s.measured.Store(true)
 }
+
+// CreatedSchema reports whether this Store's Open created keybrake's schema in
+// an empty database: of several replicas starting together on one, exactly
+// one did (migrations run under an advisory lock).
+func (s *Store) CreatedSchema() bool { return s.createdSchema }
 
 // Close closes the pool; transactions under way finish first. Calls after
 // Close return ErrClosed.
