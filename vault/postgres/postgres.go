@@ -114,9 +114,9 @@ type Options struct {
 // frozen replica's waiting statements have all given up before its lock is
 // freed, and none of them takes it next.
 var SessionDefaults = map[string]string{
-	"lock_timeout":                        "3s",
-	"statement_timeout":                   "15s",
-	"idle_in_transaction_session_timeout": "10s",
+	"lock_timeout":                        "10s",
+	"statement_timeout":                   "30s",
+	"idle_in_transaction_session_timeout": "30s",
 }
 
 // DefaultMaxConns is the pool size when the URL does not set pool_max_conns
