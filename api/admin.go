@@ -10,7 +10,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/golang-jwt/jwt/v5"
@@ -40,9 +39,8 @@ type admin struct {
 	stripe    *proxy.Proxy
 	demo      bool
 
-	// patchMu serializes PATCH /keys/{id}: a merge patch is applied to the key as
-	// read, so two concurrent patches must not both start from the same read.
-	patchMu sync.Mutex
+	// maxClockOffset is AdminConfig.MaxClockOffset.
+	maxClockOffset time.Duration
 }
 
 // adminRoute is one route of the admin API. The OpenAPI document describes exactly
@@ -109,10 +107,12 @@ func NewAdmin(cfg AdminConfig) http.Handler {
 		log:       logger.With(logfield.Component, "admin"),
 		secret:    append([]byte(nil), cfg.JWTSecret...),
 		publicURL: strings.TrimRight(cfg.PublicURL, "/"),
-		now:       now,
+		now:       cfg.Store.Now,
 		parser:    newTokenParser(now),
 		stripe:    cfg.Stripe,
 		demo:      cfg.Demo,
+
+		maxClockOffset: cfg.MaxClockOffset,
 	}
 	gatherer := cfg.Metrics
 	if gatherer == nil {

@@ -7,6 +7,7 @@ import (
 	"maps"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 	"unicode"
@@ -82,7 +83,7 @@ func (a *admin) mintKey(c echo.Context) error {
 	c.Response().Header().Set(echo.HeaderLocation, "/api/v1/keys/"+key.ID)
 	v := newKeyView(key, now)
 	v.Warnings = key.Policy.Warnings()
-	return c.JSON(http.StatusCreated, keyWithTokenView{keyView: v, Token: token, BaseURL: a.publicURL})
+	return a.keyJSON(c, http.StatusCreated, key, keyWithTokenView{keyView: v, Token: token, BaseURL: a.publicURL})
 }
 
 // keyListView is the answer of GET /api/v1/keys.
@@ -151,7 +152,7 @@ func (a *admin) getKey(c echo.Context) error {
 	}
 	v := newKeyView(key, a.now())
 	v.Usage = newUsageView(key, windows, usage)
-	return c.JSON(http.StatusOK, v)
+	return a.keyJSON(c, http.StatusOK, key, v)
 }
 
 // keyUsage handles GET /api/v1/keys/{id}/usage.
@@ -204,42 +205,85 @@ func (a *admin) patchKey(c echo.Context) error {
 		return validationProblem("the key cannot be changed", errs...)
 	}
 
-	a.patchMu.Lock()
-	defer a.patchMu.Unlock()
-	ctx := c.Request().Context()
-	key, err := a.store.GetKey(ctx, id)
+	ifVersion, err := ifMatchVersion(c)
 	if err != nil {
-		return fmt.Errorf("patch key %s: %w", id, err)
+		return err
 	}
-	now := a.now()
-	p := key.Policy
-	if req.Policy != nil {
-		patched, err := key.Policy.MergePatch(req.Policy)
-		if err != nil {
-			errs = append(errs, policyDecodeErrors(err)...)
-		} else {
-			p = patched
-			errs = append(errs, checkPolicy(&p, now)...)
-		}
-	}
-	labels := mergeLabels(key.Labels, labelPatch, labelsNull)
-	if req.Labels != nil {
-		errs = append(errs, checkLabels(labels)...)
-	}
-	if len(errs) > 0 {
-		return validationProblem("the key cannot be changed", errs...)
-	}
+	ctx := c.Request().Context()
 	if req.Policy == nil && req.Labels == nil {
 		// An empty merge patch changes nothing: answer with the key as it is.
-		return c.JSON(http.StatusOK, newKeyView(key, now))
+		key, err := a.store.GetKey(ctx, id)
+		if err != nil {
+			return fmt.Errorf("patch key %s: %w", id, err)
+		}
+		if ifVersion != 0 && ifVersion != key.Version {
+			return fmt.Errorf("patch key %s: %w", id, vault.ErrPrecondition)
+		}
+		return a.keyJSON(c, http.StatusOK, key, newKeyView(key, a.now()))
 	}
-	updated, err := a.store.UpdateKey(ctx, actor(c), id, p, labels)
+	// The merge patch is applied inside the store's transaction, to the key
+	// as it is under its lock: a patch of another field that another replica
+	// commits meanwhile is never written over.
+	updated, err := a.store.PatchKey(ctx, actor(c), id, vault.KeyChange{
+		IfVersion: ifVersion,
+		Apply: func(key vault.Key, now time.Time) (policy.Policy, map[string]string, error) {
+			var errs []policy.FieldError
+			p := key.Policy
+			if req.Policy != nil {
+				patched, err := key.Policy.MergePatch(req.Policy)
+				if err != nil {
+					errs = append(errs, policyDecodeErrors(err)...)
+				} else {
+					p = patched
+					errs = append(errs, checkPolicy(&p, now)...)
+				}
+			}
+			labels := mergeLabels(key.Labels, labelPatch, labelsNull)
+			if req.Labels != nil {
+				errs = append(errs, checkLabels(labels)...)
+			}
+			if len(errs) > 0 {
+				return policy.Policy{}, nil, validationProblem("the key cannot be changed", errs...)
+			}
+			return p, labels, nil
+		},
+	})
 	if err != nil {
 		return mapPolicyError(fmt.Errorf("patch key %s: %w", id, err))
 	}
-	v := newKeyView(updated, now)
+	v := newKeyView(updated, a.now())
 	v.Warnings = updated.Policy.Warnings()
-	return c.JSON(http.StatusOK, v)
+	return a.keyJSON(c, http.StatusOK, updated, v)
+}
+
+// keyETag is the entity tag of a key's version: it changes with every write
+// of the key.
+func keyETag(k vault.Key) string { return `"` + strconv.FormatUint(k.Version, 10) + `"` }
+
+// keyJSON answers with v, the view of key, and key's ETag.
+func (a *admin) keyJSON(c echo.Context, status int, key vault.Key, v any) error {
+	c.Response().Header().Set("ETag", keyETag(key))
+	return c.JSON(status, v)
+}
+
+// ifMatchVersion reads the If-Match header of a change of a key: 0 when there
+// is none or it is "*" (the key only has to exist), else the version of the
+// one strong ETag it names. An ETag keybrake never gave (a weak one, a list,
+// anything else) can match no key: 412.
+func ifMatchVersion(c echo.Context) (uint64, error) {
+	raw := strings.TrimSpace(c.Request().Header.Get("If-Match"))
+	if raw == "" || raw == "*" {
+		return 0, nil
+	}
+	inner, ok := strings.CutPrefix(raw, `"`)
+	if ok {
+		inner, ok = strings.CutSuffix(inner, `"`)
+	}
+	v, err := strconv.ParseUint(inner, 10, 64)
+	if !ok || err != nil || v == 0 {
+		return 0, newProblem(http.StatusPreconditionFailed, fmt.Sprintf("If-Match %q is no ETag of a key (a key's ETag is a quoted version, such as \"3\")", raw))
+	}
+	return v, nil
 }
 
 // revokeKey handles POST /api/v1/keys/{id}/revoke.
@@ -252,7 +296,7 @@ func (a *admin) revokeKey(c echo.Context) error {
 	if err != nil {
 		return fmt.Errorf("revoke key %s: %w", id, err)
 	}
-	return c.JSON(http.StatusOK, newKeyView(key, a.now()))
+	return a.keyJSON(c, http.StatusOK, key, newKeyView(key, a.now()))
 }
 
 // rotateKey handles POST /api/v1/keys/{id}/rotate: a new token, shown once.
@@ -265,7 +309,7 @@ func (a *admin) rotateKey(c echo.Context) error {
 	if err != nil {
 		return fmt.Errorf("rotate key %s: %w", id, err)
 	}
-	return c.JSON(http.StatusOK, keyWithTokenView{
+	return a.keyJSON(c, http.StatusOK, key, keyWithTokenView{
 		keyView: newKeyView(key, a.now()),
 		Token:   token,
 		BaseURL: a.publicURL,

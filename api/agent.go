@@ -89,10 +89,9 @@ var agentRoutes = []agentRoute{
 
 // newAgent returns the agent endpoints of cfg.
 func newAgent(cfg ProxyConfig, logger *slog.Logger) *agent {
-	now := cfg.Now
-	if now == nil {
-		now = time.Now
-	}
+	// Every decision about the key (expiry, a claim's lease) is made at the
+	// store's clock, never the process's.
+	now := cfg.Store.Now
 	maxBody := cfg.AgentMaxBodyBytes
 	if maxBody <= 0 {
 		maxBody = DefaultMaxBodyBytes

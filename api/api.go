@@ -21,12 +21,18 @@ type AdminConfig struct {
 	JWTSecret []byte
 	// PublicURL is the proxy base URL handed out with each minted key (base_url).
 	PublicURL string
-	// Now is the clock; time.Now when nil.
+	// Now is the clock of admin tokens (their expiry); time.Now when nil.
+	// Everything about a key — its status, the defaults of a policy — is at
+	// the store's clock (vault.Store.Now).
 	Now func() time.Time
 	// Metrics is what GET /metrics serves: the registry `serve` owns, on which
 	// NewMetrics, Metrics.WatchStore and the proxy registered their collectors.
 	// Without one /metrics answers an empty exposition.
 	Metrics prometheus.Gatherer
+	// MaxClockOffset is how far the process's clock may be off the store's
+	// (PostgreSQL: the database's) before GET /readyz answers 503; 0 checks
+	// nothing.
+	MaxClockOffset time.Duration
 	// Stripe is the metering proxy, which looks money objects up at Stripe for
 	// an operator's refresh (POST /api/v1/keys/{id}/exposures/{object_id}/refresh);
 	// without it that route answers 503.
@@ -46,6 +52,10 @@ type ProxyConfig struct {
 	// its tool calls through it in process.
 	Stripe http.Handler
 	Now    func() time.Time
+	// MaxClockOffset is how far the process's clock may be off the store's
+	// (PostgreSQL: the database's) before GET /readyz answers 503; 0 checks
+	// nothing.
+	MaxClockOffset time.Duration
 	// AgentMaxBodyBytes is the agent endpoints' request body limit
 	// (DefaultMaxBodyBytes when zero).
 	AgentMaxBodyBytes int64

@@ -77,10 +77,7 @@ type mcpEndpoint struct {
 
 // newMCP builds the MCP endpoint of cfg: its tools run through cfg.Stripe.
 func newMCP(cfg ProxyConfig, logger *slog.Logger) *mcpEndpoint {
-	now := cfg.Now
-	if now == nil {
-		now = time.Now
-	}
+	now := cfg.Store.Now // every decision about a key is made at the store's clock
 	m := &mcpEndpoint{store: cfg.Store, stripe: cfg.Stripe, log: logger.With(logfield.Component, "mcp"), now: now}
 	version := cfg.Version
 	if version == "" {

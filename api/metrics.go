@@ -121,7 +121,7 @@ type storeCollector struct {
 	store vault.Store
 	mu    sync.Mutex
 
-	unknown, size, active, nearCap, committed, held *prometheus.Desc
+	unknown, size, active, nearCap, committed, held, clockOffset *prometheus.Desc
 }
 
 func newStoreCollector(store vault.Store) *storeCollector {
@@ -129,6 +129,8 @@ func newStoreCollector(store vault.Store) *storeCollector {
 		store: store,
 		unknown: prometheus.NewDesc("keybrake_holds_unknown",
 			"Holds whose outcome is unknown (Stripe gave no answer): money that may have moved, waiting for a retry with the same idempotency key or an operator (GET /api/v1/holds?state=unknown).", nil, nil),
+		clockOffset: prometheus.NewDesc("keybrake_store_clock_offset_seconds",
+			"How far the store's clock (PostgreSQL: the database's, by which every key and window is decided) is ahead of this replica's own (negative: behind), as measured at the start of the latest transaction; absent on bbolt, whose clock is the process's. /readyz fails beyond --max-clock-offset.", nil, nil),
 		size: prometheus.NewDesc("keybrake_store_size_bytes",
 			"Size of the store on disk: the bbolt database file, or keybrake's tables in PostgreSQL (with their indexes).", nil, nil),
 		active: prometheus.NewDesc("keybrake_keys_active",
@@ -147,7 +149,7 @@ func newStoreCollector(store vault.Store) *storeCollector {
 
 // Describe implements prometheus.Collector.
 func (c *storeCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.unknown, c.size, c.active, c.nearCap, c.committed, c.held} {
+	for _, d := range []*prometheus.Desc{c.unknown, c.size, c.active, c.nearCap, c.committed, c.held, c.clockOffset} {
 		ch <- d
 	}
 }
@@ -166,6 +168,11 @@ func (c *storeCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.NewInvalidMetric(c.unknown, err)
 	} else {
 		gauge(c.unknown, float64(n))
+	}
+	if cr, ok := c.store.(vault.ClockReader); ok {
+		if off, ok := cr.ClockOffset(); ok {
+			gauge(c.clockOffset, off.Seconds())
+		}
 	}
 	if n, err := c.store.Size(ctx); err != nil {
 		ch <- prometheus.NewInvalidMetric(c.size, err)

@@ -28,6 +28,7 @@ const (
 	ProblemNotFound         = "urn:keybrake:problem:not-found"
 	ProblemMethodNotAllowed = "urn:keybrake:problem:method-not-allowed"
 	ProblemConflict         = "urn:keybrake:problem:conflict"
+	ProblemPrecondition     = "urn:keybrake:problem:precondition-failed"
 	ProblemTooLarge         = "urn:keybrake:problem:request-too-large"
 	ProblemUnsupportedMedia = "urn:keybrake:problem:unsupported-media-type"
 	ProblemValidation       = "urn:keybrake:problem:validation-failed"
@@ -65,6 +66,7 @@ var problemTypes = map[int]string{
 	http.StatusNotFound:              ProblemNotFound,
 	http.StatusMethodNotAllowed:      ProblemMethodNotAllowed,
 	http.StatusConflict:              ProblemConflict,
+	http.StatusPreconditionFailed:    ProblemPrecondition,
 	http.StatusRequestEntityTooLarge: ProblemTooLarge,
 	http.StatusUnsupportedMediaType:  ProblemUnsupportedMedia,
 	http.StatusUnprocessableEntity:   ProblemValidation,
@@ -170,6 +172,9 @@ func problemFor(err error) (p *Problem, internal bool) {
 		return newProblem(http.StatusNotFound, domainDetail(err)), false
 	case errors.Is(err, vault.ErrConflict):
 		return newProblem(http.StatusConflict, domainDetail(err)), false
+	case errors.Is(err, vault.ErrPrecondition):
+		return newProblem(http.StatusPreconditionFailed,
+			"the key changed since the ETag given in If-Match was read; read it again and send the change against its new ETag"), false
 	case errors.Is(err, vault.ErrKeyRevoked), errors.Is(err, vault.ErrKeyExpired):
 		return newProblem(http.StatusConflict, err.Error()), false
 	case errors.Is(err, vault.ErrKeyInvalid):
@@ -180,6 +185,11 @@ func problemFor(err error) (p *Problem, internal bool) {
 		return newProblem(http.StatusNotImplemented, err.Error()), false
 	case errors.Is(err, vault.ErrClosed):
 		return newProblem(http.StatusServiceUnavailable, "the store is closed; the server is shutting down"), false
+	case errors.Is(err, vault.ErrStorage), errors.Is(err, context.DeadlineExceeded):
+		// The store failed or did not answer in time (a PostgreSQL server that
+		// is down, a lock another replica holds past lock_timeout): nothing
+		// changed, and the same request may be sent again.
+		return newProblem(http.StatusServiceUnavailable, "the store is unavailable; nothing was changed, retry the request"), true
 	case errors.Is(err, context.Canceled):
 		// The client went away; nobody reads this answer.
 		return newProblem(http.StatusServiceUnavailable, "request canceled"), false

@@ -51,7 +51,7 @@ func NewProxyListener(cfg ProxyConfig) http.Handler {
 		c.Response().Header().Set("Cache-Control", "no-store")
 		return c.JSON(http.StatusOK, map[string]string{"status": "ok"})
 	})
-	e.GET("/readyz", func(c echo.Context) error { return serveReadyz(c, cfg.Store, logger) })
+	e.GET("/readyz", func(c echo.Context) error { return serveReadyz(c, cfg.Store, logger, cfg.MaxClockOffset) })
 
 	if cfg.Store != nil && cfg.Stripe != nil {
 		newMCP(cfg, base).register(e)

@@ -18,9 +18,10 @@ import (
 // Bearer or the user name of HTTP Basic.
 
 // authenticate is step 1: the request's vault key, active and valid at the
-// proxy's clock, or a 401 (403 for a key not valid yet).
+// store's clock (never the process's: a replica whose clock is off decides no
+// key differently), or a 401 (403 for a key not valid yet).
 func (p *Proxy) authenticate(ctx context.Context, r *http.Request, c *call) error {
-	now := p.now()
+	now := p.store.Now()
 	key, kr, err := AuthenticateVaultKey(ctx, p.store, r.Header, now)
 	c.key = key // the log line names even a revoked or expired key
 	if kr != nil {

@@ -30,7 +30,7 @@ func (p *Proxy) authorise(c *call) error {
 			"keybrake does not forward requests that reveal card numbers, CVCs, account numbers or stored secrets (expand %s).",
 			stripeapi.Clip(field))}, "")
 	}
-	d := policy.Decide(pol, nil, c.policyRequest(0, ""), p.now())
+	d := policy.Decide(pol, nil, c.policyRequest(0, ""), p.store.Now())
 	if !d.Allowed {
 		return reasonRefusal(d, "")
 	}

@@ -369,15 +369,30 @@ func TestResolvedHoldIsReplayedAsTheOperatorsDecision(t *testing.T) {
 	assert.Equal(t, 1, e.Fake.Count(), "never forwarded again")
 }
 
-// Expiry is checked with the proxy's clock at authentication.
-func TestExpiredKey(t *testing.T) {
-	clock := &offsetClock{}
-	e := MustEnv(t, withClocks(nil, clock.Now))
+// Expiry and not-yet-valid are decided at the store's clock, never the
+// proxy's process's: a replica whose own clock is 31 days slow refuses an
+// expired key (reads too, which move no money), and one whose clock is 3 days
+// fast refuses a key valid only from tomorrow.
+func TestKeyDecisionsFollowTheStoreClock(t *testing.T) {
+	storeClock, processClock := &offsetClock{}, &offsetClock{}
+	e := MustEnv(t, withClocks(storeClock.Now, processClock.Now))
 	tok, _ := e.MustKey(t, Policy("99.00"))
-	clock.Advance(31 * 24 * time.Hour)
-	r := e.Post(t, "/v1/charges", tok, "late", form("amount", "100", "currency", "usd", "source", "tok_visa"))
+	future, _ := e.MustKey(t, Policy("99.00", func(p *policy.Policy) {
+		p.PeriodStart = time.Now().Add(24 * time.Hour).Truncate(time.Second)
+	}))
+	charge := form("amount", "100", "currency", "usd", "source", "tok_visa")
+
+	processClock.Advance(72 * time.Hour) // a fast replica
+	r := e.Post(t, "/v1/charges", future, "early", charge)
+	AssertRefusal(t, r, http.StatusForbidden, "vault_key_not_yet_valid")
+
+	storeClock.Advance(31 * 24 * time.Hour)
+	processClock.Advance(-72 * time.Hour) // a slow replica: 31 days behind the store
+	r = e.Post(t, "/v1/charges", tok, "late", charge)
 	AssertRefusal(t, r, http.StatusUnauthorized, "vault_key_expired")
-	assert.Zero(t, e.Fake.Count())
+	r = e.MustSend(t, http.MethodGet, "/v1/charges", tok, nil, "")
+	AssertRefusal(t, r, http.StatusUnauthorized, "vault_key_expired")
+	assert.Zero(t, e.Fake.Count(), "nothing reached Stripe")
 }
 
 // The caller hanging up does not cancel the upstream request: Stripe's answer is

@@ -62,7 +62,9 @@ type Config struct {
 	Transport http.RoundTripper
 	// Logger receives the canonical line of every request; slog.Default() when nil.
 	Logger *slog.Logger
-	// Now is the clock; time.Now when nil.
+	// Now is the clock of the request's timing and of the secret cache;
+	// time.Now when nil. Whether a key is expired or not yet valid is decided
+	// at the store's clock (vault.Store.Now), as every decision about a key.
 	Now func() time.Time
 	// MaxBodyBytes is the largest request body read (default 1 MiB); larger is 413.
 	MaxBodyBytes int64

@@ -1,8 +1,10 @@
 package proxy
 
 import (
+	"bytes"
 	"errors"
 	"net/http"
+	"regexp"
 	"strings"
 )
 
@@ -37,4 +39,27 @@ func StripeKeyKind(h http.Header) string {
 		kind += "_" + mode
 	}
 	return kind
+}
+
+// secretLike matches what looks like a Stripe secret: a secret or restricted
+// key (sk_live_…, rk_test_…) or a webhook signing secret (whsec_…), whole.
+// A masked key as Stripe quotes one (sk_test_****1234) is not matched.
+var secretLike = regexp.MustCompile(`\b(?:(?:sk|rk)_(?:live|test)_|whsec_)[A-Za-z0-9]{8,}`)
+
+// ScrubSecrets replaces everything in an upstream error body that looks like
+// a Stripe secret by its prefix and "[redacted]", so that no caller ever
+// reads keybrake's upstream credential, or another secret, in an error
+// Stripe words (an error may quote what it was sent). It returns body itself
+// when there is nothing to scrub.
+func ScrubSecrets(body []byte) []byte {
+	if !secretLike.Match(body) {
+		return body
+	}
+	return secretLike.ReplaceAllFunc(body, func(m []byte) []byte {
+		prefix := m[:bytes.IndexByte(m, '_')+1]
+		if !bytes.Equal(prefix, []byte("whsec_")) {
+			prefix = m[:bytes.IndexByte(m[len(prefix):], '_')+len(prefix)+1]
+		}
+		return append(append([]byte(nil), prefix...), "[redacted]"...)
+	})
 }

@@ -2,11 +2,14 @@ package proxy_test
 
 import (
 	"encoding/base64"
+	"fmt"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
 	"github.com/keybrake/keybrake/proxy"
 )
@@ -58,5 +61,47 @@ func TestStripeKeyKind(t *testing.T) {
 			h.Set("Authorization", header)
 		}
 		assert.Equal(t, want, proxy.StripeKeyKind(h), header)
+	}
+}
+
+// TestScrubSecrets: what looks like a Stripe secret is replaced by its
+// prefix; a masked key, a publishable key and other text are left alone.
+func TestScrubSecrets(t *testing.T) {
+	for in, want := range map[string]string{
+		`{"error":{"message":"Invalid key sk_live_51AbCdEf0123456789 sent"}}`: `{"error":{"message":"Invalid key sk_live_[redacted] sent"}}`,
+		`rk_test_abcdefgh12 and whsec_Zx81Kq0abcdEF`:                          `rk_test_[redacted] and whsec_[redacted]`,
+		`Invalid API Key provided: sk_test_********1234`:                      `Invalid API Key provided: sk_test_********1234`,
+		`pk_live_51AbCdEf0123456789 is publishable`:                           `pk_live_51AbCdEf0123456789 is publishable`,
+		`no secret here`: `no secret here`,
+	} {
+		assert.Equal(t, want, string(proxy.ScrubSecrets([]byte(in))), in)
+	}
+}
+
+// TestUpstreamErrorBodiesAreScrubbed: a Stripe error that quotes a secret —
+// the upstream key itself, another key, a webhook secret — reaches the caller
+// without it, on a recorded request (and its replay) and on a read.
+func TestUpstreamErrorBodiesAreScrubbed(t *testing.T) {
+	const upstreamSecret = "sk_test_51UpstreamSecretDoNotLeakXyz"
+	quoting := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusBadRequest)
+		fmt.Fprintf(w, `{"error":{"type":"invalid_request_error","message":"You sent %s, rk_live_abcdefgh1234 and whsec_abcdefgh1234"}}`,
+			r.Header.Get("Authorization"))
+	}))
+	t.Cleanup(quoting.Close)
+	e := MustEnv(t, withUpstreamURL(quoting.URL, upstreamSecret))
+	tok, _ := e.MustKey(t, Policy("99.00"))
+	charge := form("amount", "100", "currency", "usd", "source", "tok_visa")
+	for _, r := range []reply{
+		e.Post(t, "/v1/charges", tok, "quoted", charge),
+		e.Post(t, "/v1/charges", tok, "quoted", charge), // the replay
+		e.MustSend(t, http.MethodGet, "/v1/charges", tok, nil, ""),
+	} {
+		require.Equal(t, http.StatusBadRequest, r.Status, "%s", r.Raw)
+		for _, secret := range []string{upstreamSecret, "rk_live_abcdefgh1234", "whsec_abcdefgh1234"} {
+			assert.NotContains(t, string(r.Raw), secret)
+		}
+		assert.Contains(t, string(r.Raw), "sk_test_[redacted]")
 	}
 }

@@ -175,6 +175,21 @@ func (p *Proxy) modifyResponse(resp *http.Response) error {
 		}
 	}
 	ctx := resp.Request.Context()
+	if !c.record && resp.StatusCode >= 400 {
+		// An error of a request keybrake does not record: read it (bounded)
+		// to scrub it, as every error body is.
+		body, err := io.ReadAll(io.LimitReader(resp.Body, p.maxResponse+1))
+		_ = resp.Body.Close()
+		if err != nil {
+			return fmt.Errorf("read upstream answer: %w", err)
+		}
+		body = ScrubSecrets(body)
+		resp.Body = io.NopCloser(bytes.NewReader(body))
+		resp.ContentLength = int64(len(body))
+		resp.TransferEncoding = nil
+		resp.Header.Set("Content-Length", strconv.Itoa(len(body)))
+		return nil
+	}
 	if !c.record {
 		if err := p.observeUnrecorded(ctx, c, resp); err != nil {
 			return err
@@ -191,6 +206,9 @@ func (p *Proxy) modifyResponse(resp *http.Response) error {
 	}
 	if int64(len(body)) > p.maxResponse {
 		return fmt.Errorf("upstream answer larger than %d bytes", p.maxResponse)
+	}
+	if resp.StatusCode >= 400 {
+		body = ScrubSecrets(body) // before it is stored for replay too
 	}
 	resp.Body = io.NopCloser(bytes.NewReader(body))
 	resp.ContentLength = int64(len(body))

@@ -81,6 +81,17 @@ type Store interface {
 	// that changes nothing else: no audit entry, no ledger event, no change to
 	// the key's UpdatedAt. Errors: ErrNotFound, ErrInvalid (an empty code).
 	RecordKeyRefusal(ctx context.Context, id string, r KeyRefusal) error
+
+	// PatchKey changes the key's policy and labels as change.Apply says, given
+	// the key as it is: the read, Apply and the write are one write
+	// transaction that holds the key's lock (a row lock on PostgreSQL), so
+	// two patches of different fields sent at once through two replicas both
+	// apply, and a patch computed from a read is never written over a newer
+	// key. The new policy is validated like UpdateKey's, with its audit entry.
+	// Errors: those of UpdateKey, ErrPrecondition (change.IfVersion is set and
+	// the key is at another version), and Apply's own error, returned as it
+	// is (nothing is written then).
+	PatchKey(ctx context.Context, actor, id string, change KeyChange) (Key, error)
 	// RevokeKey revokes the key at once, with its audit entry; revoking a
 	// revoked key returns it unchanged. Errors: ErrNotFound.
 	RevokeKey(ctx context.Context, actor, id string) (Key, error)
@@ -268,6 +279,13 @@ type Store interface {
 	// docs/ARCHITECTURE.md, "The invariant and its exceptions"). It returns
 	// nil, or ErrInvariant joined with one error per violation.
 	CheckInvariant(ctx context.Context) error
+	// Now is the store's clock: the instant by which it decides windows,
+	// leases and expiry, and by which every surface decides whether a key is
+	// expired or not yet valid, so that a replica whose own clock is off
+	// decides no key differently. bbolt's is the process's; PostgreSQL's is
+	// the database's, read as the process's clock plus the offset measured
+	// at every transaction's start.
+	Now() time.Time
 	// Ping proves the store can write: an empty durable write transaction.
 	Ping(ctx context.Context) error
 	// Size is how many bytes the store takes on disk.
@@ -301,6 +319,16 @@ type SecretKeeper interface {
 	KeepsSecrets() bool
 }
 
+// ClockReader is implemented by a store whose clock is not the process's
+// (PostgreSQL: the database's). ClockOffset says how far the store's clock is
+// ahead of the process's as last measured (negative: behind); ok is false
+// until it has been measured. A replica whose offset is large has a clock
+// that needs fixing: nothing of keybrake's decides by it, but what the
+// process writes (log times, tokens it issues) does.
+type ClockReader interface {
+	ClockOffset() (offset time.Duration, ok bool)
+}
+
 // ObjectRetention is how long a metered-object total is kept after its last
 // change: longer than a PaymentIntent or an uncaptured Charge stays confirmable
 // or capturable at Stripe (at most 30 days with extended authorization).
@@ -323,6 +351,21 @@ type MintRequest struct {
 	Upstream string
 	Labels   map[string]string
 	Policy   policy.Policy
+}
+
+// KeyChange is a change of a key's policy and labels made against the key as
+// it is (see Store.PatchKey).
+type KeyChange struct {
+	// IfVersion, when not 0, is the Key.Version the change was made against:
+	// a key at another version is left alone (ErrPrecondition).
+	IfVersion uint64
+	// Apply returns the key's new policy and labels from the key as it is and
+	// the store's clock now (which defaults period_start). It runs inside the
+	// store's transaction, under the key's lock, and may run more than once
+	// (a transaction that collided runs again): it must be a pure function
+	// of its arguments, and must never wait on anything outside the process.
+	// An error it returns turns the change down.
+	Apply func(k Key, now time.Time) (policy.Policy, map[string]string, error)
 }
 
 // KeyFilter selects keys for ListKeys. Status may be "active", "revoked" or

@@ -67,6 +67,9 @@ var (
 	ErrStorage = errors.New("storage failure")
 	// ErrInvariant: CheckInvariant found counters that disagree with holds, the ledger or a cap.
 	ErrInvariant = errors.New("invariant violated")
+	// ErrPrecondition: a conditional change found the entry at another version
+	// than the one it was made against (an ETag that no longer matches).
+	ErrPrecondition = errors.New("precondition failed")
 )
 
 // KeyStatus is a vault key's stored status. "expired" is derived (see Key.StatusAt).
@@ -92,6 +95,11 @@ type Key struct {
 	CreatedAt   time.Time
 	UpdatedAt   time.Time
 	RevokedAt   time.Time // zero unless revoked
+	// Version counts the key's changes: every write of the key (a patch, a
+	// revocation, a rotation) raises it, so two reads that see the same
+	// version saw the same key. It is at least 1.
+	Version uint64
+
 	// Refused counts the requests refused because this key was revoked or
 	// expired (Store.RecordKeyRefusal): who still uses a key that no longer works.
 	Refused KeyRefusals

@@ -155,7 +155,7 @@ func (pg *pgBench) createDatabase(ctx context.Context) (*PostgresInfo, error) {
 	}
 	conn, err := pgx.Connect(ctx, pg.serverURL)
 	if err != nil {
-		return nil, fmt.Errorf("postgres: connect to %s: %w", u.Redacted(), err)
+		return nil, fmt.Errorf("postgres: connect to %s: %w", postgres.RedactURL(u.String()), err)
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	info := &PostgresInfo{}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/keybrake/keybrake/cmd/internal/loopback"
 	"github.com/keybrake/keybrake/vault"
+	"github.com/keybrake/keybrake/vault/postgres"
 )
 
 // Config is the configuration of `keybrake serve`. Flags and KEYBRAKE_* environment
@@ -77,6 +78,13 @@ type Config struct {
 	// TLSReloadCheck is how often, at most, a handshake checks whether the
 	// certificate files changed.
 	TLSReloadCheck time.Duration
+	// MaxClockOffset is how far this process's clock may be off the
+	// database's (PostgreSQL) before /readyz fails; 0 checks nothing.
+	MaxClockOffset time.Duration
+	// UnsafeClockSkew shifts this process's own clock, for tests of a replica
+	// whose clock is wrong: nothing decides a key by it, which is what the
+	// tests show. Never set it in production.
+	UnsafeClockSkew time.Duration
 	// PprofListen, when set, serves Go's profiler (net/http/pprof) on a listener of
 	// its own at this loopback address; off ("") by default.
 	PprofListen string
@@ -104,6 +112,7 @@ func DefaultConfig() Config {
 		IdleTimeout:       120 * time.Second,
 		BootstrapTokenTTL: time.Hour,
 		TLSReloadCheck:    5 * time.Second,
+		MaxClockOffset:    2 * time.Second,
 	}
 }
 
@@ -158,6 +167,9 @@ func (c Config) Validate() error {
 	}
 	if _, err := parseLevel(c.LogLevel); err != nil {
 		errs = append(errs, fmt.Errorf("log-level: %w", err))
+	}
+	if c.MaxClockOffset < 0 {
+		errs = append(errs, fmt.Errorf("max-clock-offset: must not be negative, got %s", c.MaxClockOffset))
 	}
 	if c.LogFormat != "json" && c.LogFormat != "text" {
 		errs = append(errs, fmt.Errorf("log-format: %q is not json or text", c.LogFormat))
@@ -222,14 +234,9 @@ func validateDatabaseURL(s string) error {
 	return nil
 }
 
-// redactedDatabaseURL is the URL without its password, for logs and messages.
-func redactedDatabaseURL(s string) string {
-	u, err := url.Parse(s)
-	if err != nil {
-		return "(unparsable URL)"
-	}
-	return u.Redacted()
-}
+// redactedDatabaseURL is the URL without any of its secrets (the password,
+// wherever it is, sslpassword, passfile), for logs and messages.
+func redactedDatabaseURL(s string) string { return postgres.RedactURL(s) }
 
 // parseLevel maps a log level name to its slog level.
 func parseLevel(s string) (slog.Level, error) {
@@ -261,6 +268,8 @@ func (c *Config) bindFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", c.ShutdownTimeout, "how long in-flight requests may finish on shutdown")
 	fs.DurationVar(&c.ReapInterval, "reap-interval", c.ReapInterval, "how often expired idempotency records are removed")
 	fs.DurationVar(&c.LeaseMargin, "lease-margin", c.LeaseMargin, "added to --upstream-timeout for the lease of a request in flight: how long a request a dead process left in flight waits before a retry may resume it and the reaper makes it outcome unknown")
+	fs.DurationVar(&c.MaxClockOffset, "max-clock-offset", c.MaxClockOffset, "with --database-url: /readyz fails while this replica's clock is further than this off the database's, by which every key is decided (0: no check)")
+	fs.DurationVar(&c.UnsafeClockSkew, "unsafe-clock-skew", c.UnsafeClockSkew, "for tests only: shift this process's own clock (a replica whose clock is wrong)")
 	fs.StringVar(&c.PprofListen, "pprof-listen", c.PprofListen, "serve Go's profiler (/debug/pprof/) on this loopback address (default: off)")
 }
 

@@ -98,6 +98,7 @@ func (m *Main) runServe(ctx context.Context) error {
 	}
 
 	stripe, err := proxy.New(proxy.Config{
+		Now:             m.processNow,
 		Store:           store,
 		Upstream:        upstreamURL,
 		UpstreamTimeout: cfg.UpstreamTimeout,
@@ -145,19 +146,23 @@ func (m *Main) runServe(ctx context.Context) error {
 	}
 
 	proxyHandler := api.NewProxyListener(api.ProxyConfig{
-		Store:   store,
-		Logger:  logger,
-		Stripe:  stripe,
-		Version: buildVersion(),
+		Now:            m.processNow,
+		MaxClockOffset: cfg.MaxClockOffset,
+		Store:          store,
+		Logger:         logger,
+		Stripe:         stripe,
+		Version:        buildVersion(),
 	})
 	adminHandler := api.NewAdmin(api.AdminConfig{
-		Store:     store,
-		Logger:    logger,
-		JWTSecret: jwtSecret,
-		PublicURL: m.publicURL,
-		Metrics:   registry,
-		Stripe:    stripe,
-		Demo:      cfg.Demo,
+		Now:            m.processNow,
+		MaxClockOffset: cfg.MaxClockOffset,
+		Store:          store,
+		Logger:         logger,
+		JWTSecret:      jwtSecret,
+		PublicURL:      m.publicURL,
+		Metrics:        registry,
+		Stripe:         stripe,
+		Demo:           cfg.Demo,
 	})
 	if cfg.Demo {
 		proxyHandler, adminHandler = demoHeaders(proxyHandler), demoHeaders(adminHandler)
@@ -220,6 +225,7 @@ func (m *Main) openStore(ctx context.Context, masterKey []byte, masterSrc secret
 	cfg := m.Config
 	if cfg.DatabaseURL != "" {
 		store, err := postgres.Open(ctx, cfg.DatabaseURL, postgres.Options{
+			ProcessNow:      m.processNow,
 			MasterKey:       masterKey,
 			IdempotencyTTL:  cfg.IdempotencyTTL,
 			LedgerRetention: cfg.LedgerRetention,
@@ -375,6 +381,12 @@ keybrake is serving.
   Sign in with the link: %s
 
 `, m.demoBanner(), m.AdminURL()+api.UIPath, m.publicURL, m.linkHint())
+		return
+	}
+	if pg, ok := m.store.(*postgres.Store); ok && !pg.CreatedSchema() {
+		// Replicas starting together on an empty database: the one that
+		// created the schema prints the token, the others do not repeat it.
+		log.Info("no vault keys yet; the replica that created the schema printed the first-start admin token (keybrake token issues another)")
 		return
 	}
 	ttl := m.Config.BootstrapTokenTTL
@@ -586,3 +598,9 @@ func (f *inflight) wait(d time.Duration) bool {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// processNow is this process's own clock: the wall clock, shifted by
+// --unsafe-clock-skew under test. It times requests, stamps the admin tokens
+// and is what the PostgreSQL store measures the database's clock against;
+// no decision about a key or money is made by it.
+func (m *Main) processNow() time.Time { return time.Now().Add(m.Config.UnsafeClockSkew) }

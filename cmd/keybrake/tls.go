@@ -76,7 +76,15 @@ func (r *certReloader) load() error {
 	if pair.Leaf == nil {
 		return errors.New("certificate has no leaf")
 	}
-	if time.Now().After(pair.Leaf.NotAfter) {
+	now := time.Now()
+	if now.After(pair.Leaf.NotAfter) {
+		// Clients refuse an expired certificate: it never replaces one they
+		// still accept. At start there is none to keep, and serving says so
+		// in every failing handshake.
+		if cur := r.cert.Load(); cur != nil && !now.After(cur.Leaf.NotAfter) {
+			return fmt.Errorf("the certificate %s has expired (not after %s): the current one, valid until %s, is kept",
+				r.certFile, pair.Leaf.NotAfter.UTC().Format(time.RFC3339), cur.Leaf.NotAfter.UTC().Format(time.RFC3339))
+		}
 		r.log.Warn("the TLS certificate has expired", "listener", r.name, "not_after", pair.Leaf.NotAfter)
 	}
 	r.cert.Store(&pair)

@@ -62,13 +62,19 @@ func MustTestCA(tb testing.TB, name string) *testCA {
 // does), and returns the certificate's serial number.
 func (ca *testCA) MustLeaf(tb testing.TB, certPath, keyPath string, serial int64) {
 	tb.Helper()
+	ca.MustLeafUntil(tb, certPath, keyPath, serial, time.Now().Add(24*time.Hour))
+}
+
+// MustLeafUntil is MustLeaf for a certificate valid until notAfter.
+func (ca *testCA) MustLeafUntil(tb testing.TB, certPath, keyPath string, serial int64, notAfter time.Time) {
+	tb.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	require.NoError(tb, err)
 	tmpl := &x509.Certificate{
 		SerialNumber: big.NewInt(serial),
 		Subject:      pkix.Name{CommonName: "keybrake test"},
-		NotBefore:    time.Now().Add(-time.Hour),
-		NotAfter:     time.Now().Add(24 * time.Hour),
+		NotBefore:    notAfter.Add(-48 * time.Hour),
+		NotAfter:     notAfter,
 		KeyUsage:     x509.KeyUsageDigitalSignature,
 		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
 		IPAddresses:  []net.IP{net.ParseIP("127.0.0.1")},
@@ -214,6 +220,13 @@ func TestTLSCertificateReloadKeepsConnections(t *testing.T) {
 	assert.Error(t, tm.ReloadTLS())
 	assert.Equal(t, int64(2), servedSerial(t, tlsClient(both, true), base))
 	assert.Contains(t, tm.stderr.String(), "TLS certificate not reloaded; keeping the current one")
+
+	// An expired certificate does not replace a valid one, on SIGHUP or
+	// when the files change, and the log says why.
+	caA.MustLeafUntil(t, certPath, keyPath, 9, time.Now().Add(-time.Hour))
+	require.ErrorContains(t, tm.ReloadTLS(), "expired")
+	assert.Equal(t, int64(2), servedSerial(t, tlsClient(both, true), base), "the valid certificate is kept")
+	assert.Contains(t, tm.stderr.String(), "has expired")
 
 	// When the files change, a handshake after the check interval picks them up.
 	tm.proxyTLS.mu.Lock()

@@ -13,18 +13,19 @@ import (
 
 // Attributes every HTTP surface logs.
 const (
-	Component  = "component"   // the part of keybrake that logs: proxy, admin, agent, mcp, vault, …
-	RequestID  = "request_id"  // keybrake's id of a proxied request (req_kb_…), also in its Request-Id header
-	Method     = "method"      // the HTTP method
-	Path       = "path"        // the request path (escaped, at most 200 bytes); never on agent and MCP lines
-	Route      = "route"       // the route the admin, agent or MCP request matched (/api/v1/keys/:id)
-	Status     = "status"      // the HTTP status keybrake answered
-	DurationMS = "duration_ms" // arrival to answer, in milliseconds (a float, to the microsecond)
-	Error      = "error"       // the cause of a failure; never shown to the caller
-	KeyID      = "key_id"      // the vault key (its id, never its token)
-	KeyName    = "key_name"    // the vault key's name, on the line of a request refused for its key's status
-	Tool       = "tool"        // the MCP tool whose call made the request
-	RemoteAddr = "remote_addr" // the caller's address, on warnings about what it sent
+	Component   = "component"    // the part of keybrake that logs: proxy, admin, agent, mcp, vault, …
+	RequestID   = "request_id"   // keybrake's id of a proxied request (req_kb_…), also in its Request-Id header
+	Method      = "method"       // the HTTP method
+	Path        = "path"         // the request path (escaped, at most 200 bytes); never on agent and MCP lines
+	Route       = "route"        // the route the admin, agent or MCP request matched (/api/v1/keys/:id)
+	Status      = "status"       // the HTTP status keybrake answered
+	DurationMS  = "duration_ms"  // arrival to answer, in milliseconds (a float, to the microsecond)
+	Error       = "error"        // the cause of a failure; never shown to the caller
+	KeyID       = "key_id"       // the vault key (its id, never its token)
+	KeyName     = "key_name"     // the vault key's name, on the line of a request refused for its key's status
+	Tool        = "tool"         // the MCP tool whose call made the request
+	RemoteAddr  = "remote_addr"  // the caller's address, on warnings about what it sent
+	ClockOffset = "clock_offset" // how far the store's clock is ahead of the process's
 )
 
 // Attributes of the proxy's canonical line and of the lines about one request.

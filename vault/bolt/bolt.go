@@ -294,6 +294,9 @@ func (s *Store) Export(ctx context.Context, fn func(engine.Snapshot) error) erro
 	return translate(db.View(func(btx *bbolt.Tx) error { return fn(newTx(btx)) }))
 }
 
+// Now is the store's clock (Options.Now, else the process's).
+func (s *Store) Now() time.Time { return s.now() }
+
 // translate maps bbolt's errors to the vault's vocabulary so that nothing above this
 // package sees bbolt. Errors that already belong to the vault pass through.
 func translate(err error) error {

@@ -95,10 +95,28 @@ type Options struct {
 	// CommitObserver, when set, is called after every write transaction of the
 	// hot path (Reserve, Settle, the claims API) with 1 and how long it took.
 	CommitObserver func(ops int, d time.Duration)
+	// ProcessNow is the process's clock, against which the database's offset
+	// is measured (time.Now when nil): Store.Now is ProcessNow plus that
+	// offset.
+	ProcessNow func() time.Time
 	// UnsafeNow replaces the database's clock. It exists for tests, which drive
 	// time through a clock of their own; a replica that used its own clock
 	// could open a new day's window early. serve never sets it.
 	UnsafeNow func() time.Time
+}
+
+// SessionDefaults are the server settings keybrake gives each of its sessions
+// unless the database URL sets them (as a query parameter of that name):
+// how long a statement waits for a lock another session holds (a key's row,
+// held by another replica), how long a statement may run, and how long a
+// session may sit idle inside a transaction before the server ends it and
+// rolls the transaction back. lock_timeout is below the others, so that a
+// frozen replica's waiting statements have all given up before its lock is
+// freed, and none of them takes it next.
+var SessionDefaults = map[string]string{
+	"lock_timeout":                        "10s",
+	"statement_timeout":                   "30s",
+	"idle_in_transaction_session_timeout": "30s",
 }
 
 // DefaultMaxConns is the pool size when the URL does not set pool_max_conns
@@ -110,10 +128,19 @@ const DefaultMaxConns = 16
 // number of Stores, in any number of processes, may share one database.
 type Store struct {
 	*engine.Engine
-	pool    *pgxpool.Pool
-	log     *slog.Logger
-	now     func() time.Time // nil: the database's clock
-	observe func(ops int, d time.Duration)
+	pool *pgxpool.Pool
+	log  *slog.Logger
+	now  func() time.Time // nil: the database's clock
+	// processNow is the process's clock; offset (nanoseconds) is the
+	// database's clock minus it, as the last transaction's start measured.
+	processNow func() time.Time
+	offset     atomic.Int64
+	measured   atomic.Bool
+	observe    func(ops int, d time.Duration)
+
+	// createdSchema says that this Store's Open created keybrake's schema
+	// in an empty database (it applied the first migration).
+	createdSchema bool
 
 	closeOnce sync.Once
 	closed    atomic.Bool
@@ -122,7 +149,10 @@ type Store struct {
 	roundTrips atomic.Int64
 }
 
-var _ vault.Store = (*Store)(nil)
+var (
+	_ vault.Store       = (*Store)(nil)
+	_ vault.ClockReader = (*Store)(nil)
+)
 
 // Open connects to the database at url (postgres://…), brings its schema up
 // to date, checks or writes the master key check, and turns the in-progress
@@ -157,12 +187,21 @@ func open(ctx context.Context, url string, opts Options) (*Store, error) {
 	if params["application_name"] == "" {
 		params["application_name"] = "keybrake"
 	}
-	// A replica frozen inside a transaction must not hold a key's lock for
-	// ever: its session ends, the transaction rolls back.
-	if params["idle_in_transaction_session_timeout"] == "" {
-		params["idle_in_transaction_session_timeout"] = "60s"
+	// A replica frozen inside a transaction (SIGSTOP, a pause of its VM)
+	// must not hold a key's lock for long: its session ends, the transaction
+	// rolls back. The others meanwhile wait at most lock_timeout for the key
+	// and answer 503 store_unavailable (retryable); no statement runs longer
+	// than statement_timeout. No transaction of keybrake's waits on anything
+	// but the database while it is open, so none of them comes near these.
+	for name, value := range SessionDefaults {
+		if params[name] == "" {
+			params[name] = value
+		}
 	}
-	s := &Store{now: opts.UnsafeNow, observe: opts.CommitObserver}
+	s := &Store{now: opts.UnsafeNow, processNow: opts.ProcessNow, observe: opts.CommitObserver}
+	if s.processNow == nil {
+		s.processNow = time.Now
+	}
 	s.Engine, err = engine.New((*backend)(s), engine.Config{
 		MasterKey: opts.MasterKey, IdempotencyTTL: opts.IdempotencyTTL,
 		UnknownRetryLimit: opts.UnknownRetryLimit, Lease: opts.Lease, Logger: opts.Logger,
@@ -188,6 +227,7 @@ func (s *Store) start(ctx context.Context) error {
 	if err != nil {
 		return translate(err)
 	}
+	s.createdSchema = len(applied) > 0 && applied[0] == 1
 	if len(applied) > 0 {
 		s.log.Info("PostgreSQL schema migrated", "versions", applied, "schema_version", SchemaVersion())
 	}
@@ -197,6 +237,41 @@ func (s *Store) start(ctx context.Context) error {
 	_, err = s.RecoverLapsed(ctx)
 	return err
 }
+
+// Now is the store's clock: the database's (UnsafeNow under test), read as
+// the process's clock plus the offset measured at the start of the latest
+// transaction (every transaction reads clock_timestamp() as it begins, so a
+// replica that serves measures it all the time, and /readyz's Ping refreshes
+// it on one that does not). The offset is known to within half a round trip.
+func (s *Store) Now() time.Time {
+	if s.now != nil {
+		return s.now()
+	}
+	return s.processNow().Add(time.Duration(s.offset.Load()))
+}
+
+// ClockOffset is how far the database's clock is ahead of the process's (a
+// negative offset: behind), as last measured; ok is false before the first
+// measurement and under UnsafeNow.
+func (s *Store) ClockOffset() (offset time.Duration, ok bool) {
+	if s.now != nil || !s.measured.Load() {
+		return 0, false
+	}
+	return time.Duration(s.offset.Load()), true
+}
+
+// measure records the offset of the database's clock read as db, between the
+// process's instants before and after the round trip that read it.
+func (s *Store) measure(before, db, after time.Time) {
+	mid := before.Add(after.Sub(before) / 2)
+	s.offset.Store(int64(db.Sub(mid)))
+	s.measured.Store(true)
+}
+
+// CreatedSchema reports whether this Store's Open created keybrake's schema in
+// an empty database: of several replicas starting together on one, exactly
+// one did (migrations run under an advisory lock).
+func (s *Store) CreatedSchema() bool { return s.createdSchema }
 
 // Close closes the pool; transactions under way finish first. Calls after
 // Close return ErrClosed.

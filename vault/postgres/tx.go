@@ -123,7 +123,7 @@ func (s *backend) run(ctx context.Context, write bool, fn engine.TxFunc) error {
 		wait := time.Duration(rand.Int64N(int64(time.Millisecond) << min(attempt, 6)))
 		select {
 		case <-ctx.Done():
-			return ctx.Err()
+			return translate(ctx.Err())
 		case <-time.After(wait):
 		}
 	}
@@ -177,16 +177,27 @@ func retryable(err error) bool {
 }
 
 // translate maps PostgreSQL's and pgx's errors to the vault's vocabulary so
-// that nothing above this package sees them. The vault's own pass through.
+// that nothing above this package sees them. The vault's own pass through,
+// but for a deadline: a database that did not answer in time (a lock held by
+// a frozen replica, a server that hangs) is a store that is unavailable
+// (ErrStorage, which the surfaces answer 503, retryable), still matching
+// context.DeadlineExceeded.
 func translate(err error) error {
 	switch {
 	case err == nil:
 		return nil
+	case errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, vault.ErrStorage):
+		return fmt.Errorf("%w: PostgreSQL did not answer in time: %w", vault.ErrStorage, err)
 	case engine.IsVaultError(err):
 		return err
 	}
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
+		switch pgErr.Code {
+		case "55P03": // lock_not_available: lock_timeout
+			return fmt.Errorf("%w: PostgreSQL: a lock stayed held for longer than lock_timeout (another replica holds the key) (SQLSTATE %s)",
+				vault.ErrStorage, pgErr.Code)
+		}
 		return fmt.Errorf("%w: PostgreSQL: %s (SQLSTATE %s)", vault.ErrStorage, pgErr.Message, pgErr.Code)
 	}
 	return fmt.Errorf("%w: PostgreSQL: %s", vault.ErrStorage, err.Error())
@@ -252,6 +263,7 @@ func (t *tx) begin() (time.Time, error) {
 	b := &pgx.Batch{}
 	b.Queue(mode)
 	b.Queue("SELECT clock_timestamp()")
+	before := t.s.processNow()
 	br := t.conn.SendBatch(t.ctx, b)
 	t.s.roundTrips.Add(1)
 	var now time.Time
@@ -261,6 +273,9 @@ func (t *tx) begin() (time.Time, error) {
 	}
 	if cerr := br.Close(); err == nil {
 		err = cerr
+	}
+	if err == nil {
+		(*Store)(t.s).measure(before, now, t.s.processNow())
 	}
 	return now.UTC(), err
 }

@@ -72,6 +72,8 @@ var suite = []struct {
 	{"RotateAndRevoke", testRotateAndRevoke},
 	{"ChangesReachTheNextRead", testChangesReachTheNextRead},
 	{"UpdateKey", testUpdateKey},
+	{"PatchKeyConcurrentChangesAllApply", testPatchKeyConcurrentChangesAllApply},
+	{"PatchKeyVersions", testPatchKeyVersions},
 	{"ListKeys", testListKeys},
 	{"GetKeyAndKeyUsage", testGetKeyAndKeyUsage},
 	{"ListAuditPaginates", testListAuditPaginates},

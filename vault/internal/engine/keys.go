@@ -168,6 +168,34 @@ func updateKeyTx(tx Tx, now time.Time, actor, id string, p policy.Policy, labels
 	if err != nil {
 		return vault.Key{}, err
 	}
+	return changeKeyTx(tx, now, actor, rec, p, labels)
+}
+
+// patchKeyTx applies change to the key id as this transaction reads it: the
+// read takes the key's lock (on PostgreSQL getKey reads the row FOR UPDATE),
+// so no other write of the key comes between the read that Apply sees and the
+// write. Apply's own error is returned in refused, with nothing written, so
+// that the transaction commits empty and the error reaches the caller as it
+// is; the vault's errors are the transaction's.
+func patchKeyTx(tx Tx, now time.Time, actor, id string, change vault.KeyChange) (key vault.Key, refused, err error) {
+	rec, err := getKey(tx, id)
+	if err != nil {
+		return vault.Key{}, nil, err
+	}
+	if v := rec.version(); change.IfVersion != 0 && change.IfVersion != v {
+		return vault.Key{}, nil, fmt.Errorf("key %s is at version %d, not %d: %w", id, v, change.IfVersion, vault.ErrPrecondition)
+	}
+	p, labels, refused := change.Apply(rec.public(), now)
+	if refused != nil {
+		return vault.Key{}, refused, nil
+	}
+	key, err = changeKeyTx(tx, now, actor, rec, p, labels)
+	return key, nil, err
+}
+
+// changeKeyTx gives rec the policy p and labels, validated as a changed key's.
+func changeKeyTx(tx Tx, now time.Time, actor string, rec *keyRec, p policy.Policy, labels map[string]string) (vault.Key, error) {
+	id := rec.ID
 	if rec.Status == vault.KeyRevoked {
 		return vault.Key{}, fmt.Errorf("key %s is revoked: %w", id, vault.ErrConflict)
 	}

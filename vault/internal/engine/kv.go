@@ -179,7 +179,7 @@ func forEach(tx Tx, b Bucket, fn func(k, v []byte) error) error {
 func IsVaultError(err error) bool {
 	for _, known := range []error{vault.ErrNotFound, vault.ErrConflict, vault.ErrInvalid, vault.ErrKeyInvalid,
 		vault.ErrKeyRevoked, vault.ErrKeyExpired, vault.ErrSealed, vault.ErrClosed, vault.ErrLocked,
-		vault.ErrSchemaVersion, vault.ErrStorage, vault.ErrInvariant, context.Canceled, context.DeadlineExceeded} {
+		vault.ErrSchemaVersion, vault.ErrStorage, vault.ErrInvariant, vault.ErrPrecondition, context.Canceled, context.DeadlineExceeded} {
 		if errors.Is(err, known) {
 			return true
 		}

@@ -44,6 +44,9 @@ type keyRec struct {
 	UpdatedAt   time.Time         `json:"updated_at"`
 	RevokedAt   time.Time         `json:"revoked_at,omitzero"`
 	Refused     *refusedRec       `json:"refused,omitempty"`
+	// Version counts the writes of the key (putKey raises it); a key written
+	// before it was kept has none and reads as version 1.
+	Version uint64 `json:"version,omitempty"`
 }
 
 // refusedRec counts the requests refused for the key's status (RecordKeyRefusal).
@@ -56,6 +59,9 @@ type refusedRec struct {
 	Path       string    `json:"path,omitempty"`
 }
 
+// version is the key's Version as callers see it: at least 1.
+func (r *keyRec) version() uint64 { return max(r.Version, 1) }
+
 func (r *keyRec) public() vault.Key {
 	p := r.Policy
 	p.Operations = slices.Clone(p.Operations)
@@ -65,7 +71,7 @@ func (r *keyRec) public() vault.Key {
 	return vault.Key{
 		ID: r.ID, Name: r.Name, Upstream: r.Upstream, Labels: maps.Clone(r.Labels), Policy: p,
 		Status: r.Status, TokenHash: r.TokenHash, TokenPrefix: r.TokenPrefix,
-		CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt, RevokedAt: r.RevokedAt,
+		CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt, RevokedAt: r.RevokedAt, Version: r.version(),
 		Refused: r.refused(),
 	}
 }
@@ -158,7 +164,11 @@ func (c *keyCache) get(tx Tx, id string) (*keyRec, error) {
 	return rec, nil
 }
 
-func putKey(tx Tx, r *keyRec) error { return putJSON(tx, BucketKeys, []byte(r.ID), r) }
+// putKey writes a changed key, one version up.
+func putKey(tx Tx, r *keyRec) error {
+	r.Version = r.version() + 1
+	return putJSON(tx, BucketKeys, []byte(r.ID), r)
+}
 
 // responseRec is a stored response; the body is sealed, compressed first when
 // Codec says so (schema version 1 never compressed).

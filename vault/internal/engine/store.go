@@ -368,6 +368,30 @@ func (s *Engine) UpdateKey(ctx context.Context, actor, id string, p policy.Polic
 	return key, nil
 }
 
+// PatchKey changes the key as change.Apply says, from the key as it is, in
+// one write transaction that holds the key's lock (see vault.Store.PatchKey).
+func (s *Engine) PatchKey(ctx context.Context, actor, id string, change vault.KeyChange) (vault.Key, error) {
+	if change.Apply == nil {
+		return vault.Key{}, fmt.Errorf("patch key: no change: %w", vault.ErrInvalid)
+	}
+	var (
+		key     vault.Key
+		refused error
+	)
+	err := s.update(ctx, func(tx Tx, now time.Time) error {
+		var err error
+		key, refused, err = patchKeyTx(tx, now, actor, id, change) // a re-run starts over
+		return err
+	})
+	switch {
+	case err != nil:
+		return vault.Key{}, fmt.Errorf("patch key: %w", err)
+	case refused != nil:
+		return vault.Key{}, refused
+	}
+	return key, nil
+}
+
 // RevokeKey revokes at once (idempotent: revoking a revoked key returns it).
 func (s *Engine) RevokeKey(ctx context.Context, actor, id string) (vault.Key, error) {
 	var key vault.Key

@@ -1,0 +1,91 @@
+package postgres
+
+import (
+	"context"
+	"net/url"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/keybrake/keybrake/vault"
+	"github.com/keybrake/keybrake/vault/postgres/pgtest"
+	"github.com/keybrake/keybrake/vault/vaulttest"
+)
+
+// withParams returns the database URL raw with the query parameters kv set.
+func withParams(t *testing.T, raw string, kv ...string) string {
+	t.Helper()
+	u, err := url.Parse(raw)
+	require.NoError(t, err)
+	q := u.Query()
+	for i := 0; i+1 < len(kv); i += 2 {
+		q.Set(kv[i], kv[i+1])
+	}
+	u.RawQuery = q.Encode()
+	return u.String()
+}
+
+// TestFrozenLockHolderCostsOthersLockTimeout: a session that holds a key's
+// row lock and does nothing more — a replica frozen inside its transaction
+// (SIGSTOP) — makes a Reserve of that key on another replica wait
+// lock_timeout, then fail as ErrStorage, which the proxy answers 503
+// store_unavailable (retryable); other keys are not held up. Once the
+// holder's session is gone its lock is free and the key works again.
+func TestFrozenLockHolderCostsOthersLockTimeout(t *testing.T) {
+	ctx := context.Background()
+	dbURL := pgtest.URL(t)
+	clock := vaulttest.NewClock(vaulttest.T0)
+	s := mustOpenURL(t, dbURL, vaulttest.Options{MasterKey: vaulttest.MasterKey, Now: clock.Now}) // lock_timeout 10s
+	vaulttest.MustUpstream(t, s, "sk_test_abcdef1234")
+	held, _ := vaulttest.MustMint(t, s, "held", vaulttest.Policy(t, "50.00", "", ""), nil)
+	free, _ := vaulttest.MustMint(t, s, "free", vaulttest.Policy(t, "50.00", "", ""), nil)
+
+	holder, err := pgx.Connect(ctx, dbURL)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = holder.Close(context.Background()) })
+	_, err = holder.Exec(ctx, "BEGIN")
+	require.NoError(t, err)
+	_, err = holder.Exec(ctx, lockKeySQL, []byte(held.ID))
+	require.NoError(t, err)
+
+	start := time.Now()
+	_, err = s.Reserve(ctx, vaulttest.Charge(held.ID, "while-held", 100))
+	waited := time.Since(start)
+	require.ErrorIs(t, err, vault.ErrStorage, "a lock wait is the store being unavailable")
+	assert.Contains(t, err.Error(), "lock_timeout")
+	assert.GreaterOrEqual(t, waited, 10*time.Second, "it waited lock_timeout")
+	// A bound, not a measurement: without lock_timeout the Reserve waits for
+	// its 30 s deadline.
+	assert.Less(t, waited, submitTimeout, "the wait ends at lock_timeout")
+
+	res, err := s.Reserve(ctx, vaulttest.Charge(free.ID, "other-key", 100))
+	require.NoError(t, err)
+	assert.Equal(t, vault.ReserveClaimed, res.Outcome, "another key is not held up")
+
+	require.NoError(t, holder.Close(ctx)) // the frozen session ends; its transaction rolls back
+	res, err = s.Reserve(ctx, vaulttest.Charge(held.ID, "after", 100))
+	require.NoError(t, err)
+	assert.Equal(t, vault.ReserveClaimed, res.Outcome)
+}
+
+// TestSessionDefaults: every session keybrake opens has lock_timeout,
+// statement_timeout and idle_in_transaction_session_timeout set, unless the
+// URL sets them.
+func TestSessionDefaults(t *testing.T) {
+	ctx := context.Background()
+	dbURL := pgtest.URL(t)
+	show := func(s *Store, name string) string {
+		var v string
+		require.NoError(t, s.pool.QueryRow(ctx, "SELECT current_setting($1)", name).Scan(&v))
+		return v
+	}
+	s := mustOpenURL(t, dbURL, vaulttest.Options{MasterKey: vaulttest.MasterKey})
+	assert.Equal(t, "10s", show(s, "lock_timeout"))
+	assert.Equal(t, "30s", show(s, "statement_timeout"))
+	assert.Equal(t, "30s", show(s, "idle_in_transaction_session_timeout"))
+	mine := mustOpenURL(t, withParams(t, dbURL, "lock_timeout", "250ms"), vaulttest.Options{MasterKey: vaulttest.MasterKey})
+	assert.Equal(t, "250ms", show(mine, "lock_timeout"), "the URL's setting wins")
+}
