@@ -104,6 +104,11 @@ func (s *Store) Compact(ctx context.Context) (vault.CompactResult, error) {
 }
 
 func (s *Store) compact(ctx context.Context) (vault.CompactResult, error) {
+	// A hot backup holds copyMu shared for as long as its client reads:
+	// Compact waits for it here, while the hot path goes on, and takes dbMu
+	// only once no backup runs (see copyMu).
+	s.copyMu.Lock()
+	defer s.copyMu.Unlock()
 	s.dbMu.Lock()
 	defer s.dbMu.Unlock()
 	if s.isClosed() || s.broken {
