@@ -108,6 +108,7 @@ func (m *Main) backupOffline(ctx context.Context) (int64, error) {
 		MasterKey:   masterKey,
 		OpenTimeout: c.OpenTimeout,
 		Logger:      newStderrLogger(m),
+		CheckPages:  true, // a damaged file is refused, not copied
 	})
 	if errors.Is(err, vault.ErrLocked) {
 		return 0, fmt.Errorf("open %s (is keybrake serve running on it? then use --admin-url): %w", dbPath, err)

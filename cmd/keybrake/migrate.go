@@ -103,7 +103,8 @@ func (m *Main) runMigrate(ctx context.Context) error {
 	// Opening the vault takes its file lock, which keeps a server out until
 	// the copy is done, and turns the requests a stopped server left in
 	// flight into outcome-unknown holds, as its next start would.
-	src, err := bolt.Open(dbPath, bolt.Options{MasterKey: masterKey, OpenTimeout: c.OpenTimeout, Logger: newStderrLogger(m), AllowMigrated: true})
+	src, err := bolt.Open(dbPath, bolt.Options{MasterKey: masterKey, OpenTimeout: c.OpenTimeout, Logger: newStderrLogger(m),
+		AllowMigrated: true, CheckPages: true})
 	switch {
 	case errors.Is(err, vault.ErrLocked):
 		return fmt.Errorf("migrate-store: another keybrake process holds %s (its file lock): stop serve first, "+

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"time"
@@ -67,11 +68,17 @@ func compactFile(ctx context.Context, path string, openTimeout time.Duration) (v
 	if openTimeout <= 0 {
 		openTimeout = DefaultOpenTimeout
 	}
+	if err := inspectFile(path, slog.Default()); err != nil {
+		return vault.CompactResult{}, err
+	}
 	src, err := bbolt.Open(path, 0o600, &bbolt.Options{Timeout: openTimeout})
 	if err != nil {
 		return vault.CompactResult{}, translate(err)
 	}
 	defer src.Close()
+	if err := checkStart(src, path); err != nil {
+		return vault.CompactResult{}, err // a walk of a damaged page would panic
+	}
 	if err := translate(src.View(checkCopy)); err != nil {
 		return vault.CompactResult{}, err
 	}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"time"
@@ -91,11 +92,17 @@ func rekey(ctx context.Context, path string, oldKey, newKey []byte, opts RekeyOp
 
 	// The exclusive lock keeps a server (and a second rekey) out until the copy is
 	// in place.
+	if err := inspectFile(path, slog.Default()); err != nil {
+		return RekeyStats{}, err
+	}
 	src, err := bbolt.Open(path, 0o600, &bbolt.Options{Timeout: opts.OpenTimeout})
 	if err != nil {
 		return RekeyStats{}, translate(err)
 	}
 	defer src.Close()
+	if err := checkStart(src, path); err != nil {
+		return RekeyStats{}, err // a walk of a damaged page would panic
+	}
 	if err := translate(src.View(func(tx *bbolt.Tx) error { return checkRekeySource(tx, from) })); err != nil {
 		return RekeyStats{}, err
 	}
@@ -207,11 +214,18 @@ func (c *dbCopy) replace(ctx context.Context, src *bbolt.DB, path, prefix string
 	if err == nil {
 		err = translate(c.dst.Sync())
 	}
+	var used int64
 	if err == nil {
-		err = translate(c.dst.View(check))
+		err = translate(c.dst.View(func(tx *bbolt.Tx) error {
+			used = tx.Size() // up to the high water mark
+			return check(tx)
+		}))
 	}
 	if cerr := c.dst.Close(); err == nil {
 		err = translate(cerr)
+	}
+	if err == nil {
+		err = trimFile(tmpPath, used)
 	}
 	if err != nil {
 		return err
@@ -223,6 +237,29 @@ func (c *dbCopy) replace(ctx context.Context, src *bbolt.DB, path, prefix string
 	renamed = true
 	c.hook("renamed")
 	return syncDirectory(filepath.Dir(path))
+}
+
+// trimFile cuts the copy at path to size, its high water mark, and syncs it.
+// bbolt grows a file ahead of its last page (to its memory map's size, which
+// doubles), so an untrimmed copy could be larger than the file it replaces
+// although it holds fewer pages. bbolt grows it again, by its allocation
+// step, when it needs to.
+func trimFile(path string, size int64) error {
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		return fmt.Errorf("%w: trim the copy: %s", vault.ErrStorage, err.Error())
+	}
+	defer f.Close()
+	if fi, err := f.Stat(); err == nil && fi.Size() <= size {
+		return nil
+	}
+	if err := f.Truncate(size); err != nil {
+		return fmt.Errorf("%w: trim the copy: %s", vault.ErrStorage, err.Error())
+	}
+	if err := f.Sync(); err != nil {
+		return translate(fmt.Errorf("sync the trimmed copy: %w", err))
+	}
+	return nil
 }
 
 // copyAll copies every top-level bucket of stx, in transactions of at most c.batch
