@@ -11,7 +11,7 @@ import (
 )
 
 // Reading Stripe's answers: the objects that outlive a request and can move money
-// after it (money objects: see the README's "What is metered"), the fields an
+// after it (money objects: see docs/metering.md), the fields an
 // amount lookup reads, stored prices, and error bodies.
 
 // Object is a Stripe object (a JSON object) decoded one level deep.

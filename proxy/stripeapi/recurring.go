@@ -9,8 +9,8 @@ import (
 // schedules, Payment Links and customer balances. Each move money at once or
 // later without another request keybrake could see, so each is metered for what
 // it can be bounded by, counted in full when it is made, or refused with a reason
-// (amount_unknown). Renewals after the first period are never seen (the README's
-// limits say so).
+// (amount_unknown). Renewals after the first period are never seen (the limits in
+// docs/metering.md say so).
 
 // subscriptionCreate meters one period of a new subscription: its items (a stored
 // price or price_data × quantity) and its add_invoice_items, counted in full when
