@@ -111,3 +111,44 @@ func mebibytes(n int64) float64 { return float64(n) / (1 << 20) }
 
 // longRun reports whether KEYBRAKE_LONG asks for the long runs.
 func longRun() bool { return os.Getenv("KEYBRAKE_LONG") != "" }
+
+// TestCheckTimeOnALargeFile measures keybrake check on a database of
+// KEYBRAKE_CHECK_BYTES (e.g. 1073741824), seeded with ~3 KB charges, and
+// the compaction of it; it runs only when asked (it takes minutes).
+func TestCheckTimeOnALargeFile(t *testing.T) {
+	want, _ := strconv.ParseInt(os.Getenv("KEYBRAKE_CHECK_BYTES"), 10, 64)
+	if want <= 0 {
+		t.Skip("set KEYBRAKE_CHECK_BYTES to the size of the database to measure")
+	}
+	dataDir := os.Getenv("KEYBRAKE_CHECK_DIR")
+	if dataDir == "" {
+		dataDir = t.TempDir()
+	}
+	fake := proxytest.NewFakeStripe(t, "sk_test_large")
+	dbPath := filepath.Join(dataDir, databaseFile)
+	if _, err := os.Stat(dbPath); err != nil {
+		m := MustServe(t, dataDir, fake.URL, env{envStripeKey: fake.Secret})
+		k, _ := MustMintKey(t, m.Store(), "large", 1_000_000_000)
+		require.NoError(t, m.Close())
+		s, err := bolt.Open(dbPath, bolt.Options{MasterKey: MustMasterKey(t, dataDir), OpenTimeout: time.Second})
+		require.NoError(t, err)
+		for i := 0; ; i++ {
+			size, err := s.Size(context.Background())
+			require.NoError(t, err)
+			if size >= want {
+				break
+			}
+			seedCharges(t, s, k.ID, fmt.Sprintf("large%d", i), 20000)
+		}
+		require.NoError(t, s.Close())
+	}
+	fi, err := os.Stat(dbPath)
+	require.NoError(t, err)
+	start := time.Now()
+	out := MustRunCommand(t, env{}, "check", "--data-dir", dataDir)
+	t.Logf("check of %.1f MiB took %s:\n%s", mebibytes(fi.Size()), time.Since(start).Round(time.Millisecond), out)
+	start = time.Now()
+	m := MustServe(t, dataDir, fake.URL, env{envStripeKey: fake.Secret})
+	t.Logf("serve started (its page check included) in %s", time.Since(start).Round(time.Millisecond))
+	require.NoError(t, m.Close())
+}
