@@ -132,8 +132,9 @@ func (a *admin) backup(c echo.Context) error {
 	return nil
 }
 
-// checkView is the answer of GET /api/v1/check.
-type checkView struct {
+// CheckView is the answer of GET /api/v1/check (`keybrake check --admin-url`
+// reads it).
+type CheckView struct {
 	OK                bool     `json:"ok"`
 	Pages             int      `json:"pages"`
 	PageProblems      []string `json:"page_problems"`
@@ -157,7 +158,7 @@ func (a *admin) check(c echo.Context) error {
 		a.log.Error("the store check found problems", slog.Int("page_problems", len(rep.PageProblems)),
 			slog.Int("invariant_problems", len(rep.InvariantProblems)))
 	}
-	return c.JSON(http.StatusOK, checkView{OK: rep.OK(), Pages: rep.Pages, PageProblems: nonNil(rep.PageProblems),
+	return c.JSON(http.StatusOK, CheckView{OK: rep.OK(), Pages: rep.Pages, PageProblems: nonNil(rep.PageProblems),
 		Records: rep.Records, InvariantProblems: nonNil(rep.InvariantProblems)})
 }
 

@@ -55,16 +55,7 @@ func (m *Main) parseBackup(args []string) error {
 	c := &m.Backup
 	fs.StringVar(&c.Out, "out", c.Out, "file to write the copy to (required)")
 	c.bind(fs, "copy", "pg_dump backs it up")
-	if err := parseArgs(fs, args); err != nil {
-		return err
-	}
-	if err := applyEnv(fs, m.Getenv, serverAccessEnv); err != nil {
-		return fmt.Errorf("backup: %w", err)
-	}
-	if err := c.Validate(); err != nil {
-		return fmt.Errorf("backup: %w", err)
-	}
-	return nil
+	return m.parseServerCommand(fs, args, c.Validate)
 }
 
 // runBackup writes the copy and reports its size on Stdout.
@@ -277,6 +268,22 @@ func (a *serverAccess) bind(fs *flag.FlagSet, what, pgRefusal string) {
 	fs.DurationVar(&a.OpenTimeout, "open-timeout", a.OpenTimeout, "how long to wait for the database lock (offline "+what+")")
 	fs.DurationVar(&a.Timeout, "timeout", a.Timeout, "time limit of the online "+what)
 	fs.StringVar(&a.DatabaseURL, "database-url", a.DatabaseURL, "a PostgreSQL store's URL: refused, "+pgRefusal)
+}
+
+// parseServerCommand parses the args of a command that takes serverAccess's
+// flags (fs), fills the unset ones from the environment (serverAccessEnv) and
+// validates the result.
+func (m *Main) parseServerCommand(fs *flag.FlagSet, args []string, validate func() error) error {
+	if err := parseArgs(fs, args); err != nil {
+		return err
+	}
+	if err := applyEnv(fs, m.Getenv, serverAccessEnv); err != nil {
+		return fmt.Errorf("%s: %w", fs.Name(), err)
+	}
+	if err := validate(); err != nil {
+		return fmt.Errorf("%s: %w", fs.Name(), err)
+	}
+	return nil
 }
 
 // validate returns the problems with the admin URL and the timeouts.

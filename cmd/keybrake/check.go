@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/keybrake/keybrake/api"
 	"github.com/keybrake/keybrake/vault"
 	"github.com/keybrake/keybrake/vault/bolt"
 )
@@ -56,16 +57,7 @@ func (m *Main) parseCheck(args []string) error {
 	c := &m.Check
 	fs.StringVar(&c.File, "file", c.File, "database file to check (a backup) instead of the data directory's")
 	c.bind(fs, "check", "a replica's --admin-url checks it")
-	if err := parseArgs(fs, args); err != nil {
-		return err
-	}
-	if err := applyEnv(fs, m.Getenv, serverAccessEnv); err != nil {
-		return fmt.Errorf("check: %w", err)
-	}
-	if err := c.Validate(); err != nil {
-		return fmt.Errorf("check: %w", err)
-	}
-	return nil
+	return m.parseServerCommand(fs, args, c.Validate)
 }
 
 // runCheck checks and writes the summary on Stdout; any finding is an error.
@@ -107,15 +99,6 @@ func (m *Main) runCheck(ctx context.Context) error {
 	return nil
 }
 
-// checkView is the answer of GET /api/v1/check, as the command reads it.
-type checkView struct {
-	OK                bool     `json:"ok"`
-	Pages             int      `json:"pages"`
-	PageProblems      []string `json:"page_problems"`
-	Records           int      `json:"records"`
-	InvariantProblems []string `json:"invariant_problems"`
-}
-
 // checkOnline asks a running server to check its store.
 func (m *Main) checkOnline(ctx context.Context) (vault.CheckReport, error) {
 	resp, done, err := m.callAdmin(ctx, m.Check.serverAccess, http.MethodGet, "/api/v1/check", "keybrake-check")
@@ -123,7 +106,7 @@ func (m *Main) checkOnline(ctx context.Context) (vault.CheckReport, error) {
 		return vault.CheckReport{}, err
 	}
 	defer done()
-	var out checkView
+	var out api.CheckView
 	if err := json.NewDecoder(io.LimitReader(resp.Body, 4<<20)).Decode(&out); err != nil {
 		return vault.CheckReport{}, fmt.Errorf("get %s: the answer: %w", resp.Request.URL, err)
 	}
