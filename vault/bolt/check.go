@@ -192,8 +192,12 @@ func pageCheck(t engine.Tx) (int, []string, error) {
 }
 
 // Check runs bbolt's page check and the invariant check in one read
-// transaction, after every queued settle (vault.Store.Check).
+// transaction, after every queued settle (vault.Store.Check). It is a long
+// read, like a hot backup: a Compact asked for meanwhile waits for it without
+// stopping the hot path (copyMu).
 func (s *Store) Check(ctx context.Context) (vault.CheckReport, error) {
+	s.copyMu.RLock()
+	defer s.copyMu.RUnlock()
 	return s.CheckWith(ctx, pageCheck)
 }
 
