@@ -55,7 +55,7 @@ func (m *Main) parseBackup(args []string) error {
 	c := &m.Backup
 	fs.StringVar(&c.Out, "out", c.Out, "file to write the copy to (required)")
 	c.bind(fs, "copy", "pg_dump backs it up")
-	return m.parseServerCommand(fs, args, c.Validate)
+	return m.parseServerCommand(fs, args, func() error { return c.Validate() }) // after the parse: Validate has a value receiver
 }
 
 // runBackup writes the copy and reports its size on Stdout.

@@ -57,7 +57,7 @@ func (m *Main) parseCheck(args []string) error {
 	c := &m.Check
 	fs.StringVar(&c.File, "file", c.File, "database file to check (a backup) instead of the data directory's")
 	c.bind(fs, "check", "a replica's --admin-url checks it")
-	return m.parseServerCommand(fs, args, c.Validate)
+	return m.parseServerCommand(fs, args, func() error { return c.Validate() }) // after the parse: Validate has a value receiver
 }
 
 // runCheck checks and writes the summary on Stdout; any finding is an error.

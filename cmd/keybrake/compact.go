@@ -46,7 +46,7 @@ func (m *Main) parseCompact(args []string) error {
 		"request waits while it copies (seconds per gigabyte).")
 	c := &m.Compact
 	c.bind(fs, "compaction", "autovacuum reclaims its space")
-	return m.parseServerCommand(fs, args, c.Validate)
+	return m.parseServerCommand(fs, args, func() error { return c.Validate() }) // after the parse: Validate has a value receiver
 }
 
 // runCompact compacts and reports the sizes on Stdout.
