@@ -85,6 +85,7 @@ var adminRoutes = []adminRoute{
 	{method: http.MethodGet, path: "/api/v1/audit", handler: (*admin).listAudit},
 	{method: http.MethodGet, path: "/api/v1/backup", handler: (*admin).backup, admin: true},
 	{method: http.MethodPost, path: "/api/v1/compact", handler: (*admin).compact, admin: true},
+	{method: http.MethodGet, path: "/api/v1/check", handler: (*admin).check, admin: true},
 }
 
 // NewAdmin returns the admin listener's handler: /api/v1/*, /healthz, /readyz,

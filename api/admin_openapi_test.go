@@ -71,13 +71,13 @@ func TestAdminOpenAPIDocumentMatchesRoutes(t *testing.T) {
 	}
 	sort.Strings(documented)
 	assert.Equal(t, served, documented, "served routes and documented operations differ")
-	assert.Len(t, served, 26)
+	assert.Len(t, served, 27)
 
 	// The document's problem types are the ones the server uses.
 	assertProblemTypes(t, doc, "Problem",
 		api.ProblemMalformed, api.ProblemUnauthorized, api.ProblemForbidden, api.ProblemNotFound,
 		api.ProblemMethodNotAllowed, api.ProblemConflict, api.ProblemTooLarge, api.ProblemUnsupportedMedia,
-		api.ProblemValidation, api.ProblemInternal, api.ProblemUnavailable,
+		api.ProblemValidation, api.ProblemInternal, api.ProblemUnavailable, api.ProblemNoSpace,
 		api.ProblemUpstreamUnavailable, api.ProblemUpstreamAuthFailed, api.ProblemUpstreamPermission,
 		api.ProblemStripeObjectNotFound, api.ProblemStripeAnswerUnusable)
 	assert.True(t, strings.HasPrefix(doc.OpenAPI, "3."), "OpenAPI 3 document")

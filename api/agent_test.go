@@ -69,7 +69,7 @@ func MustAgentEnv(tb testing.TB) *agentEnv {
 	})
 	require.NoError(tb, err)
 	env.store = store
-	require.NoError(tb, metrics.WatchStore(store))
+	require.NoError(tb, metrics.WatchStore(store, slog.Default()))
 	tb.Cleanup(func() {
 		assert.NoError(tb, store.CheckInvariant(context.Background()))
 		assert.NoError(tb, store.Close())

@@ -105,9 +105,11 @@ func (m *Metrics) ObserveReap(removed int, err error) {
 
 // WatchStore registers the gauges read from the store at each scrape: unknown
 // holds, the file's size, the active keys, the money in their current windows per
-// currency, and the keys near a cap.
-func (m *Metrics) WatchStore(store vault.Store) error {
-	if err := m.reg.Register(newStoreCollector(store)); err != nil {
+// currency, the keys near a cap, why the server is not ready (readiness's own
+// write probe, whose failures log reports at Error), and the settles waiting for
+// a retry.
+func (m *Metrics) WatchStore(store vault.Store, log *slog.Logger) error {
+	if err := m.reg.Register(newStoreCollector(store, log)); err != nil {
 		return fmt.Errorf("register store metrics: %w", err)
 	}
 	return nil
@@ -121,12 +123,20 @@ type storeCollector struct {
 	store vault.Store
 	mu    sync.Mutex
 
-	unknown, size, active, nearCap, committed, held, clockOffset *prometheus.Desc
+	log *slog.Logger
+
+	unknown, size, active, nearCap, committed, held, clockOffset, notReady, pending *prometheus.Desc
 }
 
-func newStoreCollector(store vault.Store) *storeCollector {
+func newStoreCollector(store vault.Store, log *slog.Logger) *storeCollector {
 	return &storeCollector{
 		store: store,
+		log:   log,
+		notReady: prometheus.NewDesc("keybrake_not_ready",
+			"1 for the reason the store's last hot-path commit (a request's, or GET /readyz's write probe) failed — no_space: the disk is full; storage: another storage failure; closed — and 0 for the others: all 0 while commits succeed. GET /readyz answers 503 meanwhile.",
+			[]string{"reason"}, nil),
+		pending: prometheus.NewDesc("keybrake_settles_pending",
+			"Settles of requests Stripe answered whose commit failed (a full disk): kept in memory and retried until durable. A crash now would leave their records outcome unknown.", nil, nil),
 		unknown: prometheus.NewDesc("keybrake_holds_unknown",
 			"Holds whose outcome is unknown (Stripe gave no answer): money that may have moved, waiting for a retry with the same idempotency key or an operator (GET /api/v1/holds?state=unknown).", nil, nil),
 		clockOffset: prometheus.NewDesc("keybrake_store_clock_offset_seconds",
@@ -149,7 +159,7 @@ func newStoreCollector(store vault.Store) *storeCollector {
 
 // Describe implements prometheus.Collector.
 func (c *storeCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.unknown, c.size, c.active, c.nearCap, c.committed, c.held, c.clockOffset} {
+	for _, d := range []*prometheus.Desc{c.unknown, c.size, c.active, c.nearCap, c.committed, c.held, c.clockOffset, c.notReady, c.pending} {
 		ch <- d
 	}
 }
@@ -164,6 +174,15 @@ func (c *storeCollector) Collect(ch chan<- prometheus.Metric) {
 	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
 	}
+	why := commitFailure(c.store.CommitError())
+	for _, r := range notReadyReasons {
+		v := 0.0
+		if r == why {
+			v = 1
+		}
+		gauge(c.notReady, v, r)
+	}
+	gauge(c.pending, float64(c.store.PendingSettles()))
 	if n, err := c.store.CountHolds(ctx, vault.HoldUnknown); err != nil {
 		ch <- prometheus.NewInvalidMetric(c.unknown, err)
 	} else {

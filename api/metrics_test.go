@@ -231,7 +231,7 @@ func TestMetricsScrapeFailsWhenTheStoreFails(t *testing.T) {
 	require.NoError(t, err)
 	store, err := bolt.Open(filepath.Join(t.TempDir(), "keybrake.db"), bolt.Options{MasterKey: bytes.Repeat([]byte{1}, 32)})
 	require.NoError(t, err)
-	require.NoError(t, m.WatchStore(store))
+	require.NoError(t, m.WatchStore(store, slog.Default()))
 	logs := &adminLogBuffer{}
 	srv := httptest.NewServer(api.NewAdmin(api.AdminConfig{Store: store, Metrics: reg, Logger: slog.New(slog.NewJSONHandler(logs, nil))}))
 	t.Cleanup(srv.Close)
@@ -243,7 +243,7 @@ func TestMetricsScrapeFailsWhenTheStoreFails(t *testing.T) {
 	defer resp.Body.Close()
 	assert.Equal(t, http.StatusInternalServerError, resp.StatusCode, "Prometheus's up metric shows a broken store")
 	assert.Contains(t, logs.String(), "metrics scrape failed")
-	assert.Error(t, m.WatchStore(store), "registered once")
+	assert.Error(t, m.WatchStore(store, slog.Default()), "registered once")
 }
 
 // The example alerting rules in docs/ are valid rules that name metrics keybrake

@@ -34,6 +34,8 @@ const (
 	ProblemValidation       = "urn:keybrake:problem:validation-failed"
 	ProblemInternal         = "urn:keybrake:problem:internal"
 	ProblemUnavailable      = "urn:keybrake:problem:unavailable"
+	// ProblemNoSpace: the store's device is full (507); the operator frees space.
+	ProblemNoSpace = "urn:keybrake:problem:no-space"
 
 	// Stripe's answer to a lookup keybrake made for an operator (a refresh of
 	// a money object) could not be had or used; nothing changed.
@@ -72,6 +74,7 @@ var problemTypes = map[int]string{
 	http.StatusUnprocessableEntity:   ProblemValidation,
 	http.StatusInternalServerError:   ProblemInternal,
 	http.StatusServiceUnavailable:    ProblemUnavailable,
+	http.StatusInsufficientStorage:   ProblemNoSpace,
 }
 
 // Problem is an RFC 9457 problem detail. Handlers return it as an error when they
@@ -185,6 +188,9 @@ func problemFor(err error) (p *Problem, internal bool) {
 		return newProblem(http.StatusNotImplemented, err.Error()), false
 	case errors.Is(err, vault.ErrClosed):
 		return newProblem(http.StatusServiceUnavailable, "the store is closed; the server is shutting down"), false
+	case errors.Is(err, vault.ErrNoSpace):
+		// A full disk is the operator's to fix, not a bug: say so.
+		return newProblem(http.StatusInsufficientStorage, "no space left on the store's device: free some and try again"), false
 	case errors.Is(err, vault.ErrStorage), errors.Is(err, context.DeadlineExceeded):
 		// The store failed or did not answer in time (a PostgreSQL server that
 		// is down, a lock another replica holds past lock_timeout): nothing

@@ -30,39 +30,72 @@ type readiness struct {
 	Reason string `json:"reason,omitempty"`
 }
 
-// notReadyReason returns "" when store can serve traffic: it is open and
-// writable (an empty write transaction through its group committer commits),
-// at least one upstream is registered, and the process's clock is within
-// maxOffset of the store's (when the store's is another: PostgreSQL's; 0
-// checks nothing). Otherwise it says why, without internal detail (the proxy
-// listener is public); the detail is logged at Error.
-func notReadyReason(ctx context.Context, store vault.Store, log *slog.Logger, maxOffset time.Duration) string {
+// Why a server is not ready: the label values of keybrake_not_ready.
+const (
+	notReadyNoStore    = "no_store"
+	notReadyClosed     = "closed"
+	notReadyNoSpace    = "no_space"
+	notReadyStorage    = "storage"
+	notReadyNoUpstream = "no_upstream"
+	notReadyClock      = "clock_offset"
+)
+
+// commitFailure is the keybrake_not_ready reason of a failed commit ("" for
+// nil).
+func commitFailure(err error) string {
+	switch {
+	case err == nil:
+		return ""
+	case errors.Is(err, vault.ErrClosed):
+		return notReadyClosed
+	case errors.Is(err, vault.ErrNoSpace):
+		return notReadyNoSpace
+	}
+	return notReadyStorage
+}
+
+// notReadyReasons are every value of keybrake_not_ready's reason label.
+var notReadyReasons = []string{notReadyNoStore, notReadyClosed, notReadyNoSpace, notReadyStorage, notReadyNoUpstream, notReadyClock}
+
+// notReadyReason returns "" when store can serve traffic: it is open, it can
+// commit now (Ping writes a probe as large as a settle's commit through the
+// group committer: a full disk fails it) and at least one upstream is
+// registered, and the process's clock is within maxOffset of the store's
+// (when the store's is another: PostgreSQL's; 0 checks nothing). Otherwise it says why, without internal detail (the proxy
+// listener is public), and code names the reason for keybrake_not_ready; the
+// detail is logged at Error.
+func notReadyReason(ctx context.Context, store vault.Store, log *slog.Logger, maxOffset time.Duration) (reason, code string) {
 	if store == nil {
-		return "no store is configured"
+		return "no store is configured", notReadyNoStore
 	}
 	ctx, cancel := context.WithTimeout(ctx, readyTimeout)
 	defer cancel()
 	if err := store.Ping(ctx); err != nil {
-		if errors.Is(err, vault.ErrClosed) {
-			return "the store is closed"
+		code := commitFailure(err)
+		switch code {
+		case notReadyClosed:
+			return "the store is closed", code
+		case notReadyNoSpace:
+			log.Error("readiness: the store cannot commit: no space left", slog.String(logfield.Error, err.Error()))
+			return "the store cannot commit: no space left on its device", code
 		}
 		log.Error("readiness: the store cannot write", slog.String(logfield.Error, err.Error()))
-		return "the store cannot write"
+		return "the store cannot write", notReadyStorage
 	}
 	// The Ping measured the offset again.
 	if reason := clockOffsetReason(store, maxOffset); reason != "" {
 		log.Error("readiness: "+reason, slog.Duration(logfield.ClockOffset, clockOffset(store)))
-		return reason
+		return reason, notReadyClock
 	}
 	ups, err := store.ListUpstreams(ctx)
 	if err != nil {
 		log.Error("readiness: cannot list upstreams", slog.String(logfield.Error, err.Error()))
-		return "the store cannot be read"
+		return "the store cannot be read", notReadyStorage
 	}
 	if len(ups) == 0 {
-		return "no upstream is registered: start with STRIPE_SECRET_KEY set, or POST /api/v1/upstreams"
+		return "no upstream is registered: start with STRIPE_SECRET_KEY set, or POST /api/v1/upstreams", notReadyNoUpstream
 	}
-	return ""
+	return "", ""
 }
 
 // clockOffset is how far the store's clock is ahead of the process's, 0 when
@@ -94,7 +127,7 @@ func clockOffsetReason(store vault.Store, maxOffset time.Duration) string {
 // with the reason. Load balancers and orchestrators poll it without a token.
 func serveReadyz(c echo.Context, store vault.Store, log *slog.Logger, maxOffset time.Duration) error {
 	c.Response().Header().Set("Cache-Control", "no-store")
-	if reason := notReadyReason(c.Request().Context(), store, log, maxOffset); reason != "" {
+	if reason, _ := notReadyReason(c.Request().Context(), store, log, maxOffset); reason != "" {
 		return c.JSON(http.StatusServiceUnavailable, readiness{Status: statusNotReady, Reason: reason})
 	}
 	return c.JSON(http.StatusOK, readiness{Status: statusReady})

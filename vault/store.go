@@ -144,7 +144,11 @@ type Store interface {
 	// set, is called once with Settle's error (nil when durable); it runs on
 	// the store's committer and must return at once. SettleQueued itself
 	// returns an error, and never calls done, only when the settle was not
-	// queued (ErrClosed, ctx's error, a response that cannot be sealed).
+	// queued (ErrClosed, ctx's error, a response that cannot be sealed). A
+	// settle whose commit fails for a storage reason (a full disk) is kept
+	// in memory, a bounded number of them, and retried until it is durable
+	// (done is then called with its final outcome); the reaper leaves its
+	// record in progress meanwhile, so that only a crash leaves it unknown.
 	SettleQueued(ctx context.Context, req SettleRequest, done func(error)) error
 	// ResolveHold settles an unknown hold (or a held one whose lease lapsed)
 	// by an operator's decision, HoldCommitted or HoldReleased, completes its
@@ -286,8 +290,25 @@ type Store interface {
 	// the database's, read as the process's clock plus the offset measured
 	// at every transaction's start.
 	Now() time.Time
-	// Ping proves the store can write: an empty durable write transaction.
+	// Check runs the store's own consistency checks in one read snapshot:
+	// the storage engine's structural check where it has one (bbolt: every
+	// page reachable once, none both free and in use) and CheckInvariant.
+	// Findings are in the report, not in the error, which is a failure to
+	// read.
+	Check(ctx context.Context) (CheckReport, error)
+	// Ping proves the store can commit now: it writes a probe through the
+	// hot path (on bbolt as large as a settle's commit, so that a disk with
+	// too little space left fails it). Errors: ErrNoSpace, ErrStorage,
+	// ErrClosed.
 	Ping(ctx context.Context) error
+	// CommitError is the storage failure of the last hot-path write
+	// transaction, or nil when it committed (ErrNoSpace for a full disk). It
+	// reads nothing: Ping is the probe.
+	CommitError() error
+	// PendingSettles is how many settles whose outcome Stripe gave are kept
+	// in memory because their commit failed (a full disk), retried until
+	// they are durable (see SettleQueued).
+	PendingSettles() int
 	// Size is how many bytes the store takes on disk.
 	Size(ctx context.Context) (int64, error)
 	// Compact gives the space of what the reaper removed back to the file
@@ -304,6 +325,22 @@ type Store interface {
 	// Close return ErrClosed.
 	Close() error
 }
+
+// CheckReport is what Check found: nothing when both lists are empty.
+type CheckReport struct {
+	// Pages is how many pages the structural check walked (0 on a store
+	// without one: PostgreSQL).
+	Pages int
+	// PageProblems are the structural check's findings, one sentence each.
+	PageProblems []string
+	// Records is how many idempotency records the invariant check read.
+	Records int
+	// InvariantProblems are CheckInvariant's findings, one sentence each.
+	InvariantProblems []string
+}
+
+// OK reports whether the check found nothing.
+func (r CheckReport) OK() bool { return len(r.PageProblems) == 0 && len(r.InvariantProblems) == 0 }
 
 // CompactResult is the size of a store before and after Compact, in bytes.
 type CompactResult struct {

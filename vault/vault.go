@@ -70,6 +70,18 @@ var (
 	// ErrPrecondition: a conditional change found the entry at another version
 	// than the one it was made against (an ETag that no longer matches).
 	ErrPrecondition = errors.New("precondition failed")
+	// ErrNoSpace: a write failed because the file system is full. It comes
+	// with ErrStorage (errors.Is matches both): whoever does not tell them
+	// apart sees a storage failure.
+	ErrNoSpace = errors.New("no space left on the device")
+	// ErrDamaged: the database file is damaged (shorter than its own meta
+	// page says, a meta page that does not check, a page that fails the page
+	// check); the message names the file and what was found.
+	ErrDamaged = errors.New("database file damaged")
+	// ErrMigrated: the bbolt database was copied into PostgreSQL by
+	// migrate-store and marked so: serving it again would spend its keys a
+	// second time beside the PostgreSQL replicas.
+	ErrMigrated = errors.New("database migrated")
 )
 
 // KeyStatus is a vault key's stored status. "expired" is derived (see Key.StatusAt).

@@ -55,16 +55,7 @@ func (m *Main) parseBackup(args []string) error {
 	c := &m.Backup
 	fs.StringVar(&c.Out, "out", c.Out, "file to write the copy to (required)")
 	c.bind(fs, "copy", "pg_dump backs it up")
-	if err := parseArgs(fs, args); err != nil {
-		return err
-	}
-	if err := applyEnv(fs, m.Getenv, serverAccessEnv); err != nil {
-		return fmt.Errorf("backup: %w", err)
-	}
-	if err := c.Validate(); err != nil {
-		return fmt.Errorf("backup: %w", err)
-	}
-	return nil
+	return m.parseServerCommand(fs, args, func() error { return c.Validate() }) // after the parse: Validate has a value receiver
 }
 
 // runBackup writes the copy and reports its size on Stdout.
@@ -108,6 +99,7 @@ func (m *Main) backupOffline(ctx context.Context) (int64, error) {
 		MasterKey:   masterKey,
 		OpenTimeout: c.OpenTimeout,
 		Logger:      newStderrLogger(m),
+		CheckPages:  true, // a damaged file is refused, not copied
 	})
 	if errors.Is(err, vault.ErrLocked) {
 		return 0, fmt.Errorf("open %s (is keybrake serve running on it? then use --admin-url): %w", dbPath, err)
@@ -115,7 +107,7 @@ func (m *Main) backupOffline(ctx context.Context) (int64, error) {
 	if err != nil {
 		return 0, openStoreError(dbPath, masterSrc, err)
 	}
-	n, err := writeFileAtomic(c.Out, func(w io.Writer) (int64, error) { return store.Backup(ctx, w) })
+	n, err := m.writeBackup(ctx, func(w io.Writer) (int64, error) { return store.Backup(ctx, w) })
 	if cerr := store.Close(); cerr != nil {
 		err = errors.Join(err, fmt.Errorf("close store: %w", cerr))
 	}
@@ -130,7 +122,28 @@ func (m *Main) backupOnline(ctx context.Context) (int64, error) {
 		return 0, err
 	}
 	defer done()
-	return writeFileAtomic(c.Out, func(w io.Writer) (int64, error) { return io.Copy(w, resp.Body) })
+	return m.writeBackup(ctx, func(w io.Writer) (int64, error) { return io.Copy(w, resp.Body) })
+}
+
+// writeBackup writes the copy to --out through fill, and checks it (bbolt's
+// page check and the invariant) before it renames it into place: a copy of
+// a damaged database is never reported written. The temporary files that
+// killed backups left beside --out go first.
+func (m *Main) writeBackup(ctx context.Context, fill func(io.Writer) (int64, error)) (int64, error) {
+	out := m.Backup.Out
+	removeTempLeftovers(out, m.Stderr)
+	return writeFileAtomic(out, fill, func(tmp string) error { return verifyCopy(ctx, tmp, m.Backup.OpenTimeout) })
+}
+
+// removeTempLeftovers removes the temporary files (writeTemp's names) that a
+// killed write of path left beside it, and says so on w.
+func removeTempLeftovers(path string, w io.Writer) {
+	leftovers, _ := filepath.Glob(filepath.Join(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*"))
+	for _, f := range leftovers {
+		if os.Remove(f) == nil {
+			fmt.Fprintf(w, "removed %s, left behind by a backup that was killed\n", f)
+		}
+	}
 }
 
 // callAdmin sends method path, without a body, to the admin API at a.AdminURL
@@ -177,11 +190,18 @@ func (m *Main) callAdmin(ctx context.Context, a serverAccess, method, path, subj
 }
 
 // writeFileAtomic writes path through fill: a temporary file beside it (mode 0600),
-// fsync, rename over path, fsync of the directory. On error path is untouched.
-func writeFileAtomic(path string, fill func(io.Writer) (int64, error)) (int64, error) {
+// fsync, the verify of each one given (with the temporary file's name), rename
+// over path, fsync of the directory. On error path is untouched.
+func writeFileAtomic(path string, fill func(io.Writer) (int64, error), verify ...func(tmp string) error) (int64, error) {
 	tmpName, n, err := writeTemp(path, fill)
 	if err != nil {
 		return 0, fmt.Errorf("write %s: %w", path, err)
+	}
+	for _, v := range verify {
+		if err := v(tmpName); err != nil {
+			_ = os.Remove(tmpName)
+			return 0, err
+		}
 	}
 	if err := os.Rename(tmpName, path); err != nil {
 		_ = os.Remove(tmpName)
@@ -248,6 +268,22 @@ func (a *serverAccess) bind(fs *flag.FlagSet, what, pgRefusal string) {
 	fs.DurationVar(&a.OpenTimeout, "open-timeout", a.OpenTimeout, "how long to wait for the database lock (offline "+what+")")
 	fs.DurationVar(&a.Timeout, "timeout", a.Timeout, "time limit of the online "+what)
 	fs.StringVar(&a.DatabaseURL, "database-url", a.DatabaseURL, "a PostgreSQL store's URL: refused, "+pgRefusal)
+}
+
+// parseServerCommand parses the args of a command that takes serverAccess's
+// flags (fs), fills the unset ones from the environment (serverAccessEnv) and
+// validates the result.
+func (m *Main) parseServerCommand(fs *flag.FlagSet, args []string, validate func() error) error {
+	if err := parseArgs(fs, args); err != nil {
+		return err
+	}
+	if err := applyEnv(fs, m.Getenv, serverAccessEnv); err != nil {
+		return fmt.Errorf("%s: %w", fs.Name(), err)
+	}
+	if err := validate(); err != nil {
+		return fmt.Errorf("%s: %w", fs.Name(), err)
+	}
+	return nil
 }
 
 // validate returns the problems with the admin URL and the timeouts.

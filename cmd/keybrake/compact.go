@@ -46,16 +46,7 @@ func (m *Main) parseCompact(args []string) error {
 		"request waits while it copies (seconds per gigabyte).")
 	c := &m.Compact
 	c.bind(fs, "compaction", "autovacuum reclaims its space")
-	if err := parseArgs(fs, args); err != nil {
-		return err
-	}
-	if err := applyEnv(fs, m.Getenv, serverAccessEnv); err != nil {
-		return fmt.Errorf("compact: %w", err)
-	}
-	if err := c.Validate(); err != nil {
-		return fmt.Errorf("compact: %w", err)
-	}
-	return nil
+	return m.parseServerCommand(fs, args, func() error { return c.Validate() }) // after the parse: Validate has a value receiver
 }
 
 // runCompact compacts and reports the sizes on Stdout.

@@ -322,7 +322,7 @@ func TestSkewedReplicaClockDecidesNoKeyDifferently(t *testing.T) {
 	for i, rs := range replicas {
 		status, body := MustGet(t, rs.adminURL(0)+"/readyz", "")
 		_, page, _ := adminSend(t, http.MethodGet, rs.adminURL(0)+"/metrics", admin, "")
-		offset := metricValue(t, page, "keybrake_store_clock_offset_seconds")
+		offset := metricFloat(t, page, "keybrake_store_clock_offset_seconds")
 		if skews[i] == "0s" {
 			assert.Equal(t, http.StatusOK, status, "%s", body)
 			assert.Less(t, offset, 2.0)
@@ -349,18 +349,14 @@ func errorCode(body []byte) string {
 	return e.Error.Code
 }
 
-// metricValue reads the value of an unlabelled metric from a text exposition.
-func metricValue(t *testing.T, page, name string) float64 {
+// metricFloat reads the value of an unlabelled metric from a text exposition.
+func metricFloat(t *testing.T, page, name string) float64 {
 	t.Helper()
-	for _, line := range strings.Split(page, "\n") {
-		if v, ok := strings.CutPrefix(line, name+" "); ok {
-			f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
-			require.NoError(t, err)
-			return f
-		}
-	}
-	require.FailNow(t, "no metric "+name, page)
-	return 0
+	v := metricValue(page, name)
+	require.NotEmpty(t, v, "no metric "+name, page)
+	f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+	require.NoError(t, err)
+	return f
 }
 
 // TestBootstrapTokenPrintedByTheReplicaThatCreatedTheSchema: three replicas

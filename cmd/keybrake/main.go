@@ -83,6 +83,7 @@ const (
 	cmdBackup  = "backup"
 	cmdRekey   = "rekey"
 	cmdCompact = "compact"
+	cmdCheck   = "check"
 	cmdMigrate = "migrate-store"
 	cmdVersion = "version"
 	cmdHelp    = "help"
@@ -105,6 +106,8 @@ type Main struct {
 	Rekey RekeyConfig
 	// Compact is the compact subcommand's configuration.
 	Compact CompactConfig
+	// Check is the check subcommand's configuration.
+	Check CheckConfig
 	// Migrate is the migrate-store subcommand's configuration.
 	Migrate MigrateConfig
 
@@ -146,6 +149,7 @@ func NewMain() *Main {
 		Backup:  DefaultBackupConfig(),
 		Rekey:   DefaultRekeyConfig(),
 		Compact: DefaultCompactConfig(),
+		Check:   DefaultCheckConfig(),
 		Migrate: DefaultMigrateConfig(),
 		Stdout:  os.Stdout,
 		Stderr:  os.Stderr,
@@ -161,6 +165,7 @@ Usage:
   keybrake backup        [flags]  write a consistent copy of the database
   keybrake rekey         [flags]  re-seal the database under a new master key (server stopped)
   keybrake compact       [flags]  give the space the reaper freed back to the file system
+  keybrake check         [flags]  tell whether a database (or a backup) is whole; exits 1 on a finding
   keybrake migrate-store [flags]  copy a bbolt vault into an empty PostgreSQL database (server stopped)
   keybrake version                print the version
   keybrake help [command]         show help
@@ -189,6 +194,8 @@ func (m *Main) ParseFlags(ctx context.Context, args []string) error {
 		return m.parseRekey(args)
 	case cmdCompact:
 		return m.parseCompact(args)
+	case cmdCheck:
+		return m.parseCheck(args)
 	case cmdMigrate:
 		return m.parseMigrate(args)
 	case cmdVersion:
@@ -262,6 +269,8 @@ func (m *Main) Run(ctx context.Context) error {
 		return m.runRekey(ctx)
 	case cmdCompact:
 		return m.runCompact(ctx)
+	case cmdCheck:
+		return m.runCheck(ctx)
 	case cmdMigrate:
 		return m.runMigrate(ctx)
 	case cmdVersion:

@@ -22,6 +22,9 @@ type MigrateConfig struct {
 	To string
 	// OpenTimeout is how long the copy waits for the bbolt file's lock.
 	OpenTimeout time.Duration
+	// Unmark, instead of copying, removes the mark a copy left in the bbolt
+	// vault, so that serve serves it again (a return to bbolt).
+	Unmark bool
 }
 
 // DefaultMigrateConfig returns migrate-store's defaults.
@@ -35,7 +38,9 @@ func (c MigrateConfig) Validate() error {
 	if strings.TrimSpace(c.From) == "" {
 		errs = append(errs, errors.New("from: must not be empty"))
 	}
-	if c.To == "" {
+	if c.Unmark {
+		// --to is not needed.
+	} else if c.To == "" {
 		errs = append(errs, fmt.Errorf("to: required (or %s): the postgres:// URL of an empty database", envName("database-url")))
 	} else if err := validateDatabaseURL(c.To); err != nil {
 		errs = append(errs, fmt.Errorf("to: %w", err))
@@ -61,6 +66,8 @@ func (m *Main) parseMigrate(args []string) error {
 	fs.StringVar(&c.From, "from", c.From, "data directory holding the bbolt vault (keybrake.db)")
 	fs.StringVar(&c.To, "to", c.To, "postgres:// URL of the empty database to copy into (default: "+envName("database-url")+")")
 	fs.DurationVar(&c.OpenTimeout, "open-timeout", c.OpenTimeout, "how long to wait for the vault's file lock")
+	fs.BoolVar(&c.Unmark, "unmark", c.Unmark, "remove the mark a copy left in the bbolt vault, so that serve serves it again "+
+		"(only to return to bbolt, before any replica serves the PostgreSQL store)")
 	if err := parseArgs(fs, args); err != nil {
 		return err
 	}
@@ -75,10 +82,16 @@ func (m *Main) parseMigrate(args []string) error {
 }
 
 // runMigrate copies the bbolt vault into PostgreSQL and says what it copied
-// and what to do next.
+// and what to do next. It fails closed: the vault is marked as migrated,
+// inside the file, before the copy commits (serve refuses a marked vault), and
+// retired by a rename after; a rename that fails is an error, since the file
+// left in place must not be served again.
 func (m *Main) runMigrate(ctx context.Context) error {
 	c := m.Migrate
 	dbPath := filepath.Join(c.From, databaseFile)
+	if c.Unmark {
+		return m.unmarkMigrated(ctx, dbPath)
+	}
 	target := redactedDatabaseURL(c.To)
 	if _, err := os.Stat(dbPath); err != nil {
 		return fmt.Errorf("migrate-store: no vault to copy: %w", err)
@@ -90,7 +103,8 @@ func (m *Main) runMigrate(ctx context.Context) error {
 	// Opening the vault takes its file lock, which keeps a server out until
 	// the copy is done, and turns the requests a stopped server left in
 	// flight into outcome-unknown holds, as its next start would.
-	src, err := bolt.Open(dbPath, bolt.Options{MasterKey: masterKey, OpenTimeout: c.OpenTimeout, Logger: newStderrLogger(m)})
+	src, err := bolt.Open(dbPath, bolt.Options{MasterKey: masterKey, OpenTimeout: c.OpenTimeout, Logger: newStderrLogger(m),
+		AllowMigrated: true, CheckPages: true})
 	switch {
 	case errors.Is(err, vault.ErrLocked):
 		return fmt.Errorf("migrate-store: another keybrake process holds %s (its file lock): stop serve first, "+
@@ -99,7 +113,22 @@ func (m *Main) runMigrate(ctx context.Context) error {
 		return fmt.Errorf("migrate-store: %w", openStoreError(dbPath, masterSrc, err))
 	}
 	defer src.Close()
-	stats, err := postgres.Import(ctx, c.To, src, postgres.ImportOptions{MasterKey: masterKey, Logger: newStderrLogger(m)})
+	marked := false
+	stats, err := postgres.Import(ctx, c.To, src, postgres.ImportOptions{MasterKey: masterKey, Logger: newStderrLogger(m),
+		BeforeCommit: func(ctx context.Context) error {
+			if err := src.MarkMigrated(ctx, target, time.Now()); err != nil {
+				return fmt.Errorf("mark %s as migrated: %w", dbPath, err)
+			}
+			marked = true
+			return nil
+		}})
+	if err != nil && marked {
+		// Only the commit can have failed, and a commit that failed may
+		// still have happened: the mark stays.
+		return fmt.Errorf("migrate-store: %s to %s: the copy's commit failed, and it may have committed: %s stays marked as migrated, so serve refuses it. "+
+			"If the PostgreSQL database is still empty, run keybrake migrate-store again; to return to bbolt instead, keybrake migrate-store --from %s --unmark: %w",
+			dbPath, target, dbPath, c.From, err)
+	}
 	if err != nil {
 		return fmt.Errorf("migrate-store: %s to %s: nothing was copied: %w", dbPath, target, err)
 	}
@@ -128,11 +157,36 @@ func (m *Main) runMigrate(ctx context.Context) error {
 	}
 	fmt.Fprintf(m.Stdout, "Start every replica with --database-url (or %s) and %s.\n", envName("database-url"), key)
 	if renameErr != nil {
-		_, err = fmt.Fprintf(m.Stdout, "WARNING: %s could not be renamed (%v): do not serve it again, or its keys would spend a second time.\n",
-			dbPath, renameErr)
-		return err
+		return fmt.Errorf("migrate-store: the copy is committed, but %s could not be renamed to %s (%w): it is marked as migrated, so serve refuses it; "+
+			"move it out of %s by hand, and never serve it again, or its keys would spend a second time beside the replicas", dbPath, retired, renameErr, c.From)
 	}
-	_, err = fmt.Fprintf(m.Stdout, "%s is now %s, unchanged, so that no serve on %s spends from it again "+
-		"(rename it back only to return to bbolt, before any replica serves the PostgreSQL store).\n", dbPath, retired, c.From)
+	_, err = fmt.Fprintf(m.Stdout, "%s is now %s, marked as migrated, so that no serve on %s spends from it again "+
+		"(to return to bbolt, before any replica serves the PostgreSQL store: rename it back and run keybrake migrate-store --from %s --unmark).\n",
+		dbPath, retired, c.From, c.From)
+	return err
+}
+
+// unmarkMigrated removes migrate-store's mark from the vault at dbPath.
+func (m *Main) unmarkMigrated(ctx context.Context, dbPath string) error {
+	c := m.Migrate
+	if _, err := os.Stat(dbPath); err != nil {
+		return fmt.Errorf("migrate-store: no vault to unmark: %w", err)
+	}
+	masterKey, masterSrc, err := loadSecret(masterKeySpec, m.Getenv, c.From, nil)
+	if err != nil {
+		return fmt.Errorf("migrate-store: master key: %w", err)
+	}
+	src, err := bolt.Open(dbPath, bolt.Options{MasterKey: masterKey, OpenTimeout: c.OpenTimeout, Logger: newStderrLogger(m), AllowMigrated: true})
+	if err != nil {
+		return fmt.Errorf("migrate-store: %w", openStoreError(dbPath, masterSrc, err))
+	}
+	err = src.Unmark(ctx)
+	if cerr := src.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("migrate-store: unmark %s: %w", dbPath, err)
+	}
+	_, err = fmt.Fprintf(m.Stdout, "%s is no longer marked as migrated: serve serves it again. Do not serve the PostgreSQL copy as well.\n", dbPath)
 	return err
 }

@@ -11,12 +11,14 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/keybrake/keybrake/proxy/proxytest"
 	"github.com/keybrake/keybrake/vault"
+	"github.com/keybrake/keybrake/vault/bolt"
 	"github.com/keybrake/keybrake/vault/postgres/pgtest"
 )
 
@@ -63,7 +65,10 @@ func TestMigrateStore(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, retired, 1)
 	assert.Contains(t, out, "is now "+retired[0])
-	old := MustOpenStore(t, retired[0], MustMasterKey(t, dataDir))
+	_, err = bolt.Open(retired[0], bolt.Options{MasterKey: MustMasterKey(t, dataDir), OpenTimeout: time.Second})
+	assert.ErrorIs(t, err, vault.ErrMigrated, "the retired vault is marked: no server serves it")
+	old, err := bolt.Open(retired[0], bolt.Options{MasterKey: MustMasterKey(t, dataDir), OpenTimeout: time.Second, AllowMigrated: true})
+	require.NoError(t, err)
 	_, _, oldUsage, err := old.KeyUsage(ctx, key.ID)
 	require.NoError(t, err)
 	assert.Equal(t, wantUsage, oldUsage, "the retired vault is unchanged")
@@ -130,4 +135,59 @@ func TestMigrateStoreExitCodes(t *testing.T) {
 			assert.NotContains(t, string(out), "pw@", "no password in a message")
 		})
 	}
+}
+
+// TestMigrateStoreFailsClosed: migrate-store marks the bbolt vault as
+// migrated inside the file before the PostgreSQL copy commits, so a vault
+// left in place — here because its rename fails — is refused by serve
+// instead of spending its keys a second time beside the replicas; the failed
+// rename exits 1. --unmark returns the vault to serve.
+func TestMigrateStoreFailsClosed(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the real binary")
+	}
+	ctx := context.Background()
+	bin := MustBuildBinary(t)
+	fake := proxytest.NewFakeStripe(t, "sk_test_migrate")
+	dataDir := t.TempDir()
+	m := MustServe(t, dataDir, fake.URL, env{envStripeKey: fake.Secret})
+	_, vaultKey := MustMintKey(t, m.Store(), "migrated", 60)
+	status, body, err := postForm(ctx, http.DefaultClient, m.ProxyURL()+"/v1/charges", vaultKey, "order-1", chargeForm(2500, "order-1"))
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, status, "%s", body)
+	require.NoError(t, m.Close())
+
+	// Every name the retired file could get in the next two minutes is a
+	// directory that is not empty: the rename fails.
+	dbPath := filepath.Join(dataDir, databaseFile)
+	now := time.Now().UTC()
+	for i := range 120 {
+		dir := dbPath + ".migrated-" + now.Add(time.Duration(i)*time.Second).Format("20060102T150405Z")
+		require.NoError(t, os.Mkdir(dir, 0o700))
+		require.NoError(t, os.WriteFile(filepath.Join(dir, "x"), nil, 0o600))
+	}
+	cmd := exec.Command(bin, "migrate-store", "--from", dataDir)
+	cmd.Env = childEnviron(envName("database-url") + "=" + pgtest.URL(t))
+	out, err := cmd.CombinedOutput()
+	var exit *exec.ExitError
+	require.True(t, errors.As(err, &exit), "a rename that failed is an error: %v: %s", err, out)
+	assert.Equal(t, exitError, exit.ExitCode(), "%s", out)
+	assert.Contains(t, string(out), "could not be renamed")
+	assert.Contains(t, string(out), "marked as migrated")
+	assert.FileExists(t, dbPath, "the rename failed")
+
+	tm := NewTestMain(env{envStripeKey: fake.Secret})
+	require.NoError(t, tm.ParseFlags(ctx, []string{"serve", "--data-dir", dataDir, "--listen", "127.0.0.1:0",
+		"--admin-listen", "127.0.0.1:0", "--stripe-url", fake.URL, "--log-level", "warn"}))
+	err = tm.Run(ctx)
+	require.Error(t, err, "serve refuses a migrated vault")
+	require.NoError(t, tm.Close())
+	assert.ErrorIs(t, err, vault.ErrMigrated)
+	assert.Contains(t, err.Error(), dbPath)
+	assert.Contains(t, err.Error(), "--unmark")
+
+	out2 := MustRunCommand(t, env{}, "migrate-store", "--from", dataDir, "--unmark")
+	assert.Contains(t, out2, "no longer marked")
+	m = MustServe(t, dataDir, fake.URL, env{envStripeKey: fake.Secret})
+	require.NoError(t, m.Close())
 }

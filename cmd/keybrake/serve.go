@@ -83,7 +83,7 @@ func (m *Main) runServe(ctx context.Context) error {
 		return fmt.Errorf("jwt secret: %w", err)
 	}
 	log.Info("secrets loaded", "master_key", masterSrc, "jwt_secret", jwtSrc)
-	if err := m.metrics.WatchStore(store); err != nil {
+	if err := m.metrics.WatchStore(store, logger.With(logfield.Component, "metrics")); err != nil {
 		return err
 	}
 
@@ -240,7 +240,15 @@ func (m *Main) openStore(ctx context.Context, masterKey []byte, masterSrc secret
 		return store, nil
 	}
 	dbPath := filepath.Join(cfg.DataDir, databaseFile)
+	if fi, err := os.Stat(dbPath); err == nil && fi.Size() == 0 && masterSrc == sourceFile {
+		// bbolt would make a new, empty vault in it: every key, cap and
+		// record of the one master.key was made for would be gone unseen.
+		return nil, fmt.Errorf("%s is empty (0 bytes), but %s shows that a vault was created here: refusing to start a new, empty vault in its place. "+
+			"Restore the database from a backup (keybrake check --file BACKUP first). Only if this data directory never served, delete the empty file: %w",
+			dbPath, filepath.Join(cfg.DataDir, masterKeyFile), vault.ErrDamaged)
+	}
 	store, err := bolt.Open(dbPath, bolt.Options{
+		CheckPages:      true,
 		MasterKey:       masterKey,
 		IdempotencyTTL:  cfg.IdempotencyTTL,
 		LedgerRetention: cfg.LedgerRetention,
@@ -284,6 +292,8 @@ func openStoreError(dbPath string, masterSrc secretSource, err error) error {
 		return fmt.Errorf("another keybrake process holds %s (its file lock): stop it, or give this one another --data-dir: %w", dbPath, err)
 	case errors.Is(err, vault.ErrSchemaVersion):
 		return fmt.Errorf("%s was written by a newer keybrake: run that version, or restore a backup taken before the upgrade: %w", dbPath, err)
+	case errors.Is(err, vault.ErrDamaged), errors.Is(err, vault.ErrMigrated):
+		return err // the message names the file and what to do
 	}
 	return fmt.Errorf("open store %s: %w", dbPath, err)
 }

@@ -17,8 +17,11 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	bbolt "go.etcd.io/bbolt"
@@ -55,7 +58,20 @@ type Options struct {
 	// operations it carried and how long it took, fsyncs included. It runs on the
 	// committer's goroutine, so it must return at once (a metrics observation).
 	CommitObserver func(ops int, d time.Duration)
+	// CheckPages runs bbolt's page check before Open returns, and refuses a
+	// file that fails it (ErrDamaged): what a server does at start, so that
+	// it never serves, nor backs up, a damaged file. It reads every page
+	// once: seconds per gigabyte.
+	CheckPages bool
+	// AllowMigrated opens a vault that migrate-store marked as copied into
+	// PostgreSQL (for migrate-store itself); without it Open refuses one
+	// (ErrMigrated).
+	AllowMigrated bool
 }
+
+// probeBytes is what Ping writes beside the database to learn whether its
+// file system has room: more than a settle's commit needs.
+const probeBytes = 256 << 10
 
 // DefaultOpenTimeout is how long Open waits for the file lock by default.
 const DefaultOpenTimeout = 5 * time.Second
@@ -82,6 +98,12 @@ type Store struct {
 	loopDone chan struct{}
 	observe  func(ops int, d time.Duration) // Options.CommitObserver; may be nil
 	commits  atomic.Int64                   // write transactions run by commitLoop
+	// copyMu keeps Compact from waiting for dbMu while a long read (a hot
+	// backup, an export) holds it shared: such a read holds copyMu shared,
+	// and Compact takes copyMu before dbMu, so that it waits for the backup
+	// without blocking the hot path behind its own wait for dbMu (a writer
+	// waiting on an RWMutex stops every new reader).
+	copyMu sync.RWMutex
 	// dbMu guards db: every transaction holds it shared, Compact exclusively
 	// while it swaps the file. broken is set when a compaction could not open
 	// its copy: the store is closed from then on.
@@ -103,9 +125,15 @@ var (
 // schema version, and recovers: records left in_progress by a previous process
 // become unknown (their holds stay held, counted as held).
 //
+// Before bbolt maps an existing file, Open reads its meta pages and refuses a
+// file shorter than they say (see inspectFile); once it holds the file lock,
+// it removes the temporary copies a Compact or a Rekey killed midway left
+// beside it.
+//
 // Errors: ErrInvalid (master key not 32 bytes), ErrLocked (another process has the
 // file), ErrSchemaVersion (written by a newer keybrake), ErrSealed (the master key
-// is not the one the database was created with), ErrStorage.
+// is not the one the database was created with), ErrDamaged (see inspectFile and
+// Options.CheckPages), ErrMigrated (see Options.AllowMigrated), ErrStorage.
 func Open(path string, opts Options) (*Store, error) {
 	s := &Store{
 		path:     path,
@@ -140,11 +168,18 @@ func Open(path string, opts Options) (*Store, error) {
 		InitialMmapSize: initialMmapSize,
 		// NoSync, NoGrowSync and NoFreelistSync stay false: every commit is durable.
 	}
+	if err := inspectFile(path, s.log); err != nil {
+		return nil, fmt.Errorf("open %s: %w", path, err)
+	}
 	db, err := bbolt.Open(path, 0o600, s.openOpts)
 	if err != nil {
 		return nil, fmt.Errorf("open %s: %w", path, translate(err))
 	}
 	s.db = db
+	if err := s.prepare(path, opts); err != nil {
+		_ = db.Close()
+		return nil, fmt.Errorf("open %s: %w", path, err)
+	}
 	var recovered int
 	err = db.Update(func(btx *bbolt.Tx) error {
 		for _, b := range engine.Buckets() {
@@ -169,6 +204,70 @@ func Open(path string, opts Options) (*Store, error) {
 	}
 	go s.commitLoop()
 	return s, nil
+}
+
+// prepare runs, under the file lock, what comes before the first write:
+// the leftovers of a killed Compact or Rekey go, the page check runs when
+// asked, and a migrated vault is refused.
+func (s *Store) prepare(path string, opts Options) error {
+	for _, prefix := range []string{compactTempPrefix(path), rekeyTempPrefix(path)} {
+		removed, err := removeLeftovers(path, prefix)
+		if err != nil {
+			return err
+		}
+		for _, f := range removed {
+			s.log.Warn("removed the temporary copy a killed compact or rekey left behind", "file", f)
+		}
+	}
+	if opts.CheckPages {
+		if err := checkStart(s.db, path); err != nil {
+			return err
+		}
+	}
+	if opts.AllowMigrated {
+		return nil
+	}
+	var mark []byte
+	_ = s.db.View(func(btx *bbolt.Tx) error {
+		if meta := btx.Bucket([]byte(engine.BucketMeta.Name())); meta != nil {
+			mark = bytes.Clone(meta.Get(engine.MetaMigrated))
+		}
+		return nil
+	})
+	if mark != nil {
+		return fmt.Errorf("%s was copied into PostgreSQL by keybrake migrate-store (%s) and marked so: serving it too would let its keys spend "+
+			"a second time beside the PostgreSQL replicas. Serve the PostgreSQL store (--database-url); to return to this file instead, "+
+			"before any replica serves the PostgreSQL store, run keybrake migrate-store --from %s --unmark: %w",
+			path, mark, filepath.Dir(path), vault.ErrMigrated)
+	}
+	return nil
+}
+
+// MarkMigrated marks the vault as copied into PostgreSQL at target (its URL
+// without a password), durably: a later Open refuses it (ErrMigrated).
+// migrate-store marks it before the copy commits.
+func (s *Store) MarkMigrated(ctx context.Context, target string, at time.Time) error {
+	mark := fmt.Appendf(nil, "to %s at %s", target, at.UTC().Format(time.RFC3339))
+	return s.setMeta(ctx, engine.MetaMigrated, mark)
+}
+
+// Unmark removes migrate-store's mark (MarkMigrated), so that a server
+// serves the vault again.
+func (s *Store) Unmark(ctx context.Context) error { return s.setMeta(ctx, engine.MetaMigrated, nil) }
+
+// setMeta writes (or, for nil, deletes) a meta entry in one durable write
+// transaction.
+func (s *Store) setMeta(ctx context.Context, k, v []byte) error {
+	err := (*backend)(s).Update(ctx, func(t engine.Tx, _ time.Time) error {
+		if v == nil {
+			return t.Delete(engine.BucketMeta, k)
+		}
+		return t.Put(engine.BucketMeta, k, v)
+	})
+	if err != nil {
+		return fmt.Errorf("write %s: %w", k, err)
+	}
+	return nil
 }
 
 // Close stops the committer (pending Reserve and Settle calls finish first), then
@@ -240,6 +339,46 @@ func (s *Store) useDB() (*bbolt.DB, func(), error) {
 	return s.db, s.dbMu.RUnlock, nil
 }
 
+// Ping proves the store can commit now (vault.Store.Ping). bbolt reuses the
+// free pages inside its file without asking the file system for room, so a
+// commit that fits in them succeeds on a full disk while the next larger one
+// fails: Ping first writes and syncs a probe file beside the database (then
+// removes it), which a full disk refuses (ErrNoSpace), and then commits the
+// engine's probe through the group committer.
+func (s *Store) Ping(ctx context.Context) error {
+	if s.isClosed() {
+		return fmt.Errorf("ping: %w", vault.ErrClosed)
+	}
+	if err := probeSpace(s.path); err != nil {
+		s.NoteCommit(err)
+		return fmt.Errorf("ping: %w", err)
+	}
+	return s.Engine.Ping(ctx)
+}
+
+// probeSpace writes probeBytes to a file beside path, syncs it and removes it.
+func probeSpace(path string) error {
+	probe := filepath.Join(filepath.Dir(path), "."+filepath.Base(path)+".probe")
+	f, err := os.OpenFile(probe, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
+	if err != nil {
+		return translate(err)
+	}
+	_, err = f.Write(make([]byte, probeBytes))
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if rerr := os.Remove(probe); err == nil {
+		err = rerr
+	}
+	if err != nil {
+		return translate(fmt.Errorf("write probe %s: %w", probe, err))
+	}
+	return nil
+}
+
 // Size is the size of the database file in bytes: what it takes on disk (bbolt
 // grows the file ahead of its data and never shrinks it). ErrClosed after Close.
 func (s *Store) Size(ctx context.Context) (int64, error) {
@@ -259,6 +398,8 @@ func (s *Store) Backup(ctx context.Context, w io.Writer) (int64, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, err
 	}
+	s.copyMu.RLock()
+	defer s.copyMu.RUnlock()
 	db, release, err := s.useDB()
 	if err != nil {
 		return 0, fmt.Errorf("backup: %w", err)
@@ -286,6 +427,8 @@ func (s *Store) Export(ctx context.Context, fn func(engine.Snapshot) error) erro
 	if err := ctx.Err(); err != nil {
 		return err
 	}
+	s.copyMu.RLock()
+	defer s.copyMu.RUnlock()
 	db, release, err := s.useDB()
 	if err != nil {
 		return fmt.Errorf("export: %w", err)
@@ -315,6 +458,12 @@ func translate(err error) error {
 		errors.Is(err, bolterrors.ErrTxNotWritable), errors.Is(err, bolterrors.ErrBucketNotFound),
 		errors.Is(err, bolterrors.ErrIncompatibleValue), errors.Is(err, bolterrors.ErrMaxSizeReached):
 		return fmt.Errorf("%w: %s", vault.ErrStorage, err.Error())
+	}
+	if errors.Is(err, vault.ErrNoSpace) {
+		return err
+	}
+	if errors.Is(err, syscall.ENOSPC) {
+		return fmt.Errorf("%w: %w: %s", vault.ErrStorage, vault.ErrNoSpace, err.Error())
 	}
 	if engine.IsVaultError(err) {
 		return err

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"time"
@@ -67,11 +68,17 @@ func compactFile(ctx context.Context, path string, openTimeout time.Duration) (v
 	if openTimeout <= 0 {
 		openTimeout = DefaultOpenTimeout
 	}
+	if err := inspectFile(path, slog.Default()); err != nil {
+		return vault.CompactResult{}, err
+	}
 	src, err := bbolt.Open(path, 0o600, &bbolt.Options{Timeout: openTimeout})
 	if err != nil {
 		return vault.CompactResult{}, translate(err)
 	}
 	defer src.Close()
+	if err := checkStart(src, path); err != nil {
+		return vault.CompactResult{}, err // a walk of a damaged page would panic
+	}
 	if err := translate(src.View(checkCopy)); err != nil {
 		return vault.CompactResult{}, err
 	}
@@ -104,6 +111,11 @@ func (s *Store) Compact(ctx context.Context) (vault.CompactResult, error) {
 }
 
 func (s *Store) compact(ctx context.Context) (vault.CompactResult, error) {
+	// A hot backup holds copyMu shared for as long as its client reads:
+	// Compact waits for it here, while the hot path goes on, and takes dbMu
+	// only once no backup runs (see copyMu).
+	s.copyMu.Lock()
+	defer s.copyMu.Unlock()
 	s.dbMu.Lock()
 	defer s.dbMu.Unlock()
 	if s.isClosed() || s.broken {

@@ -89,7 +89,7 @@ func TestCompactWhileServing(t *testing.T) {
 	assert.Less(t, res.After, before/2, "the reaped records' pages are given back")
 	size, err := f.s.Size(ctx)
 	require.NoError(t, err)
-	assert.Less(t, size, before, "the store runs on the compacted file (grown by bbolt's allocation step at most)")
+	assert.LessOrEqual(t, size, res.After+allocStep+1<<20, "the store runs on the compacted file (grown by bbolt's allocation step at most)")
 	_, period := usageOf(t, f.s, f.key.ID)
 	assert.Positive(t, committed)
 	assert.Equal(t, committed, period.Committed, "every charge made during the compaction is there")

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"time"
@@ -91,11 +92,17 @@ func rekey(ctx context.Context, path string, oldKey, newKey []byte, opts RekeyOp
 
 	// The exclusive lock keeps a server (and a second rekey) out until the copy is
 	// in place.
+	if err := inspectFile(path, slog.Default()); err != nil {
+		return RekeyStats{}, err
+	}
 	src, err := bbolt.Open(path, 0o600, &bbolt.Options{Timeout: opts.OpenTimeout})
 	if err != nil {
 		return RekeyStats{}, translate(err)
 	}
 	defer src.Close()
+	if err := checkStart(src, path); err != nil {
+		return RekeyStats{}, err // a walk of a damaged page would panic
+	}
 	if err := translate(src.View(func(tx *bbolt.Tx) error { return checkRekeySource(tx, from) })); err != nil {
 		return RekeyStats{}, err
 	}
@@ -125,19 +132,19 @@ func rekey(ctx context.Context, path string, oldKey, newKey []byte, opts RekeyOp
 func rekeyTempPrefix(path string) string { return "." + filepath.Base(path) + ".rekey-" }
 
 // removeLeftovers removes the copies (named prefix…) of a Rekey or a Compact
-// that died before its rename. The caller holds the database's lock, so no
-// other process is writing one.
-func removeLeftovers(path, prefix string) error {
+// that died before its rename, and returns their names. The caller holds the
+// database's lock, so no other process is writing one.
+func removeLeftovers(path, prefix string) ([]string, error) {
 	leftovers, err := filepath.Glob(filepath.Join(filepath.Dir(path), prefix+"*"))
 	if err != nil {
-		return fmt.Errorf("%w: %s", vault.ErrStorage, err.Error())
+		return nil, fmt.Errorf("%w: %s", vault.ErrStorage, err.Error())
 	}
 	for _, f := range leftovers {
 		if err := os.Remove(f); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			return fmt.Errorf("%w: remove the leftover %s: %s", vault.ErrStorage, f, err.Error())
+			return nil, fmt.Errorf("%w: remove the leftover %s: %s", vault.ErrStorage, f, err.Error())
 		}
 	}
-	return nil
+	return leftovers, nil
 }
 
 // syncDirectory fsyncs a directory so that a rename in it is durable.
@@ -178,7 +185,7 @@ type dbCopy struct {
 // path, open: its file lock keeps every other process out meanwhile. A
 // failure or a crash leaves path as it was, or replaced by the complete copy.
 func (c *dbCopy) replace(ctx context.Context, src *bbolt.DB, path, prefix string, openTimeout time.Duration, check func(*bbolt.Tx) error) error {
-	if err := removeLeftovers(path, prefix); err != nil {
+	if _, err := removeLeftovers(path, prefix); err != nil {
 		return err
 	}
 	tmp, err := os.CreateTemp(filepath.Dir(path), prefix+"*")
@@ -207,11 +214,18 @@ func (c *dbCopy) replace(ctx context.Context, src *bbolt.DB, path, prefix string
 	if err == nil {
 		err = translate(c.dst.Sync())
 	}
+	var used int64
 	if err == nil {
-		err = translate(c.dst.View(check))
+		err = translate(c.dst.View(func(tx *bbolt.Tx) error {
+			used = tx.Size() // up to the high water mark
+			return check(tx)
+		}))
 	}
 	if cerr := c.dst.Close(); err == nil {
 		err = translate(cerr)
+	}
+	if err == nil {
+		err = trimFile(tmpPath, used)
 	}
 	if err != nil {
 		return err
@@ -223,6 +237,29 @@ func (c *dbCopy) replace(ctx context.Context, src *bbolt.DB, path, prefix string
 	renamed = true
 	c.hook("renamed")
 	return syncDirectory(filepath.Dir(path))
+}
+
+// trimFile cuts the copy at path to size, its high water mark, and syncs it.
+// bbolt grows a file ahead of its last page (to its memory map's size, which
+// doubles), so an untrimmed copy could be larger than the file it replaces
+// although it holds fewer pages. bbolt grows it again, by its allocation
+// step, when it needs to.
+func trimFile(path string, size int64) error {
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		return fmt.Errorf("%w: trim the copy: %s", vault.ErrStorage, err.Error())
+	}
+	defer f.Close()
+	if fi, err := f.Stat(); err == nil && fi.Size() <= size {
+		return nil
+	}
+	if err := f.Truncate(size); err != nil {
+		return fmt.Errorf("%w: trim the copy: %s", vault.ErrStorage, err.Error())
+	}
+	if err := f.Sync(); err != nil {
+		return translate(fmt.Errorf("sync the trimmed copy: %w", err))
+	}
+	return nil
 }
 
 // copyAll copies every top-level bucket of stx, in transactions of at most c.batch
@@ -238,6 +275,8 @@ func (c *dbCopy) copyAll(ctx context.Context, stx *bbolt.Tx) error {
 		if err != nil {
 			return fmt.Errorf("create bucket %s: %w", name, err)
 		}
+		fill := copyFill(name)
+		db.FillPercent = fill
 		n := 0
 		cur := sb.Cursor()
 		for k, v := cur.First(); k != nil; k, v = cur.Next() {
@@ -266,6 +305,7 @@ func (c *dbCopy) copyAll(ctx context.Context, stx *bbolt.Tx) error {
 					return err
 				}
 				db = tx.Bucket(name)
+				db.FillPercent = fill // per transaction, like every Bucket field
 			}
 		}
 		if err := db.SetSequence(sb.Sequence()); err != nil {
@@ -278,6 +318,30 @@ func (c *dbCopy) copyAll(ctx context.Context, stx *bbolt.Tx) error {
 		return nil
 	})
 }
+
+// copyFill is the fill percent the copy writes bucket name with. bbolt's
+// default splits pages half full, and the copy inserts every key in order, so
+// with the default every page of the copy stays half full: a compacted file
+// was larger than the live one, whose append-ordered buckets split at
+// appendFill. The copy fills the pages of those buckets as full as bbolt
+// allows (nothing is ever inserted before their last key); the others as the
+// live server's random inserts leave a B+tree on average, so that the first
+// writes after a compaction do not split every page at once.
+func copyFill(name []byte) float64 {
+	b, ok := engine.BucketByName(string(name))
+	if !ok {
+		return bbolt.DefaultFillPercent
+	}
+	switch b {
+	case engine.BucketEvents, engine.BucketAudit, engine.BucketHoldIndex, engine.BucketRecords, engine.BucketCompletions:
+		return 1.0
+	}
+	return randomFill
+}
+
+// randomFill is the fill percent the copy writes the buckets with random
+// inserts at: about where random inserts into half-full splits leave a B+tree.
+const randomFill = 0.7
 
 // copyBucket copies the nested bucket sb, entries, sub-buckets and sequence, as
 // the bucket name under parent.

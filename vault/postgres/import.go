@@ -36,6 +36,11 @@ type ImportOptions struct {
 	LockTimeout time.Duration
 	// Logger; slog.Default() when nil.
 	Logger *slog.Logger
+	// BeforeCommit, when set, runs once the copy is checked and before it
+	// commits; its error rolls the copy back. migrate-store marks the bbolt
+	// vault as migrated there, so that the vault is never served beside a
+	// committed copy.
+	BeforeCommit func(ctx context.Context) error
 }
 
 // ImportStats counts what Import copied.
@@ -51,7 +56,7 @@ type ImportStats struct {
 // importableMeta are the only entries a target may hold and still count as
 // empty: what Open writes into a new database (a replica started once,
 // before the vault was migrated).
-var importableMeta = [][]byte{engine.MetaSchemaVersion, engine.MetaMasterCheck}
+var importableMeta = [][]byte{engine.MetaSchemaVersion, engine.MetaMasterCheck, engine.MetaPing}
 
 // Import copies the store src into the empty PostgreSQL database at url (keybrake
 // migrate-store): every bucket's entries, byte for byte, and every bucket's
@@ -119,6 +124,9 @@ func importStore(ctx context.Context, url string, src Source, opts ImportOptions
 		return translate(pgx.BeginFunc(ctx, pool, func(ptx pgx.Tx) error {
 			var err error
 			stats, err = copyInto(ctx, ptx, snap, sealer, opts.LockTimeout)
+			if err == nil && opts.BeforeCommit != nil {
+				err = opts.BeforeCommit(ctx)
+			}
 			return err
 		}))
 	})

@@ -65,6 +65,7 @@ var suite = []struct {
 	{"ResolvedRecordIsKept", testResolvedRecordIsKept},
 	{"CountHolds", testCountHolds},
 	{"PingAndSize", testPingAndSize},
+	{"Check", testCheck},
 	{"SummarizeUsage", testSummarizeUsage},
 	{"Upstreams", testUpstreams},
 	{"UpstreamSecretTampered", testUpstreamSecretTampered},

@@ -139,3 +139,36 @@ func testSummarizeUsage(t *testing.T) {
 	_, err = s.SummarizeUsage(cancelled, 90)
 	assert.ErrorIs(t, err, context.Canceled)
 }
+
+// testCheck: Check finds nothing in a store the contract wrote, counts its
+// records, and lists what it finds once a counter disagrees with its ledger;
+// a store that commits reports no commit error and no settle kept for a
+// retry.
+func testCheck(t *testing.T) {
+	ctx := context.Background()
+	f := newMeteringFixture(t)
+	MustCommit(t, f.s, f.key.ID, "a", 700)
+	MustCommit(t, f.s, f.key.ID, "b", 300)
+	rep, err := f.s.Check(ctx)
+	require.NoError(t, err)
+	assert.True(t, rep.OK(), "%+v", rep)
+	assert.Equal(t, 2, rep.Records)
+	assert.NoError(t, f.s.CommitError())
+	assert.Zero(t, f.s.PendingSettles())
+
+	require.NoError(t, engine.Update(f.s.e, ctx, func(tx engine.Tx, _ time.Time) error {
+		c, _, err := engine.GetCounter(tx, f.key.ID, "period")
+		if err != nil {
+			return err
+		}
+		c.Committed += 5
+		return engine.PutCounter(tx, f.key.ID, "period", c)
+	}))
+	rep, err = f.s.Check(ctx)
+	require.NoError(t, err)
+	assert.False(t, rep.OK())
+	assert.Empty(t, rep.PageProblems, "the pages are whole")
+	require.NotEmpty(t, rep.InvariantProblems)
+	assert.Contains(t, rep.InvariantProblems[0], "ledger")
+	require.NoError(t, f.s.Close()) // the cleanup's invariant check would fail, as it should
+}

@@ -16,10 +16,13 @@ import (
 // (kv.go); it reads version 1's JSON values as they are.
 const SchemaVersion uint64 = 2
 
-// Meta keys of the schema version and the master key check.
+// Meta keys of the schema version and the master key check; of Ping's
+// probe; of migrate-store's mark on a bbolt vault it copied into PostgreSQL.
 var (
 	MetaSchemaVersion = []byte("schema_version")
 	MetaMasterCheck   = []byte("master_key_check")
+	MetaPing          = []byte("ping")
+	MetaMigrated      = []byte("migrated_to")
 )
 
 // InitMeta checks or writes the schema version and checks (or, in a new

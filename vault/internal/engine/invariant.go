@@ -37,7 +37,7 @@ func (s *Engine) CheckInvariant(ctx context.Context) error {
 // ErrInvariant joined with one error per violation; err is a failure to read.
 // A copy of a store checks its target with it before it commits.
 func CheckInvariantTx(tx Tx, now time.Time) (problems, err error) {
-	found, err := checkInvariantTx(tx, now)
+	found, _, err := checkInvariantTx(tx, now)
 	if err != nil || len(found) == 0 {
 		return nil, err
 	}
@@ -46,8 +46,64 @@ func CheckInvariantTx(tx Tx, now time.Time) (problems, err error) {
 
 type sums struct{ held, committed, allowance int64 }
 
-func checkInvariantTx(tx Tx, now time.Time) ([]error, error) {
+// Check is vault.Store.Check on a store without a structural check of its
+// own (PostgreSQL): the invariant check, in one read transaction after every
+// queued settle.
+func (s *Engine) Check(ctx context.Context) (vault.CheckReport, error) { return s.CheckWith(ctx, nil) }
+
+// PageCheck is a backend's structural check in tx: how many pages it walked
+// and what it found, one sentence each.
+type PageCheck func(tx Tx) (pages int, problems []string, err error)
+
+// CheckWith is Check with the backend's structural check pages (nil for
+// none) run first in the same read transaction.
+func (s *Engine) CheckWith(ctx context.Context, pages PageCheck) (vault.CheckReport, error) {
+	if err := ctx.Err(); err != nil {
+		return vault.CheckReport{}, err
+	}
+	var rep vault.CheckReport
+	err := s.viewSettled(ctx, "", func(tx Tx, now time.Time) error {
+		var err error
+		rep, err = CheckTx(tx, now, pages)
+		return err
+	})
+	if err != nil {
+		return vault.CheckReport{}, fmt.Errorf("check: %w", err)
+	}
+	return rep, nil
+}
+
+// CheckTx runs pages (nil for none) and the invariant check in tx, at now.
+// The invariant check runs only on pages that checked clean: a damaged page
+// could fault the walk of the records.
+func CheckTx(tx Tx, now time.Time, pages PageCheck) (vault.CheckReport, error) {
+	var rep vault.CheckReport
+	if pages != nil {
+		n, problems, err := pages(tx)
+		if err != nil {
+			return rep, err
+		}
+		rep.Pages, rep.PageProblems = n, problems
+		if len(problems) > 0 {
+			return rep, nil
+		}
+	}
+	found, records, err := checkInvariantTx(tx, now)
+	if err != nil {
+		// A record that does not decode is a finding, not a failure to read.
+		rep.InvariantProblems = append(rep.InvariantProblems, err.Error())
+		return rep, nil
+	}
+	rep.Records = records
+	for _, p := range found {
+		rep.InvariantProblems = append(rep.InvariantProblems, p.Error())
+	}
+	return rep, nil
+}
+
+func checkInvariantTx(tx Tx, now time.Time) ([]error, int, error) {
 	var problems []error
+	records := 0
 	bad := func(format string, args ...any) { problems = append(problems, fmt.Errorf(format, args...)) }
 
 	// Live holds (held, unknown) and committed holds per counter; records and their
@@ -58,6 +114,7 @@ func checkInvariantTx(tx Tx, now time.Time) ([]error, error) {
 	// The records the in-flight and completions indexes must list.
 	inflight, completions := map[string]bool{}, map[string]bool{}
 	err := forEachRecord(tx, func(k []byte, r *recordRec) error {
+		records++
 		if r.seq != 0 {
 			if at, err := tx.Get(BucketIdem, k); err != nil {
 				return err
@@ -97,7 +154,7 @@ func checkInvariantTx(tx Tx, now time.Time) ([]error, error) {
 		return nil
 	})
 	if err != nil {
-		return nil, err
+		return nil, records, err
 	}
 
 	// Live exposure of money objects is held on its windows like a hold.
@@ -121,7 +178,7 @@ func checkInvariantTx(tx Tx, now time.Time) ([]error, error) {
 		return nil
 	})
 	if err != nil {
-		return nil, err
+		return nil, records, err
 	}
 
 	// Every idem entry that points at an appended record points at one.
@@ -137,7 +194,7 @@ func checkInvariantTx(tx Tx, now time.Time) ([]error, error) {
 		return nil
 	})
 	if err != nil {
-		return nil, err
+		return nil, records, err
 	}
 
 	// The in-flight and completions indexes list exactly their records.
@@ -154,7 +211,7 @@ func checkInvariantTx(tx Tx, now time.Time) ([]error, error) {
 			return nil
 		})
 		if err != nil {
-			return nil, err
+			return nil, records, err
 		}
 		if n != len(ix.want) {
 			bad("index %s has %d entries for %d records", ix.b.Name(), n, len(ix.want))
@@ -172,7 +229,7 @@ func checkInvariantTx(tx Tx, now time.Time) ([]error, error) {
 		return nil
 	})
 	if err != nil {
-		return nil, err
+		return nil, records, err
 	}
 	if indexed != len(holdState) {
 		bad("hold index has %d entries for %d holds", indexed, len(holdState))
@@ -201,7 +258,7 @@ func checkInvariantTx(tx Tx, now time.Time) ([]error, error) {
 		return nil
 	})
 	if err != nil {
-		return nil, err
+		return nil, records, err
 	}
 
 	// The removed events, by their roll-ups (retention.go).
@@ -218,7 +275,7 @@ func checkInvariantTx(tx Tx, now time.Time) ([]error, error) {
 		return nil
 	})
 	if err != nil {
-		return nil, err
+		return nil, records, err
 	}
 
 	keys := map[string]*keyRec{}
@@ -273,7 +330,7 @@ func checkInvariantTx(tx Tx, now time.Time) ([]error, error) {
 		return nil
 	})
 	if err != nil {
-		return nil, err
+		return nil, records, err
 	}
 	// A window with live holds must have a counter (reaped counters had none).
 	var missing []string
@@ -286,7 +343,7 @@ func checkInvariantTx(tx Tx, now time.Time) ([]error, error) {
 	for _, ck := range missing {
 		bad("live holds on %s (%d) but no counter", ck, live[ck])
 	}
-	return problems, nil
+	return problems, records, nil
 }
 
 // capFor is the current cap of a key's window, by the window id's kind.

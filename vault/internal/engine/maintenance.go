@@ -219,6 +219,9 @@ func (s *Engine) judgeInflight(tx Tx, now time.Time, k, v []byte) (reapVerdict, 
 	if len(v) != 8 || now.Before(time.Unix(0, int64(binary.BigEndian.Uint64(v)))) {
 		return reapVerdict{}, nil
 	}
+	if s.retries.has(k) {
+		return reapVerdict{}, nil // this process knows its outcome and retries its settle
+	}
 	r, err := readRecord(tx, k)
 	if err != nil || r == nil || r.State != vault.RecordInProgress || now.Before(r.LeaseUntil) {
 		return reapVerdict{}, err

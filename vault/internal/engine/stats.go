@@ -3,6 +3,7 @@ package engine
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"fmt"
 	"time"
 
@@ -86,14 +87,18 @@ func (s *Engine) walkInChunks(ctx context.Context, bucket Bucket, visit func(tx 
 	}
 }
 
-// Ping proves the store can write: it runs an empty hot-path write transaction
-// (on bbolt through the group committer, sharing a batch with concurrent
-// writers; on PostgreSQL a READ WRITE transaction, which a standby refuses), so
-// a closed store, a stopped committer, a file that can no longer be written or a
-// database that cannot take writes fails it. Errors: ErrClosed, ErrStorage,
-// ctx's error.
+// Ping proves the store can commit: it writes a probe (the meta entry
+// MetaPing, a new value each time) in a hot-path write transaction (on bbolt
+// through the group committer, sharing a batch with concurrent writers; on
+// PostgreSQL a READ WRITE transaction, which a standby refuses), so a closed
+// store, a stopped committer, a file that can no longer be written or a
+// database that cannot take writes fails it. A backend adds what a commit
+// cannot show (bbolt: whether its file system has room left, since bbolt
+// reuses its free pages without asking for any). Errors: ErrClosed,
+// ErrNoSpace, ErrStorage, ctx's error.
 func (s *Engine) Ping(ctx context.Context) error {
-	if err := s.submit(ctx, func(Tx, time.Time) error { return nil }); err != nil {
+	probe := binary.BigEndian.AppendUint64(nil, uint64(time.Now().UnixNano()))
+	if err := s.submit(ctx, func(tx Tx, _ time.Time) error { return tx.Put(BucketMeta, MetaPing, probe) }); err != nil {
 		return fmt.Errorf("ping: %w", err)
 	}
 	return nil

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"github.com/keybrake/keybrake/policy"
@@ -64,6 +65,8 @@ type Engine struct {
 	log          *slog.Logger
 	keys         keyCache
 	queued       settleQueue
+	retries      settleRetries
+	commitErr    atomic.Pointer[error] // see CommitError
 	// memo holds authenticated keys and upstream secrets on a sole writer;
 	// nil otherwise.
 	memo          *memo
@@ -115,7 +118,10 @@ func (s *Engine) KeepsSecrets() bool { return s.memo != nil }
 // Closing tells the engine that its backend is closing: it forgets the keys
 // and secrets it kept in memory and keeps no more, so that every call meets
 // the closed backend.
-func (s *Engine) Closing() { s.memo.close() }
+func (s *Engine) Closing() {
+	s.memo.close()
+	s.closeRetries()
+}
 
 // Sealer is the engine's Sealer, for a backend's own sealing needs (rekey).
 func (s *Engine) Sealer() *Sealer { return s.seal }
@@ -151,7 +157,37 @@ func (s *Engine) viewSettled(ctx context.Context, keyID string, fn TxFunc) error
 }
 
 // submit runs fn as one hot-path write transaction (see Backend.Submit).
-func (s *Engine) submit(ctx context.Context, fn TxFunc) error { return s.b.Submit(ctx, fn) }
+func (s *Engine) submit(ctx context.Context, fn TxFunc) error {
+	err := s.b.Submit(ctx, fn)
+	s.noteCommit(err)
+	return err
+}
+
+// NoteCommit remembers the outcome of a hot-path write transaction, or of a
+// backend's own write probe (Ping): a storage failure until the next one
+// succeeds (CommitError).
+func (s *Engine) NoteCommit(err error) { s.noteCommit(err) }
+
+func (s *Engine) noteCommit(err error) {
+	switch {
+	case err == nil:
+		if s.commitErr.Load() != nil {
+			s.commitErr.Store(nil)
+		}
+	case isRetryable(err):
+		s.commitErr.Store(&err)
+	}
+}
+
+// CommitError is the storage failure of the last hot-path write transaction
+// (Reserve, Settle, the claims API, Ping), or nil when it committed: what
+// keybrake_not_ready reports between two readiness probes, without writing.
+func (s *Engine) CommitError() error {
+	if p := s.commitErr.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
 
 // txResult is what one store operation answers its caller: its value and, when
 // the operation was turned down before it wrote anything, the domain error that
@@ -551,6 +587,13 @@ func (s *Engine) SettleQueued(ctx context.Context, req vault.SettleRequest, done
 		return err
 	}, func(err error) {
 		s.queued.finish(req.KeyID)
+		s.noteCommit(err)
+		if isRetryable(err) && s.keepForRetry(&pendingSettle{req: req, resp: resp, k: k, done: done}, err) {
+			return // done is called once the retry ends
+		}
+		if err == nil {
+			s.retries.wake()
+		}
 		if done == nil {
 			return
 		}
