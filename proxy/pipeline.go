@@ -134,7 +134,7 @@ func callFrom(ctx context.Context) *call {
 //     (reserve.go).
 //
 // It returns a refusal, or leaves c ready to forward (or with c.replay set).
-// Forwarding and settling (7, 8) are in upstream.go, the answers keybrake
+// Forwarding and settling (7, 8) are in forward.go and settle.go, the answers keybrake
 // writes and the canonical log line (9) in answer.go.
 func (p *Proxy) prepare(ctx context.Context, w http.ResponseWriter, r *http.Request, c *call) error {
 	if err := p.authenticate(ctx, r, c); err != nil {
