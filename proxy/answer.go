@@ -13,7 +13,7 @@ import (
 	"github.com/keybrake/keybrake/proxy/stripeapi"
 )
 
-// Step 9 of the pipeline (see prepare): the answers keybrake writes itself —
+// Step 11 of the pipeline (see prepare): the answers keybrake writes itself —
 // refusals and replays — and the canonical log line of every request.
 
 // writeRefusal answers with the refusal err (writeStripeError) and notes it for

@@ -68,7 +68,7 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, c *call) {
 	out.Body = http.NoBody
 	out.ContentLength = int64(len(c.body))
 	p.rp.ServeHTTP(w, out)
-	if c.record && !c.settled {
+	if c.keepsRecord() && !c.settled {
 		// Neither ModifyResponse nor ErrorHandler settled (cannot happen with
 		// ReverseProxy today); leave nothing claimed in flight by mistake.
 		p.settle(ctx, c, vault.SettleRequest{Outcome: vault.SettleUnknown}, "unsettled after forwarding")
@@ -122,7 +122,7 @@ func (p *Proxy) rewrite(pr *httputil.ProxyRequest) {
 	if c.stripeVersion != "" {
 		h.Set(headerStripeVersion, c.stripeVersion)
 	}
-	if c.record && c.method == http.MethodPost {
+	if c.keepsRecord() && c.method == http.MethodPost {
 		// Written under a lower-case map key on purpose: http.Transport treats a
 		// request whose header map has "Idempotency-Key" as replayable and resends
 		// it on a reused connection that breaks after the request was written. If

@@ -20,7 +20,8 @@ import (
 // Step 10 of the pipeline (see prepare): settling the hold of a forwarded
 // request with Stripe's answer (modifyResponse) or without one (errorHandler),
 // in one Store.Settle; what a money object's answer commits is settleAnswer's
-// (objects.go).
+// (objects.go). What the answer means for the hold is decideSettle's
+// (settle_decision.go).
 
 // settleTimeout bounds the Settle that follows an upstream answer. It does not
 // share the upstream deadline: an answer that arrives just in time must still be
@@ -49,7 +50,7 @@ func (p *Proxy) modifyResponse(resp *http.Response) error {
 		}
 	}
 	ctx := resp.Request.Context()
-	if !c.record {
+	if !c.keepsRecord() {
 		if err := p.observeUnrecorded(ctx, c, resp); err != nil {
 			return err
 		}
@@ -78,48 +79,31 @@ func (p *Proxy) modifyResponse(resp *http.Response) error {
 			stored.Header[name] = append([]string(nil), v...)
 		}
 	}
-	sr := vault.SettleRequest{Response: stored}
+	shape, created := c.bodyShapeOf(resp.StatusCode, body)
+	d := decideSettle(answerFacts{status: resp.StatusCode, sent: true, idem: c.idemOutcome, body: shape})
+	sr := vault.SettleRequest{Outcome: d.outcome()}
+	if d.keepsAnswer() {
+		sr.Response = stored
+	}
 	if orig := resp.Header.Get(headerOriginalRequest); orig != "" {
 		// Stripe replayed an earlier execution (a resumed request): that is the
 		// request the money moved in.
 		sr.StripeRequestID = orig
 	}
-	code := resp.StatusCode
+	var overrun int64
 	switch {
-	case code >= 200 && code < 300:
-		sr.Outcome = vault.SettleCommit
-		if c.metered {
-			c.settleAnswer(&sr, stripeapi.DecodeObject(body))
-		}
-	case code == http.StatusConflict:
-		// idempotency_key_in_use: Stripe is executing an earlier attempt under this
-		// upstream key (a transport resend, a lapsed lease), which may move the
-		// money. Whatever attempt it was, the hold stays until a retry or an
-		// operator learns the outcome; the 409 itself is not the answer to keep.
-		sr.Outcome, sr.Response = vault.SettleUnknown, nil
-	case code == http.StatusTooManyRequests:
-		// Rate limited before executing: nothing moved.
-		sr.Outcome, sr.Response = vault.SettleAbandon, nil
-	case code >= 400 && code < 500 && c.idemOutcome == idemResume && stripeapi.ErrorType(body) == TypeIdempotency:
-		// Stripe knows the upstream key from an earlier attempt whose parameters it
-		// judges different (e.g. another Stripe-Version): that attempt may have
-		// moved the money, so this answer says nothing about it. The hold stays.
-		sr.Outcome = vault.SettleUnknown
-	case code >= 400 && code < 500:
-		sr.Outcome = vault.SettleRelease
-		// A 4xx whose body shows a money object the request created anyway (a
-		// declined PaymentIntent) is not "nothing happened".
-		c.keepCreatedObject(&sr, body)
-	default:
-		sr.Outcome = vault.SettleUnknown
+	case d == settleCommit && c.metered():
+		overrun = c.settleAnswer(&sr, stripeapi.DecodeObject(body))
+	case d == settleKeepCreated:
+		overrun = c.settleAnswer(&sr, created)
 	}
 	p.settle(ctx, c, sr, "")
-	if c.overrun > 0 {
+	if overrun > 0 {
 		p.log.LogAttrs(ctx, slog.LevelWarn, "Stripe moved more than keybrake held: the object changed at Stripe between the lookup and the request",
 			slog.String(logfield.RequestID, c.requestID), slog.String(logfield.KeyID, c.key.ID), slog.String(logfield.Operation, c.cls.Operation),
-			slog.String(logfield.ObjectID, sr.ObjectID), slog.Int64(logfield.Overrun, c.overrun))
+			slog.String(logfield.ObjectID, sr.ObjectID), slog.Int64(logfield.Overrun, overrun))
 	}
-	if code >= 200 && code < 300 {
+	if d == settleCommit {
 		if sr.Object == (vault.ObjectSettle{}) {
 			p.observe(ctx, c, body)
 		}
@@ -155,8 +139,8 @@ func (p *Proxy) observeUnrecorded(ctx context.Context, c *call, resp *http.Respo
 // which answers without any of Stripe's body.
 func (p *Proxy) credentialRefused(ctx context.Context, c *call) error {
 	err := p.upstreamAuthFailed(c, "forward", c.upstreamStatus, c.stripeRequestID)
-	if c.record {
-		p.settle(ctx, c, vault.SettleRequest{Outcome: vault.SettleAbandon}, "upstream secret refused")
+	if d := decideSettle(answerFacts{status: c.upstreamStatus, sent: true, idem: c.idemOutcome}); d != settleNone {
+		p.settle(ctx, c, vault.SettleRequest{Outcome: d.outcome()}, "upstream secret refused")
 	}
 	return err
 }
@@ -181,12 +165,8 @@ func (p *Proxy) errorHandler(w http.ResponseWriter, r *http.Request, err error) 
 		return
 	}
 	sent := c.connected.Load()
-	if c.record && !c.settled {
-		outcome := vault.SettleUnknown
-		if !sent {
-			outcome = vault.SettleAbandon
-		}
-		p.settle(r.Context(), c, vault.SettleRequest{Outcome: outcome}, "no answer from Stripe")
+	if d := decideSettle(answerFacts{sent: sent, idem: c.idemOutcome}); d != settleNone && !c.settled {
+		p.settle(r.Context(), c, vault.SettleRequest{Outcome: d.outcome()}, "no answer from Stripe")
 	}
 	rf := noAnswerRefusal(c, err, sent)
 	rf.cause = err
@@ -207,7 +187,7 @@ func noAnswerRefusal(c *call, err error, sent bool) *refusal {
 		rf.Message = "keybrake could not reach Stripe: this attempt was not sent, and the outcome of the first request with this idempotency key is still unknown. Retry with the same idempotency key."
 	case !sent:
 		rf.Message = "keybrake could not reach Stripe: the request was not sent, so nothing was executed. It is safe to retry."
-	case c.record:
+	case c.keepsRecord():
 		rf.Message = what + "; the outcome is unknown. Retry with the same idempotency key."
 	case c.method == http.MethodGet:
 		rf.Message = what + ". Retry the request."
@@ -276,7 +256,7 @@ func (c *call) freeOwnHold(sr *vault.SettleRequest) {
 	case sr.Outcome == vault.SettleCommit && sr.Object == (vault.ObjectSettle{}):
 		freed = max(0, c.amount-sr.Amount)
 	}
-	if freed == 0 || !c.metered {
+	if freed == 0 || !c.metered() {
 		return
 	}
 	usage := maps.Clone(c.usage)
