@@ -108,7 +108,7 @@ func (p *Proxy) logCall(c *call) {
 		slog.Int64(logfield.Amount, c.amount),
 		slog.String(logfield.Currency, c.currency),
 		slog.String(logfield.Decision, string(c.decision)),
-		slog.String(logfield.Reason, c.reason),
+		slog.String(logfield.Reason, string(c.reason)),
 		slog.String(logfield.Idempotency, string(c.idemOutcome)),
 		slog.Int(logfield.UpstreamStatus, c.upstreamStatus),
 		slog.Int(logfield.Status, c.status),

@@ -83,7 +83,7 @@ type call struct {
 	// The outcome, for the log line and the metrics: written by authorise
 	// (report mode), reserve, settle and the answers (answer.go).
 	decision decision
-	reason   string
+	reason   ErrorCode
 	status   int
 	err      error
 }

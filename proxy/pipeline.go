@@ -67,7 +67,7 @@ func (p *Proxy) recordUnmeteredWouldRefuse(ctx context.Context, c *call) {
 		return
 	}
 	err := p.store.RecordEvent(ctx, vault.Event{
-		KeyID: c.key.ID, Operation: c.cls.Operation, Decision: vault.DecisionWouldRefuse, Reason: c.reason,
+		KeyID: c.key.ID, Operation: c.cls.Operation, Decision: vault.DecisionWouldRefuse, Reason: string(c.reason),
 		ObjectID: c.cls.ObjectID, Tool: c.tool,
 	})
 	if err != nil {

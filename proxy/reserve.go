@@ -90,7 +90,7 @@ func (p *Proxy) reserve(ctx context.Context, c *call) error {
 		c.upstreamKey = res.Record.UpstreamKey
 		c.decision = decisionAllowed
 		if res.Decision.WouldRefuse {
-			c.decision, c.reason = decisionWouldRefuse, string(res.Decision.Reason)
+			c.decision, c.reason = decisionWouldRefuse, codeOf(res.Decision.Reason)
 		}
 		if res.Hold != nil {
 			c.amount = res.Hold.Amount
