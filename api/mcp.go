@@ -432,11 +432,11 @@ func refusalResult(status int, source, code, msg string, stripeErr map[string]an
 	switch {
 	case source == sourceKeybrake:
 		text = fmt.Sprintf("keybrake refused this call (%s): %s", code, strings.TrimSuffix(msg, "."))
-		advice := refusalAdvice[code]
+		advice := refusalAdvice[proxy.ErrorCode(code)]
 		switch {
-		case code == proxy.CodeSpendCapExceeded && flat["cap"] == string(policy.WindowPerRequest):
+		case proxy.ErrorCode(code) == proxy.CodeSpendCapExceeded && flat["cap"] == string(policy.WindowPerRequest):
 			advice = perRequestAdvice
-		case code == proxy.CodeIdemKeyRequired && flat["field"] != nil:
+		case proxy.ErrorCode(code) == proxy.CodeIdemKeyRequired && flat["field"] != nil:
 			// A derive-mode key: the message names the parameter the key is derived from.
 			advice = "Nothing reached Stripe; add that argument and call again."
 		}
@@ -458,7 +458,7 @@ const perRequestAdvice = "Nothing reached Stripe. No retry can pass the per-requ
 	"human to raise the cap."
 
 // refusalAdvice tells a model what to do about a refusal.
-var refusalAdvice = map[string]string{
+var refusalAdvice = map[proxy.ErrorCode]string{
 	proxy.CodeSpendCapExceeded: "Nothing reached Stripe. Do not retry before the window resets, with this or " +
 		"any other idempotency key; call get_budget to see what is left.",
 	proxy.CodeOperationNotAllowed: "Nothing reached Stripe: this vault key's policy does not allow it, so a retry cannot help.",

@@ -9,7 +9,7 @@ import (
 	"github.com/keybrake/keybrake/proxy/stripeapi"
 )
 
-// Step 5 of the pipeline (see prepare), for a request that can move money: the
+// Step 6 of the pipeline (see prepare), for a request that can move money: the
 // amount to hold, from the request, Stripe's objects and the key's exposure on
 // them.
 
@@ -20,6 +20,9 @@ import (
 // to, its currency, and last the object's exposure taken off — leaving
 // c.amount to hold and c.objectTotal for the per-request cap.
 func (p *Proxy) resolveAmount(ctx context.Context, c *call) error {
+	if !c.metered() {
+		return nil
+	}
 	if err := p.readExposure(ctx, c); err != nil {
 		return err
 	}

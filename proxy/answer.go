@@ -13,7 +13,7 @@ import (
 	"github.com/keybrake/keybrake/proxy/stripeapi"
 )
 
-// Step 9 of the pipeline (see prepare): the answers keybrake writes itself —
+// Step 11 of the pipeline (see prepare): the answers keybrake writes itself —
 // refusals and replays — and the canonical log line of every request.
 
 // writeRefusal answers with the refusal err (writeStripeError) and notes it for
@@ -108,7 +108,7 @@ func (p *Proxy) logCall(c *call) {
 		slog.Int64(logfield.Amount, c.amount),
 		slog.String(logfield.Currency, c.currency),
 		slog.String(logfield.Decision, string(c.decision)),
-		slog.String(logfield.Reason, c.reason),
+		slog.String(logfield.Reason, string(c.reason)),
 		slog.String(logfield.Idempotency, string(c.idemOutcome)),
 		slog.Int(logfield.UpstreamStatus, c.upstreamStatus),
 		slog.Int(logfield.Status, c.status),

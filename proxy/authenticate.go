@@ -55,7 +55,7 @@ func (p *Proxy) authenticate(ctx context.Context, r *http.Request, c *call) erro
 // its own way: the proxy as a Stripe error, the agent and MCP endpoints as a 401.
 type KeyRefusal struct {
 	// Code is CodeVaultKeyInvalid, CodeVaultKeyRevoked or CodeVaultKeyExpired.
-	Code string
+	Code ErrorCode
 	// Cause says what is wrong with the credential itself (for
 	// CodeVaultKeyInvalid: no or several Authorization headers, another scheme,
 	// ErrStripeSecretKey); nil for a token that is no vault key's.

@@ -35,7 +35,7 @@ func (p *Proxy) authorise(c *call) error {
 		return reasonRefusal(d, "")
 	}
 	if d.WouldRefuse {
-		c.decision, c.reason = decisionWouldRefuse, string(d.Reason)
+		c.decision, c.reason = decisionWouldRefuse, codeOf(d.Reason)
 	}
 	if err := checkAccounts(pol, stripeapi.Accounts(c.account, c.stripeContext, c.path, c.cls.Operation, c.params)); err != nil {
 		return err

@@ -20,33 +20,48 @@ const (
 	TypeAPI            = "api_error"
 )
 
-// Error codes of keybrake's own refusals (the "code" member of a Stripe error body).
-// statusFor says which status each one carries (docs/proxy-errors.md).
+// ErrorCode is the code of one of keybrake's own refusals: the "code" member
+// of a Stripe error body, the reason of its "keybrake" member, the reason of
+// the canonical log line and of the refusal metric. The policy's refusal
+// reasons are among them, by construction (codeOf).
+type ErrorCode string
+
+// Error codes of keybrake's own refusals. statusFor says which status each one
+// carries (docs/proxy-errors.md).
 const (
-	CodeVaultKeyInvalid     = "vault_key_invalid"
-	CodeVaultKeyRevoked     = "vault_key_revoked"
-	CodeVaultKeyExpired     = "vault_key_expired"
-	CodeVaultKeyNotYetValid = "vault_key_not_yet_valid"
-	CodeOperationNotAllowed = "operation_not_allowed"
-	CodeCustomerNotAllowed  = "customer_not_allowed"
-	CodeAccountNotAllowed   = "account_not_allowed"
-	CodeCurrencyNotAllowed  = "currency_not_allowed"
-	CodeAmountUnknown       = "amount_unknown"
-	CodeSpendCapExceeded    = "spend_cap_exceeded"
-	CodeRequestMalformed    = "request_malformed"
-	CodeRequestTooLarge     = "request_too_large"
-	CodeIdemKeyRequired     = "idempotency_key_required"
-	CodeIdemKeyInvalid      = "idempotency_key_invalid"
-	CodeIdemKeyReused       = "idempotency_key_reused"
-	CodeIdemKeyInUse        = "idempotency_key_in_use"
-	CodeIdemOutcomeUnknown  = "idempotency_key_outcome_unknown"
-	CodeIdemKeyResolved     = "idempotency_key_resolved" // replayed, never refused: see resolvedAnswer
-	CodeUpstreamUnavailable = "upstream_unavailable"
-	CodeUpstreamAuthFailed  = "upstream_authentication_failed"
-	CodeUpstreamPermission  = "upstream_permission_denied"
-	CodeStoreUnavailable    = "store_unavailable"
-	CodeInternalError       = "internal_error"
+	CodeVaultKeyInvalid     ErrorCode = "vault_key_invalid"
+	CodeVaultKeyRevoked     ErrorCode = "vault_key_revoked"
+	CodeVaultKeyExpired               = ErrorCode(policy.ReasonExpired)
+	CodeVaultKeyNotYetValid           = ErrorCode(policy.ReasonNotYetValid)
+	CodeOperationNotAllowed           = ErrorCode(policy.ReasonOperationNotAllowed)
+	CodeCustomerNotAllowed            = ErrorCode(policy.ReasonCustomerNotAllowed)
+	CodeAccountNotAllowed             = ErrorCode(policy.ReasonAccountNotAllowed)
+	CodeCurrencyNotAllowed            = ErrorCode(policy.ReasonCurrencyNotAllowed)
+	CodeAmountUnknown                 = ErrorCode(policy.ReasonAmountUnknown)
+	CodeSpendCapExceeded              = ErrorCode(policy.ReasonCapExceeded)
+	CodeRequestMalformed    ErrorCode = "request_malformed"
+	CodeRequestTooLarge     ErrorCode = "request_too_large"
+	CodeIdemKeyRequired     ErrorCode = "idempotency_key_required"
+	CodeIdemKeyInvalid      ErrorCode = "idempotency_key_invalid"
+	CodeIdemKeyReused       ErrorCode = "idempotency_key_reused"
+	CodeIdemKeyInUse        ErrorCode = "idempotency_key_in_use"
+	CodeIdemOutcomeUnknown  ErrorCode = "idempotency_key_outcome_unknown"
+	CodeIdemKeyResolved     ErrorCode = "idempotency_key_resolved" // replayed, never refused: see resolvedAnswer
+	CodeUpstreamUnavailable ErrorCode = "upstream_unavailable"
+	CodeUpstreamAuthFailed  ErrorCode = "upstream_authentication_failed"
+	CodeUpstreamPermission  ErrorCode = "upstream_permission_denied"
+	CodeStoreUnavailable    ErrorCode = "store_unavailable"
+	CodeInternalError       ErrorCode = "internal_error"
 )
+
+// codeOf is the error code of a policy refusal reason: the same word; a
+// decision without a reason refuses as operation_not_allowed.
+func codeOf(r policy.Reason) ErrorCode {
+	if r == policy.ReasonNone {
+		return CodeOperationNotAllowed
+	}
+	return ErrorCode(r)
+}
 
 // Headers the proxy reads or writes.
 const (
@@ -69,7 +84,7 @@ const (
 type refusal struct {
 	Status     int
 	Type       string
-	Code       string
+	Code       ErrorCode
 	Message    string
 	Param      string
 	Retry      bool // Stripe-Should-Retry: true (else false)
@@ -83,7 +98,7 @@ func (r *refusal) Error() string {
 	if r.cause != nil {
 		return fmt.Sprintf("%s: %s: %v", r.Code, r.Message, r.cause)
 	}
-	return r.Code + ": " + r.Message
+	return string(r.Code) + ": " + r.Message
 }
 
 // Unwrap returns the underlying cause, if any.
@@ -92,7 +107,7 @@ func (r *refusal) Unwrap() error { return r.cause }
 // keybrakeDetail is the "keybrake" member of a refusal body. Money is a decimal
 // string in the major unit of Currency.
 type keybrakeDetail struct {
-	Reason    string     `json:"reason"`
+	Reason    ErrorCode  `json:"reason"`
 	Cap       string     `json:"cap,omitempty"`
 	Currency  string     `json:"currency,omitempty"`
 	Limit     string     `json:"limit,omitempty"`
@@ -112,21 +127,21 @@ type errorBody struct {
 
 type errorObject struct {
 	Type     string         `json:"type"`
-	Code     string         `json:"code"`
+	Code     ErrorCode      `json:"code"`
 	Message  string         `json:"message"`
 	Param    string         `json:"param,omitempty"`
 	Keybrake keybrakeDetail `json:"keybrake"`
 }
 
 // refuse builds a refusal with the status and type the error table gives code.
-func refuse(code, format string, args ...any) *refusal {
+func refuse(code ErrorCode, format string, args ...any) *refusal {
 	r := &refusal{Code: code, Message: fmt.Sprintf(format, args...)}
 	r.Status, r.Type, r.Retry = statusFor(code)
 	return r
 }
 
 // statusFor is the error table of docs/proxy-errors.md.
-func statusFor(code string) (status int, typ string, retry bool) {
+func statusFor(code ErrorCode) (status int, typ string, retry bool) {
 	switch code {
 	case CodeVaultKeyInvalid, CodeVaultKeyRevoked, CodeVaultKeyExpired:
 		return http.StatusUnauthorized, TypeInvalidRequest, false
@@ -170,10 +185,7 @@ func malformed(cause error, format string, args ...any) *refusal {
 // reasonRefusal turns a policy refusal reason into its refusal. A cap refusal
 // carries the window's figures as decimal strings of currency.
 func reasonRefusal(d policy.Decision, currency string) *refusal {
-	code := string(d.Reason)
-	if code == "" {
-		code = CodeOperationNotAllowed
-	}
+	code := codeOf(d.Reason)
 	msg := d.Message
 	if msg == "" {
 		msg = "The vault key's policy does not allow this request."

@@ -24,7 +24,8 @@ func TestWriteStripeError(t *testing.T) {
 	cases := map[string]struct {
 		err        error
 		status     int
-		typ, code  string
+		typ        string
+		code       ErrorCode
 		retry      string
 		retryAfter string
 	}{
@@ -54,9 +55,9 @@ func TestWriteStripeError(t *testing.T) {
 			}
 			require.NoError(t, json.Unmarshal(rec.Body.Bytes(), &body))
 			assert.Equal(t, tc.typ, body.Error.Type)
-			assert.Equal(t, tc.code, body.Error.Code)
+			assert.Equal(t, string(tc.code), body.Error.Code)
 			assert.NotEmpty(t, body.Error.Message)
-			assert.Equal(t, tc.code, body.Error.Keybrake["reason"])
+			assert.Equal(t, string(tc.code), body.Error.Keybrake["reason"])
 			assert.Equal(t, "req_kb_test", body.Error.Keybrake["request_id"])
 			assert.NotContains(t, rec.Body.String(), "bbolt", "internal error text never reaches the caller")
 		})
@@ -117,4 +118,20 @@ func TestVaultToken(t *testing.T) {
 			assert.Equal(t, tc.want, got)
 		})
 	}
+}
+
+// TestCodeOfPolicyReasons checks that every policy refusal reason is an error
+// code with its own status, not the 500 of an unknown code.
+func TestCodeOfPolicyReasons(t *testing.T) {
+	reasons := []policy.Reason{policy.ReasonExpired, policy.ReasonNotYetValid, policy.ReasonOperationNotAllowed,
+		policy.ReasonCustomerNotAllowed, policy.ReasonAccountNotAllowed, policy.ReasonCurrencyNotAllowed,
+		policy.ReasonCapExceeded, policy.ReasonAmountUnknown}
+	for _, r := range reasons {
+		code := codeOf(r)
+		assert.Equal(t, string(r), string(code))
+		assert.Contains(t, metricReasons, code, "the refusal metric counts %s", code)
+		status, _, _ := statusFor(code)
+		assert.NotEqual(t, http.StatusInternalServerError, status, "%s has no status of its own", code)
+	}
+	assert.Equal(t, CodeOperationNotAllowed, codeOf(policy.ReasonNone))
 }

@@ -63,7 +63,7 @@ func (p *Proxy) noteKeyRefusal(ctx context.Context, r *http.Request, c *call, kr
 		p.unknown.mu.Unlock()
 		return
 	}
-	err := p.store.RecordKeyRefusal(ctx, c.key.ID, vault.KeyRefusal{Code: kr.Code, RemoteAddr: addr, Path: path})
+	err := p.store.RecordKeyRefusal(ctx, c.key.ID, vault.KeyRefusal{Code: string(kr.Code), RemoteAddr: addr, Path: path})
 	if err != nil {
 		p.log.LogAttrs(ctx, slog.LevelWarn, "cannot count the refusal of a revoked or expired vault key",
 			slog.String(logfield.RequestID, c.requestID), slog.String(logfield.KeyID, c.key.ID), slog.Any(logfield.Error, err))

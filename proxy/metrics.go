@@ -25,7 +25,7 @@ var metricOutcomes = [...]decision{
 // metricReasons are the reason label values of the refusal counter: every code of
 // a keybrake refusal (the policy's reasons are among them), and "other" for a
 // reason not in this list.
-var metricReasons = [...]string{
+var metricReasons = [...]ErrorCode{
 	CodeVaultKeyInvalid, CodeVaultKeyRevoked, CodeVaultKeyExpired, CodeVaultKeyNotYetValid,
 	CodeOperationNotAllowed, CodeCustomerNotAllowed, CodeAccountNotAllowed, CodeCurrencyNotAllowed,
 	CodeAmountUnknown, CodeSpendCapExceeded, CodeRequestMalformed, CodeRequestTooLarge,

@@ -34,30 +34,31 @@ func (c *call) countedID(o stripeapi.Object) string {
 // object's exposure, and releases everything when the answer shows the object can
 // move no more money. An answer about something else (a new invoice line) moved
 // nothing yet; an answer keybrake cannot read at all commits the hold and keeps
-// the object's exposure as it was.
-func (c *call) settleAnswer(sr *vault.SettleRequest, o stripeapi.Object) {
+// the object's exposure as it was. It returns the overrun: what Stripe reported
+// moved beyond the hold and the object's exposure.
+func (c *call) settleAnswer(sr *vault.SettleRequest, o stripeapi.Object) (overrun int64) {
 	sr.Amount = c.amount
 	if id := o.Get("id"); stripeapi.IsID(id) {
 		sr.ObjectID = id
 	}
 	id := c.countedID(o)
 	if id == "" {
-		return
+		return 0
 	}
 	sr.ObjectID = id
 	sr.Object = vault.ObjectSettle{Created: c.cls.Creates && c.cls.Target == "", Expose: true,
 		StripeAccount: c.account, StripeContext: c.stripeContext}
 	if o.Get("object") == "" {
-		return
+		return 0
 	}
 	sr.Amount = 0
 	m, read := stripeapi.ReadMoneyObject(o, c.currency)
 	if !read || m.ID != id {
-		return
+		return 0
 	}
 	sr.Object.Terminal = m.Terminal
 	if !m.MovedKnown {
-		return // it moves no money by itself (an invoice item)
+		return 0 // it moves no money by itself (an invoice item)
 	}
 	sr.Object.Moved, sr.Object.MovedKnown = m.Moved, true
 	sr.Amount = max(0, m.Moved-c.movedBefore())
@@ -65,7 +66,7 @@ func (c *call) settleAnswer(sr *vault.SettleRequest, o stripeapi.Object) {
 	// object changed at Stripe between keybrake's lookup and this request), it is
 	// booked as an overrun.
 	sr.AllowOverrun = true
-	c.overrun = max(0, sr.Amount-c.amount-c.exposure.Held)
+	return max(0, sr.Amount-c.amount-c.exposure.Held)
 }
 
 // movedBefore is what the counted object had moved before this request: nothing
@@ -84,19 +85,29 @@ func (c *call) movedBefore() int64 {
 	return c.exposure.Moved
 }
 
-// keepCreatedObject turns the settle of a 4xx into a commit when the error body
-// shows that the request created a money object anyway (a PaymentIntent created
+// bodyShapeOf reads what a 4xx's body shows for the settle decision (any other
+// answer's body shows nothing to it): an idempotency_error, and a money object
+// the request created anyway, which it also returns (a PaymentIntent created
 // with confirm=true whose payment was declined: error.payment_intent, status
-// requires_payment_method, still confirmable with its client_secret). Its money
-// stays counted as the object's exposure until Stripe shows it moved or cannot.
-func (c *call) keepCreatedObject(sr *vault.SettleRequest, body []byte) {
-	if !c.metered || !c.cls.Creates || c.cls.Target != "" {
-		return
+// requires_payment_method, still confirmable with its client_secret). That
+// object's money stays counted as its exposure until Stripe shows it moved or
+// cannot.
+func (c *call) bodyShapeOf(status int, body []byte) (bodyShape, stripeapi.Object) {
+	if status < 400 || status >= 500 {
+		return 0, nil
 	}
-	if o, ok := stripeapi.MoneyObjectInError(body, c.currency); ok {
-		sr.Outcome = vault.SettleCommit
-		c.settleAnswer(sr, o)
+	var shape bodyShape
+	if stripeapi.ErrorType(body) == TypeIdempotency {
+		shape |= bodyIdempotencyError
 	}
+	if !c.metered() || !c.cls.Creates || c.cls.Target != "" {
+		return shape, nil
+	}
+	o, ok := stripeapi.MoneyObjectInError(body, c.currency)
+	if !ok {
+		return shape, nil
+	}
+	return shape | bodyCreatedObject, o
 }
 
 // observe applies an answer that settled no money object of its own — a read, a

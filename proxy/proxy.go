@@ -24,7 +24,6 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
-	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -221,17 +220,4 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	p.forward(w, r, c)
-}
-
-// secretCache keeps unsealed upstream secrets for a short time so that the hot
-// path does not unseal on every request; a rotated secret is picked up within ttl.
-type secretCache struct {
-	ttl     time.Duration
-	mu      sync.Mutex
-	entries map[string]cachedSecret
-}
-
-type cachedSecret struct {
-	secret  string
-	fetched time.Time
 }

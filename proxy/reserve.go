@@ -10,59 +10,67 @@ import (
 	"github.com/keybrake/keybrake/vault"
 )
 
-// Steps 4 and 6 of the pipeline (see prepare): the idempotency key, then the one
+// Steps 5 and 7 of the pipeline (see prepare): the idempotency key, then the one
 // Store.Reserve that claims it and places the hold, or refuses.
 
-// idempotency takes the request's idempotency key (step 4): only a POST has one;
-// a derive-mode key computes it from the request's fields, and a request that
-// moves money must carry a valid one. A POST that moves no money keeps a record
-// only when it carries a key.
-func (p *Proxy) idempotency(r *http.Request, c *call) error {
+// idempotency takes the request's idempotency key (step 5): only a POST has one;
+// a derive-mode key computes it from the request's fields (the outcome is then
+// idemDerived), and a request that moves money must carry a valid one. A POST
+// that moves no money keeps a record only when it carries a key. "" is no key.
+func (p *Proxy) idempotency(r *http.Request, c *call) (string, idemOutcome, error) {
 	if c.method != http.MethodPost {
-		return nil
+		return "", "", nil
 	}
 	callerKey, present, perr := ParseIdempotencyKey(r.Header)
 	pol := &c.key.Policy
-	if c.metered && pol.Idempotency.Mode == policy.IdempotencyDerive {
+	if c.metered() && pol.Idempotency.Mode == policy.IdempotencyDerive {
 		k, err := DeriveIdempotencyKey(c.cls.Operation, pol.Idempotency.Fields, c.params.Get)
 		if err != nil {
 			var missing *MissingFieldError
 			if !errors.As(err, &missing) {
-				return internalError(fmt.Errorf("derive idempotency key: %w", err))
+				return "", "", internalError(fmt.Errorf("derive idempotency key: %w", err))
 			}
 			rf := refuse(CodeIdemKeyRequired, "This vault key derives idempotency keys from the request: the parameter %q is required.", missing.Field)
 			rf.Param, rf.Detail.Field = missing.Field, missing.Field
-			return rf
+			return "", "", rf
 		}
-		c.idemKey, c.idemOutcome = k, idemDerived
-	} else if present || c.metered {
+		return k, idemDerived, nil
+	} else if present || c.metered() {
 		if perr != nil {
 			rf := refuse(CodeIdemKeyInvalid, "The Idempotency-Key must be 1 to %d printable characters, bare or as a quoted string.", MaxIdempotencyKeyLen)
 			rf.cause = perr
-			return rf
+			return "", "", rf
 		}
 		if !present {
-			return refuse(CodeIdemKeyRequired, "An Idempotency-Key header is required on requests that move money.")
+			return "", "", refuse(CodeIdemKeyRequired, "An Idempotency-Key header is required on requests that move money.")
 		}
-		c.idemKey = callerKey
+		return callerKey, "", nil
 	}
-	return nil
+	return "", "", nil
 }
 
-// reserve is step 6: the one Store.Reserve of the request, and what its outcome
-// means — forward (claimed, resumed), replay, or refuse.
+// reserve is step 7: the one Store.Reserve of the request, and what its outcome
+// means — forward (claimed, resumed), replay, or refuse. A request without an
+// idempotency key keeps no record and makes no Reserve: it goes on as
+// authorised.
 func (p *Proxy) reserve(ctx context.Context, c *call) error {
+	if c.idemKey == "" {
+		if c.decision == "" {
+			c.decision = decisionAllowed
+		}
+		return nil
+	}
 	fp := Fingerprint(c.method, c.path, c.account, c.stripeContext, c.params.Canonical())
 	req := vault.ReserveRequest{
 		KeyID:          c.key.ID,
 		IdempotencyKey: c.idemKey,
 		Fingerprint:    fp,
 		Request:        c.policyRequest(c.amount, c.currency),
-		Metered:        c.metered,
+		Metered:        c.metered(),
 		Tool:           c.tool,
 	}
 	req.Request.ObjectTotal = c.objectTotal
-	if !c.metered {
+	if !c.metered() {
 		req.Request.Amount, req.Request.Currency, req.Request.ObjectTotal = 0, "", 0
 	}
 	res, err := p.store.Reserve(ctx, req)
@@ -73,31 +81,29 @@ func (p *Proxy) reserve(ctx context.Context, c *call) error {
 		return internalError(fmt.Errorf("reserve: %w", err))
 	}
 	c.windows, c.usage = res.Windows, res.Usage
+	c.idemOutcome = idemOutcomeOf(res.Outcome)
 	if res.Hold != nil {
 		c.holdWindows = res.Hold.WindowIDs
 	}
 	switch res.Outcome {
 	case vault.ReserveClaimed:
-		c.idemOutcome = idemClaimed
-		c.record, c.upstreamKey = true, res.Record.UpstreamKey
+		c.upstreamKey = res.Record.UpstreamKey
 		c.decision = decisionAllowed
 		if res.Decision.WouldRefuse {
-			c.decision, c.reason = decisionWouldRefuse, string(res.Decision.Reason)
+			c.decision, c.reason = decisionWouldRefuse, codeOf(res.Decision.Reason)
 		}
 		if res.Hold != nil {
 			c.amount = res.Hold.Amount
 		}
 		return nil
 	case vault.ReserveResume:
-		c.idemOutcome = idemResume
-		c.record, c.upstreamKey = true, res.Record.UpstreamKey
+		c.upstreamKey = res.Record.UpstreamKey
 		c.decision = decisionResumed
 		if res.Hold != nil {
 			c.amount = res.Hold.Amount
 		}
 		return nil
 	case vault.ReserveReplay:
-		c.idemOutcome = idemReplay
 		rec := res.Record
 		if rec.Response == nil && rec.Resolved && res.Hold != nil {
 			rec.Response = resolvedAnswer(res.Hold.ID, res.Hold.State, c.requestID)
@@ -109,19 +115,15 @@ func (p *Proxy) reserve(ctx context.Context, c *call) error {
 		c.decision = decisionReplayed
 		return nil
 	case vault.ReserveInFlight:
-		c.idemOutcome = idemInFlight
 		rf := refuse(CodeIdemKeyInUse, "There is currently another in-progress request using this idempotency key. Retry later.")
 		rf.RetryAfter = 1
 		return rf
 	case vault.ReserveMismatch:
-		c.idemOutcome = idemMismatch
 		return refuse(CodeIdemKeyReused, "This idempotency key was already used with a different request.")
 	case vault.ReserveStale:
-		c.idemOutcome = idemStale
 		return refuse(CodeIdemOutcomeUnknown,
 			"The outcome of the first request with this idempotency key is unknown and too old to retry safely; an operator must resolve it.")
 	case vault.ReserveRefused:
-		c.idemOutcome = idemRefused
 		cur := c.currency
 		if cur == "" {
 			cur = c.key.Policy.Currency
