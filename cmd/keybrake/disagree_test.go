@@ -371,9 +371,16 @@ func TestBootstrapTokenPrintedByTheReplicaThatCreatedTheSchema(t *testing.T) {
 	masterText, err := newMasterKeyText()
 	require.NoError(t, err)
 	rs := MustReplicas(t, 3, dbURL, fake.URL, masterText)
+	// Each replica writes its first-start banner (or the line saying another
+	// printed it) just after it starts serving: wait for all three.
+	const token, other = "no vault keys yet. An admin token", "the replica that created the schema printed"
 	printed := 0
 	for i := range 3 {
-		if strings.Contains(rs.procs[i].logs(), "no vault keys yet. An admin token") {
+		require.Eventually(t, func() bool {
+			l := rs.procs[i].logs()
+			return strings.Contains(l, token) || strings.Contains(l, other)
+		}, time.Minute, 20*time.Millisecond, "replica %d wrote no first-start banner", i)
+		if strings.Contains(rs.procs[i].logs(), token) {
 			printed++
 		}
 	}
