@@ -66,6 +66,7 @@ func TestChildProcess(t *testing.T) {
 }
 
 func TestEnvDatabaseURLIsHonoured(t *testing.T) {
+	t.Parallel()
 	c := pgtest.NewCluster(t)
 	admin := pgtest.NewPool(t, c.AdminURL())
 
@@ -132,6 +133,7 @@ func childCommand(mode string, env ...string) *exec.Cmd {
 }
 
 func TestNoServerOutlivesTheTestBinary(t *testing.T) {
+	t.Parallel()
 	for _, end := range []string{"pass", "fail", "panic", "kill"} {
 		t.Run(end, func(t *testing.T) {
 			var out syncBuilder

@@ -22,6 +22,7 @@ import (
 func TestMain(m *testing.M) { pgtest.Main(m) }
 
 func TestEachTestGetsItsOwnEmptyDatabase(t *testing.T) {
+	t.Parallel()
 	var urls, names [2]string
 	for i := range urls {
 		t.Run(fmt.Sprint(i), func(t *testing.T) {
@@ -44,6 +45,7 @@ func TestEachTestGetsItsOwnEmptyDatabase(t *testing.T) {
 }
 
 func TestPoolIsReady(t *testing.T) {
+	t.Parallel()
 	pool := pgtest.Pool(t)
 	var n int
 	require.NoError(t, pool.QueryRow(t.Context(), "SELECT 40 + 2").Scan(&n))
@@ -54,6 +56,7 @@ func TestPoolIsReady(t *testing.T) {
 }
 
 func TestRestartKeepsDataAndURL(t *testing.T) {
+	t.Parallel()
 	c := pgtest.NewCluster(t)
 	u := c.URL(t)
 	pool := pgtest.NewPool(t, u)
@@ -87,6 +90,7 @@ func TestRestartKeepsDataAndURL(t *testing.T) {
 }
 
 func TestClusterListensOnLoopbackOnly(t *testing.T) {
+	t.Parallel()
 	c := pgtest.NewCluster(t)
 	u := c.URL(t)
 	pool := pgtest.NewPool(t, u)
