@@ -255,6 +255,7 @@ func (env *agentEnv) MustClaim(token, key, fingerprint string, leaseSeconds int)
 const seedPolicy = seedLegacyPolicy
 
 func TestAgentAuthentication(t *testing.T) {
+	t.Parallel()
 	env := MustAgentEnv(t)
 	_, tok := env.MustKey("auth", seedPolicy, nil)
 	revoked, revokedTok := env.MustKey("revoked", seedPolicy, nil)
@@ -334,6 +335,7 @@ func TestAgentAuthentication(t *testing.T) {
 }
 
 func TestAgentMe(t *testing.T) {
+	t.Parallel()
 	env := MustAgentEnv(t)
 	labels := map[string]string{"customer_id": "cust_123", "billing_period": "2026-09"}
 	key, tok := env.MustKey("vault_key_cust_123_2026_09", `{
@@ -411,6 +413,7 @@ func TestAgentMe(t *testing.T) {
 }
 
 func TestAgentMeShowsUsageAfterACharge(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	env := MustAgentEnv(t)
 	_, tok := env.MustKey("charged", seedPolicy, nil)
@@ -441,6 +444,7 @@ func TestAgentMeShowsUsageAfterACharge(t *testing.T) {
 }
 
 func TestClaimTwoCallersExactlyOneWins(t *testing.T) {
+	t.Parallel()
 	env := MustAgentEnv(t)
 	_, tok := env.MustKey("race", seedPolicy, nil)
 	for round := range 5 {
@@ -477,6 +481,7 @@ func TestClaimTwoCallersExactlyOneWins(t *testing.T) {
 }
 
 func TestClaimLapsedLeaseIsReclaimedByExactlyOne(t *testing.T) {
+	t.Parallel()
 	env := MustAgentEnv(t)
 	_, tok := env.MustKey("reclaim", seedPolicy, nil)
 	old := env.MustClaim(tok, "nightly-run", "fp", 5)
@@ -547,6 +552,7 @@ func TestClaimLapsedLeaseIsReclaimedByExactlyOne(t *testing.T) {
 }
 
 func TestClaimCompletedReplaysAndMismatchIs422(t *testing.T) {
+	t.Parallel()
 	env := MustAgentEnv(t)
 	_, tok := env.MustKey("replay", seedPolicy, nil)
 
@@ -588,6 +594,7 @@ func TestClaimCompletedReplaysAndMismatchIs422(t *testing.T) {
 }
 
 func TestClaimRelease(t *testing.T) {
+	t.Parallel()
 	env := MustAgentEnv(t)
 	_, tok := env.MustKey("release", seedPolicy, nil)
 	first := env.MustClaim(tok, "flaky", "fp", 0)
@@ -606,6 +613,7 @@ func TestClaimRelease(t *testing.T) {
 }
 
 func TestClaimsOfTwoVaultKeysNeverMeet(t *testing.T) {
+	t.Parallel()
 	env := MustAgentEnv(t)
 	_, tokA := env.MustKey("a", seedPolicy, nil)
 	_, tokB := env.MustKey("b", seedPolicy, nil)
@@ -633,6 +641,7 @@ func TestClaimsOfTwoVaultKeysNeverMeet(t *testing.T) {
 }
 
 func TestClaimKeysInThePath(t *testing.T) {
+	t.Parallel()
 	env := MustAgentEnv(t)
 	_, tok := env.MustKey("paths", seedPolicy, nil)
 	for name, key := range map[string]string{
@@ -681,6 +690,7 @@ func TestClaimKeysInThePath(t *testing.T) {
 }
 
 func TestClaimValidation(t *testing.T) {
+	t.Parallel()
 	env := MustAgentEnv(t)
 	_, tok := env.MustKey("validation", seedPolicy, nil)
 	fencing := env.MustClaim(tok, "job", "fp", 0)
@@ -763,6 +773,7 @@ func TestClaimValidation(t *testing.T) {
 // claim over; with the claim key as the charge's idempotency key, its charge is a
 // replay, so the customer is still billed once.
 func TestSeedPatternThroughKeybrake(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	env := MustAgentEnv(t)
 	_, tok := env.MustKey("vault_key_cust_123_2026_09", seedPolicy, nil)
@@ -842,6 +853,7 @@ func TestSeedPatternThroughKeybrake(t *testing.T) {
 }
 
 func TestAgentRoutesLeaveTheProxyAlone(t *testing.T) {
+	t.Parallel()
 	env := MustAgentEnv(t)
 	_, tok := env.MustKey("neighbours", seedPolicy, nil)
 	// Stripe paths still get Stripe-shaped answers; /keybrake/ paths problem+json.

@@ -13,6 +13,7 @@ import (
 )
 
 func TestExponent(t *testing.T) {
+	t.Parallel()
 	tests := map[string]struct {
 		currency string
 		exp      int32
@@ -52,6 +53,7 @@ func TestExponent(t *testing.T) {
 
 // TestExponentTable pins Stripe's table exactly as the README states it.
 func TestExponentTable(t *testing.T) {
+	t.Parallel()
 	zero := []string{"bif", "clp", "djf", "gnf", "jpy", "kmf", "krw", "mga", "pyg", "rwf", "vnd", "vuv", "xaf", "xof", "xpf"}
 	three := []string{"bhd", "jod", "kwd", "omr", "tnd"}
 	want := map[string]int32{}
@@ -80,6 +82,7 @@ func TestExponentTable(t *testing.T) {
 }
 
 func TestFromMinorToMinor(t *testing.T) {
+	t.Parallel()
 	tests := map[string]struct {
 		currency string
 		minor    int64
@@ -120,6 +123,7 @@ func TestFromMinorToMinor(t *testing.T) {
 }
 
 func TestToMinorErrors(t *testing.T) {
+	t.Parallel()
 	tests := map[string]struct {
 		currency string
 		major    string
@@ -159,6 +163,7 @@ func TestToMinorErrors(t *testing.T) {
 }
 
 func TestParseAmount(t *testing.T) {
+	t.Parallel()
 	good := map[string]string{
 		"integer":        "99",
 		"decimal":        "99.00",
