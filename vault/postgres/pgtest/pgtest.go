@@ -38,6 +38,18 @@
 //		...
 //	}
 //
+// Tests that all start from the same prepared database — keybrake's schema,
+// migrated — take copies of a Template instead, which prepares it once per
+// test binary and copies it for each test (CREATE DATABASE … TEMPLATE):
+//
+//	var migrated = pgtest.NewTemplate("schema", migrate)
+//
+//	func TestOnTheSchema(t *testing.T) {
+//		t.Parallel()
+//		url := migrated.URL(t) // a copy of the migrated database, dropped after the test
+//		...
+//	}
+//
 // A test that stops or restarts the server takes a cluster of its own with
 // NewCluster, so that the tests sharing the binary's cluster are not disturbed.
 package pgtest
