@@ -11,8 +11,7 @@ import (
 	"github.com/keybrake/keybrake/vault"
 )
 
-// A key's money objects and their exposure (see the README's "What is
-// metered"): the list, an operator's refresh from Stripe's answer, and an
+// A key's money objects and their exposure (see docs/metering.md): the list, an operator's refresh from Stripe's answer, and an
 // operator's release without it.
 
 // exposureView is a money object a key counts.

@@ -51,7 +51,8 @@ func TestExponent(t *testing.T) {
 	}
 }
 
-// TestExponentTable pins Stripe's table exactly as the README states it.
+// TestExponentTable pins Stripe's table exactly as docs/idempotency-and-caps.md
+// states it ("Amounts").
 func TestExponentTable(t *testing.T) {
 	t.Parallel()
 	zero := []string{"bif", "clp", "djf", "gnf", "jpy", "kmf", "krw", "mga", "pyg", "rwf", "vnd", "vuv", "xaf", "xof", "xpf"}

@@ -6,7 +6,7 @@
 // takes `now` as a parameter. (Loading an IANA zone reads tzdata; that is memoized,
 // see loadZone. Binaries should import time/tzdata or ship tzdata.)
 //
-// Decisions the README leaves to the code:
+// Decisions the documentation (docs/) leaves to the code:
 //
 //   - JSON. Caps are decimal strings or JSON numbers, parsed from their literal text.
 //     Exponents ("1e5"), a leading '+', bare '.' forms and literals over 64
@@ -122,7 +122,7 @@ const (
 )
 
 // defaultOperations is the operation set of a policy that names no operations
-// (the README's "Caps and idempotency"): every read, plus the operations that bring
+// (docs/idempotency-and-caps.md, "Operations"): every read, plus the operations that bring
 // money in with an amount keybrake can know. Money going out and every other write
 // must be named explicitly.
 var defaultOperations = [...]string{

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/url"
 
 	"github.com/keybrake/keybrake/proxy/stripeapi"
 )
@@ -15,8 +16,9 @@ import (
 // resolveAmount works out the hold of a money-moving request (see "What is
 // metered"), in steps: what the key already counts on the money object the
 // request acts on, the stored prices it uses, its amount (by the case of its
-// Classification), its currency, and last the object's exposure taken off —
-// leaving c.amount to hold and c.objectTotal for the per-request cap.
+// Classification), the connected accounts the objects that collect it pay on
+// to, its currency, and last the object's exposure taken off — leaving
+// c.amount to hold and c.objectTotal for the per-request cap.
 func (p *Proxy) resolveAmount(ctx context.Context, c *call) error {
 	if err := p.readExposure(ctx, c); err != nil {
 		return err
@@ -27,6 +29,9 @@ func (p *Proxy) resolveAmount(ctx context.Context, c *call) error {
 	}
 	amount, err := p.requestAmount(ctx, c, prices, pricesCurrency)
 	if err != nil {
+		return err
+	}
+	if err := p.checkPayees(ctx, c); err != nil {
 		return err
 	}
 	if c.currency, err = c.moneyCurrency(pricesCurrency, multi); err != nil {
@@ -156,6 +161,47 @@ func (p *Proxy) lookUpAmount(ctx context.Context, c *call) error {
 	return checkAccounts(&c.key.Policy, refs)
 }
 
+// checkPayees reads the subscriptions whose invoices pay the request's money on
+// to a connected account (stripeapi.Payees) and checks those accounts like the
+// ones the request names: a key cannot add money to what a connected account is
+// paid by naming only the subscription or the customer.
+func (p *Proxy) checkPayees(ctx context.Context, c *call) error {
+	customer := ""
+	if c.looked != nil {
+		customer = c.looked.Customer
+	}
+	for _, py := range stripeapi.Payees(c.cls, c.params, customer) {
+		path, query := py.Request()
+		if path == "" {
+			return refuse(CodeAmountUnknown, "The %s request's customer is not known, so the connected accounts its "+
+				"subscriptions pay cannot be checked.", c.cls.Operation)
+		}
+		body, err := p.fetch(ctx, c, path, query)
+		var accounts []string
+		if err == nil {
+			accounts, err = stripeapi.ReadPayeeAccounts(body)
+		}
+		var rf *refusal
+		if errors.As(err, &rf) {
+			return rf // Stripe refused keybrake's secret or gave no answer
+		}
+		if err != nil {
+			rf = refuse(CodeAmountUnknown, "The connected accounts that %s pays this %s request's money on to could not be read from Stripe: %s.",
+				py.Where(), c.cls.Operation, errText(err))
+			rf.cause = err
+			return rf
+		}
+		refs := make([]stripeapi.AccountRef, len(accounts))
+		for i, a := range accounts {
+			refs[i] = stripeapi.AccountRef{ID: a, Where: py.Where()}
+		}
+		if err := checkAccounts(&c.key.Policy, refs); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // lookedInOtherCurrency reports whether the request names a currency and the
 // looked-up object is in another one.
 func (c *call) lookedInOtherCurrency() bool {
@@ -228,7 +274,7 @@ func (p *Proxy) priceTotal(ctx context.Context, c *call) (total int64, currency 
 	for _, ref := range refs {
 		pr, ok := seen[ref.ID]
 		if !ok {
-			body, err := p.fetch(ctx, c, "/v1/prices/"+ref.ID, stripeapi.PriceExpand)
+			body, err := p.fetch(ctx, c, "/v1/prices/"+ref.ID, url.Values{"expand[]": {stripeapi.PriceExpand}})
 			if err == nil {
 				pr, err = stripeapi.ReadPrice(body)
 			}

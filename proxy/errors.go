@@ -21,7 +21,7 @@ const (
 )
 
 // Error codes of keybrake's own refusals (the "code" member of a Stripe error body).
-// statusFor says which status each one carries (the README's "Proxy errors").
+// statusFor says which status each one carries (docs/proxy-errors.md).
 const (
 	CodeVaultKeyInvalid     = "vault_key_invalid"
 	CodeVaultKeyRevoked     = "vault_key_revoked"
@@ -125,7 +125,7 @@ func refuse(code, format string, args ...any) *refusal {
 	return r
 }
 
-// statusFor is the error table of the README's "Proxy errors".
+// statusFor is the error table of docs/proxy-errors.md.
 func statusFor(code string) (status int, typ string, retry bool) {
 	switch code {
 	case CodeVaultKeyInvalid, CodeVaultKeyRevoked, CodeVaultKeyExpired:

@@ -13,8 +13,8 @@
 // metrics. Each step is a file, in the order prepare runs them.
 //
 // docs/ARCHITECTURE.md follows a request through the steps and says how
-// Stripe's answers settle a hold; the README lists every refusal ("Proxy
-// errors") and what is metered.
+// Stripe's answers settle a hold; docs/proxy-errors.md lists every refusal
+// and docs/metering.md what is metered.
 package proxy
 
 import (

@@ -101,7 +101,7 @@ func (p *Proxy) RefreshExposure(ctx context.Context, actor, keyID, objectID stri
 	}
 	c := &call{requestID: newRequestID(), key: key, secret: secret, account: exp.StripeAccount, stripeContext: exp.StripeContext,
 		cls: stripeapi.Classification{Operation: refreshOperation}}
-	body, err := p.fetch(ctx, c, path)
+	body, err := p.fetch(ctx, c, path, nil)
 	if err != nil {
 		return vault.ExposureChange{}, p.refreshFailed(ctx, c, objectID, err)
 	}

@@ -447,7 +447,11 @@ func (p *Proxy) settle(ctx context.Context, c *call, sr vault.SettleRequest, not
 // is the *refusal to answer with; any other error means the amount cannot be
 // known.
 func (p *Proxy) lookup(ctx context.Context, c *call, l stripeapi.Lookup) (stripeapi.LookupResult, error) {
-	body, err := p.fetch(ctx, c, l.Path)
+	var query url.Values
+	if expand := stripeapi.LookupExpand(l.Accounts); len(expand) > 0 {
+		query = url.Values{"expand[]": expand}
+	}
+	body, err := p.fetch(ctx, c, l.Path, query)
 	if err != nil {
 		return stripeapi.LookupResult{}, err
 	}
@@ -455,17 +459,17 @@ func (p *Proxy) lookup(ctx context.Context, c *call, l stripeapi.Lookup) (stripe
 }
 
 // fetch GETs path at Stripe with the real secret and the call's Stripe-Account,
-// Stripe-Context and Stripe-Version, expanding the fields named by expand, and
-// returns the body of a 200.
-func (p *Proxy) fetch(ctx context.Context, c *call, path string, expand ...string) ([]byte, error) {
+// Stripe-Context and Stripe-Version, with query (expansions, a list's filter),
+// and returns the body of a 200.
+func (p *Proxy) fetch(ctx context.Context, c *call, path string, query url.Values) ([]byte, error) {
 	if !strings.HasPrefix(path, "/v1/") || strings.ContainsAny(path, "?#%") || strings.Contains(path, "..") {
 		return nil, fmt.Errorf("lookup path %q refused", path)
 	}
 	u := *p.upstream
 	u.Path = strings.TrimSuffix(p.upstream.Path, "/") + path
 	u.RawPath, u.RawQuery, u.Fragment = "", "", ""
-	if len(expand) > 0 {
-		u.RawQuery = url.Values{"expand[]": expand}.Encode()
+	if len(query) > 0 {
+		u.RawQuery = query.Encode()
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.timeout)
 	defer cancel()

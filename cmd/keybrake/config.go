@@ -80,7 +80,7 @@ type Config struct {
 	PprofListen string
 }
 
-// DefaultConfig returns the defaults the README documents.
+// DefaultConfig returns the defaults docs/configuration.md documents.
 func DefaultConfig() Config {
 	return Config{
 		DataDir:           "./keybrake-data",

@@ -21,8 +21,8 @@ import (
 	"github.com/keybrake/keybrake/proxy/proxytest"
 )
 
-// updateDocs makes the browser test write the README's screenshot of the key list
-// (docs/dashboard-keys.png) from its run.
+// updateDocs makes the browser test write the screenshot of the key list that the
+// README and docs/dashboard.md show (docs/dashboard-keys.png) from its run.
 var updateDocs = flag.Bool("update-docs", false, "write docs/dashboard-keys.png from the browser test")
 
 // uiWait is how long the browser tests wait for the page to show a change: the

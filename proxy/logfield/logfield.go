@@ -2,8 +2,8 @@
 // field means the same thing, in the same unit, on every line: the proxy's
 // canonical line of each Stripe request ("stripe request"), the access lines of
 // the admin API ("admin request"), the agent endpoints ("agent request") and the
-// MCP endpoint ("mcp request"), and the lines logged around them. The README's
-// "Logs" section lists them for operators.
+// MCP endpoint ("mcp request"), and the lines logged around them. The "Logs"
+// section of docs/operations.md lists them for operators.
 package logfield
 
 import (

@@ -2,6 +2,7 @@ package proxytest
 
 import (
 	"fmt"
+	"maps"
 	"net/http"
 	"net/url"
 	"slices"
@@ -33,6 +34,9 @@ type Subscription struct {
 	Currency string
 	Status   string // active, paused
 	Items    []SubscriptionItem
+	// Destination is the connected account its invoices' payments go to
+	// (transfer_data[destination]), "" for none.
+	Destination string
 }
 
 // SubscriptionItem is one price × quantity of a subscription.
@@ -55,6 +59,15 @@ func (f *FakeStripe) AddSubscription(customer, price string, quantity int64, sta
 	sub.Items = []SubscriptionItem{{ID: fmt.Sprintf("si_fake%06d", f.seq), Price: price, Quantity: quantity}}
 	f.subs[sub.ID] = sub
 	return sub.ID, sub.Items[0].ID
+}
+
+// SetSubscriptionDestination makes the subscription's invoices pay their
+// payments on to the connected account acct (transfer_data[destination]), as a
+// merchant would set it outside keybrake.
+func (f *FakeStripe) SetSubscriptionDestination(sub, acct string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.subs[sub].Destination = acct
 }
 
 // periodTotal is what one billing period of the subscription charges.
@@ -95,9 +108,20 @@ func (f *FakeStripe) resumeSubscription(sub *Subscription, p url.Values) answer 
 // updateSubscription changes the prices and quantities of a subscription's
 // items (items[i][id] with items[i][price] or items[i][quantity]). As Stripe
 // documents, moving to a price with another billing interval, or away from a
-// free price, starts a new billing period at once and charges it in full;
-// other changes create prorations for the next renewal.
+// free price, starts a new billing period at once and charges it in full, and
+// so does a trial end (trial_end, now or a moment ahead: the billing cycle
+// anchor moves there and a full period is invoiced at the items as they are);
+// other changes create prorations for the next renewal. add_invoice_items
+// (stored prices or price_data, × quantity) are collected by the next invoice.
 func (f *FakeStripe) updateSubscription(sub *Subscription, p url.Values) answer {
+	var extra int64
+	for _, pre := range indexed(p, "add_invoice_items") {
+		unit, qty, _, bad := f.lineItemLocked(p, pre)
+		if bad != nil {
+			return *bad
+		}
+		extra += unit * qty
+	}
 	before := f.periodTotal(sub)
 	newPeriod := false
 	for _, pre := range indexed(p, "items") {
@@ -121,9 +145,10 @@ func (f *FakeStripe) updateSubscription(sub *Subscription, p url.Values) answer 
 			it.Quantity = n
 		}
 	}
-	if newPeriod {
+	if newPeriod || p.Get("trial_end") != "" {
 		f.moved[sub.Currency] += f.periodTotal(sub)
 	}
+	f.moved[sub.Currency] += extra
 	return okJSON(f.subscriptionJSON(sub))
 }
 
@@ -133,8 +158,33 @@ func (f *FakeStripe) subscriptionJSON(sub *Subscription) map[string]any {
 		items = append(items, map[string]any{"id": it.ID, "object": "subscription_item", "price": priceJSON(f.prices[it.Price], false),
 			"quantity": it.Quantity})
 	}
+	var transfer any
+	if sub.Destination != "" {
+		transfer = map[string]any{"destination": sub.Destination, "amount_percent": nil}
+	}
 	return map[string]any{"id": sub.ID, "object": "subscription", "status": sub.Status, "currency": sub.Currency,
-		"customer": nullable(sub.Customer), "items": map[string]any{"object": "list", "data": items}}
+		"customer": nullable(sub.Customer), "items": map[string]any{"object": "list", "data": items},
+		"transfer_data": transfer, "on_behalf_of": nil}
+}
+
+// subscriptionsAnswer answers GET /v1/subscriptions[/{id}]: one subscription,
+// or the list of a customer's (?customer=…), in creation order.
+func (f *FakeStripe) subscriptionsAnswer(rest []string, p url.Values) answer {
+	if len(rest) == 1 {
+		sub, ok := f.subs[rest[0]]
+		if !ok {
+			return notFound("No such subscription: '" + rest[0] + "'")
+		}
+		return okJSON(f.subscriptionJSON(sub))
+	}
+	data := []any{}
+	ids := slices.Sorted(maps.Keys(f.subs))
+	for _, id := range ids {
+		if c := p.Get("customer"); c == "" || f.subs[id].Customer == c {
+			data = append(data, f.subscriptionJSON(f.subs[id]))
+		}
+	}
+	return okJSON(map[string]any{"object": "list", "url": "/v1/subscriptions", "has_more": false, "data": data})
 }
 
 // AddCustomer creates a customer with a currency and a balance of 0 and returns
@@ -151,6 +201,9 @@ func (f *FakeStripe) AddCustomer(currency string) string {
 // routeBilling executes the billing routes; ok is false for other paths. f.mu is
 // held.
 func (f *FakeStripe) routeBilling(method, res string, rest []string, p url.Values) (answer, bool) {
+	if method == http.MethodGet && res == "subscriptions" && len(rest) <= 1 {
+		return f.subscriptionsAnswer(rest, p), true
+	}
 	if method != http.MethodPost {
 		return answer{}, false
 	}

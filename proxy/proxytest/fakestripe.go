@@ -1377,7 +1377,9 @@ func (f *FakeStripe) createPaymentLink(p url.Values) answer {
 			l.Price, l.Quantity = p.Get(pre+"[price]"), qty
 		}
 		cur = c
-		total += unit * qty
+		// An inline recurring price starts a subscription for each payer: what
+		// it charges in the first 30 days.
+		total += unit * qty * chargesIn30Days(p.Get(pre+"[price_data][recurring][interval]"))
 	}
 	extra, bad := f.linkExtrasLocked(p)
 	if bad != nil {
@@ -1395,6 +1397,21 @@ func (f *FakeStripe) createPaymentLink(p url.Values) answer {
 	}
 	return okJSON(map[string]any{"id": l.ID, "object": "payment_link", "url": l.URL, "active": true, "currency": cur,
 		"after_completion": after, "livemode": false, "metadata": map[string]any{}})
+}
+
+// chargesIn30Days is how often a price recurring every interval charges in
+// the 30 days from a subscription's start, that start included (1 for a
+// one-time price).
+func chargesIn30Days(interval string) int64 {
+	switch interval {
+	case "day":
+		return 31
+	case "week":
+		return 5
+	case "month":
+		return 2
+	}
+	return 1
 }
 
 // linkExtrasLocked is what a customer paying a Payment Link may add to its line

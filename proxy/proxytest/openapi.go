@@ -18,6 +18,9 @@ type SpecOperation struct {
 	// MoneyParams are the form parameters (nested ones as a.b, arrays as a[].b)
 	// whose names say they carry money: see MoneyParamName.
 	MoneyParams []string
+	// LaterParams are those whose names say they make Stripe move money later
+	// or again: see LaterParamName.
+	LaterParams []string
 }
 
 // OpenAPISpec is what the tests read of Stripe's OpenAPI description.
@@ -35,6 +38,18 @@ var moneyName = regexp.MustCompile(`^(amount|amount_.+|.+_amount|.+_decimal|bala
 // MoneyParamName reports whether a parameter's last name segment says it carries
 // money.
 func MoneyParamName(name string) bool { return moneyName.MatchString(name) }
+
+// laterName matches parameter names shaped like time or recurrence: a recurring
+// price and its interval, trials, billing cycle anchors and schedules, cancel
+// and pause settings, prorations, backdates, intervals and durations, a
+// schedule's phases and end, and dates (*_at, *_date, *_days).
+var laterName = regexp.MustCompile(`^(recurring|interval|interval_count|iterations|phases|end_behavior|pause_collection|` +
+	`trial_.+|billing_cycle_anchor.*|billing_schedules|bill_until|cancel_at.*|proration_.+|backdate_.+|.+_interval|` +
+	`duration.*|.+_days|.+_at|.+_date)$`)
+
+// LaterParamName reports whether a parameter's last name segment says it can
+// make Stripe move money later or again.
+func LaterParamName(name string) bool { return laterName.MatchString(name) }
 
 // StripeOpenAPI reads Stripe's OpenAPI description (see StripeOpenAPIDocument).
 func StripeOpenAPI(tb testing.TB) *OpenAPISpec {
@@ -108,16 +123,21 @@ func parseOpenAPI(raw []byte) (*OpenAPISpec, error) {
 			continue
 		}
 		so := SpecOperation{Path: path, ID: op.OperationID}
-		seen := map[string]bool{}
+		money, later := map[string]bool{}, map[string]bool{}
 		if form, ok := op.RequestBody.Content["application/x-www-form-urlencoded"]; ok {
-			walkParams(form.Schema, "", 0, func(p string) {
-				if !seen[p] {
-					seen[p] = true
-					so.MoneyParams = append(so.MoneyParams, p)
+			walkParams(form.Schema, "", 0, func(name, full string) {
+				if MoneyParamName(name) && !money[full] {
+					money[full] = true
+					so.MoneyParams = append(so.MoneyParams, full)
+				}
+				if LaterParamName(name) && !later[full] {
+					later[full] = true
+					so.LaterParams = append(so.LaterParams, full)
 				}
 			})
 		}
 		sort.Strings(so.MoneyParams)
+		sort.Strings(so.LaterParams)
 		spec.Operations = append(spec.Operations, so)
 	}
 	if len(spec.Operations) == 0 {
@@ -127,15 +147,16 @@ func parseOpenAPI(raw []byte) (*OpenAPISpec, error) {
 	return spec, nil
 }
 
-// walkParams calls money for every money-named parameter under s. The request
-// schemas are inline (a $ref points at a response object, never at parameters).
-func walkParams(s *schema, prefix string, depth int, money func(string)) {
+// walkParams calls visit with the name and the full name of every parameter
+// under s. The request schemas are inline (a $ref points at a response object,
+// never at parameters).
+func walkParams(s *schema, prefix string, depth int, visit func(name, full string)) {
 	if s == nil || s.Ref != "" || depth > 12 {
 		return
 	}
 	for _, alts := range [][]*schema{s.AnyOf, s.OneOf, s.AllOf} {
 		for _, a := range alts {
-			walkParams(a, prefix, depth+1, money)
+			walkParams(a, prefix, depth+1, visit)
 		}
 	}
 	for name, sub := range s.Properties {
@@ -143,12 +164,10 @@ func walkParams(s *schema, prefix string, depth int, money func(string)) {
 		if prefix != "" {
 			full = prefix + "." + name
 		}
-		if MoneyParamName(name) {
-			money(full)
-		}
-		walkParams(sub, full, depth+1, money)
+		visit(name, full)
+		walkParams(sub, full, depth+1, visit)
 	}
 	if s.Items != nil {
-		walkParams(s.Items, prefix+"[]", depth+1, money)
+		walkParams(s.Items, prefix+"[]", depth+1, visit)
 	}
 }

@@ -1,6 +1,12 @@
 package stripeapi
 
-import "strings"
+import (
+	"encoding/json"
+	"errors"
+	"net/url"
+	"slices"
+	"strings"
+)
 
 // AccountRef is a connected account a request names, and where it names it (for
 // a refusal's message). ID is "" when a place that names an account holds no
@@ -117,8 +123,127 @@ func LookupAccounts(cls Classification, params *Params) []string {
 		return []string{"transfer_data.destination", "destination", "on_behalf_of"}
 	case "payment_intents", "invoices":
 		return []string{"transfer_data.destination", "on_behalf_of"}
+	case "invoiceitems":
+		// A raise of an item already on an invoice is paid on by that invoice.
+		return []string{"invoice.transfer_data.destination", "invoice.on_behalf_of"}
 	}
 	return nil
+}
+
+// expandable are the fields of a looked-up object that LookupAccounts reaches
+// into, which Stripe answers as a bare id unless expanded.
+var expandable = map[string]bool{"invoice": true}
+
+// LookupExpand is what a lookup must expand to read the account fields (the
+// fields of LookupAccounts).
+func LookupExpand(fields []string) []string {
+	var out []string
+	for _, f := range fields {
+		if head, _, nested := strings.Cut(f, "."); nested && expandable[head] && !slices.Contains(out, head) {
+			out = append(out, head)
+		}
+	}
+	return out
+}
+
+// Payee is a subscription, or the subscriptions of a customer, whose invoices
+// pay the money a request adds on to a connected account
+// (transfer_data[destination], on_behalf_of) without the request naming it:
+// add_invoice_items on a subscription, and a pending invoice item or a positive
+// balance, which the customer's next invoice — a subscription's, maybe —
+// collects. The pipeline reads each (Payee.Request, ReadPayeeAccounts) before
+// forwarding and checks the accounts like those a request names.
+type Payee struct {
+	Subscription string // a subscription's id; else the customer's subscriptions
+	Customer     string // the customer ("" when it is not known: refused)
+	// CustomerParam is how the subscriptions list names Customer: "customer",
+	// or "customer_account" for an Account as a customer.
+	CustomerParam string
+}
+
+// payeeFields are where a subscription names the connected accounts its
+// invoices pay.
+var payeeFields = []string{"transfer_data.destination", "on_behalf_of"}
+
+// maxPayeeSubscriptions is the most subscriptions of one customer read (one
+// page of Stripe's list); a customer with more is refused.
+const maxPayeeSubscriptions = "100"
+
+// Payees lists the objects whose invoices pay a money-moving request's money
+// (see Payee). lookedCustomer is the customer of the object the request's
+// Lookup read ("" when none): the customer an invoice item update's raise is
+// collected from. An invoice item added to an invoice (Target) is paid on by
+// that invoice, whose accounts its lookup reads (LookupAccounts).
+func Payees(cls Classification, params *Params, lookedCustomer string) []Payee {
+	if !cls.MovesMoney {
+		return nil
+	}
+	customerParam := "customer"
+	if params.Has("customer_account") {
+		customerParam = "customer_account"
+	}
+	switch cls.Operation {
+	case "subscriptions.update", "subscriptions.resume":
+		return []Payee{{Subscription: cls.ObjectID}}
+	case "customers.update", "customers.create_balance_transaction":
+		return []Payee{{Customer: cls.Customer, CustomerParam: "customer"}}
+	case "invoiceitems.create":
+		if cls.Target != "" {
+			return nil
+		}
+		return []Payee{{Customer: cls.Customer, CustomerParam: customerParam}}
+	case "invoiceitems.update":
+		return []Payee{{Customer: lookedCustomer, CustomerParam: "customer"}}
+	}
+	return nil
+}
+
+// Request is the GET that reads the payee: its path and query; path is "" when
+// the customer is not known.
+func (py Payee) Request() (string, url.Values) {
+	switch {
+	case py.Subscription != "":
+		return "/v1/subscriptions/" + py.Subscription, nil
+	case py.Customer == "":
+		return "", nil
+	}
+	return "/v1/subscriptions", url.Values{py.CustomerParam: {py.Customer}, "limit": {maxPayeeSubscriptions}}
+}
+
+// Where names the payee in a refusal's message.
+func (py Payee) Where() string {
+	if py.Subscription != "" {
+		return "the subscription " + Clip(py.Subscription)
+	}
+	return "a subscription of customer " + Clip(py.Customer)
+}
+
+// ReadPayeeAccounts reads the connected accounts a subscription (or a list of
+// them: every one must be on the page) pays its invoices on to.
+func ReadPayeeAccounts(body []byte) ([]string, error) {
+	obj := DecodeObject(body)
+	if obj == nil {
+		return nil, errors.New("the answer is not a JSON object")
+	}
+	if obj.Get("object") != "list" {
+		return obj.accounts(payeeFields), nil
+	}
+	if obj.isTrue("has_more") {
+		return nil, errors.New("the customer has more subscriptions than one page of Stripe's list")
+	}
+	var data []json.RawMessage
+	if err := json.Unmarshal(obj["data"], &data); err != nil {
+		return nil, errors.New("the list has no data")
+	}
+	var out []string
+	for _, raw := range data {
+		sub := DecodeObject(raw)
+		if sub == nil {
+			return nil, errors.New("a list entry is not an object")
+		}
+		out = append(out, sub.accounts(payeeFields)...)
+	}
+	return out, nil
 }
 
 // secretFields are the fields whose expansion makes Stripe reveal a secret that

@@ -144,3 +144,40 @@ func stripeSpec(t *testing.T) openAPISpec {
 	require.NotEmpty(t, spec.Paths)
 	return spec
 }
+
+// billingPrefixes are the operations on the objects a request can add money to
+// that Stripe may pay on to a connected account: subscriptions, their items and
+// schedules, invoices, invoice items and customers' balances.
+var billingPrefixes = []string{"subscriptions.", "subscription_items.", "subscription_schedules.", "invoices.", "invoiceitems.",
+	"customers."}
+
+// TestMoneyAddedToBillingObjectsReadsWhatItPays checks, over every catalogue
+// case, that a request adding money to a billing object either reads at Stripe
+// the connected accounts that money is paid on to (its lookup's accounts, or
+// its payees), or is refused. subscriptions.create makes a new subscription:
+// the only account it can pay is one the request names.
+func TestMoneyAddedToBillingObjectsReadsWhatItPays(t *testing.T) {
+	checked := 0
+	for _, tc := range proxytest.CatalogueCases(t) {
+		if tc.Method != "POST" || tc.Want.Error != "" || !strings.HasPrefix(tc.Path, "/v1/") {
+			continue
+		}
+		p, err := ParseForm([]byte(tc.Body))
+		require.NoError(t, err, tc.Name)
+		cls, err := Classify(tc.Method, tc.Path, p)
+		require.NoError(t, err, tc.Name)
+		billing := false
+		for _, pre := range billingPrefixes {
+			billing = billing || strings.HasPrefix(cls.Operation, pre)
+		}
+		refused := !cls.AmountKnown && cls.Lookup == nil
+		if !billing || !cls.MovesMoney || refused || cls.Operation == "subscriptions.create" {
+			continue
+		}
+		checked++
+		assert.True(t, len(LookupAccounts(cls, p)) > 0 || len(Payees(cls, p, "cus_looked")) > 0,
+			"%s (%s) adds money to a billing object without reading the accounts it pays", tc.Name, cls.Operation)
+	}
+	assert.Positive(t, checked)
+	t.Logf("%d money-adding requests on billing objects read the accounts they pay", checked)
+}

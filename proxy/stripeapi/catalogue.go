@@ -95,9 +95,10 @@ package stripeapi
 //   - invoices.add_lines, invoices.update_lines, /v1/invoices/{id}/lines/{line}:
 //     lines priced like invoice items, added to the invoice (Target, Creates): a
 //     new line adds its amount, a repriced line its whole new total (one line
-//     cannot be looked up, so what it was is not subtracted), a line attaching a
-//     pending item nothing; a line changing one factor of unit × quantity, or
-//     carrying tax: amount unknown. Lookup of the invoice for its currency.
+//     cannot be looked up, so what it was is not subtracted); a line attaching an
+//     existing invoice item (it may be a proration keybrake never metered), a
+//     line changing one factor of unit × quantity, or carrying tax: amount
+//     unknown. Lookup of the invoice for its currency.
 //   - invoices.create / invoices.update: no money, but automatic tax, default tax
 //     rates, shipping_cost, drawing in lines no request metered (pending items:
 //     any pending_invoice_items_behavior but exclude, or none under a
@@ -119,28 +120,35 @@ package stripeapi
 //     mode=subscription or any subscription_data (renewals happen without any
 //     request keybrake sees, so the first period is not the exposure; older API
 //     versions subscribe without a mode), and with after_expiration[recovery]
-//     (an expired session's recovery URL creates a payable copy of it).
+//     (an expired session's recovery URL creates a payable copy of it), and for
+//     an inline recurring price (line_items[i][price_data][recurring]).
 //     Currencies that differ between line items, shipping and the "currency"
 //     parameter are malformed. mode=setup without line items moves no money.
 //   - checkout.sessions.update with line_items: amount unknown; otherwise no money.
 //   - subscriptions.create: one period of its items and add_invoice_items, priced
-//     like Checkout line items (see recurring.go); subscription changes that
-//     invoice at once are amount unknown (always_invoice, billing_cycle_anchor=now,
-//     trial_end=now, a resume that does not keep billing_cycle_anchor=unchanged —
-//     now is its default —, an item moved to a new price, a new item), and
-//     add_invoice_items are metered; subscription_schedules that set phases, or
-//     a schedule cancelled with its default invoice_now: amount unknown.
+//     like Checkout line items (see recurring.go), refused with a
+//     billing_cycle_anchor, billing_schedules or pending_invoice_item_interval;
+//     subscription changes that invoice at once or at a moment the caller picks
+//     are amount unknown (always_invoice, billing_cycle_anchor=now, any trial_end,
+//     trial_from_plan, billing_schedules, pending_invoice_item_interval, a resume
+//     that does not keep billing_cycle_anchor=unchanged — now is its default —,
+//     an item moved to a new price, a new item), and add_invoice_items are
+//     metered; subscription_schedules that set phases, a start date or default
+//     settings, or a schedule cancelled with its default invoice_now: amount
+//     unknown. Every time- or recurrence-shaped parameter has a rule in later.go.
 //   - prices.update of currency_options (what the links and sessions that use
 //     the price charge in other currencies): amount unknown; other changes move
 //     no money.
 //   - payment_links.create: line items × restrictions[completed_sessions][limit]
-//     (stored prices must be one-time), amount unknown without a limit, or with
-//     what a customer may add (optional items, shipping options); an update
-//     that changes what the link sells or what may be added: amount unknown.
+//     (stored prices must be one-time, inline ones without recurring), amount
+//     unknown without a limit, or with what a customer may add (optional items,
+//     shipping options); an update that changes what the link sells or what may
+//     be added, or reactivates it (active=true): amount unknown.
 //   - customers.update with a positive balance: the new total (NewTotal, Lookup
 //     "balance", a credit counting as 0); customers.create with one: amount
 //     unknown; customers.create_balance_transaction with a positive amount: that
-//     amount. Credits move no money.
+//     amount. Credits move no money. A plan or trial_end on customers.create or
+//     .update (older API versions subscribe with them): amount unknown.
 //   - Named writes that move money later or not at all (MovesMoney false, must be
 //     named in a policy): invoices.void/mark_uncollectible/remove_lines,
 //     subscriptions.migrate, setup_intents.*, the rest of customers.*, prices.*,
@@ -1071,6 +1079,10 @@ func checkoutSessionCreate(r *catRequest, c *Classification) error {
 		return err
 	}
 	c.Currency = cur
+	if lines.recurring || mode == "subscription" || p.Has("subscription_data") {
+		unknownBecause(c, recurringLineWhy)
+		return nil
+	}
 	if !known || (cur == "" && len(lines.prices) == 0) {
 		unknownAmount(c)
 		return nil
@@ -1102,6 +1114,7 @@ func requestLines(p *Params, names ...string) (lineTotal, error) {
 		}
 		all.prices = append(all.prices, lt.prices...)
 		all.currency, all.known = lt.currency, all.known && lt.known
+		all.recurring = all.recurring || lt.recurring
 	}
 	return all, nil
 }
@@ -1112,6 +1125,9 @@ type lineTotal struct {
 	prices   []PriceRef // the lines priced by a stored price
 	currency string     // the currency stated so far
 	known    bool       // every line could be priced
+	// recurring: a line's inline price recurs (price_data[recurring]); on a
+	// Payment Link or a Checkout Session it starts a subscription.
+	recurring bool
 }
 
 // readLines reads the line items under name ("line_items", "items",
@@ -1148,6 +1164,7 @@ func readLines(p *Params, name, cur string) (lineTotal, error) {
 		if err != nil {
 			return lt, err
 		}
+		lt.recurring = lt.recurring || p.Has(li+"[price_data][recurring]")
 		switch {
 		case n+boolInt(hasPrice) != 1 || p.Has(li+"[amount]") || p.Has(li+"[plan]") ||
 			isTrue(p, li+"[adjustable_quantity][enabled]") ||
@@ -1184,7 +1201,8 @@ func priceUpdate(r *catRequest, c *Classification) error {
 // does not compute; other updates move no money.
 func checkoutSessionUpdate(r *catRequest, c *Classification) error {
 	if r.params.Has("line_items") || r.params.Has("shipping_options") {
-		unknownAmount(c)
+		unknownBecause(c, "changing a session's line items or shipping options changes what it collects, by an amount keybrake "+
+			"does not compute; expire the session and create a new one, which keybrake meters")
 		return nil
 	}
 	c.MovesMoney = false

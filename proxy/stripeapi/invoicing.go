@@ -212,9 +212,11 @@ func invoiceItemUpdate(r *catRequest, c *Classification) error {
 // invoiceitems.create and .update; their amount is counted on the invoice. A new
 // line adds its amount; a repriced line is counted at its whole new total (a single
 // line cannot be looked up, so what it was is not subtracted: counting it in full
-// can only overcount); a line that attaches a pending invoice item adds nothing
-// (the item was counted when it was created); a line update that changes only one
-// factor of unit × quantity cannot be known. The currency is the invoice's.
+// can only overcount); a line that attaches an existing pending invoice item
+// (lines[i][invoice_item]) is refused: the item may be one keybrake never metered
+// (a proration Stripe made from a subscription change, an item made outside
+// keybrake), and the invoice then collects it; a line update that changes only
+// one factor of unit × quantity cannot be known. The currency is the invoice's.
 func invoiceLines(add bool, single bool) moneyFunc {
 	return func(r *catRequest, c *Classification) error {
 		p := r.params
@@ -245,6 +247,11 @@ func invoiceLines(add bool, single bool) moneyFunc {
 					return formErr("line currencies differ (%q, %q)", cur, ip.currency)
 				}
 				cur = ip.currency
+			}
+			if add && p.Has(nested(pre, "invoice_item")) {
+				unknownBecause(c, "attaching an existing invoice item adds an amount keybrake may never have metered "+
+					"(Stripe's prorations, items made outside keybrake); add the line with its own amount or price_data instead")
+				return nil
 			}
 			if !add && p.Has(nested(pre, "discounts")) {
 				unknownBecause(c, discountsWhy)

@@ -11,7 +11,7 @@ import (
 )
 
 // Reading Stripe's answers: the objects that outlive a request and can move money
-// after it (money objects: see the README's "What is metered"), the fields an
+// after it (money objects: see docs/metering.md), the fields an
 // amount lookup reads, stored prices, and error bodies.
 
 // Object is a Stripe object (a JSON object) decoded one level deep.
@@ -259,6 +259,8 @@ type LookupResult struct {
 	// Accounts are the connected accounts the fields of Lookup.Accounts name (a
 	// field that is null or absent names none; an expanded one, its id).
 	Accounts []string
+	// Customer is the object's "customer" id, when it is a plain string.
+	Customer string
 }
 
 // ReadLookup reads the answer to the lookup l: the non-negative integer at
@@ -302,8 +304,18 @@ func ReadLookup(body []byte, l Lookup) (LookupResult, error) {
 			return LookupResult{}, err
 		}
 	}
-	for _, f := range l.Accounts {
-		raw, ok := obj.path(f)
+	res.Accounts = obj.accounts(l.Accounts)
+	res.Customer = obj.Get("customer")
+	return res, nil
+}
+
+// accounts are the connected accounts the dotted fields name: none for a field
+// that is null or absent, its id for an expanded one, and "" (which the
+// pipeline refuses) for one it cannot read.
+func (o Object) accounts(fields []string) []string {
+	var out []string
+	for _, f := range fields {
+		raw, ok := o.path(f)
 		if !ok {
 			continue
 		}
@@ -311,9 +323,9 @@ func ReadLookup(body []byte, l Lookup) (LookupResult, error) {
 		if err := json.Unmarshal(raw, &id); err != nil {
 			id = DecodeObject(raw).Get("id")
 		}
-		res.Accounts = append(res.Accounts, id) // "" (unreadable) is refused
+		out = append(out, id)
 	}
-	return res, nil
+	return out
 }
 
 // Price is a stored price keybrake can bound.

@@ -9,16 +9,18 @@ import (
 // schedules, Payment Links and customer balances. Each move money at once or
 // later without another request keybrake could see, so each is metered for what
 // it can be bounded by, counted in full when it is made, or refused with a reason
-// (amount_unknown). Renewals after the first period are never seen (the README's
-// limits say so).
+// (amount_unknown). Renewals after the first period are never seen (the limits in
+// docs/metering.md say so).
 
 // subscriptionCreate meters one period of a new subscription: its items (a stored
 // price or price_data × quantity) and its add_invoice_items, counted in full when
 // it is created, whether Stripe charges it at once, at the end of a trial, or by
 // an invoice the customer pays later (a prorated or trialing first invoice is
 // less, never more). Refused: tax (automatic or rates), a backdated start (it
-// bills past periods), and items keybrake cannot price (tiered or metered prices,
-// legacy plans).
+// bills past periods), a billing cycle anchor (a prorated first period, then a
+// full one at the anchor: two periods where one is counted), billing schedules
+// (billed in advance for a duration), an interval that invoices pending items,
+// and items keybrake cannot price (tiered or metered prices, legacy plans).
 func subscriptionCreate(r *catRequest, c *Classification) error {
 	p := r.params
 	lines, err := requestLines(p, "items", "add_invoice_items")
@@ -31,6 +33,13 @@ func subscriptionCreate(r *catRequest, c *Classification) error {
 		unknownBecause(c, "automatic tax and tax rates make Stripe collect more, by an amount keybrake cannot bound")
 	case p.Has("backdate_start_date"):
 		unknownBecause(c, "a backdated subscription bills the periods since its start at once")
+	case p.Has("billing_cycle_anchor") || p.Has("billing_cycle_anchor_config"):
+		unknownBecause(c, "a billing cycle anchor bills a prorated first period and then a full one at the anchor; "+
+			"create it with trial_end at the anchor instead (one period, counted in full)")
+	case p.Has("billing_schedules"):
+		unknownBecause(c, billingSchedulesWhy)
+	case p.Has("pending_invoice_item_interval"):
+		unknownBecause(c, pendingIntervalWhy)
 	case !p.Has("items") || !lines.known:
 		unknownBecause(c, "every item needs a per-unit price (a stored price or price_data) and a whole quantity, and no tax rates")
 	default:
@@ -41,15 +50,32 @@ func subscriptionCreate(r *catRequest, c *Classification) error {
 
 // subscriptionChange: subscriptions.update, subscriptions.resume and
 // subscription_items.create/.update move money at once when they invoice
-// immediately (proration_behavior=always_invoice, billing_cycle_anchor=now,
-// trial_end=now): the prorations depend on the billing period's position, which
-// keybrake does not compute, so those forms are refused. add_invoice_items are
-// one-time items on the next invoice: metered like a new subscription's. Other
-// changes take effect at the next renewal, which keybrake never sees.
+// immediately (proration_behavior=always_invoice, billing_cycle_anchor=now, or
+// anything but unchanged, trial_end=now): the prorations depend on the billing period's position, which
+// keybrake does not compute, so those forms are refused. A trial end at any
+// other moment (trial_end, trial_from_plan) moves the billing cycle anchor
+// there, and Stripe invoices a full period at the items as they are then, at a
+// moment the caller picks: refused, like billing schedules and an interval that
+// invoices pending items. add_invoice_items are one-time items on the next
+// invoice: metered like a new subscription's. Other changes take effect at the
+// next renewal, on the subscription's own schedule, which keybrake never sees.
 func subscriptionChange(r *catRequest, c *Classification) error {
 	p := r.params
-	if v, _ := p.Get("proration_behavior"); v == "always_invoice" || isValue(p, "billing_cycle_anchor", "now") || isValue(p, "trial_end", "now") {
+	switch v, _ := p.Get("proration_behavior"); {
+	case v == "always_invoice" || (p.Has("billing_cycle_anchor") && !isValue(p, "billing_cycle_anchor", "unchanged")) ||
+		isValue(p, "trial_end", "now"):
 		unknownBecause(c, "it invoices prorations at once, and keybrake does not compute prorations; change it with proration_behavior=create_prorations or none")
+		return nil
+	case p.Has("trial_end") || p.Has("trial_from_plan"):
+		unknownBecause(c, "a new trial end moves the billing cycle anchor to it, and Stripe then invoices a full period at the "+
+			"subscription's items as they are at that moment; set a trial when the subscription is created "+
+			"(subscriptions.create with trial_end, which keybrake counts as one full period)")
+		return nil
+	case p.Has("billing_schedules"):
+		unknownBecause(c, billingSchedulesWhy)
+		return nil
+	case p.Has("pending_invoice_item_interval"):
+		unknownBecause(c, pendingIntervalWhy)
 		return nil
 	}
 	if !p.Has("add_invoice_items") {
@@ -72,9 +98,19 @@ func subscriptionChange(r *catRequest, c *Classification) error {
 	return nil
 }
 
+// billingSchedulesWhy and pendingIntervalWhy are why those subscription
+// settings cannot be metered.
+const (
+	billingSchedulesWhy = "a billing schedule bills the subscription in advance for a duration, by an amount keybrake does not compute; " +
+		"leave billing_schedules out (each period is billed on the subscription's own schedule)"
+	pendingIntervalWhy = "pending_invoice_item_interval invoices the customer's pending items, Stripe's prorations included, " +
+		"on a schedule of its own; leave it out (pending items then wait for the subscription's next invoice)"
+)
+
 // newPriceWhy is why a new price on an existing subscription cannot be metered.
 const newPriceWhy = "a new price on an existing subscription starts a new billing period and charges it at once when " +
-	"its billing interval differs (or the old price was free), by an amount keybrake cannot bound before Stripe answers"
+	"its billing interval differs (or the old price was free), by an amount keybrake cannot bound before Stripe answers; " +
+	"start a new subscription with the new price instead (subscriptions.create, metered at its first period)"
 
 // subscriptionUpdate: subscriptions.update is a subscriptionChange, and an
 // item moved to a new price (items[i][price], [price_data], the legacy [plan])
@@ -145,11 +181,13 @@ func scheduleCancel(r *catRequest, c *Classification) error {
 }
 
 // scheduleWrite: a subscription schedule bills its phases on dates keybrake never
-// sees, starting at once when a phase starts now: refused when it sets phases;
-// other changes (metadata, end behavior) move no money.
+// sees, starting at once when a phase starts now: refused when it sets phases,
+// or the default settings every phase bills with; other changes (metadata, end
+// behavior) move no money.
 func scheduleWrite(r *catRequest, c *Classification) error {
-	if r.params.Has("phases") || r.params.Has("from_subscription") || r.params.Has("start_date") {
-		unknownBecause(c, "a subscription schedule bills its phases on dates keybrake never sees")
+	if r.params.Has("phases") || r.params.Has("from_subscription") || r.params.Has("start_date") || r.params.Has("default_settings") {
+		unknownBecause(c, "a subscription schedule bills its phases on dates keybrake never sees; "+
+			"create each subscription it would start with subscriptions.create, which keybrake meters")
 		return nil
 	}
 	c.MovesMoney = false
@@ -161,8 +199,9 @@ func scheduleWrite(r *catRequest, c *Classification) error {
 // or price_data × quantity) times that limit, counted in full when it is created,
 // whether or not it is ever paid. Without a limit it can be paid any number of
 // times, by anyone with the link, without a request keybrake could see: refused.
-// Refused too: adjustable quantities, tax, recurring prices (subscription_data),
-// shipping options, and optional items (each customer may add them).
+// Refused too: adjustable quantities, tax, recurring prices (stored ones, read
+// at Stripe; inline price_data[recurring]; subscription_data), shipping options,
+// and optional items (each customer may add them).
 func paymentLinkCreate(r *catRequest, c *Classification) error {
 	p := r.params
 	limit, hasLimit, err := minorParam(p, "restrictions[completed_sessions][limit]")
@@ -178,7 +217,13 @@ func paymentLinkCreate(r *catRequest, c *Classification) error {
 	case !hasLimit || limit == 0:
 		unknownBecause(c, "a Payment Link can be paid any number of times; set restrictions[completed_sessions][limit] to bound it")
 		return nil
-	case addsTax(p) || p.Has("shipping_options") || p.Has("subscription_data") || p.Has("optional_items"):
+	case lines.recurring:
+		unknownBecause(c, recurringLineWhy)
+		return nil
+	case p.Has("subscription_data"):
+		unknownBecause(c, recurringLineWhy)
+		return nil
+	case addsTax(p) || p.Has("shipping_options") || p.Has("optional_items"):
 		unknownBecause(c, linkExtrasWhy)
 		return nil
 	case !p.Has("line_items") || !lines.known:
@@ -199,6 +244,11 @@ func paymentLinkCreate(r *catRequest, c *Classification) error {
 	return nil
 }
 
+// recurringLineWhy is why a Payment Link or a Checkout Session with an inline
+// recurring price cannot be metered.
+const recurringLineWhy = "a recurring price (price_data[recurring]) starts a subscription for each customer who pays, " +
+	"whose renewals keybrake never sees; sell one-time prices, or create each subscription with subscriptions.create, which keybrake meters"
+
 // linkExtrasWhy is why a Payment Link with more than fixed line items cannot be
 // metered.
 const linkExtrasWhy = "tax, shipping options, optional items (which each customer may add) and subscriptions " +
@@ -206,11 +256,23 @@ const linkExtrasWhy = "tax, shipping options, optional items (which each custome
 
 // paymentLinkUpdate: changing what a Payment Link sells (its line items,
 // optional items, shipping options, tax, a subscription) or how often it can be
-// paid changes what it can collect: refused; deactivating it, or changing its
-// texts, moves no money.
+// paid changes what it can collect: refused. So is reactivating it
+// (active=true): a link Stripe deactivated once its completed-sessions limit
+// was reached, or that was deactivated by hand (keybrake then releases what it
+// still counted), could be paid again. Deactivating it, or changing its texts,
+// moves no money.
 func paymentLinkUpdate(r *catRequest, c *Classification) error {
 	p := r.params
-	if p.Has("line_items") || p.Has("restrictions") || p.Has("automatic_tax") || p.Has("subscription_data") ||
+	if isTrue(p, "active") {
+		unknownBecause(c, "reactivating a Payment Link lets customers pay it again, beyond what keybrake counted for it; "+
+			"create a new Payment Link instead")
+		return nil
+	}
+	if p.Has("subscription_data") {
+		unknownBecause(c, recurringLineWhy)
+		return nil
+	}
+	if p.Has("line_items") || p.Has("restrictions") || p.Has("automatic_tax") ||
 		p.Has("optional_items") || p.Has("shipping_options") {
 		unknownBecause(c, "changing what a Payment Link sells, what a customer may add to it, or how often it can be paid, "+
 			"changes what it collects; "+linkExtrasWhy)
@@ -225,9 +287,14 @@ func paymentLinkUpdate(r *catRequest, c *Classification) error {
 // with balance sets the new balance: the rise over the current one (a credit
 // counts as 0) is counted in full when it is made, in the customer's currency.
 // customers.create cannot know that currency (a new customer has none until its
-// first invoice): a positive balance there is refused.
+// first invoice): a positive balance there is refused. A plan (or trial_end)
+// on either is refused: see legacyCustomerPlanWhy.
 func customerBalance(create bool) moneyFunc {
 	return func(r *catRequest, c *Classification) error {
+		if r.params.Has("plan") || r.params.Has("trial_end") {
+			unknownBecause(c, legacyCustomerPlanWhy)
+			return nil
+		}
 		n, ok, err := signedMinorParam(r.params, "balance")
 		switch {
 		case err != nil:
@@ -243,6 +310,13 @@ func customerBalance(create bool) moneyFunc {
 		return nil
 	}
 }
+
+// legacyCustomerPlanWhy is why customers.create and .update with a plan are
+// refused: under API versions before 2018-02-05 (and the account's default
+// version, when the request has no Stripe-Version) a customer's plan
+// (with its quantity and trial_end) starts or changes a subscription.
+const legacyCustomerPlanWhy = "under older API versions a customer's plan starts a subscription; " +
+	"create it with subscriptions.create, which keybrake meters"
 
 // balanceTransaction: a customer balance transaction with a positive amount is
 // added to the customer's next invoice (in the request's currency), counted in

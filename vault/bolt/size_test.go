@@ -19,8 +19,8 @@ import (
 	"github.com/keybrake/keybrake/vault/vaulttest"
 )
 
-// What a metered request leaves in the database, by how long it stays (the
-// README's "Performance" section documents them): its idempotency record with
+// What a metered request leaves in the database, by how long it stays
+// (docs/operations.md, "Size of the database", documents them): its idempotency record with
 // the stored answer, for the idempotency TTL; the record of its money object,
 // for vault.ObjectRetention; its ledger events, for the ledger retention. They
 // include the B+tree's share (pages filled to 50–100 %, branch pages, free
