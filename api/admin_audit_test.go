@@ -61,6 +61,7 @@ func (env *adminEnv) MustAudit(limit int) []auditEntry {
 }
 
 func TestAdminAuditRecordsEveryWrite(t *testing.T) {
+	t.Parallel()
 	env := MustAdminEnv(t)
 	bob := env.MustToken("bob@example.com", api.RoleAdmin)
 
@@ -131,6 +132,7 @@ func TestAdminAuditRecordsEveryWrite(t *testing.T) {
 }
 
 func TestAdminNoSecretInDataFileOrLogs(t *testing.T) {
+	t.Parallel()
 	env := MustAdminEnv(t)
 	env.MustUpstream("default")
 	k := env.MustMint("secretive", "", map[string]string{"customer_id": "cust_9"}, seedLegacyPolicy)
@@ -179,6 +181,7 @@ func TestAdminNoSecretInDataFileOrLogs(t *testing.T) {
 }
 
 func TestAdminBackupIsAConsistentDatabase(t *testing.T) {
+	t.Parallel()
 	env := MustAdminEnv(t)
 	env.MustUpstream("default")
 	k := env.MustMint("backed-up", "", nil, seedLegacyPolicy)
@@ -207,6 +210,7 @@ func TestAdminBackupIsAConsistentDatabase(t *testing.T) {
 }
 
 func TestAdminErrorsAreProblems(t *testing.T) {
+	t.Parallel()
 	env := MustAdminEnv(t)
 	e, ok := env.handler.(*echo.Echo)
 	require.True(t, ok)
@@ -274,6 +278,7 @@ func TestAdminErrorsAreProblems(t *testing.T) {
 // TestAdminCompact: an admin compacts the running store; the data is all
 // there afterwards, in a file that is no larger.
 func TestAdminCompact(t *testing.T) {
+	t.Parallel()
 	env := MustAdminEnv(t)
 	env.MustUpstream("default")
 	k := env.MustMint("compacted", "", nil, seedLegacyPolicy)

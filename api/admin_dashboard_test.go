@@ -24,6 +24,7 @@ const septemberPolicy = `{"vendor":"stripe","currency":"usd","daily_cap":"10.00"
 var dashboardGETs = []string{"/api/v1/overview", "/api/v1/usage?ids=%s", "/api/v1/keys/%s/spend"}
 
 func TestAdminDashboardReadsNeedAToken(t *testing.T) {
+	t.Parallel()
 	env := MustAdminEnv(t)
 	env.MustUpstream("default")
 	k := env.MustMint("k", "", nil, septemberPolicy)
@@ -51,6 +52,7 @@ func sep(path string) string {
 }
 
 func TestAdminUsageOfSeveralKeys(t *testing.T) {
+	t.Parallel()
 	env := MustAdminEnv(t)
 	env.MustUpstream("default")
 	a := env.MustMint("a", "", nil, septemberPolicy)
@@ -101,6 +103,7 @@ func TestAdminUsageOfSeveralKeys(t *testing.T) {
 }
 
 func TestAdminKeySpendPerDay(t *testing.T) {
+	t.Parallel()
 	env := MustAdminEnv(t)
 	env.MustUpstream("default")
 	k := env.MustMint("k", "", nil, septemberPolicy)
@@ -168,6 +171,7 @@ func TestAdminKeySpendPerDay(t *testing.T) {
 }
 
 func TestAdminOverview(t *testing.T) {
+	t.Parallel()
 	env := MustAdminEnv(t)
 	env.MustUpstream("default")
 

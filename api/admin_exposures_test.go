@@ -116,6 +116,7 @@ func (env *adminEnv) auditOf(action string) []map[string]any {
 // admin sees them and has keybrake ask Stripe about one that was cancelled or
 // confirmed behind keybrake's back.
 func TestExposuresListedAndRefreshedFromStripe(t *testing.T) {
+	t.Parallel()
 	env := MustAdminEnv(t)
 	ctx := context.Background()
 	key, sc := env.exposureKey("")
@@ -256,6 +257,7 @@ func TestExposuresListedAndRefreshedFromStripe(t *testing.T) {
 // Each way of failing to get or use Stripe's answer has its status and problem
 // type, and changes nothing.
 func TestExposureRefreshFailures(t *testing.T) {
+	t.Parallel()
 	const piBody = `{"id":"pi_1","object":"payment_intent","amount":2000,"amount_received":0,"currency":"usd","status":"canceled"}`
 	cases := map[string]struct {
 		upstream http.HandlerFunc
@@ -343,6 +345,7 @@ func (env *adminEnv) MustExposure(keyID, objectID string, cents int64) {
 // The refresh's other refusals: the key or the object unknown, an object
 // keybrake cannot look up, an upstream that is gone.
 func TestExposureRefreshRefusals(t *testing.T) {
+	t.Parallel()
 	env := MustAdminEnv(t)
 	key, _ := env.exposureKey("")
 	env.MustExposure(key.ID, "pi_known", 1000)
@@ -385,6 +388,7 @@ func TestExposureRefreshRefusals(t *testing.T) {
 // A refresh looks the object up under the connected account Stripe answered
 // for it under.
 func TestExposureRefreshUsesTheObjectsAccount(t *testing.T) {
+	t.Parallel()
 	env := MustAdminEnv(t)
 	acct := env.fake.AddConnectedAccount("usd", 0)
 	key, sc := env.exposureKey(`{"vendor":"stripe","currency":"usd","daily_cap":"99.00","expires_at":"2026-10-01T00:00:00Z","stripe_accounts":["` + acct + `"]}`)
@@ -407,6 +411,7 @@ func TestExposureRefreshUsesTheObjectsAccount(t *testing.T) {
 // Without Stripe's word, an admin may release an exposure: recorded in the
 // ledger and the audit log as the operator's decision.
 func TestExposureReleasedByAnOperator(t *testing.T) {
+	t.Parallel()
 	env := MustAdminEnv(t)
 	key, _ := env.exposureKey("")
 	env.MustExposure(key.ID, "pi_gone", 2500)

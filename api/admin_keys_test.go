@@ -18,6 +18,7 @@ import (
 )
 
 func TestAdminMintWithSeedLegacyPolicy(t *testing.T) {
+	t.Parallel()
 	env := MustAdminEnv(t)
 	env.MustUpstream("default")
 
@@ -71,6 +72,7 @@ func TestAdminMintWithSeedLegacyPolicy(t *testing.T) {
 }
 
 func TestAdminMintCanonicalPolicy(t *testing.T) {
+	t.Parallel()
 	env := MustAdminEnv(t)
 	env.MustUpstream("default")
 	body := `{
@@ -100,6 +102,7 @@ func TestAdminMintCanonicalPolicy(t *testing.T) {
 }
 
 func TestAdminMintRefusals(t *testing.T) {
+	t.Parallel()
 	env := MustAdminEnv(t)
 	env.MustUpstream("default")
 	env.MustMint("taken", "", nil, seedLegacyPolicy)
@@ -165,6 +168,7 @@ func TestAdminMintRefusals(t *testing.T) {
 }
 
 func TestAdminListKeysFiltersAndPages(t *testing.T) {
+	t.Parallel()
 	env := MustAdminEnv(t)
 	env.MustUpstream("default")
 	env.MustUpstream("eu")
@@ -281,6 +285,7 @@ func TestAdminListKeysFiltersAndPages(t *testing.T) {
 }
 
 func TestAdminPatchCapKeepsUsage(t *testing.T) {
+	t.Parallel()
 	env := MustAdminEnv(t)
 	env.MustUpstream("default")
 	k := env.MustMint("patched", "", map[string]string{"env": "prod", "team": "billing"}, seedLegacyPolicy)
@@ -367,6 +372,7 @@ func TestAdminPatchCapKeepsUsage(t *testing.T) {
 }
 
 func TestAdminRevokeAndRotate(t *testing.T) {
+	t.Parallel()
 	env := MustAdminEnv(t)
 	env.MustUpstream("default")
 	k := env.MustMint("rotated", "", nil, seedLegacyPolicy)
@@ -419,6 +425,7 @@ func TestAdminRevokeAndRotate(t *testing.T) {
 }
 
 func TestAdminUpstreams(t *testing.T) {
+	t.Parallel()
 	env := MustAdminEnv(t)
 
 	r := env.Do(http.MethodPost, "/api/v1/upstreams", env.adminToken, map[string]string{"name": "default", "secret": testStripeSecret})
@@ -475,6 +482,7 @@ func TestAdminUpstreams(t *testing.T) {
 }
 
 func TestAdminHoldsAndEvents(t *testing.T) {
+	t.Parallel()
 	env := MustAdminEnv(t)
 	env.MustUpstream("default")
 	k := env.MustMint("holder", "", nil, seedLegacyPolicy)
@@ -572,6 +580,7 @@ func TestAdminHoldsAndEvents(t *testing.T) {
 }
 
 func TestAdminConcurrentPatchesLoseNothing(t *testing.T) {
+	t.Parallel()
 	env := MustAdminEnv(t)
 	env.MustUpstream("default")
 	k := env.MustMint("busy", "", nil, seedLegacyPolicy)

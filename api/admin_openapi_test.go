@@ -23,6 +23,7 @@ var echoParam = regexp.MustCompile(`:([A-Za-z0-9_]+)`)
 // validates it, and checks that every route echo serves is documented and every
 // documented operation (except the agent endpoints of the proxy listener) is served.
 func TestAdminOpenAPIDocumentMatchesRoutes(t *testing.T) {
+	t.Parallel()
 	env := MustAdminEnv(t)
 
 	// Served without a token, as JSON.
@@ -88,6 +89,7 @@ func TestAdminOpenAPIDocumentMatchesRoutes(t *testing.T) {
 // documented, every agent operation is served, and each says how it is
 // authenticated (the vault key) and where it is served (the proxy listener).
 func TestAgentOpenAPIDocumentMatchesRoutes(t *testing.T) {
+	t.Parallel()
 	env := MustAdminEnv(t)
 	doc := MustOpenAPIDoc(t, api.OpenAPIDocument())
 

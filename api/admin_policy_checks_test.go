@@ -13,6 +13,7 @@ import (
 )
 
 func TestMintRefusesUnknownOperationsWithSuggestions(t *testing.T) {
+	t.Parallel()
 	env := MustAdminEnv(t)
 	env.MustUpstream("default")
 	r := env.Do(http.MethodPost, "/api/v1/keys", env.adminToken, `{"name": "typo", "policy": {
@@ -45,6 +46,7 @@ func TestMintRefusesUnknownOperationsWithSuggestions(t *testing.T) {
 }
 
 func TestMintAndPatchWarnWhenACapCanNeverBind(t *testing.T) {
+	t.Parallel()
 	env := MustAdminEnv(t)
 	env.MustUpstream("default")
 	r := env.Do(http.MethodPost, "/api/v1/keys", env.adminToken, `{"name": "odd", "policy": {

@@ -15,6 +15,7 @@ import (
 // next day in Pacific/Kiritimati, and that day starts with what the UTC day used
 // (committed and held), so no fresh daily budget opens.
 func TestAdminTimeZoneChangeKeepsTheDaysUsage(t *testing.T) {
+	t.Parallel()
 	env := MustAdminEnv(t)
 	env.MustUpstream("default")
 	k := env.MustMint("tz", "", nil, seedLegacyPolicy) // daily 99.00, period 110.00, UTC

@@ -12,6 +12,7 @@ import (
 // is [], a key without labels has {}, and a time that has not happened (revoked_at,
 // settled_at) is left out rather than null or the zero time.
 func TestAdminViewsNeverNull(t *testing.T) {
+	t.Parallel()
 	env := MustAdminEnv(t)
 
 	for path, member := range map[string]string{

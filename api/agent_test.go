@@ -255,6 +255,7 @@ func (env *agentEnv) MustClaim(token, key, fingerprint string, leaseSeconds int)
 const seedPolicy = seedLegacyPolicy
 
 func TestAgentAuthentication(t *testing.T) {
+	t.Parallel()
 	env := MustAgentEnv(t)
 	_, tok := env.MustKey("auth", seedPolicy, nil)
 	revoked, revokedTok := env.MustKey("revoked", seedPolicy, nil)
@@ -335,6 +336,7 @@ func TestAgentAuthentication(t *testing.T) {
 }
 
 func TestAgentMe(t *testing.T) {
+	t.Parallel()
 	env := MustAgentEnv(t)
 	labels := map[string]string{"customer_id": "cust_123", "billing_period": "2026-09"}
 	key, tok := env.MustKey("vault_key_cust_123_2026_09", `{
@@ -412,6 +414,7 @@ func TestAgentMe(t *testing.T) {
 }
 
 func TestAgentMeShowsUsageAfterACharge(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	env := MustAgentEnv(t)
 	_, tok := env.MustKey("charged", seedPolicy, nil)
@@ -442,6 +445,7 @@ func TestAgentMeShowsUsageAfterACharge(t *testing.T) {
 }
 
 func TestClaimTwoCallersExactlyOneWins(t *testing.T) {
+	t.Parallel()
 	env := MustAgentEnv(t)
 	_, tok := env.MustKey("race", seedPolicy, nil)
 	for round := range 5 {
@@ -478,6 +482,7 @@ func TestClaimTwoCallersExactlyOneWins(t *testing.T) {
 }
 
 func TestClaimLapsedLeaseIsReclaimedByExactlyOne(t *testing.T) {
+	t.Parallel()
 	env := MustAgentEnv(t)
 	_, tok := env.MustKey("reclaim", seedPolicy, nil)
 	old := env.MustClaim(tok, "nightly-run", "fp", 5)
@@ -548,6 +553,7 @@ func TestClaimLapsedLeaseIsReclaimedByExactlyOne(t *testing.T) {
 }
 
 func TestClaimCompletedReplaysAndMismatchIs422(t *testing.T) {
+	t.Parallel()
 	env := MustAgentEnv(t)
 	_, tok := env.MustKey("replay", seedPolicy, nil)
 
@@ -589,6 +595,7 @@ func TestClaimCompletedReplaysAndMismatchIs422(t *testing.T) {
 }
 
 func TestClaimRelease(t *testing.T) {
+	t.Parallel()
 	env := MustAgentEnv(t)
 	_, tok := env.MustKey("release", seedPolicy, nil)
 	first := env.MustClaim(tok, "flaky", "fp", 0)
@@ -607,6 +614,7 @@ func TestClaimRelease(t *testing.T) {
 }
 
 func TestClaimsOfTwoVaultKeysNeverMeet(t *testing.T) {
+	t.Parallel()
 	env := MustAgentEnv(t)
 	_, tokA := env.MustKey("a", seedPolicy, nil)
 	_, tokB := env.MustKey("b", seedPolicy, nil)
@@ -634,6 +642,7 @@ func TestClaimsOfTwoVaultKeysNeverMeet(t *testing.T) {
 }
 
 func TestClaimKeysInThePath(t *testing.T) {
+	t.Parallel()
 	env := MustAgentEnv(t)
 	_, tok := env.MustKey("paths", seedPolicy, nil)
 	for name, key := range map[string]string{
@@ -682,6 +691,7 @@ func TestClaimKeysInThePath(t *testing.T) {
 }
 
 func TestClaimValidation(t *testing.T) {
+	t.Parallel()
 	env := MustAgentEnv(t)
 	_, tok := env.MustKey("validation", seedPolicy, nil)
 	fencing := env.MustClaim(tok, "job", "fp", 0)
@@ -764,6 +774,7 @@ func TestClaimValidation(t *testing.T) {
 // claim over; with the claim key as the charge's idempotency key, its charge is a
 // replay, so the customer is still billed once.
 func TestSeedPatternThroughKeybrake(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	env := MustAgentEnv(t)
 	_, tok := env.MustKey("vault_key_cust_123_2026_09", seedPolicy, nil)
@@ -843,6 +854,7 @@ func TestSeedPatternThroughKeybrake(t *testing.T) {
 }
 
 func TestAgentRoutesLeaveTheProxyAlone(t *testing.T) {
+	t.Parallel()
 	env := MustAgentEnv(t)
 	_, tok := env.MustKey("neighbours", seedPolicy, nil)
 	// Stripe paths still get Stripe-shaped answers; /keybrake/ paths problem+json.

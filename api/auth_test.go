@@ -60,6 +60,7 @@ func rawJWT(tb testing.TB, header map[string]any, claims jwt.MapClaims, key []by
 }
 
 func TestAdminJWTAttacksAre401(t *testing.T) {
+	t.Parallel()
 	env := MustAdminEnv(t)
 	now := env.clock.Now()
 	secret := env.secret
@@ -166,6 +167,7 @@ func TestAdminJWTAttacksAre401(t *testing.T) {
 }
 
 func TestAdminViewerMayOnlyRead(t *testing.T) {
+	t.Parallel()
 	env := MustAdminEnv(t)
 	env.MustUpstream("default")
 	k := env.MustMint("k", "", nil, seedLegacyPolicy)
@@ -230,6 +232,7 @@ func TestAdminViewerMayOnlyRead(t *testing.T) {
 }
 
 func TestIssueToken(t *testing.T) {
+	t.Parallel()
 	secret := []byte("0123456789abcdef0123456789abcdef")
 	now := time.Date(2026, 9, 14, 12, 0, 0, 0, time.UTC)
 
@@ -281,6 +284,7 @@ func TestIssueToken(t *testing.T) {
 }
 
 func TestAdminWithoutJWTSecretRefusesEveryone(t *testing.T) {
+	t.Parallel()
 	env := MustAdminEnv(t)
 	srv := httptest.NewServer(api.NewAdmin(api.AdminConfig{Store: env.store, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Now: env.clock.Now}))
 	t.Cleanup(srv.Close)

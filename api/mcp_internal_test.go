@@ -28,6 +28,7 @@ func mcpTool(tb testing.TB, name string) *toolSpec {
 // TestMCPToolOperations holds the tools and the catalogue together: each tool's
 // operation (what a policy names to allow it) and whether it moves money.
 func TestMCPToolOperations(t *testing.T) {
+	t.Parallel()
 	want := map[string]struct {
 		op    string
 		money bool
@@ -97,6 +98,7 @@ func TestMCPToolOperations(t *testing.T) {
 }
 
 func TestMCPToolsForAPolicy(t *testing.T) {
+	t.Parallel()
 	names := func(p policy.Policy) []string {
 		var out []string
 		for _, tool := range toolsFor(&vault.Key{Policy: p}) {
@@ -127,6 +129,7 @@ func TestMCPToolsForAPolicy(t *testing.T) {
 }
 
 func TestMCPToolRequests(t *testing.T) {
+	t.Parallel()
 	for name, tc := range map[string]struct {
 		tool string
 		args string
@@ -193,6 +196,7 @@ func TestMCPToolRequests(t *testing.T) {
 }
 
 func TestMCPToolArgumentErrors(t *testing.T) {
+	t.Parallel()
 	for name, tc := range map[string]struct {
 		tool, args, msg string
 	}{
@@ -226,6 +230,7 @@ func TestMCPToolArgumentErrors(t *testing.T) {
 }
 
 func TestMCPErrorResults(t *testing.T) {
+	t.Parallel()
 	flat := func(res *mcp.CallToolResult) map[string]any {
 		m, ok := res.StructuredContent.(map[string]any)
 		require.True(t, ok)

@@ -22,6 +22,7 @@ import (
 // the dashboard shows) names the MCP tool of a request, in the documented shape,
 // and leaves it out for a request that did not come through MCP.
 func TestAdminEventsNameTheMCPTool(t *testing.T) {
+	t.Parallel()
 	env := MustAdminEnv(t)
 	env.MustUpstream("default")
 	k := env.MustMint("agent", "", nil, seedLegacyPolicy)
@@ -56,6 +57,7 @@ func TestAdminEventsNameTheMCPTool(t *testing.T) {
 // and checks the access and canonical log lines (and that neither holds the token:
 // the env's cleanup checks every log line for it).
 func TestMCPOverPlainHTTP(t *testing.T) {
+	t.Parallel()
 	env := MustAgentEnv(t)
 	_, token := env.MustKey("agent", `{"vendor":"stripe","currency":"usd","daily_cap":"20.00",
 		"expires_at":"2026-12-31T00:00:00Z","operations":["payment_intents.create","*.read"]}`, nil)

@@ -90,6 +90,7 @@ func (s scrape) HistogramSum(name string) float64 {
 }
 
 func TestMetricsAfterTraffic(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	env := MustAgentEnv(t)
 	admin := MustMetricsAdmin(t, env)
@@ -206,6 +207,7 @@ func TestMetricsAfterTraffic(t *testing.T) {
 }
 
 func TestMetricsReaperRuns(t *testing.T) {
+	t.Parallel()
 	env := MustAgentEnv(t)
 	admin := MustMetricsAdmin(t, env)
 	env.metrics.ObserveReap(3, nil)
@@ -217,6 +219,7 @@ func TestMetricsReaperRuns(t *testing.T) {
 }
 
 func TestMetricsWithoutRegistryAndWithoutToken(t *testing.T) {
+	t.Parallel()
 	env := MustAdminEnv(t)                           // no metrics configured
 	r := env.Do(http.MethodGet, "/metrics", "", nil) // checked against the OpenAPI document
 	require.Equal(t, http.StatusOK, r.Status, "no token needed")
@@ -226,6 +229,7 @@ func TestMetricsWithoutRegistryAndWithoutToken(t *testing.T) {
 }
 
 func TestMetricsScrapeFailsWhenTheStoreFails(t *testing.T) {
+	t.Parallel()
 	reg := prometheus.NewRegistry()
 	m, err := api.NewMetrics(reg, "test")
 	require.NoError(t, err)
@@ -249,6 +253,7 @@ func TestMetricsScrapeFailsWhenTheStoreFails(t *testing.T) {
 // The example alerting rules in docs/ are valid rules that name metrics keybrake
 // really exposes, with label values it really uses.
 func TestAlertRulesNameRealMetrics(t *testing.T) {
+	t.Parallel()
 	data, err := os.ReadFile(filepath.Join("..", "docs", "prometheus", "keybrake-alerts.yml"))
 	require.NoError(t, err)
 	var rules struct {

@@ -14,6 +14,7 @@ import (
 // Stripe refusing keybrake's upstream secret is counted on /metrics, forwards
 // and lookups alike; the requests themselves are not keybrake's refusals.
 func TestMetricsCountUpstreamAuthFailures(t *testing.T) {
+	t.Parallel()
 	env := MustAgentEnv(t)
 	admin := MustMetricsAdmin(t, env)
 	_, tok := env.MustKey("metered", seedPolicy, nil)

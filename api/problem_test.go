@@ -15,6 +15,7 @@ import (
 )
 
 func TestProblemForMapsEveryDomainError(t *testing.T) {
+	t.Parallel()
 	verr := &policy.ValidationError{Errors: []policy.FieldError{
 		{Field: "daily_cap", Message: "must be positive"},
 		{Field: "expires_at", Message: "must be in the future"},
@@ -60,6 +61,7 @@ func TestProblemForMapsEveryDomainError(t *testing.T) {
 }
 
 func TestPrefixFields(t *testing.T) {
+	t.Parallel()
 	got := prefixFields("policy", []policy.FieldError{
 		{Field: "", Message: "a"}, {Field: "daily_cap", Message: "b"}, {Field: "[0]", Message: "c"},
 	})
@@ -68,6 +70,7 @@ func TestPrefixFields(t *testing.T) {
 }
 
 func TestDecodeStrictWantsExactNames(t *testing.T) {
+	t.Parallel()
 	cases := map[string]struct {
 		body   string
 		fields []string
@@ -99,6 +102,7 @@ func TestDecodeStrictWantsExactNames(t *testing.T) {
 }
 
 func TestDomainDetailDropsOperationContext(t *testing.T) {
+	t.Parallel()
 	inner := fmt.Errorf("hold %q: %w", "hold_x", vault.ErrNotFound)
 	err := fmt.Errorf("resolve hold hold_x: %w", fmt.Errorf("resolve hold: %w", inner))
 	p, internal := problemFor(err)

@@ -121,6 +121,7 @@ func MustRawRequest(tb testing.TB, addr, requestLine string, header map[string]s
 }
 
 func TestProxyListenerPassesStripeRequestsUntouched(t *testing.T) {
+	t.Parallel()
 	srv, stripe := MustProxyListener(t)
 	addr := srv.Listener.Addr().String()
 
@@ -207,6 +208,7 @@ func TestProxyListenerPassesStripeRequestsUntouched(t *testing.T) {
 }
 
 func TestProxyListenerOwnRoutes(t *testing.T) {
+	t.Parallel()
 	srv, stripe := MustProxyListener(t)
 	addr := srv.Listener.Addr().String()
 
@@ -253,6 +255,7 @@ func TestProxyListenerOwnRoutes(t *testing.T) {
 }
 
 func TestProxyListenerWithoutStripeHandler(t *testing.T) {
+	t.Parallel()
 	h := api.NewProxyListener(api.ProxyConfig{})
 	srv := httptest.NewServer(h)
 	t.Cleanup(srv.Close)

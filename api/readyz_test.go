@@ -30,6 +30,7 @@ func getReady(tb testing.TB, url string) (int, readyAnswer) {
 }
 
 func TestReadyzOnBothListeners(t *testing.T) {
+	t.Parallel()
 	env := MustAdminEnv(t) // no upstream yet
 	proxyListener := httptest.NewServer(api.NewProxyListener(api.ProxyConfig{Store: env.store, Stripe: http.NotFoundHandler()}))
 	t.Cleanup(proxyListener.Close)
@@ -62,6 +63,7 @@ func TestReadyzOnBothListeners(t *testing.T) {
 }
 
 func TestReadyzWithoutStore(t *testing.T) {
+	t.Parallel()
 	srv, _ := MustProxyListener(t) // no store: the agent endpoints are not mounted either
 	status, a := getReady(t, srv.URL)
 	assert.Equal(t, http.StatusServiceUnavailable, status)

@@ -10,6 +10,7 @@ import (
 )
 
 func TestUIBundleVersionFollowsTheAssets(t *testing.T) {
+	t.Parallel()
 	files := fstest.MapFS{
 		"index.html":  {Data: []byte(`<script type="module" src="{{assets}}/js/app.js"></script>`)},
 		"js/app.js":   {Data: []byte(`import './b.js';`)},
@@ -46,6 +47,7 @@ func TestUIBundleVersionFollowsTheAssets(t *testing.T) {
 }
 
 func TestETagMatches(t *testing.T) {
+	t.Parallel()
 	for header, want := range map[string]bool{
 		`"abc"`: true, `W/"abc"`: true, `"x", "abc"`: true, `"x",W/"abc"`: true, `*`: true,
 		``: false, `"ab"`: false, `abc`: false, `"abcd"`: false,

@@ -29,6 +29,7 @@ func assertUIHeaders(tb testing.TB, r adminResponse, what string) {
 var assetRE = regexp.MustCompile(`(?:src|href)="(/ui/assets/[0-9a-f]{16}/[^"]+)"`)
 
 func TestUIPageIsServedWithAStrictPolicy(t *testing.T) {
+	t.Parallel()
 	env := MustAdminEnv(t)
 
 	r := env.Do(http.MethodGet, "/ui/", "", nil)
@@ -77,6 +78,7 @@ func TestUIPageIsServedWithAStrictPolicy(t *testing.T) {
 }
 
 func TestUIServesEveryFileWithItsType(t *testing.T) {
+	t.Parallel()
 	env := MustAdminEnv(t)
 	r := env.Do(http.MethodGet, "/ui/", "", nil)
 	require.Equal(t, http.StatusOK, r.Status)
@@ -116,6 +118,7 @@ func TestUIServesEveryFileWithItsType(t *testing.T) {
 }
 
 func TestUIRedirectsToTheDashboard(t *testing.T) {
+	t.Parallel()
 	env := MustAdminEnv(t)
 	client := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 	for _, p := range []string{"/", "/ui"} {
@@ -135,6 +138,7 @@ func TestUIRedirectsToTheDashboard(t *testing.T) {
 // from the API can become markup or code, and nothing needs 'unsafe-inline' or
 // 'unsafe-eval' in the CSP.
 func TestUIScriptsNeverWriteMarkupOrCode(t *testing.T) {
+	t.Parallel()
 	forbidden := regexp.MustCompile(`\.innerHTML|\.outerHTML|insertAdjacentHTML|document\.write|\beval\(|new Function|setAttribute\(['"]style|javascript:`)
 	err := fs.WalkDir(web.Files(), ".", func(p string, d fs.DirEntry, err error) error {
 		if err != nil || d.IsDir() || !strings.HasSuffix(p, ".js") {

@@ -32,6 +32,7 @@ func charge(tb testing.TB, p *Policy, usage Usage, amount int64, now time.Time) 
 // TestSeedNumbers replays the seed: the caller expects an amount of 90 and allows 10 %
 // on top (90 × 1.10 = 99.00 exactly), so the daily cap is 99 and the period cap 110.
 func TestSeedNumbers(t *testing.T) {
+	t.Parallel()
 	p := MustPolicy(t, seedPolicy, mintTime)
 	expected := decimal.RequireFromString("90").Mul(decimal.RequireFromString("1.10"))
 	capMinor, err := ToMinor("usd", expected)
@@ -87,6 +88,7 @@ func TestSeedNumbers(t *testing.T) {
 }
 
 func TestDecideCapMessage(t *testing.T) {
+	t.Parallel()
 	p := MustPolicy(t, seedPolicy, mintTime)
 	now := MustTime(t, "2026-09-14T10:00:00Z")
 	d := Decide(p, Usage{"day:2026-09-14": {Committed: 9500}}, Request{Operation: "charges.create", Amount: 500, Currency: "usd"}, now)
@@ -127,6 +129,7 @@ func TestDecideCapMessage(t *testing.T) {
 }
 
 func TestDecideBoundaries(t *testing.T) {
+	t.Parallel()
 	p := MustPolicy(t, `{"vendor":"stripe","daily_cap":"10.00","period_cap":"20.00","period_start":"2026-09-01T00:00:00Z","expires_at":"2026-10-01T00:00:00Z"}`, mintTime)
 	now := MustTime(t, "2026-09-14T10:00:00Z")
 	day := "day:2026-09-14"
@@ -167,6 +170,7 @@ func TestDecideBoundaries(t *testing.T) {
 }
 
 func TestDecideReasons(t *testing.T) {
+	t.Parallel()
 	const js = `{
 		"vendor": "stripe", "currency": "usd", "daily_cap": "99.00", "period_cap": "110.00", "per_request_cap": "50.00",
 		"period_start": "2026-09-01T00:00:00Z", "expires_at": "2026-10-01T00:00:00Z",
@@ -252,6 +256,7 @@ func TestDecideReasons(t *testing.T) {
 }
 
 func TestDecideReportModeCaps(t *testing.T) {
+	t.Parallel()
 	p := MustPolicy(t, `{"vendor":"stripe","daily_cap":"10","period_cap":"100","mode":"report","expires_at":"2026-10-01T00:00:00Z"}`, mintTime)
 	now := MustTime(t, "2026-09-14T10:00:00Z")
 	d := Decide(p, Usage{"day:2026-09-14": {Committed: 900}}, Request{Operation: "charges.create", Amount: 500, Currency: "usd"}, now)
@@ -271,6 +276,7 @@ func TestDecideReportModeCaps(t *testing.T) {
 }
 
 func TestDecideInvalidPolicyFailsClosed(t *testing.T) {
+	t.Parallel()
 	now := MustTime(t, "2026-09-14T10:00:00Z")
 	p := &Policy{Vendor: "stripe", DailyCap: MustDecimal(t, "5.001"), Mode: ModeReport, ExpiresAt: MustTime(t, "2026-10-01T00:00:00Z")}
 	d := Decide(p, nil, Request{Operation: "charges.create", Amount: 1, Currency: "usd"}, now)
@@ -286,6 +292,7 @@ func TestDecideInvalidPolicyFailsClosed(t *testing.T) {
 }
 
 func TestAllowsOperation(t *testing.T) {
+	t.Parallel()
 	tests := map[string]struct {
 		ops   []string
 		op    string
@@ -335,6 +342,7 @@ func TestAllowsOperation(t *testing.T) {
 }
 
 func TestAllowsCustomerAndAccount(t *testing.T) {
+	t.Parallel()
 	open := &Policy{}
 	assert.True(t, open.AllowsCustomer("cus_1"))
 	assert.True(t, open.AllowsCustomer(""))
@@ -369,6 +377,7 @@ func BenchmarkDecide(b *testing.B) {
 }
 
 func TestDefaultOperations(t *testing.T) {
+	t.Parallel()
 	assert.Equal(t, []string{
 		"*.read", "charges.create", "charges.capture", "payment_intents.create", "payment_intents.update",
 		"payment_intents.confirm", "payment_intents.capture", "payment_intents.increment_authorization",

@@ -17,6 +17,7 @@ const fixtures = "../testdata/policies"
 var mintTime = time.Date(2026, 9, 1, 0, 0, 0, 0, time.UTC)
 
 func TestLegacyJSONVerbatim(t *testing.T) {
+	t.Parallel()
 	const legacy = `{"vendor":"stripe","daily_usd_cap":99,"period_usd_cap":110,"expires_at":"2026-10-01T00:00:00Z"}`
 	var p Policy
 	require.NoError(t, json.Unmarshal([]byte(legacy), &p))
@@ -59,6 +60,7 @@ func TestLegacyJSONVerbatim(t *testing.T) {
 // TestNumbersAndStrings: a cap given as a JSON number and as a decimal string decode
 // to the same value, exactly, with no float64 on the way.
 func TestNumbersAndStrings(t *testing.T) {
+	t.Parallel()
 	tests := map[string]struct {
 		number, str string
 		currency    string
@@ -92,6 +94,7 @@ func TestNumbersAndStrings(t *testing.T) {
 }
 
 func TestMalformedAmounts(t *testing.T) {
+	t.Parallel()
 	tests := map[string]string{
 		"letters":        `"abc"`,
 		"exponent":       `1e5`,
@@ -119,6 +122,7 @@ func TestMalformedAmounts(t *testing.T) {
 }
 
 func TestUnmarshalStrictness(t *testing.T) {
+	t.Parallel()
 	tests := map[string]struct {
 		in     string
 		fields []string
@@ -176,6 +180,7 @@ func TestUnmarshalStrictness(t *testing.T) {
 // TestEmbeddedByValue: a Policy inside another struct, by value, is still written in
 // the canonical form (MarshalJSON has a value receiver).
 func TestEmbeddedByValue(t *testing.T) {
+	t.Parallel()
 	type key struct {
 		ID     string `json:"id"`
 		Policy Policy `json:"policy"`
@@ -194,6 +199,7 @@ func TestEmbeddedByValue(t *testing.T) {
 }
 
 func TestMarshalCanonical(t *testing.T) {
+	t.Parallel()
 	ny := MustLocation(t, "America/New_York")
 	tests := map[string]struct {
 		p    Policy
@@ -257,6 +263,7 @@ func assertRoundTrip(tb testing.TB, canonical []byte) {
 }
 
 func TestFixturesValid(t *testing.T) {
+	t.Parallel()
 	paths, err := filepath.Glob(filepath.Join(fixtures, "valid", "*.json"))
 	require.NoError(t, err)
 	require.NotEmpty(t, paths)
@@ -276,6 +283,7 @@ func TestFixturesValid(t *testing.T) {
 }
 
 func TestFixturesInvalid(t *testing.T) {
+	t.Parallel()
 	want := map[string][]string{
 		"everything-wrong.json": {
 			"vendor", "currency", "daily_cap", "period_cap", "per_request_cap", "expires_at", "timezone",
@@ -316,6 +324,7 @@ func TestFixturesInvalid(t *testing.T) {
 }
 
 func TestMergePatch(t *testing.T) {
+	t.Parallel()
 	base := MustPolicy(t, string(MustReadFile(t, fixtures, "valid", "canonical.json")), mintTime)
 	tests := map[string]struct {
 		patch string

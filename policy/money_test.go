@@ -13,6 +13,7 @@ import (
 )
 
 func TestExponent(t *testing.T) {
+	t.Parallel()
 	tests := map[string]struct {
 		currency string
 		exp      int32
@@ -53,6 +54,7 @@ func TestExponent(t *testing.T) {
 // TestExponentTable pins Stripe's table exactly as docs/idempotency-and-caps.md
 // states it ("Amounts").
 func TestExponentTable(t *testing.T) {
+	t.Parallel()
 	zero := []string{"bif", "clp", "djf", "gnf", "jpy", "kmf", "krw", "mga", "pyg", "rwf", "vnd", "vuv", "xaf", "xof", "xpf"}
 	three := []string{"bhd", "jod", "kwd", "omr", "tnd"}
 	want := map[string]int32{}
@@ -81,6 +83,7 @@ func TestExponentTable(t *testing.T) {
 }
 
 func TestFromMinorToMinor(t *testing.T) {
+	t.Parallel()
 	tests := map[string]struct {
 		currency string
 		minor    int64
@@ -121,6 +124,7 @@ func TestFromMinorToMinor(t *testing.T) {
 }
 
 func TestToMinorErrors(t *testing.T) {
+	t.Parallel()
 	tests := map[string]struct {
 		currency string
 		major    string
@@ -160,6 +164,7 @@ func TestToMinorErrors(t *testing.T) {
 }
 
 func TestParseAmount(t *testing.T) {
+	t.Parallel()
 	good := map[string]string{
 		"integer":        "99",
 		"decimal":        "99.00",

@@ -22,6 +22,7 @@ func validBase(tb testing.TB) Policy {
 }
 
 func TestValidateOneProblem(t *testing.T) {
+	t.Parallel()
 	tests := map[string]struct {
 		mutate  func(p *Policy)
 		field   string
@@ -92,6 +93,7 @@ func TestValidateOneProblem(t *testing.T) {
 }
 
 func TestValidateAccepts(t *testing.T) {
+	t.Parallel()
 	tests := map[string]func(p *Policy){
 		"defaults left empty":  func(p *Policy) { p.Currency, p.Timezone, p.Mode, p.PeriodStart = "", "", "", time.Time{} },
 		"trailing zeros":       func(p *Policy) { p.DailyCap = MustDecimal(t, "99.000000") },
@@ -125,6 +127,7 @@ func TestValidateAccepts(t *testing.T) {
 // TestValidateEverythingAtOnce: one policy with every kind of problem reports all of
 // them, in field order, never just the first.
 func TestValidateEverythingAtOnce(t *testing.T) {
+	t.Parallel()
 	p := Policy{
 		Vendor:         "paypal",
 		Currency:       "usd",
@@ -155,6 +158,7 @@ func TestValidateEverythingAtOnce(t *testing.T) {
 }
 
 func TestValidateNew(t *testing.T) {
+	t.Parallel()
 	p := validBase(t)
 	now := MustTime(t, "2026-09-14T00:00:00Z")
 	require.NoError(t, p.ValidateNew(now))
@@ -166,6 +170,7 @@ func TestValidateNew(t *testing.T) {
 }
 
 func TestNormalize(t *testing.T) {
+	t.Parallel()
 	now := time.Now() // carries a monotonic reading, which Normalize drops
 	var p Policy
 	p.Normalize(now)
@@ -186,6 +191,7 @@ func TestNormalize(t *testing.T) {
 }
 
 func TestLocation(t *testing.T) {
+	t.Parallel()
 	assert.Equal(t, time.UTC, (&Policy{}).Location())
 	assert.Equal(t, time.UTC, (&Policy{Timezone: "UTC"}).Location())
 	assert.Equal(t, "America/New_York", (&Policy{Timezone: "America/New_York"}).Location().String())

@@ -8,6 +8,7 @@ import (
 )
 
 func TestWarnings(t *testing.T) {
+	t.Parallel()
 	d := func(s string) *decimal.Decimal {
 		v := decimal.RequireFromString(s)
 		return &v

@@ -12,6 +12,7 @@ import (
 )
 
 func TestDailyWindow(t *testing.T) {
+	t.Parallel()
 	tests := map[string]struct {
 		zone       string
 		now        string
@@ -117,6 +118,7 @@ func TestDailyWindow(t *testing.T) {
 }
 
 func TestPeriodWindow(t *testing.T) {
+	t.Parallel()
 	p := MustPolicy(t, `{"vendor":"stripe","daily_usd_cap":99,"period_usd_cap":110,"period_start":"2026-09-01T00:00:00Z","expires_at":"2026-10-01T00:00:00Z"}`, mintTime)
 	ws, err := p.Windows(MustTime(t, "2026-09-14T12:00:00Z"))
 	require.NoError(t, err)
@@ -149,6 +151,7 @@ func TestPeriodWindow(t *testing.T) {
 }
 
 func TestRemaining(t *testing.T) {
+	t.Parallel()
 	w := Window{Cap: 9900, HasCap: true}
 	tests := map[string]struct {
 		c    Counter
@@ -171,6 +174,7 @@ func TestRemaining(t *testing.T) {
 // different on the other side of each bound. With KEYBRAKE_LONG=1 it checks every zone
 // of the system's tzdata from 1970 to 2040.
 func TestDailyWindowInvariant(t *testing.T) {
+	t.Parallel()
 	zones := []string{
 		"UTC", "America/New_York", "Europe/Berlin", "America/Santiago", "Asia/Beirut",
 		"America/Havana", "America/Goose_Bay", "America/Sao_Paulo", "Asia/Gaza", "Australia/Lord_Howe",

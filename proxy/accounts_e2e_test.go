@@ -18,6 +18,7 @@ import (
 // header, so a key that does not list it is refused before Stripe, and a key
 // that lists it is metered like any charge.
 func TestAccountDebitNeedsTheAccount(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	e := MustEnv(t)
 	acct := e.Fake.AddConnectedAccount("usd", 50000)
@@ -59,6 +60,7 @@ func TestAccountDebitNeedsTheAccount(t *testing.T) {
 // /v2/core/accounts/{id}, an acct_… segment anywhere in a path, and parameters
 // that name accounts — in a GET's query as in a POST's body, nested or not.
 func TestEveryAccountNamingPlaceIsChecked(t *testing.T) {
+	t.Parallel()
 	e := MustEnv(t)
 	ok := e.Fake.AddConnectedAccount("usd", 0)
 	tok, _ := e.MustKey(t, Policy("99.00", func(p *policy.Policy) {

@@ -30,6 +30,7 @@ func refusedUnknown(t *testing.T, r reply, words string) {
 // resume of a paused 400.00 subscription was forwarded unmetered past a 50.00
 // cap.
 func TestSubscriptionResumeChargesAPeriodAtOnce(t *testing.T) {
+	t.Parallel()
 	e := MustEnv(t)
 	tok, key := e.MustKey(t, Policy("50.00", everything))
 	monthly := e.Fake.AddRecurringPrice(40000, "usd")
@@ -53,6 +54,7 @@ func TestSubscriptionResumeChargesAPeriodAtOnce(t *testing.T) {
 // plan changes"), whatever proration_behavior says. The update was classified as
 // moving no money.
 func TestSubscriptionPriceChangeChargesAtOnce(t *testing.T) {
+	t.Parallel()
 	e := MustEnv(t)
 	tok, _ := e.MustKey(t, Policy("50.00", everything))
 	monthly := e.Fake.AddRecurringPrice(1000, "usd")
@@ -86,6 +88,7 @@ func TestSubscriptionPriceChangeChargesAtOnce(t *testing.T) {
 // 500.00 pending item was charged past a 50.00 cap. A revision (from_invoice)
 // copies another invoice's lines the same way.
 func TestInvoiceCreateCannotDrawInUnmeteredLines(t *testing.T) {
+	t.Parallel()
 	e := MustEnv(t)
 	tok, _ := e.MustKey(t, Policy("50.00", everything))
 	cus := e.Fake.AddCustomer("usd")
@@ -125,6 +128,7 @@ func TestInvoiceCreateCannotDrawInUnmeteredLines(t *testing.T) {
 // invoices.finalize now; shipping_cost, which adds to what an invoice collects
 // without a line, and a change of its discounts are refused.
 func TestInvoiceAutoAdvanceIsMetered(t *testing.T) {
+	t.Parallel()
 	e := MustEnv(t)
 	tok, key := e.MustKey(t, Policy("50.00", everything))
 	big := e.Fake.AddDraftInvoice("usd", "cus_1", 40000)
@@ -157,6 +161,7 @@ func TestInvoiceAutoAdvanceIsMetered(t *testing.T) {
 // could add optional items or shipping options to a link already counted: a
 // link limited to one payment and metered at 10.00 collected 510.00.
 func TestPaymentLinkExtrasAreNotUnmetered(t *testing.T) {
+	t.Parallel()
 	e := MustEnv(t)
 	tok, key := e.MustKey(t, Policy("50.00", everything))
 	cheap, dear := e.Fake.AddPrice(1000, "usd"), e.Fake.AddPrice(50000, "usd")
@@ -194,6 +199,7 @@ func TestPaymentLinkExtrasAreNotUnmetered(t *testing.T) {
 // keybrake released the session's exposure when it saw it expire, so the key
 // could open another session's worth on top.
 func TestCheckoutSessionRecoveryIsRefused(t *testing.T) {
+	t.Parallel()
 	e := MustEnv(t)
 	tok, key := e.MustKey(t, Policy("50.00", everything))
 	session := func(idem string, kv ...string) reply {
@@ -228,6 +234,7 @@ func TestCheckoutSessionRecoveryIsRefused(t *testing.T) {
 // currency_options out unless expanded), so a link metered at 1.00 usd could
 // collect ¥9,000,000 from a customer in Japan.
 func TestMultiCurrencyPricesNeedAFixedCurrency(t *testing.T) {
+	t.Parallel()
 	e := MustEnv(t)
 	tok, key := e.MustKey(t, Policy("50.00", everything))
 	price := e.Fake.AddMultiCurrencyPrice(100, "usd", map[string]int64{"jpy": 9_000_000})
@@ -264,6 +271,7 @@ func TestMultiCurrencyPricesNeedAFixedCurrency(t *testing.T) {
 // A vault key capped at 50.00 could read a card and spend with it freely. Such
 // expansions are refused whatever the policy says; the plain read passes.
 func TestReadsDoNotRevealSpendableSecrets(t *testing.T) {
+	t.Parallel()
 	e := MustEnv(t)
 	tok, _ := e.MustKey(t, Policy("50.00", func(p *policy.Policy) { p.Operations = nil }))
 	card := e.Fake.AddIssuingCard()
@@ -294,6 +302,7 @@ func TestReadsDoNotRevealSpendableSecrets(t *testing.T) {
 // that customer. A key for cus_A took cus_B's PaymentIntent and refunded
 // cus_B's charge.
 func TestCustomerParameterDoesNotProveWhoseObject(t *testing.T) {
+	t.Parallel()
 	e := MustEnv(t)
 	tok, _ := e.MustKey(t, Policy("99.00", everything, func(p *policy.Policy) { p.Customers = []string{"cus_A"} }))
 	piB := e.Fake.AddPaymentIntent(1000, "usd", "cus_B")
@@ -325,6 +334,7 @@ func TestCustomerParameterDoesNotProveWhoseObject(t *testing.T) {
 // "can neither send money to a connected account nor take money from one" —
 // did all three. The account is read from the object keybrake looks up anyway.
 func TestUnnamedConnectedAccountsAreChecked(t *testing.T) {
+	t.Parallel()
 	e := MustEnv(t)
 	tok, key := e.MustKey(t, Policy("99.00", everything, func(p *policy.Policy) { p.StripeAccounts = []string{"acct_ok"} }))
 	other, ok := e.Fake.AddTransfer(5000, "usd", "acct_other"), e.Fake.AddTransfer(5000, "usd", "acct_ok")
@@ -356,6 +366,7 @@ func TestUnnamedConnectedAccountsAreChecked(t *testing.T) {
 // Payment Links already use: a link metered at 1.00 usd then collected
 // ¥9,000,000 from a customer in Japan.
 func TestPriceUpdateCannotAddCurrencies(t *testing.T) {
+	t.Parallel()
 	e := MustEnv(t)
 	tok, _ := e.MustKey(t, Policy("50.00", everything))
 	price := e.Fake.AddPrice(100, "usd")
@@ -375,6 +386,7 @@ func TestPriceUpdateCannotAddCurrencies(t *testing.T) {
 // like automatic tax, which keybrake refuses because it cannot bound it. A 45.00
 // session under a 50.00 cap collected 54.00.
 func TestManagedPaymentsAddTaxLikeAutomaticTax(t *testing.T) {
+	t.Parallel()
 	e := MustEnv(t)
 	tok, _ := e.MustKey(t, Policy("50.00", everything))
 	session := form("mode", "payment", "success_url", "https://example.test/ok", "line_items[0][quantity]", "1",

@@ -64,6 +64,7 @@ func MustRaw(tb testing.TB, baseURL, method, target string, header http.Header, 
 // Every case of testdata/malformed/cases.json is refused end to end with its
 // status and code; nothing reaches Stripe.
 func TestMalformedCorpus(t *testing.T) {
+	t.Parallel()
 	e := MustEnv(t)
 	tok, _ := e.MustKey(t, Policy("99.00", func(p *policy.Policy) { p.Operations = []string{"*"} }))
 	cases := proxytest.MalformedCases(t)
@@ -94,6 +95,7 @@ func TestMalformedCorpus(t *testing.T) {
 // Every catalogue sample marked stripe_mock passes through keybrake and is
 // accepted by stripe-mock's parameter validation.
 func TestStripeMockBehindKeybrake(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("stripe-mock: skipped with -short")
 	}

@@ -16,6 +16,7 @@ import (
 )
 
 func TestWriteStripeError(t *testing.T) {
+	t.Parallel()
 	reset := time.Date(2026, 9, 15, 0, 0, 0, 0, time.UTC)
 	capRefusal := reasonRefusal(policy.Decision{Reason: policy.ReasonCapExceeded, Cap: policy.WindowDaily,
 		Limit: 9900, Committed: 6000, Held: 0, Requested: 6000, Remaining: 3900, ResetAt: reset}, "usd")
@@ -75,6 +76,7 @@ func TestWriteStripeError(t *testing.T) {
 }
 
 func TestNewRequestID(t *testing.T) {
+	t.Parallel()
 	a, b := newRequestID(), newRequestID()
 	assert.True(t, strings.HasPrefix(a, "req_kb_"))
 	assert.Len(t, a, len("req_kb_")+20)
@@ -82,12 +84,14 @@ func TestNewRequestID(t *testing.T) {
 }
 
 func TestConfigValidate(t *testing.T) {
+	t.Parallel()
 	assert.Error(t, (&Config{}).Validate(), "no store, no upstream")
 	_, err := New(Config{})
 	assert.Error(t, err)
 }
 
 func TestVaultToken(t *testing.T) {
+	t.Parallel()
 	cases := map[string]struct {
 		auth []string
 		want string

@@ -24,6 +24,7 @@ import (
 
 // Seed failure mode 1: Stripe creates the charge, then answers 500.
 func TestSeedFailure500AfterCreate(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 
 	t.Run("fresh idempotency key per retry: the cap refuses the duplicate", func(t *testing.T) {
@@ -84,6 +85,7 @@ func TestSeedFailure500AfterCreate(t *testing.T) {
 // Seed failure mode 2: the connection resets after Stripe created the charge; the
 // pool retries with the same key.
 func TestSeedFailureResetAfterCreate(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	e := MustEnv(t)
 	tok, _ := e.MustKey(t, Policy("99.00"))
@@ -123,6 +125,7 @@ func TestSeedFailureResetAfterCreate(t *testing.T) {
 // Seed failure mode 3: Stripe is still working when keybrake's upstream timeout
 // fires; the retry (with the same key) resolves to the original charge.
 func TestSeedFailureUpstreamTimeout(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	e := MustEnv(t, withUpstreamTimeout(time.Second))
 	tok, _ := e.MustKey(t, Policy("99.00"))
@@ -157,6 +160,7 @@ func TestSeedFailureUpstreamTimeout(t *testing.T) {
 // 100 concurrent $1 charges with distinct keys against a $20 cap
 // (KEYBRAKE_LONG=1: 2000 against $400).
 func TestConcurrentChargesAgainstCap(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	n, capDollars := 100, 20
 	if os.Getenv("KEYBRAKE_LONG") == "1" {
@@ -203,6 +207,7 @@ func TestConcurrentChargesAgainstCap(t *testing.T) {
 
 // The same idempotency key from 20 goroutines: one upstream call.
 func TestSameKeyConcurrently(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	e := MustEnv(t)
 	tok, _ := e.MustKey(t, Policy("99.00"))
@@ -254,6 +259,7 @@ func TestSameKeyConcurrently(t *testing.T) {
 // When the store cannot record Stripe's answer, the caller still gets it, and the
 // record stays in progress, to be recovered as outcome unknown (hold kept).
 func TestSettleFailureStillAnswers(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	e := MustEnv(t, withOwnStoreChecks())
 	tok, key := e.MustKey(t, Policy("99.00"))
@@ -286,6 +292,7 @@ func TestSettleFailureStillAnswers(t *testing.T) {
 // nothing reaches Stripe: neither a charge, which would need its hold first,
 // nor a read, whose vault key cannot be checked.
 func TestStoreUnavailableFailsClosed(t *testing.T) {
+	t.Parallel()
 	e := MustEnv(t, withOwnStoreChecks())
 	tok, _ := e.MustKey(t, Policy("99.00"))
 	charge := form("amount", "600", "currency", "usd", "source", "tok_visa")
@@ -316,6 +323,7 @@ func (c *offsetClock) Advance(d time.Duration) { c.off.Add(int64(d)) }
 // An unknown outcome older than the vault's retry limit (23 h) is not forwarded
 // again: Stripe may have pruned its idempotency key. An operator resolves it.
 func TestStaleUnknownIsRefused(t *testing.T) {
+	t.Parallel()
 	clock := &offsetClock{}
 	e := MustEnv(t, withClocks(clock.Now, clock.Now))
 	tok, _ := e.MustKey(t, Policy("99.00", func(p *policy.Policy) {
@@ -341,6 +349,7 @@ func TestStaleUnknownIsRefused(t *testing.T) {
 // the operator decided — a Stripe-shaped 409 that no SDK retries — and never
 // reaches Stripe again.
 func TestResolvedHoldIsReplayedAsTheOperatorsDecision(t *testing.T) {
+	t.Parallel()
 	e := MustEnv(t)
 	tok, key := e.MustKey(t, Policy("99.00"))
 	e.Fake.FailNext(proxytest.FailAfterCreate500, 1)
@@ -374,6 +383,7 @@ func TestResolvedHoldIsReplayedAsTheOperatorsDecision(t *testing.T) {
 // expired key (reads too, which move no money), and one whose clock is 3 days
 // fast refuses a key valid only from tomorrow.
 func TestKeyDecisionsFollowTheStoreClock(t *testing.T) {
+	t.Parallel()
 	storeClock, processClock := &offsetClock{}, &offsetClock{}
 	e := MustEnv(t, withClocks(storeClock.Now, processClock.Now))
 	tok, _ := e.MustKey(t, Policy("99.00"))
@@ -398,6 +408,7 @@ func TestKeyDecisionsFollowTheStoreClock(t *testing.T) {
 // The caller hanging up does not cancel the upstream request: Stripe's answer is
 // still recorded, and the caller's retry gets it replayed.
 func TestCallerHangsUp(t *testing.T) {
+	t.Parallel()
 	e := MustEnv(t)
 	tok, _ := e.MustKey(t, Policy("99.00"))
 	e.Fake.SetFailDelay(300 * time.Millisecond)

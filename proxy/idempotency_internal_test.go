@@ -15,6 +15,7 @@ import (
 // and compared with a retry's after a restart, so the layout never changes,
 // whether the fields fit Fingerprint's stack buffer or not.
 func TestFingerprintLayout(t *testing.T) {
+	t.Parallel()
 	for _, canonical := range []string{"", "amount=100&currency=usd", strings.Repeat("metadata[k]=v&", 100)} {
 		h := sha256.New()
 		for _, f := range []string{"keybrake-fingerprint-v1", "POST", "/v1/charges", "acct_1", "ctx_1", canonical} {
@@ -27,6 +28,7 @@ func TestFingerprintLayout(t *testing.T) {
 // TestStrippedHeaders checks that rewrite's list is canonical: it deletes the
 // names from the header map as they are, and the map's keys are canonical.
 func TestStrippedHeaders(t *testing.T) {
+	t.Parallel()
 	for _, name := range strippedHeaders {
 		assert.Equal(t, textproto.CanonicalMIMEHeaderKey(name), name)
 	}

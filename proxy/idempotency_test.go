@@ -13,6 +13,7 @@ import (
 )
 
 func TestParseIdempotencyKey(t *testing.T) {
+	t.Parallel()
 	cases := map[string]struct {
 		values  []string
 		want    string
@@ -55,6 +56,7 @@ func TestParseIdempotencyKey(t *testing.T) {
 }
 
 func TestDeriveIdempotencyKey(t *testing.T) {
+	t.Parallel()
 	params := func(body string) *stripeapi.Params {
 		p, err := stripeapi.ParseForm([]byte(body))
 		require.NoError(t, err)
@@ -84,6 +86,7 @@ func TestDeriveIdempotencyKey(t *testing.T) {
 }
 
 func TestFingerprint(t *testing.T) {
+	t.Parallel()
 	base := proxy.Fingerprint("POST", "/v1/charges", "", "", []byte("x"))
 	assert.Len(t, base, 64)
 	assert.Equal(t, base, proxy.Fingerprint("POST", "/v1/charges", "", "", []byte("x")))

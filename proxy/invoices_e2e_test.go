@@ -32,6 +32,7 @@ func itemAt(t *testing.T, e *env, id string) proxytest.InvoiceItem {
 // 10,000 × 5,000 with nothing held. The quantity (or, for a new quantity, the
 // unit amount) is read at Stripe.
 func TestInvoiceItemUpdateKeepsWhatItDoesNotName(t *testing.T) {
+	t.Parallel()
 	e := MustEnv(t)
 	tok, key := e.MustKey(t, Policy("200.00", everything))
 	r := e.Post(t, "/v1/invoiceitems", tok, "create", form("customer", "cus_1", "currency", "usd",
@@ -71,6 +72,7 @@ func TestInvoiceItemUpdateKeepsWhatItDoesNotName(t *testing.T) {
 // metered like invoiceitems.create, on the invoice, and paying the invoice draws
 // on what its lines counted.
 func TestInvoiceLinesAreMetered(t *testing.T) {
+	t.Parallel()
 	e := MustEnv(t)
 	tok, key := e.MustKey(t, Policy("200.00", everything))
 	r := e.Post(t, "/v1/invoices", tok, "inv", form("customer", "cus_1", "currency", "usd", "pending_invoice_items_behavior", "exclude"))
@@ -112,6 +114,7 @@ func TestInvoiceLinesAreMetered(t *testing.T) {
 // committed that hold, so a line added between the lookup and the payment was
 // charged unmetered. It commits what Stripe's answer says was paid.
 func TestInvoicePayCommitsWhatWasPaid(t *testing.T) {
+	t.Parallel()
 	e := MustEnv(t)
 	tok, key := e.MustKey(t, Policy("99.00", everything))
 	inv := e.Fake.AddInvoice("usd", "cus_1", 5000)
@@ -132,6 +135,7 @@ func TestInvoicePayCommitsWhatWasPaid(t *testing.T) {
 // A declined invoices.pay leaves the invoice open (Stripe retries it itself): what
 // its lines counted stays counted, and voiding it through keybrake releases it.
 func TestDeclinedInvoicePayKeepsItsLinesCounted(t *testing.T) {
+	t.Parallel()
 	e := MustEnv(t)
 	tok, key := e.MustKey(t, Policy("99.00", everything))
 	r := e.Post(t, "/v1/invoices", tok, "inv", form("customer", "cus_1", "currency", "usd", "pending_invoice_items_behavior", "exclude"))
@@ -155,6 +159,7 @@ func TestDeclinedInvoicePayKeepsItsLinesCounted(t *testing.T) {
 // Taxes raise what Stripe collects by an amount keybrake cannot bound: refused,
 // and the refusal says why.
 func TestInvoiceTaxesAreRefused(t *testing.T) {
+	t.Parallel()
 	e := MustEnv(t)
 	tok, _ := e.MustKey(t, Policy("99.00", everything))
 	for name, tc := range map[string]struct{ path, body string }{

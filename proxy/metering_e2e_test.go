@@ -31,6 +31,7 @@ func usage(t *testing.T, e *env, keyID string) (committed, held int64) {
 // it authorises without moving money; the capture turns the exposure into
 // committed money without counting it twice; a refund counts.
 func TestPaymentIntentMeteredOnce(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	e := MustEnv(t)
 	tok, key := e.MustKey(t, Policy("99.00"))
@@ -78,6 +79,7 @@ func TestPaymentIntentMeteredOnce(t *testing.T) {
 
 // Objects created outside keybrake are looked up at Stripe with the real key.
 func TestLookups(t *testing.T) {
+	t.Parallel()
 	t.Run("confirm of a foreign PaymentIntent holds its amount", func(t *testing.T) {
 		e := MustEnv(t)
 		tok, key := e.MustKey(t, Policy("99.00"))

@@ -13,6 +13,7 @@ import (
 )
 
 func TestMetricLabels(t *testing.T) {
+	t.Parallel()
 	reg := prometheus.NewRegistry()
 	m, err := newMetrics(reg)
 	require.NoError(t, err)

@@ -32,6 +32,7 @@ func MetricSum(tb testing.TB, g prometheus.Gatherer, name string) float64 {
 }
 
 func TestMetricsCountLookupsAndForwards(t *testing.T) {
+	t.Parallel()
 	e := MustEnv(t)
 	tok, _ := e.MustKey(t, Policy("99.00"))
 	reg := e.Metrics
@@ -73,6 +74,7 @@ func TestMetricsCountLookupsAndForwards(t *testing.T) {
 }
 
 func TestMetricsBoundTheOperationLabel(t *testing.T) {
+	t.Parallel()
 	e := MustEnv(t)
 	tok, _ := e.MustKey(t, Policy("99.00", func(p *policy.Policy) { p.Operations = []string{"*.read"} }))
 	// v2 reads are named after their path: a caller could invent any number of
@@ -94,6 +96,7 @@ func TestMetricsBoundTheOperationLabel(t *testing.T) {
 }
 
 func TestMetricsCountUpstreamWithoutAnswer(t *testing.T) {
+	t.Parallel()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	down := "http://" + ln.Addr().String()

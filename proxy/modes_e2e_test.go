@@ -43,6 +43,7 @@ func billingCharge(amount int64, customer, period, freshKey string) *stripe.Char
 // record, because keybrake derives the key from the operation, the customer and
 // the billing period and ignores the caller's.
 func TestDeriveModeFreshUUIDsWithStripeGo(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	e := MustEnv(t)
 	tok, key := e.MustKey(t, Policy("99.00", deriveBilling))
@@ -97,6 +98,7 @@ func TestDeriveModeFreshUUIDsWithStripeGo(t *testing.T) {
 
 // Derive mode needs at least one field, and only form paths.
 func TestDeriveModePolicyValidation(t *testing.T) {
+	t.Parallel()
 	e := MustEnv(t)
 	tests := map[string]struct {
 		idem  policy.Idempotency
@@ -150,6 +152,7 @@ func wouldRefuseEvents(tb testing.TB, s vault.Store, keyID string) []string {
 // is forwarded, metered like any other, and the refusal it would have had is
 // recorded as a would_refuse event and in the canonical log line.
 func TestReportModeRelaxesPolicyDecisions(t *testing.T) {
+	t.Parallel()
 	tests := map[string]struct {
 		policy func(*policy.Policy)
 		path   string
@@ -226,6 +229,7 @@ func TestReportModeRelaxesPolicyDecisions(t *testing.T) {
 // revoked or expired key, a malformed request, an account the policy does not
 // allow, a write to an endpoint outside the catalogue. None reaches Stripe.
 func TestReportModeNeverRelaxesSecurity(t *testing.T) {
+	t.Parallel()
 	clock := &offsetClock{}
 	e := MustEnv(t, withClocks(clock.Now, clock.Now))
 	report := func(p *policy.Policy) {
@@ -293,6 +297,7 @@ func TestReportModeNeverRelaxesSecurity(t *testing.T) {
 // A write that moves no money is relaxed by report mode too; it is not metered,
 // but the canonical log line and the ledger both say what would have been refused.
 func TestReportModeRelaxesUnmeteredWrites(t *testing.T) {
+	t.Parallel()
 	e := MustEnv(t)
 	tok, key := e.MustKey(t, Policy("10.00", func(p *policy.Policy) {
 		p.Mode = policy.ModeReport

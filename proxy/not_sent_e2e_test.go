@@ -77,6 +77,7 @@ func assertNotSent(t *testing.T, r reply) {
 // claim forgotten, so the caller's retry is a fresh request, and the answer says
 // that it is safe to retry.
 func TestRequestThatNeverLeftIsReleased(t *testing.T) {
+	t.Parallel()
 	var tlsHits atomic.Int64
 	tlsSrv := httptest.NewUnstartedServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { tlsHits.Add(1) }))
 	tlsLn, err := net.Listen("tcp", "127.0.0.1:0")
@@ -113,6 +114,7 @@ func TestRequestThatNeverLeftIsReleased(t *testing.T) {
 // Once the upstream is back, the retry with the same idempotency key of a
 // request that never left is forwarded as a new request and charges once.
 func TestRetryAfterNeverLeftChargesOnce(t *testing.T) {
+	t.Parallel()
 	e, fr := frontedEnv(t)
 	tok, key := e.MustKey(t, Policy("99.00"))
 	charge := form("amount", "6000", "currency", "usd", "source", "tok_visa")
@@ -135,6 +137,7 @@ func TestRetryAfterNeverLeftChargesOnce(t *testing.T) {
 // first attempt may have moved the money, so its hold stays unknown and the
 // caller is told to retry with the same key.
 func TestResumedRequestThatNeverLeftStaysUnknown(t *testing.T) {
+	t.Parallel()
 	e, fr := frontedEnv(t)
 	tok, _ := e.MustKey(t, Policy("99.00"))
 	charge := form("amount", "6000", "currency", "usd", "source", "tok_visa")
@@ -154,6 +157,7 @@ func TestResumedRequestThatNeverLeftStaysUnknown(t *testing.T) {
 // A connection that breaks after the request was written may have reached
 // Stripe: the outcome stays unknown and the hold stays.
 func TestResetAfterTheRequestWasWrittenStaysUnknown(t *testing.T) {
+	t.Parallel()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = ln.Close() })
@@ -197,6 +201,7 @@ func TestResetAfterTheRequestWasWrittenStaysUnknown(t *testing.T) {
 // failure, not an amount that cannot be known: 502 upstream_unavailable that an
 // SDK may retry, and nothing was sent or held.
 func TestLookupWithoutAnswerIsUpstreamUnavailable(t *testing.T) {
+	t.Parallel()
 	e, fr := frontedEnv(t)
 	pi := e.Fake.AddPaymentIntent(7000, "usd", "")
 	tok, key := e.MustKey(t, Policy("99.00"))

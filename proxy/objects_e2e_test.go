@@ -32,6 +32,7 @@ func piWith(t *testing.T, e *env, id string) proxytest.PaymentIntent {
 // everything metered on the object so far), so 1,600.00 moved against a 60.00
 // cap. Each capture moves its own money and is counted in full.
 func TestMulticaptureOfAForeignAuthorisation(t *testing.T) {
+	t.Parallel()
 	e := MustEnv(t)
 	tok, key := e.MustKey(t, Policy("60.00"))
 	id := e.Fake.AddAuthorization(200000, "usd", "") // 2,000.00 authorised by the merchant
@@ -58,6 +59,7 @@ func TestMulticaptureOfAForeignAuthorisation(t *testing.T) {
 // take from what its creation counted, and the final capture gives back what was
 // not captured.
 func TestMulticaptureOfOwnPaymentIntent(t *testing.T) {
+	t.Parallel()
 	e := MustEnv(t)
 	tok, key := e.MustKey(t, Policy("99.00"))
 	r := e.Post(t, "/v1/payment_intents", tok, "create", form("amount", "6000", "currency", "usd",
@@ -93,6 +95,7 @@ func TestMulticaptureOfOwnPaymentIntent(t *testing.T) {
 // where keybrake never sees it. Releasing its hold let ten declined 50.00
 // creations leave 500.00 confirmable against a 50.00 cap.
 func TestDeclinedCreationKeepsItsPaymentIntentCounted(t *testing.T) {
+	t.Parallel()
 	e := MustEnv(t)
 	tok, key := e.MustKey(t, Policy("50.00"))
 	create := form("amount", "5000", "currency", "usd", "confirm", "true", "payment_method", "pm_card_chargeDeclined")
@@ -131,6 +134,7 @@ func TestDeclinedCreationKeepsItsPaymentIntentCounted(t *testing.T) {
 // A decline of a PaymentIntent keybrake already counts changes nothing, and a
 // decline on a request that creates nothing releases its hold.
 func TestDeclinesThatCreateNothing(t *testing.T) {
+	t.Parallel()
 	e := MustEnv(t)
 	tok, key := e.MustKey(t, Policy("50.00"))
 	r := e.Post(t, "/v1/charges", tok, "ch-declined", form("amount", "5000", "currency", "usd", "source", "tok_chargeDeclined"))
@@ -151,6 +155,7 @@ func TestDeclinesThatCreateNothing(t *testing.T) {
 // A PaymentIntent confirmed where keybrake cannot see it (in a browser, with its
 // client_secret) is committed when an answer through keybrake shows it paid.
 func TestReadShowsAPaymentConfirmedElsewhere(t *testing.T) {
+	t.Parallel()
 	e := MustEnv(t)
 	tok, key := e.MustKey(t, Policy("99.00"))
 	r := e.Post(t, "/v1/payment_intents", tok, "pi", form("amount", "4200", "currency", "usd"))
@@ -181,6 +186,7 @@ func TestReadShowsAPaymentConfirmedElsewhere(t *testing.T) {
 // per-request cap; increment_authorization split the same way. The cap bounds
 // the new total of the object.
 func TestPerRequestCapBoundsThePayment(t *testing.T) {
+	t.Parallel()
 	e := MustEnv(t)
 	tok, key := e.MustKey(t, Policy("500.00", func(p *policy.Policy) {
 		c := decimal.RequireFromString("10.00")

@@ -35,6 +35,7 @@ func hdr(kv ...string) http.Header {
 }
 
 func TestRefusals(t *testing.T) {
+	t.Parallel()
 	e := MustEnv(t)
 	ctx := context.Background()
 	tok, _ := e.MustKey(t, Policy("99.00", func(p *policy.Policy) {
@@ -104,6 +105,7 @@ func TestRefusals(t *testing.T) {
 }
 
 func TestCapRefusalDetail(t *testing.T) {
+	t.Parallel()
 	e := MustEnv(t)
 	tok, _ := e.MustKey(t, Policy("99.00", func(p *policy.Policy) {
 		pc := decimal.RequireFromString("110.00")
@@ -129,6 +131,7 @@ func TestCapRefusalDetail(t *testing.T) {
 }
 
 func TestForwardedRequestHygiene(t *testing.T) {
+	t.Parallel()
 	e := MustEnv(t)
 	tok, key := e.MustKey(t, Policy("99.00", func(p *policy.Policy) { p.StripeAccounts = []string{"acct_ok"} }))
 	body := "amount=1000&currency=usd&description=caf%C3%A9+au+lait&metadata[order]=42&source=tok_visa"
@@ -167,6 +170,7 @@ func TestForwardedRequestHygiene(t *testing.T) {
 }
 
 func TestStripeGoChunkedBodyAndReplay(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	e := MustEnv(t)
 	tok, _ := e.MustKey(t, Policy("99.00"))
@@ -198,6 +202,7 @@ func TestStripeGoChunkedBodyAndReplay(t *testing.T) {
 }
 
 func TestReadsAndNonMoneyWrites(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	e := MustEnv(t)
 	tok, _ := e.MustKey(t, Policy("99.00"))
@@ -225,6 +230,7 @@ func TestReadsAndNonMoneyWrites(t *testing.T) {
 }
 
 func TestCurrencyExponents(t *testing.T) {
+	t.Parallel()
 	cases := map[string]struct {
 		currency, cap      string
 		amount             int64
@@ -269,6 +275,7 @@ func boolInt(b bool) int {
 }
 
 func TestUpstream429IsPassedOnAndAbandoned(t *testing.T) {
+	t.Parallel()
 	e := MustEnv(t)
 	tok, _ := e.MustKey(t, Policy("99.00"))
 	e.Fake.FailNext(proxytest.FailBefore429, 1)
@@ -286,6 +293,7 @@ func TestUpstream429IsPassedOnAndAbandoned(t *testing.T) {
 }
 
 func TestDeclineReleasesTheHold(t *testing.T) {
+	t.Parallel()
 	e := MustEnv(t)
 	tok, _ := e.MustKey(t, Policy("99.00"))
 	r := e.Post(t, "/v1/charges", tok, "d1", form("amount", "6000", "currency", "usd", "source", "tok_chargeDeclined"))
@@ -302,6 +310,7 @@ func TestDeclineReleasesTheHold(t *testing.T) {
 }
 
 func TestDeriveMode(t *testing.T) {
+	t.Parallel()
 	e := MustEnv(t)
 	tok, _ := e.MustKey(t, Policy("99.00", func(p *policy.Policy) {
 		p.Idempotency = policy.Idempotency{Mode: policy.IdempotencyDerive, Fields: []string{"customer", "metadata[billing_period]"}}
@@ -323,6 +332,7 @@ func TestDeriveMode(t *testing.T) {
 }
 
 func TestReportModeForwardsWhatWouldBeRefused(t *testing.T) {
+	t.Parallel()
 	e := MustEnv(t)
 	tok, _ := e.MustKey(t, Policy("10.00", func(p *policy.Policy) { p.Mode = policy.ModeReport }))
 	r := e.Post(t, "/v1/charges", tok, "big", form("amount", "6000", "currency", "usd", "source", "tok_visa"))
@@ -339,6 +349,7 @@ func TestReportModeForwardsWhatWouldBeRefused(t *testing.T) {
 }
 
 func TestCanonicalLogLine(t *testing.T) {
+	t.Parallel()
 	e := MustEnv(t)
 	tok, key := e.MustKey(t, Policy("99.00"))
 	r := e.Post(t, "/v1/charges", tok, "log-1", form("amount", "1234", "currency", "usd", "source", "tok_visa"))
@@ -365,6 +376,7 @@ func TestCanonicalLogLine(t *testing.T) {
 // memory), yet a rotation, a revocation and a new upstream secret each apply
 // from the very next request.
 func TestKeyAndUpstreamChangesTakeEffectOnTheNextRequest(t *testing.T) {
+	t.Parallel()
 	e := MustEnv(t)
 	ctx := context.Background()
 	tok, key := e.MustKey(t, Policy("99.00"))

@@ -13,6 +13,7 @@ import (
 // names them, and were forwarded unmetered. Each is metered for what bounds it,
 // or refused with a message that says why.
 func TestMoneyThatMovesLaterIsMeteredOrRefused(t *testing.T) {
+	t.Parallel()
 	e := MustEnv(t)
 	tok, key := e.MustKey(t, Policy("150.00", everything))
 	monthly := e.Fake.AddRecurringPrice(3000, "usd")

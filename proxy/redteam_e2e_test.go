@@ -30,6 +30,7 @@ func postsTo(e *env, path string) int {
 // fresh claim answered 409 was abandoned: the hold was released while the money
 // moved. Each keybrake attempt must reach Stripe at most once.
 func TestTransportDoesNotResendAPayment(t *testing.T) {
+	t.Parallel()
 	e := MustEnv(t)
 	tok, key := e.MustKey(t, Policy("99.00"))
 	// A read first, so that the payment goes over a reused connection.
@@ -62,6 +63,7 @@ func TestTransportDoesNotResendAPayment(t *testing.T) {
 // cover): the first attempt may well have moved the money, so the answer is no
 // reason to release the hold.
 func TestResumedIdempotencyErrorKeepsTheHold(t *testing.T) {
+	t.Parallel()
 	e := MustEnv(t)
 	tok, key := e.MustKey(t, Policy("99.00"))
 	e.Fake.FailNext(proxytest.FailAfterCreate500, 1)
@@ -92,6 +94,7 @@ func TestResumedIdempotencyErrorKeepsTheHold(t *testing.T) {
 // minor units) metered nothing for a PaymentIntent whose client_secret can now be
 // confirmed for the new amount without passing keybrake.
 func TestPaymentIntentCurrencyChangeIsMeteredInFull(t *testing.T) {
+	t.Parallel()
 	e := MustEnv(t)
 	tok, key := e.MustKey(t, Policy("99.00", func(p *policy.Policy) { p.Operations = []string{"*"} }))
 	id := e.Fake.AddPaymentIntent(1000000, "jpy", "") // ¥1,000,000, created outside keybrake
@@ -110,6 +113,7 @@ func TestPaymentIntentCurrencyChangeIsMeteredInFull(t *testing.T) {
 // /v1/accounts/{id}/… acts on that connected account as a Stripe-Account header
 // would: an account outside the policy's stripe_accounts is refused.
 func TestAccountInPathMustBeAllowed(t *testing.T) {
+	t.Parallel()
 	e := MustEnv(t)
 	tok, _ := e.MustKey(t, Policy("99.00", func(p *policy.Policy) {
 		p.Operations = []string{"accounts.*", "account_links.*", "*.read"}
@@ -137,6 +141,7 @@ func TestAccountInPathMustBeAllowed(t *testing.T) {
 // An invoice item priced by a stored price moves money in the price's currency;
 // a request that names another currency is not metered in it.
 func TestInvoiceItemStoredPriceInAnotherCurrency(t *testing.T) {
+	t.Parallel()
 	e := MustEnv(t)
 	tok, _ := e.MustKey(t, Policy("1", func(p *policy.Policy) {
 		cp := decimal.RequireFromString("200000")
@@ -152,6 +157,7 @@ func TestInvoiceItemStoredPriceInAnotherCurrency(t *testing.T) {
 // transfer's destination, a destination charge's transfer_data[destination] and
 // on_behalf_of must be in the policy's stripe_accounts, like Stripe-Account.
 func TestDestinationAccountMustBeAllowed(t *testing.T) {
+	t.Parallel()
 	e := MustEnv(t)
 	tok, _ := e.MustKey(t, Policy("99.00", func(p *policy.Policy) {
 		p.Operations = []string{"transfers.create", "charges.create", "payment_intents.create", "checkout.sessions.create"}
@@ -184,6 +190,7 @@ func TestDestinationAccountMustBeAllowed(t *testing.T) {
 // fresh claim answered 409 keeps its hold as outcome unknown, and the retry
 // settles from Stripe's replay.
 func TestUpstreamInUseKeepsTheHold(t *testing.T) {
+	t.Parallel()
 	e := MustEnv(t)
 	tok, key := e.MustKey(t, Policy("99.00"))
 	charge := form("amount", "6000", "currency", "usd", "source", "tok_visa")

@@ -15,6 +15,7 @@ import (
 )
 
 func TestStripeSecretKeySentAsVaultKey(t *testing.T) {
+	t.Parallel()
 	e := MustEnv(t)
 	for name, tc := range map[string]struct {
 		header, kind string
@@ -47,6 +48,7 @@ func TestStripeSecretKeySentAsVaultKey(t *testing.T) {
 }
 
 func TestStripeKeyKind(t *testing.T) {
+	t.Parallel()
 	for header, want := range map[string]string{
 		"Bearer sk_test_abc":   "sk_test",
 		"Bearer rk_test_abc":   "rk_test",

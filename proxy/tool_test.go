@@ -18,6 +18,7 @@ import (
 // the MCP endpoint does) and one from the network: the tool is in the first
 // request's events and log line only, and a header cannot forge it.
 func TestToolNameReachesLedgerAndLog(t *testing.T) {
+	t.Parallel()
 	e := MustEnv(t)
 	token, key := e.MustKey(t, Policy("50.00"))
 

@@ -53,6 +53,7 @@ func unknownHolds(t *testing.T, e *env) []vault.Hold {
 // retry with the same idempotency key after the operator registers the new
 // secret charges exactly once.
 func TestRolledUpstreamSecret(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	e := MustEnv(t)
 	tok, key := e.MustKey(t, Policy("99.00"))
@@ -101,6 +102,7 @@ func TestRolledUpstreamSecret(t *testing.T) {
 // without it, or no access to the connected account): nothing executed either.
 // It is answered like a 401, with its own code.
 func TestRestrictedUpstreamSecretLacksPermission(t *testing.T) {
+	t.Parallel()
 	const restricted = "rk_test_readonly7319"
 	e := MustEnv(t, withUpstreamURL("", restricted))
 	e.Fake.AddRestrictedKey(restricted, func(r proxytest.Request) bool {
@@ -128,6 +130,7 @@ func TestRestrictedUpstreamSecretLacksPermission(t *testing.T) {
 
 // A lookup answered 401 says that keybrake's secret is wrong, not amount_unknown.
 func TestLookupWithRolledSecret(t *testing.T) {
+	t.Parallel()
 	e := MustEnv(t)
 	tok, _ := e.MustKey(t, Policy("99.00"))
 	pi := e.Fake.AddPaymentIntent(7000, "usd", "")
@@ -142,6 +145,7 @@ func TestLookupWithRolledSecret(t *testing.T) {
 // secret settles nothing: the earlier attempt may have moved the money, so its
 // hold stays unknown, and the caller is told to retry with the same key.
 func TestRolledSecretOnAResumedRequestKeepsTheHold(t *testing.T) {
+	t.Parallel()
 	e := MustEnv(t)
 	tok, key := e.MustKey(t, Policy("99.00"))
 	charge := form("amount", "6000", "currency", "usd", "source", "tok_visa")
@@ -163,6 +167,7 @@ func TestRolledSecretOnAResumedRequestKeepsTheHold(t *testing.T) {
 // stripe-mock answers a key it does not accept with a 401 whose message repeats
 // the key in full: behind keybrake, the vault-key holder never sees it.
 func TestStripeMockRejectedSecretNeverReachesTheCaller(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("stripe-mock: skipped with -short")
 	}

@@ -11,6 +11,7 @@ import (
 )
 
 func TestKeyStatusAt(t *testing.T) {
+	t.Parallel()
 	k := vault.Key{Status: vault.KeyActive, Policy: vaulttest.Policy(t, "1", "", "")}
 	assert.Equal(t, vault.KeyActive, k.StatusAt(vaulttest.T0))
 	assert.Equal(t, vault.KeyExpired, k.StatusAt(k.Policy.ExpiresAt))
@@ -19,6 +20,7 @@ func TestKeyStatusAt(t *testing.T) {
 }
 
 func TestDerivedIDs(t *testing.T) {
+	t.Parallel()
 	assert.Equal(t, vault.HoldID("key_a", "x"), vault.HoldID("key_a", "x"))
 	assert.NotEqual(t, vault.HoldID("key_a", "bc"), vault.HoldID("key_ab", "c"))
 	assert.NotEqual(t, vault.UpstreamKey("key_a", "x"), vault.UpstreamKey("key_b", "x"))

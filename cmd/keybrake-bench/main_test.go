@@ -64,6 +64,7 @@ func MustBench(tb testing.TB, args ...string) (Report, string) {
 // checks that it measured something sane and that keybrake's store accounts for
 // every charge the fake Stripe executed. It asserts nothing about speed.
 func TestBenchmarkSmoke(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("builds and runs the real binary")
 	}
@@ -137,6 +138,7 @@ func TestBenchmarkSmoke(t *testing.T) {
 }
 
 func TestTextReport(t *testing.T) {
+	t.Parallel()
 	var out bytes.Buffer
 	rep := &Report{
 		Machine: Machine{CPUs: 2, GOMAXPROCS: 2, GoVersion: "go1.26", Platform: "linux/amd64", LoadAvgStart: "0.10 0.20 0.30",
@@ -172,6 +174,7 @@ func TestTextReport(t *testing.T) {
 }
 
 func TestConsistencyNamesEveryMismatch(t *testing.T) {
+	t.Parallel()
 	ok := CheckResult{StripeCharges: 3, StripeAmount: 300, Answered200: 3, SeededAmount: 1000, Committed: 1300, BareCharges: 5, Bare200: 5}
 	assert.Empty(t, ok.consistency())
 
@@ -186,6 +189,7 @@ func TestConsistencyNamesEveryMismatch(t *testing.T) {
 }
 
 func TestFakeStripe(t *testing.T) {
+	t.Parallel()
 	f := newFakeStripe(0, 500, "sk_test_a", "sk_test_b")
 	srv := httptest.NewServer(f)
 	t.Cleanup(srv.Close)
@@ -234,6 +238,7 @@ func TestFakeStripe(t *testing.T) {
 }
 
 func TestBareProxyReplacesTheKey(t *testing.T) {
+	t.Parallel()
 	f := newFakeStripe(0, 0, "sk_test_bare")
 	upstream := httptest.NewServer(f)
 	t.Cleanup(upstream.Close)
@@ -254,6 +259,7 @@ func TestBareProxyReplacesTheKey(t *testing.T) {
 }
 
 func TestParseFlags(t *testing.T) {
+	t.Parallel()
 	for name, tc := range map[string]struct {
 		args []string
 		ok   bool
@@ -294,6 +300,7 @@ func TestParseFlags(t *testing.T) {
 // accounts for every charge the fake Stripe executed for it, and that the
 // benchmark's database is gone afterwards. It asserts nothing about speed.
 func TestBenchmarkPostgresSmoke(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("builds and runs the real binary")
 	}

@@ -27,6 +27,7 @@ func MustRun(tb testing.TB, args ...string) (Summary, string) {
 }
 
 func TestSelfModeRefusesOverCapAndAddsUp(t *testing.T) {
+	t.Parallel()
 	const (
 		charges  = 300
 		amount   = 100
@@ -73,6 +74,7 @@ func TestSelfModeRefusesOverCapAndAddsUp(t *testing.T) {
 }
 
 func TestParseFlags(t *testing.T) {
+	t.Parallel()
 	for name, tc := range map[string]struct {
 		args []string
 		ok   bool
@@ -104,6 +106,7 @@ func TestParseFlags(t *testing.T) {
 }
 
 func TestRetriedIsTheRatio(t *testing.T) {
+	t.Parallel()
 	for _, r := range []float64{0, 0.1, 0.25, 1} {
 		l := loader{cfg: Config{RetryRatio: r}}
 		n := 0
@@ -117,6 +120,7 @@ func TestRetriedIsTheRatio(t *testing.T) {
 }
 
 func TestExternalModeAgainstARunningKeybrake(t *testing.T) {
+	t.Parallel()
 	st, err := startSelf(context.Background(), 1_000_000, &bytes.Buffer{})
 	t.Cleanup(func() { assert.NoError(t, st.Close()) })
 	require.NoError(t, err)
@@ -134,6 +138,7 @@ func TestExternalModeAgainstARunningKeybrake(t *testing.T) {
 }
 
 func TestCheckReportsMoneyThatMovedPastKeybrake(t *testing.T) {
+	t.Parallel()
 	st, err := startSelf(context.Background(), 1000, &bytes.Buffer{})
 	t.Cleanup(func() { assert.NoError(t, st.Close()) })
 	require.NoError(t, err)

@@ -17,6 +17,7 @@ import (
 // compact its store, charges go on afterwards; once the server is stopped it
 // compacts the file itself, and refuses a PostgreSQL store.
 func TestCompactOnlineAndOffline(t *testing.T) {
+	t.Parallel()
 	fake := proxytest.NewFakeStripe(t, "sk_test_compact")
 	dataDir := t.TempDir()
 	m := MustServe(t, dataDir, fake.URL, env{envStripeKey: fake.Secret})

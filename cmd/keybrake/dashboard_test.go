@@ -31,6 +31,7 @@ const uiWait = 12 * time.Second
 var signInLinkRE = regexp.MustCompile(`Sign-in link:\s+(\S+)`)
 
 func TestServeBannerPrintsTheDashboardAndASignInLink(t *testing.T) {
+	t.Parallel()
 	fake := proxytest.NewFakeStripe(t, "sk_test_banner")
 	m := MustServe(t, t.TempDir(), fake.URL, env{})
 	banner := m.stderr.String()
@@ -51,6 +52,7 @@ func TestServeBannerPrintsTheDashboardAndASignInLink(t *testing.T) {
 // With the JWT secret in the environment, the banner's hint says that token needs
 // it there too: the data directory holds no jwt.secret to find.
 func TestServeBannerNamesTheJWTSecretsVariable(t *testing.T) {
+	t.Parallel()
 	fake := proxytest.NewFakeStripe(t, "sk_test_banner")
 	m := MustServe(t, t.TempDir(), fake.URL, env{envJWTSecret: "an-environment-jwt-secret-0123456789abcdef"})
 	banner := m.stderr.String()
@@ -64,6 +66,7 @@ func TestServeBannerNamesTheJWTSecretsVariable(t *testing.T) {
 // and numbers change, find the cap refusal in the ledger, revoke the key; then a
 // viewer, who has no mint button, and a refused token, which goes back to sign-in.
 func TestDashboardInABrowser(t *testing.T) {
+	t.Parallel()
 	d := MustDashboard(t, "sk_test_dashboard")
 	b, m, fake, ui, shots := d.b, d.m, d.fake, d.ui, d.shots
 
@@ -225,6 +228,7 @@ func TestDashboardInABrowser(t *testing.T) {
 // unknown holds (resolved from the page), the cap editor and the mint form's
 // errors, by keyboard where a user would type.
 func TestDashboardOverviewHoldsAndKeyboardInABrowser(t *testing.T) {
+	t.Parallel()
 	d := MustDashboard(t, "sk_test_holds")
 	b, m, fake, ui, shots := d.b, d.m, d.fake, d.ui, d.shots
 

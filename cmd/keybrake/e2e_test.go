@@ -88,6 +88,7 @@ type usageAnswer struct {
 }
 
 func TestEndToEndMintChargeAndReadUsage(t *testing.T) {
+	t.Parallel()
 	fake := proxytest.NewFakeStripe(t, "sk_test_e2e")
 	dataDir := t.TempDir()
 	m := MustServe(t, dataDir, fake.URL, env{envStripeKey: fake.Secret})
@@ -184,6 +185,7 @@ func assertMoney(tb testing.TB, want, got string) {
 }
 
 func TestBackupOnlineWhileServing(t *testing.T) {
+	t.Parallel()
 	fake := proxytest.NewFakeStripe(t, "sk_test_online")
 	dataDir := t.TempDir()
 	m := MustServe(t, dataDir, fake.URL, env{envStripeKey: fake.Secret})
@@ -205,6 +207,7 @@ func TestBackupOnlineWhileServing(t *testing.T) {
 }
 
 func TestGracefulShutdownLetsInFlightRequestFinish(t *testing.T) {
+	t.Parallel()
 	fake := proxytest.NewFakeStripe(t, "sk_test_graceful")
 	dataDir := t.TempDir()
 	m := MustServe(t, dataDir, fake.URL, env{envStripeKey: fake.Secret})

@@ -23,6 +23,7 @@ import (
 // cancelled one is released, the confirmed one committed — the key's usage,
 // its ledger and the audit log say so, and the store's invariant holds.
 func TestEndToEndRefreshExposureFromStripe(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("builds and runs the real binary")
 	}

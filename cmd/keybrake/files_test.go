@@ -24,6 +24,7 @@ func assertNoTempFiles(t *testing.T, dir string) {
 // The generated secrets (writeFileExclusive) and the backup copy (writeFileAtomic)
 // share writeTemp: both must end as a complete file of mode 0600 or leave nothing.
 func TestWriteFileExclusive(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	path := filepath.Join(dir, jwtSecretFile)
 
@@ -44,6 +45,7 @@ func TestWriteFileExclusive(t *testing.T) {
 }
 
 func TestWriteFileAtomic(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	path := filepath.Join(dir, "copy.db")
 	fill := func(s string) func(io.Writer) (int64, error) {
@@ -76,6 +78,7 @@ func TestWriteFileAtomic(t *testing.T) {
 }
 
 func TestDialableURL(t *testing.T) {
+	t.Parallel()
 	tests := map[string]struct{ addr, want string }{
 		"ipv4 unspecified": {"0.0.0.0:8080", "http://127.0.0.1:8080"},
 		"ipv6 unspecified": {"[::]:8080", "http://127.0.0.1:8080"},

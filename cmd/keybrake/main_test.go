@@ -166,6 +166,7 @@ func MustMintKey(tb testing.TB, s vault.Store, name string, capDollars int64) (v
 }
 
 func TestServeHealthzAndReadyzOnBothListeners(t *testing.T) {
+	t.Parallel()
 	fake := proxytest.NewFakeStripe(t, "sk_test_healthz")
 	m := MustServe(t, t.TempDir(), fake.URL, nil) // no STRIPE_SECRET_KEY: no upstream
 
@@ -190,6 +191,7 @@ func TestServeHealthzAndReadyzOnBothListeners(t *testing.T) {
 }
 
 func TestServePprofOnlyWhenAsked(t *testing.T) {
+	t.Parallel()
 	fake := proxytest.NewFakeStripe(t, "sk_test_pprof")
 	off := MustServe(t, t.TempDir(), fake.URL, nil)
 	assert.Empty(t, off.PprofURL(), "off by default")
@@ -211,6 +213,7 @@ func TestServePprofOnlyWhenAsked(t *testing.T) {
 }
 
 func TestServeGeneratesSecretsOnceAndReusesThem(t *testing.T) {
+	t.Parallel()
 	fake := proxytest.NewFakeStripe(t, "sk_test_secrets")
 	dataDir := filepath.Join(t.TempDir(), "data")
 	e := env{envStripeKey: fake.Secret}
@@ -283,6 +286,7 @@ func assertToken(tb testing.TB, secret []byte, token, sub, role string, ttl time
 }
 
 func TestServeSecretsFromEnvironmentAreNotWritten(t *testing.T) {
+	t.Parallel()
 	fake := proxytest.NewFakeStripe(t, "sk_test_envsecrets")
 	dataDir := t.TempDir()
 	master, err := newMasterKeyText()
@@ -308,6 +312,7 @@ func TestServeSecretsFromEnvironmentAreNotWritten(t *testing.T) {
 }
 
 func TestServeRefusesBadSecrets(t *testing.T) {
+	t.Parallel()
 	tests := map[string]struct {
 		env  env
 		want string
@@ -337,6 +342,7 @@ func TestServeRefusesBadSecrets(t *testing.T) {
 }
 
 func TestServeRefusesADatabaseWithoutItsMasterKey(t *testing.T) {
+	t.Parallel()
 	fake := proxytest.NewFakeStripe(t, "sk_test_restore")
 	oldDir := t.TempDir()
 	m := MustServe(t, oldDir, fake.URL, env{envStripeKey: fake.Secret})
@@ -372,6 +378,7 @@ func TestServeRefusesADatabaseWithoutItsMasterKey(t *testing.T) {
 }
 
 func TestSecondServeOnADataDirectoryInUse(t *testing.T) {
+	t.Parallel()
 	assert.LessOrEqual(t, DefaultConfig().OpenTimeout, time.Second, "the second serve says so within a second")
 	fake := proxytest.NewFakeStripe(t, "sk_test_twice")
 	dataDir := t.TempDir()
@@ -383,6 +390,7 @@ func TestSecondServeOnADataDirectoryInUse(t *testing.T) {
 }
 
 func TestServeFlagsAndEnvironment(t *testing.T) {
+	t.Parallel()
 	full := env{
 		"KEYBRAKE_DATA_DIR":         "/env/data",
 		"KEYBRAKE_LISTEN":           "127.0.0.1:9000",
@@ -447,6 +455,7 @@ func TestServeFlagsAndEnvironment(t *testing.T) {
 }
 
 func TestServeFlagWinsAtRuntime(t *testing.T) {
+	t.Parallel()
 	fake := proxytest.NewFakeStripe(t, "sk_test_runtime")
 	envDir, flagDir := t.TempDir(), t.TempDir()
 	e := env{
@@ -461,6 +470,7 @@ func TestServeFlagWinsAtRuntime(t *testing.T) {
 }
 
 func TestParseFlagsRefuses(t *testing.T) {
+	t.Parallel()
 	tests := map[string]struct {
 		env     env
 		args    []string
@@ -500,6 +510,7 @@ func TestParseFlagsRefuses(t *testing.T) {
 }
 
 func TestHelp(t *testing.T) {
+	t.Parallel()
 	for name, args := range map[string][]string{
 		"help":          {"help"},
 		"--help":        {"--help"},
@@ -517,11 +528,13 @@ func TestHelp(t *testing.T) {
 }
 
 func TestVersion(t *testing.T) {
+	t.Parallel()
 	out := MustRunCommand(t, nil, "version")
 	assert.Regexp(t, `^keybrake \S+ \(go1\.\S+ \w+/\w+\)\n$`, out)
 }
 
 func TestTokenCommand(t *testing.T) {
+	t.Parallel()
 	const (
 		flagSecret = "flag-secret-flag-secret-flag-secret!"
 		envSecret  = "env-secret-env-secret-env-secret-env!"
@@ -614,6 +627,7 @@ func TestTokenCommandPrintsASignInLink(t *testing.T) {
 }
 
 func TestBackupOffline(t *testing.T) {
+	t.Parallel()
 	fake := proxytest.NewFakeStripe(t, "sk_test_backup")
 	dataDir := t.TempDir()
 	m := MustServe(t, dataDir, fake.URL, env{envStripeKey: fake.Secret})
@@ -659,6 +673,7 @@ func TestBackupOffline(t *testing.T) {
 // An offline backup that cannot open the database says why: only a lock points
 // at the online copy; a wrong master key is named as such.
 func TestBackupWithAnotherMasterKeySaysSo(t *testing.T) {
+	t.Parallel()
 	fake := proxytest.NewFakeStripe(t, "sk_test_backup")
 	dataDir := t.TempDir()
 	m := MustServe(t, dataDir, fake.URL, env{envStripeKey: fake.Secret})
@@ -674,6 +689,7 @@ func TestBackupWithAnotherMasterKeySaysSo(t *testing.T) {
 }
 
 func TestBackupWithoutMasterKeyFails(t *testing.T) {
+	t.Parallel()
 	dataDir := t.TempDir()
 	require.NoError(t, os.WriteFile(filepath.Join(dataDir, databaseFile), nil, 0o600))
 	_, err := runCommand(env{}, "backup", "--out", filepath.Join(t.TempDir(), "x.db"), "--data-dir", dataDir)
@@ -681,6 +697,7 @@ func TestBackupWithoutMasterKeyFails(t *testing.T) {
 }
 
 func TestDerivePublicURL(t *testing.T) {
+	t.Parallel()
 	tests := map[string]struct{ addr, want string }{
 		"all interfaces, no host": {":8080", "http://localhost:8080"},
 		"ipv4 unspecified":        {"0.0.0.0:8080", "http://localhost:8080"},
@@ -698,6 +715,7 @@ func TestDerivePublicURL(t *testing.T) {
 }
 
 func TestCloseWithoutRunAndTwice(t *testing.T) {
+	t.Parallel()
 	tm := NewTestMain(nil)
 	require.NoError(t, tm.ParseFlags(context.Background(), []string{"serve"}))
 	assert.NoError(t, tm.Close())
@@ -705,6 +723,7 @@ func TestCloseWithoutRunAndTwice(t *testing.T) {
 }
 
 func TestServeRefusesATakenPort(t *testing.T) {
+	t.Parallel()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	t.Cleanup(func() { ln.Close() })
@@ -746,6 +765,7 @@ func postForm(ctx context.Context, client *http.Client, u, vaultKey, idemKey str
 }
 
 func TestStripeSecretKeyOnlyReplacesWhenItChanged(t *testing.T) {
+	t.Parallel()
 	fake := proxytest.NewFakeStripe(t, "sk_test_envfirst")
 	dataDir := t.TempDir()
 	ctx := context.Background()

@@ -131,6 +131,7 @@ func required(tool *mcp.Tool) []string {
 }
 
 func TestMCPToolsFollowThePolicy(t *testing.T) {
+	t.Parallel()
 	s := MustMCPServer(t)
 	_, links := s.MustMint(t, "links", map[string]any{"daily_cap": "50.00",
 		"operations": []string{"products.create", "prices.create", "payment_links.create", "*.read"}})
@@ -197,6 +198,7 @@ func TestMCPToolsFollowThePolicy(t *testing.T) {
 }
 
 func TestMCPPaymentsUnderTheCap(t *testing.T) {
+	t.Parallel()
 	s := MustMCPServer(t)
 	keyID, token := s.MustMint(t, "agent", map[string]any{"daily_cap": "80.00",
 		"operations": []string{"products.create", "prices.create", "payment_links.create", "payment_intents.create", "*.read"}})
@@ -319,6 +321,7 @@ func TestMCPPaymentsUnderTheCap(t *testing.T) {
 }
 
 func TestMCPConcurrentCallsStopAtTheCap(t *testing.T) {
+	t.Parallel()
 	s := MustMCPServer(t)
 	_, token := s.MustMint(t, "five-dollars", map[string]any{"daily_cap": "5.00",
 		"operations": []string{"payment_intents.create"}})
@@ -350,6 +353,7 @@ func TestMCPConcurrentCallsStopAtTheCap(t *testing.T) {
 }
 
 func TestMCPAuthentication(t *testing.T) {
+	t.Parallel()
 	s := MustMCPServer(t)
 	keyID, token := s.MustMint(t, "revoked-soon", map[string]any{"daily_cap": "5.00"})
 	c := MustMCP(t, s.ProxyURL(), token)
@@ -390,6 +394,7 @@ func TestMCPAuthentication(t *testing.T) {
 }
 
 func TestMCPDeriveModeNeedsNoKey(t *testing.T) {
+	t.Parallel()
 	s := MustMCPServer(t)
 	_, token := s.MustMint(t, "derived", map[string]any{"daily_cap": "50.00",
 		"operations":  []string{"payment_intents.create"},

@@ -133,6 +133,7 @@ type nodeAnswer struct {
 }
 
 func TestMCPNodeClient(t *testing.T) {
+	t.Parallel()
 	node, dir := MustNodeMCPClient(t)
 	s := MustMCPServer(t)
 	_, token := s.MustMint(t, "node-agent", map[string]any{"daily_cap": "50.00",

@@ -28,6 +28,7 @@ import (
 // completed charge replays the same answer without reaching Stripe. A second
 // copy into the same database is refused.
 func TestMigrateStore(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	fake := proxytest.NewFakeStripe(t, "sk_test_migrate")
 	dataDir := t.TempDir()
@@ -108,6 +109,7 @@ func TestMigrateStore(t *testing.T) {
 // TestMigrateStoreExitCodes runs the binary: a bad command line exits 2, a
 // copy that cannot be made 1, each with a message on stderr.
 func TestMigrateStoreExitCodes(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("builds the real binary")
 	}

@@ -35,6 +35,7 @@ func assertServesWith(t *testing.T, dataDir, stripeURL string, e env, secret str
 }
 
 func TestRekeyWithTheDataDirectorysMasterKey(t *testing.T) {
+	t.Parallel()
 	fake := proxytest.NewFakeStripe(t, "sk_test_rekeyfile")
 	dataDir := t.TempDir()
 	m := MustServe(t, dataDir, fake.URL, env{envStripeKey: fake.Secret})
@@ -68,6 +69,7 @@ func TestRekeyWithTheDataDirectorysMasterKey(t *testing.T) {
 }
 
 func TestRekeyWithTheEnvironmentsMasterKey(t *testing.T) {
+	t.Parallel()
 	fake := proxytest.NewFakeStripe(t, "sk_test_rekeyenv")
 	dataDir := t.TempDir()
 	oldText, newText := MustNewMasterKeyText(t), MustNewMasterKeyText(t)
@@ -87,6 +89,7 @@ func TestRekeyWithTheEnvironmentsMasterKey(t *testing.T) {
 // A rekey killed after it replaced the database and before it wrote master.key
 // is finished by running it again.
 func TestRekeyFinishesAnInterruptedRekey(t *testing.T) {
+	t.Parallel()
 	fake := proxytest.NewFakeStripe(t, "sk_test_rekeyagain")
 	dataDir := t.TempDir()
 	m := MustServe(t, dataDir, fake.URL, env{envStripeKey: fake.Secret})
@@ -105,6 +108,7 @@ func TestRekeyFinishesAnInterruptedRekey(t *testing.T) {
 }
 
 func TestRekeyRefuses(t *testing.T) {
+	t.Parallel()
 	fake := proxytest.NewFakeStripe(t, "sk_test_rekeyno")
 	dataDir := t.TempDir()
 	m := MustServe(t, dataDir, fake.URL, env{envStripeKey: fake.Secret})

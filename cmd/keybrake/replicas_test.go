@@ -24,7 +24,6 @@ import (
 	"github.com/keybrake/keybrake/proxy/proxytest"
 	"github.com/keybrake/keybrake/vault"
 	"github.com/keybrake/keybrake/vault/postgres"
-	"github.com/keybrake/keybrake/vault/postgres/pgtest"
 )
 
 // replicaJWTSecret is the JWT secret every replica of these tests shares.
@@ -182,11 +181,12 @@ func chargeForm(amount int64, callerKey string) url.Values {
 // replica's admin API is refused by another at once, a read as well as a
 // charge.
 func TestThreeReplicasOneDatabase(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("builds and runs three real replicas")
 	}
 	ctx := context.Background()
-	dbURL := pgtest.URL(t)
+	dbURL := migrated.URL(t)
 	fake := proxytest.NewFakeStripe(t, "sk_test_replicas")
 	store, masterText := MustPostgresVault(t, dbURL, fake.Secret)
 	k20, tok20 := MustMintKey(t, store, "cap20", 20)
@@ -334,7 +334,7 @@ func TestKill9ReplicaUnderLoad(t *testing.T) {
 	rng := rand.New(rand.NewPCG(seed, 2))
 	ctx := context.Background()
 
-	dbURL := pgtest.URL(t)
+	dbURL := migrated.URL(t)
 	fake := proxytest.NewFakeStripe(t, "sk_test_kill9_replicas")
 	store, masterText := MustPostgresVault(t, dbURL, fake.Secret)
 	// The cap is reached part way through the run, so kills land both while

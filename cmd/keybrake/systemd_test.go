@@ -15,6 +15,7 @@ import (
 // warning, and stay hardened. systemd-analyze checks it where it is installed (any
 // systemd distribution); elsewhere the test is skipped, except in CI.
 func TestSystemdUnitVerifies(t *testing.T) {
+	t.Parallel()
 	analyze, err := exec.LookPath("systemd-analyze")
 	if err != nil {
 		if os.Getenv("CI") == "true" {

@@ -129,6 +129,7 @@ func servedSerial(tb testing.TB, client *http.Client, base string) int64 {
 }
 
 func TestServeOverTLS(t *testing.T) {
+	t.Parallel()
 	fake := proxytest.NewFakeStripe(t, "sk_test_tls")
 	dir := t.TempDir()
 	ca := MustTestCA(t, "serve")
@@ -188,6 +189,7 @@ func TestServeOverTLS(t *testing.T) {
 }
 
 func TestTLSCertificateReloadKeepsConnections(t *testing.T) {
+	t.Parallel()
 	fake := proxytest.NewFakeStripe(t, "sk_test_tlsreload")
 	dir := t.TempDir()
 	caA, caB, both := MustTwoCAs(t)
@@ -240,6 +242,7 @@ func TestTLSCertificateReloadKeepsConnections(t *testing.T) {
 }
 
 func TestServeRefusesBadTLSConfiguration(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	certPath, keyPath := filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key")
 	MustTestCA(t, "x").MustLeaf(t, certPath, keyPath, 1)
@@ -258,6 +261,7 @@ func TestServeRefusesBadTLSConfiguration(t *testing.T) {
 }
 
 func TestExposedWithoutTLS(t *testing.T) {
+	t.Parallel()
 	for addr, want := range map[string]bool{
 		"127.0.0.1:8080":  false,
 		"[::1]:8080":      false,
@@ -274,6 +278,7 @@ func TestExposedWithoutTLS(t *testing.T) {
 // TestSIGHUPReloadsCertificates runs the real binary: main turns SIGHUP into a
 // reload of the certificate files, and the process keeps serving.
 func TestSIGHUPReloadsCertificates(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("builds and runs the real binary")
 	}

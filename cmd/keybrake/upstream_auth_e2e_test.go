@@ -19,6 +19,7 @@ import (
 // the log and on /metrics, registers the new secret through the admin API, and
 // the caller's retry with the same idempotency key charges once.
 func TestEndToEndRolledUpstreamSecret(t *testing.T) {
+	t.Parallel()
 	const oldSecret, newSecret = "sk_test_e2eoriginal", "sk_test_e2erolled"
 	fake := proxytest.NewFakeStripe(t, oldSecret)
 	dataDir := t.TempDir()

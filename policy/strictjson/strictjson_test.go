@@ -11,6 +11,7 @@ import (
 )
 
 func TestDuplicates(t *testing.T) {
+	t.Parallel()
 	cases := map[string]struct {
 		body  string
 		paths []string // nil for none
@@ -43,6 +44,7 @@ func TestDuplicates(t *testing.T) {
 }
 
 func TestDuplicatesRefusesWhatIsNotOneDocument(t *testing.T) {
+	t.Parallel()
 	for name, body := range map[string]string{
 		"empty":           ``,
 		"syntax":          `{"a":}`,
@@ -63,6 +65,7 @@ func TestDuplicatesRefusesWhatIsNotOneDocument(t *testing.T) {
 }
 
 func TestDuplicatesBoundsTheDepth(t *testing.T) {
+	t.Parallel()
 	deep := strings.Repeat(`{"a":`, 3) + "1" + strings.Repeat("}", 3)
 	_, err := strictjson.Duplicates([]byte(deep), 3)
 	assert.NoError(t, err, "three levels are allowed")

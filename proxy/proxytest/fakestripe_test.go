@@ -65,6 +65,7 @@ func errType(r reply) string {
 }
 
 func TestFakeStripeIdempotency(t *testing.T) {
+	t.Parallel()
 	f := proxytest.NewFakeStripe(t, secret)
 	auth := "Bearer " + secret
 
@@ -93,6 +94,7 @@ func TestFakeStripeIdempotency(t *testing.T) {
 }
 
 func TestFakeStripeAuth(t *testing.T) {
+	t.Parallel()
 	f := proxytest.NewFakeStripe(t, secret)
 	cases := map[string]struct {
 		auth string
@@ -113,6 +115,7 @@ func TestFakeStripeAuth(t *testing.T) {
 }
 
 func TestFakeStripeFailures(t *testing.T) {
+	t.Parallel()
 	t.Run("500 after create is saved and replayed", func(t *testing.T) {
 		f := proxytest.NewFakeStripe(t, secret)
 		f.FailNext(proxytest.FailAfterCreate500, 1)
@@ -200,6 +203,7 @@ func TestFakeStripeFailures(t *testing.T) {
 }
 
 func TestFakeStripePaymentIntentLifecycle(t *testing.T) {
+	t.Parallel()
 	f := proxytest.NewFakeStripe(t, secret)
 	auth := "Bearer " + secret
 	pi := MustPost(t, f, "/v1/payment_intents", "", auth, url.Values{
@@ -233,6 +237,7 @@ func TestFakeStripePaymentIntentLifecycle(t *testing.T) {
 }
 
 func TestFakeStripeCatalogAndPaymentLinks(t *testing.T) {
+	t.Parallel()
 	f := proxytest.NewFakeStripe(t, secret)
 	auth := "Bearer " + secret
 
@@ -280,6 +285,7 @@ func TestFakeStripeCatalogAndPaymentLinks(t *testing.T) {
 // An account debit works only on a connected account, in its default currency,
 // within its balance; it answers the Payment created on the platform.
 func TestFakeStripeAccountDebit(t *testing.T) {
+	t.Parallel()
 	f := proxytest.NewFakeStripe(t, secret)
 	acct := f.AddConnectedAccount("eur", 1000)
 	debit := func(idem, amount, currency, source string) reply {
@@ -309,6 +315,7 @@ func TestFakeStripeAccountDebit(t *testing.T) {
 
 // The fake behaves as Stripe documents for multicapture, declines and cancels.
 func TestFakeStripeMulticaptureDeclinesAndCancels(t *testing.T) {
+	t.Parallel()
 	auth := "Bearer " + secret
 	t.Run("multicapture of an authorisation made outside", func(t *testing.T) {
 		f := proxytest.NewFakeStripe(t, secret)

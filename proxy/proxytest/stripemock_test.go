@@ -16,6 +16,7 @@ import (
 // stripe_mock straight to stripe-mock: each must pass Stripe's own parameter
 // validation, which proves the samples are real Stripe requests.
 func TestStripeMockAcceptsCatalogueSamples(t *testing.T) {
+	t.Parallel()
 	cases := proxytest.CatalogueCases(t)
 	var samples []proxytest.CatalogueCase
 	for _, c := range cases {
@@ -57,6 +58,7 @@ func TestStripeMockAcceptsCatalogueSamples(t *testing.T) {
 // TestStripeMockRefusesInvalidParameters makes sure the acceptance test above can
 // fail: stripe-mock refuses an unknown parameter and a missing required one.
 func TestStripeMockRefusesInvalidParameters(t *testing.T) {
+	t.Parallel()
 	base := proxytest.StripeMock(t)
 	tests := map[string]struct {
 		path, body string
@@ -82,6 +84,7 @@ func TestStripeMockRefusesInvalidParameters(t *testing.T) {
 // TestCaseFilesDecode checks that both case files decode strictly and that case
 // names are unique (subtests are keyed by them).
 func TestCaseFilesDecode(t *testing.T) {
+	t.Parallel()
 	seen := map[string]bool{}
 	for _, c := range proxytest.CatalogueCases(t) {
 		assert.False(t, seen[c.Name], "duplicate catalogue case %q", c.Name)

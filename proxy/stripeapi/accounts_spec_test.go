@@ -50,6 +50,7 @@ var notAccountPaths = []string{"/v1/financial_connections/accounts/", "/v1/linke
 // account collection or explained in notAccountPaths. A new stripe-mock version
 // that adds one makes this test say what to review.
 func TestAccountParamsCoverStripesSpec(t *testing.T) {
+	t.Parallel()
 	spec := stripeSpec(t)
 	unexplained := map[string][]string{}
 	var walk func(schema map[string]any, name, where string, depth int)

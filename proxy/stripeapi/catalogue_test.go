@@ -56,6 +56,7 @@ func MustRecordingServer(tb testing.TB) (*httptest.Server, func() []sdkRequest) 
 // classifies exactly what went over the wire: the SDK's encoding (sorted keys,
 // unescaped brackets, "+" for spaces, indexed arrays) must be read as meant.
 func TestStripeGoRequests(t *testing.T) {
+	t.Parallel()
 	srv, recorded := MustRecordingServer(t)
 	sc := stripe.NewClient("sk_test_123", stripe.WithBackends(stripe.NewBackendsWithConfig(&stripe.BackendConfig{
 		URL:               stripe.String(srv.URL),
@@ -189,6 +190,7 @@ func TestStripeGoRequests(t *testing.T) {
 }
 
 func TestOperationsAndRoutes(t *testing.T) {
+	t.Parallel()
 	ops := stripeapi.Operations()
 	require.NotEmpty(t, ops)
 	assert.IsIncreasing(t, ops)

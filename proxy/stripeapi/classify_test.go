@@ -58,6 +58,7 @@ func wantOf(c stripeapi.Classification) proxytest.CatalogueWant {
 }
 
 func TestClassifyCatalogueCases(t *testing.T) {
+	t.Parallel()
 	cases := proxytest.CatalogueCases(t)
 	require.GreaterOrEqual(t, len(cases), 60)
 	for _, c := range cases {
@@ -78,6 +79,7 @@ func TestClassifyCatalogueCases(t *testing.T) {
 // TestClassificationInvariants checks the documented shape of every classification
 // in the case file, so a new case cannot encode a contradiction.
 func TestClassificationInvariants(t *testing.T) {
+	t.Parallel()
 	for _, c := range proxytest.CatalogueCases(t) {
 		got, err := classifyRaw(c.Method, c.Path, []byte(c.Body))
 		if err != nil {
@@ -116,6 +118,7 @@ func TestClassificationInvariants(t *testing.T) {
 }
 
 func TestEveryOperationHasACase(t *testing.T) {
+	t.Parallel()
 	covered := map[string]bool{}
 	for _, c := range proxytest.CatalogueCases(t) {
 		if c.Want.Error == "" {
@@ -136,6 +139,7 @@ func TestEveryOperationHasACase(t *testing.T) {
 // each is known, and the money-moving ones never claim an exact amount they do
 // not have.
 func TestNamedWrites(t *testing.T) {
+	t.Parallel()
 	for _, rt := range stripeapi.Routes() {
 		if rt.Method != "POST" {
 			continue
@@ -154,6 +158,7 @@ func TestNamedWrites(t *testing.T) {
 }
 
 func TestClassifyMalformedCorpus(t *testing.T) {
+	t.Parallel()
 	cases := proxytest.MalformedCases(t)
 	require.NotEmpty(t, cases)
 	units := 0
@@ -191,6 +196,7 @@ func TestClassifyMalformedCorpus(t *testing.T) {
 }
 
 func TestClassifyPaths(t *testing.T) {
+	t.Parallel()
 	tests := map[string]struct {
 		method, path string
 		wantOp       string // "" means malformed
@@ -253,6 +259,7 @@ func TestClassifyPaths(t *testing.T) {
 }
 
 func TestMoneyFields(t *testing.T) {
+	t.Parallel()
 	tests := map[string]struct {
 		amount string
 		want   int64 // -1: malformed
@@ -298,6 +305,7 @@ func TestMoneyFields(t *testing.T) {
 }
 
 func TestCurrencies(t *testing.T) {
+	t.Parallel()
 	tests := map[string]struct {
 		currency string
 		ok       bool
@@ -340,6 +348,7 @@ func TestCurrencies(t *testing.T) {
 }
 
 func TestCheckoutSums(t *testing.T) {
+	t.Parallel()
 	item := func(i int, unit, qty string) string {
 		s := "&line_items[" + strconv.Itoa(i) + "][price_data][currency]=usd&line_items[" + strconv.Itoa(i) + "][price_data][product_data][name]=x&line_items[" + strconv.Itoa(i) + "][price_data][unit_amount]=" + unit
 		if qty != "" {
@@ -478,6 +487,7 @@ func BenchmarkClassify(b *testing.B) {
 }
 
 func TestVersionAtLeast(t *testing.T) {
+	t.Parallel()
 	for version, want := range map[string]bool{
 		"2022-08-01":        true,
 		"2026-08-26.dahlia": true,

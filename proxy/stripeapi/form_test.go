@@ -21,6 +21,7 @@ func MustParseForm(tb testing.TB, body string) *stripeapi.Params {
 }
 
 func TestParseFormAccepts(t *testing.T) {
+	t.Parallel()
 	tests := map[string]struct {
 		body string
 		want []stripeapi.Pair // in body order
@@ -98,6 +99,7 @@ func TestParseFormAccepts(t *testing.T) {
 }
 
 func TestParseFormRefuses(t *testing.T) {
+	t.Parallel()
 	tests := map[string]string{
 		"duplicate scalar same value":         "amount=100&amount=100",
 		"duplicate scalar other value":        "amount=100&amount=100000",
@@ -158,6 +160,7 @@ func TestParseFormRefuses(t *testing.T) {
 }
 
 func TestParamsLookups(t *testing.T) {
+	t.Parallel()
 	p := MustParseForm(t, "amount=100&metadata[k]=v&expand[]=a&expand[]=b&line_items[1][quantity]=2&line_items[0][quantity]=1")
 
 	got, ok := p.Get("amount")
@@ -198,6 +201,7 @@ func TestParamsLookups(t *testing.T) {
 }
 
 func TestCanonical(t *testing.T) {
+	t.Parallel()
 	tests := map[string]struct {
 		a, b string
 		same bool
@@ -251,6 +255,7 @@ func TestCanonical(t *testing.T) {
 }
 
 func TestEncodeRoundTrip(t *testing.T) {
+	t.Parallel()
 	for _, c := range proxytest.CatalogueCases(t) {
 		if c.Method != "POST" || c.Path[:4] == "/v2/" {
 			continue
@@ -268,6 +273,7 @@ func TestEncodeRoundTrip(t *testing.T) {
 }
 
 func TestParseJSON(t *testing.T) {
+	t.Parallel()
 	tests := map[string]struct {
 		body string
 		want []stripeapi.Pair
@@ -334,6 +340,7 @@ func TestParseJSON(t *testing.T) {
 }
 
 func TestParseJSONRefuses(t *testing.T) {
+	t.Parallel()
 	tests := map[string]string{
 		"duplicate key":              `{"amount":1,"amount":2}`,
 		"duplicate nested key":       `{"a":{"k":1,"k":1}}`,

@@ -8,6 +8,7 @@ import (
 )
 
 func TestReadLookup(t *testing.T) {
+	t.Parallel()
 	cases := map[string]struct {
 		body, field string
 		amount      int64
@@ -46,6 +47,7 @@ func TestReadLookup(t *testing.T) {
 // object: an integer, or a decimal string with no fractional minor units, in the
 // first of the named fields that is present and not null.
 func TestReadLookupFactors(t *testing.T) {
+	t.Parallel()
 	item := `{"object":"invoiceitem","amount":10000,"currency":"usd","quantity":10000,"quantity_decimal":"10000.000","pricing":{"unit_amount_decimal":null},"unit_amount_decimal":"1"}`
 	cases := map[string]struct {
 		body    string
@@ -80,6 +82,7 @@ func TestReadLookupFactors(t *testing.T) {
 // Every kind of money object keybrake counts is told by its id and retrieved
 // where Stripe serves it; ids of other kinds, or that are not plain, are not.
 func TestMoneyObjectOf(t *testing.T) {
+	t.Parallel()
 	cases := map[string]struct{ kind, path string }{
 		"pi_3Nx":          {"payment_intent", "/v1/payment_intents/pi_3Nx"},
 		"ch_1":            {"charge", "/v1/charges/ch_1"},
@@ -110,6 +113,7 @@ func TestMoneyObjectOf(t *testing.T) {
 // object: read as terminal, it would release the object's exposure with nothing
 // committed although the money moved.
 func TestReadMoneyObjectNeedsWhatMoved(t *testing.T) {
+	t.Parallel()
 	cases := map[string]struct {
 		body     string
 		ok       bool

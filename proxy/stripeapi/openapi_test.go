@@ -66,6 +66,7 @@ func routeMoves(op, path string) bool {
 // brings a new description, the test lists what changed for review; refresh the
 // file with -update once each change is handled.
 func TestCatalogueCoversStripesAPI(t *testing.T) {
+	t.Parallel()
 	spec := proxytest.StripeOpenAPI(t)
 	reasons := map[string]string{}
 	for _, rt := range stripeapi.Routes() {

@@ -9,6 +9,7 @@ import (
 )
 
 func TestCheckOperation(t *testing.T) {
+	t.Parallel()
 	known := []string{
 		"*", "*.*", "*.read", "*.create", "*.delete", "charges.*", "charges.create", "charges.read",
 		"checkout.sessions.*", "checkout.sessions.create", "refunds.create", "customers.delete",

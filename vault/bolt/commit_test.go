@@ -18,6 +18,7 @@ import (
 )
 
 func TestClaimsAreGroupCommitted(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	f := newMeteringFixture(t)
 	const n = 64
@@ -44,6 +45,7 @@ func TestClaimsAreGroupCommitted(t *testing.T) {
 // and one that panics, all in one batch: the batch is rolled back and re-run op by
 // op, so the reserves succeed exactly once and only the bad ops see errors.
 func TestGroupCommitIsolatesFailures(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	f := newMeteringFixture(t)
 
@@ -119,6 +121,7 @@ func TestGroupCommitIsolatesFailures(t *testing.T) {
 }
 
 func TestCommitObserverSeesEveryGroupCommit(t *testing.T) {
+	t.Parallel()
 	clock := vaulttest.NewClock(vaulttest.T0)
 	var (
 		mu      sync.Mutex

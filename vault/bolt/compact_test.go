@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -44,17 +45,19 @@ func fillAndReap(t *testing.T, s *Store, clock *vaulttest.Clock, keyID string, n
 // back while requests go on; nothing they did is lost, and the store reads
 // and writes the compacted file afterwards.
 func TestCompactWhileServing(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	f := newMeteringFixture(t)
 	fillAndReap(t, f.s, f.clock, f.key.ID, 2000)
 	before, err := f.s.Size(ctx)
 	require.NoError(t, err)
 
-	// Charges keep coming while the file is swapped.
+	// Charges keep coming while the file is swapped: some before Compact
+	// starts, some after it returns.
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
-	var mu sync.Mutex
-	committed := int64(0)
+	var committed atomic.Int64
+	progress := make(chan struct{}, 1) // a charge was committed
 	for w := range 4 {
 		wg.Go(func() {
 			for i := 0; ; i++ {
@@ -72,18 +75,35 @@ func TestCompactWhileServing(t *testing.T) {
 					Outcome: vault.SettleCommit, Amount: 1}, nil)) {
 					return
 				}
-				mu.Lock()
-				committed++
-				mu.Unlock()
+				committed.Add(1)
+				select {
+				case progress <- struct{}{}:
+				default:
+				}
 			}
 		})
 	}
-	time.Sleep(20 * time.Millisecond)
+	stopped := make(chan struct{}) // every charger returned
+	go func() {
+		wg.Wait()
+		close(stopped)
+	}()
+	// charged waits for n more commits, or for the chargers to give up.
+	charged := func(n int64) {
+		for want := committed.Load() + n; committed.Load() < want; {
+			select {
+			case <-progress:
+			case <-stopped:
+				return
+			}
+		}
+	}
+	charged(4)
 	res, err := f.s.Compact(ctx)
 	require.NoError(t, err)
-	time.Sleep(20 * time.Millisecond)
+	charged(4)
 	close(stop)
-	wg.Wait()
+	<-stopped
 
 	assert.Equal(t, before, res.Before)
 	assert.Less(t, res.After, before/2, "the reaped records' pages are given back")
@@ -91,8 +111,8 @@ func TestCompactWhileServing(t *testing.T) {
 	require.NoError(t, err)
 	assert.LessOrEqual(t, size, res.After+allocStep+1<<20, "the store runs on the compacted file (grown by bbolt's allocation step at most)")
 	_, period := usageOf(t, f.s, f.key.ID)
-	assert.Positive(t, committed)
-	assert.Equal(t, committed, period.Committed, "every charge made during the compaction is there")
+	assert.GreaterOrEqual(t, committed.Load(), int64(8))
+	assert.Equal(t, committed.Load(), period.Committed, "every charge made during the compaction is there")
 	vaulttest.MustCommit(t, f.s, f.key.ID, "after", 5)
 	require.NoError(t, f.s.CheckInvariant(ctx))
 
@@ -100,12 +120,13 @@ func TestCompactWhileServing(t *testing.T) {
 	require.NoError(t, f.s.Close())
 	again := MustOpenPath(t, f.path, f.clock)
 	_, period = usageOf(t, again, f.key.ID)
-	assert.Equal(t, committed+5, period.Committed)
+	assert.Equal(t, committed.Load()+5, period.Committed)
 }
 
 // TestCompactOffline: keybrake compact's work on a stopped server's file: the
 // same result, refused while a server holds the file.
 func TestCompactOffline(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	f := newMeteringFixture(t)
 	fillAndReap(t, f.s, f.clock, f.key.ID, 1000)

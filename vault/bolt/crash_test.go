@@ -32,6 +32,7 @@ const (
 // reports on stdout, after each durable write, what the parent may rely on;
 // before an abandon it says so first, since an abandon deletes the hold.
 func TestCrashChild(t *testing.T) {
+	t.Parallel()
 	path := os.Getenv(crashEnvPath)
 	if path == "" {
 		t.Skip("the child process of TestCrashRecovery")
@@ -170,6 +171,7 @@ func parseCrashLog(lines []string) crashLog {
 }
 
 func TestCrashRecovery(t *testing.T) {
+	t.Parallel()
 	if os.Getenv(crashEnvPath) != "" {
 		t.Skip("inside a crash child")
 	}

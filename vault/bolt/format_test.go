@@ -27,6 +27,7 @@ import (
 // flight. Everything reads back as it was written, the file's format being
 // the engine's, and the in-flight request is recovered as outcome unknown.
 func TestFileWrittenBeforeTheEngineOpens(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	const (
 		keyID = "key_06g9viem00sagvfp52htifhso8"

@@ -15,6 +15,7 @@ import (
 
 // TestConformance runs the store contract's conformance suite on bbolt files.
 func TestConformance(t *testing.T) {
+	t.Parallel()
 	vaulttest.Run(t, func(tb testing.TB, o vaulttest.Options) (vault.Store, *engine.Engine) {
 		s, err := Open(filepath.Join(tb.TempDir(), "keybrake.db"), Options{
 			MasterKey: o.MasterKey, Now: o.Now, IdempotencyTTL: o.IdempotencyTTL,

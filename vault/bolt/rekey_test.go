@@ -146,6 +146,7 @@ func rawDump(tb testing.TB, path string) map[string]map[string][]byte {
 }
 
 func TestRekeyResealsEverythingElseUnchanged(t *testing.T) {
+	t.Parallel()
 	path := filepath.Join(t.TempDir(), "keybrake.db")
 	f := MustFillForRekey(t, path, 40)
 	before := rawDump(t, path)
@@ -183,6 +184,7 @@ func TestRekeyResealsEverythingElseUnchanged(t *testing.T) {
 }
 
 func TestRekeyRefusalsLeaveTheFileUntouched(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	dir := t.TempDir()
 	path := filepath.Join(dir, "keybrake.db")
@@ -250,6 +252,7 @@ const (
 // prints each stage of the copy; at the stage numbered KEYBRAKE_REKEY_CHILD_STOP
 // it stops there, so that the parent's SIGKILL lands exactly at that stage.
 func TestRekeyChild(t *testing.T) {
+	t.Parallel()
 	path := os.Getenv(rekeyEnvPath)
 	if path == "" {
 		t.Skip("the child process of TestRekeyKilled")
@@ -275,6 +278,7 @@ func TestRekeyChild(t *testing.T) {
 }
 
 func TestRekeyKilled(t *testing.T) {
+	t.Parallel()
 	if os.Getenv(rekeyEnvPath) != "" {
 		t.Skip("inside a rekey child")
 	}

@@ -31,6 +31,7 @@ import (
 // made, the caller gets that charge again and the hold is committed exactly
 // once: one charge at Stripe, committed its amount, nothing held.
 func TestQueuedSettleLostInACrash(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	clock := vaulttest.NewClock(vaulttest.T0)
 	s, path := MustOpen(t, clock)

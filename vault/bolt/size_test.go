@@ -78,6 +78,7 @@ func chargeAnswer(id string) []byte {
 // days (108,000 requests), past every retention: the file stops growing on
 // day 35, when the first money objects go.
 func TestSizeBoundedOverASimulatedMonth(t *testing.T) {
+	t.Parallel()
 	days, rate, ledger := 8, 24, 3*24*time.Hour
 	if os.Getenv("KEYBRAKE_LONG") != "" {
 		days, rate, ledger = 45, 100, 14*24*time.Hour

@@ -22,6 +22,7 @@ import (
 )
 
 func TestRecoveryAtOpen(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	f := newMeteringFixture(t)
 	id := f.key.ID
@@ -46,6 +47,7 @@ func TestRecoveryAtOpen(t *testing.T) {
 }
 
 func TestBackup(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	f := newMeteringFixture(t)
 	vaulttest.MustReserve(t, f.s, vaulttest.Charge(f.key.ID, "a", 100))
@@ -64,6 +66,7 @@ func TestBackup(t *testing.T) {
 }
 
 func TestGroupCommitSharesTransactions(t *testing.T) {
+	t.Parallel()
 	f := newMeteringFixture(t)
 	p := vaulttest.Policy(t, "", "1000000", "")
 	k, _ := vaulttest.MustMint(t, f.s, "big", p, nil)
@@ -89,6 +92,7 @@ func TestGroupCommitSharesTransactions(t *testing.T) {
 }
 
 func TestOpenErrors(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	clock := vaulttest.NewClock(vaulttest.T0)
 
@@ -144,6 +148,7 @@ func TestOpenErrors(t *testing.T) {
 }
 
 func TestNoSecretOrTokenInFile(t *testing.T) {
+	t.Parallel()
 	s, path := MustOpen(t, vaulttest.NewClock(vaulttest.T0))
 	vaulttest.AssertNoSecretStored(t, s, func() []byte {
 		require.NoError(t, s.Close()) // every page written
@@ -154,6 +159,7 @@ func TestNoSecretOrTokenInFile(t *testing.T) {
 }
 
 func TestErrorsAreTranslated(t *testing.T) {
+	t.Parallel()
 	assert.ErrorIs(t, translate(errors.New("disk on fire")), vault.ErrStorage)
 	assert.ErrorIs(t, translate(vault.ErrNotFound), vault.ErrNotFound)
 	assert.ErrorIs(t, translate(bolterrors.ErrDatabaseNotOpen), vault.ErrClosed)
@@ -164,6 +170,7 @@ func TestErrorsAreTranslated(t *testing.T) {
 // TestSizeIsTheFile: bbolt's store size is its file's, as the filesystem
 // sees it.
 func TestSizeIsTheFile(t *testing.T) {
+	t.Parallel()
 	s, path := MustOpen(t, vaulttest.NewClock(vaulttest.T0))
 	n, err := s.Size(context.Background())
 	require.NoError(t, err)
@@ -176,6 +183,7 @@ func TestSizeIsTheFile(t *testing.T) {
 // from a read transaction — its stored answer and the key's usage — so a
 // replay neither waits for the group commit nor costs an fsync.
 func TestReplayTakesNoWriteTransaction(t *testing.T) {
+	t.Parallel()
 	f := newMeteringFixture(t)
 	vaulttest.MustCommit(t, f.s, f.key.ID, "a", 2500)
 	before := f.s.commits.Load()
@@ -200,6 +208,7 @@ func TestReplayTakesNoWriteTransaction(t *testing.T) {
 // opens as fast as an empty one. A completed record that cannot even be decoded
 // does not stop the start (it is read only when asked for).
 func TestOpenReadsOnlyTheRecordsInFlight(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	f := newMeteringFixture(t)
 	id := f.key.ID

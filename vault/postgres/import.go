@@ -102,9 +102,9 @@ func importStore(ctx context.Context, url string, src Source, opts ImportOptions
 	if err := src.CheckInvariant(ctx); err != nil {
 		return ImportStats{}, fmt.Errorf("the source is not consistent, so nothing was copied: %w", err)
 	}
-	cfg, err := pgxpool.ParseConfig(url)
+	cfg, err := parseURL(url)
 	if err != nil {
-		return ImportStats{}, fmt.Errorf("the database URL does not parse as postgres://user:password@host:port/database?…: %w", vault.ErrInvalid)
+		return ImportStats{}, err
 	}
 	cfg.MaxConns = 2
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)

@@ -200,6 +200,7 @@ func mustView(t *testing.T, s vault.Store, v sourceVault) vaultView {
 // invariant holds; and the copy goes on where the source stopped: new ledger
 // and audit ids, and fencing tokens, sort after the copied ones.
 func TestImportCopiesAVault(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	src, v := mustSourceVault(t)
 	want := mustView(t, src, v)
@@ -251,10 +252,11 @@ func TestImportCopiesAVault(t *testing.T) {
 // was; one that a replica with the source's key started on (schema and
 // master key check only) is accepted.
 func TestImportRefusesATargetInUse(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	src, v := mustSourceVault(t)
 
-	started := pgtest.URL(t)
+	started := migrated.URL(t)
 	s := mustOpenURL(t, started, vaulttest.Options{MasterKey: vaulttest.MasterKey, Now: v.clock.Now})
 	require.NoError(t, s.Close())
 	_, err := Import(ctx, started, src, ImportOptions{MasterKey: vaulttest.MasterKey})
@@ -264,7 +266,7 @@ func TestImportRefusesATargetInUse(t *testing.T) {
 	assert.ErrorIs(t, err, vault.ErrConflict, "a second copy is refused")
 	assert.ErrorContains(t, err, "not empty")
 
-	otherKey := pgtest.URL(t)
+	otherKey := migrated.URL(t)
 	other := make([]byte, 32)
 	copy(other, "another master key, 32 bytes....")
 	s = mustOpenURL(t, otherKey, vaulttest.Options{MasterKey: other, Now: v.clock.Now})
@@ -273,7 +275,7 @@ func TestImportRefusesATargetInUse(t *testing.T) {
 	assert.ErrorIs(t, err, vault.ErrSealed)
 	assertEntries(t, otherKey, map[string]int64{"meta": 2})
 
-	withKeys := pgtest.URL(t)
+	withKeys := migrated.URL(t)
 	s = mustOpenURL(t, withKeys, vaulttest.Options{MasterKey: vaulttest.MasterKey, Now: v.clock.Now})
 	vaulttest.MustUpstream(t, s, "sk_test_abcdef1234")
 	require.NoError(t, s.Close())
@@ -283,7 +285,7 @@ func TestImportRefusesATargetInUse(t *testing.T) {
 	assertEntries(t, withKeys, map[string]int64{"meta": 2, "upstreams": 1, "audit": 1})
 
 	// A replica inside a transaction on the target holds its tables.
-	busy := pgtest.URL(t)
+	busy := migrated.URL(t)
 	s = mustOpenURL(t, busy, vaulttest.Options{MasterKey: vaulttest.MasterKey, Now: v.clock.Now})
 	require.NoError(t, s.Close())
 	pool := pgtest.NewPool(t, busy)
@@ -318,9 +320,10 @@ func (f failingAt) Sequence(b engine.Bucket) (uint64, error) {
 // TestImportIsOneTransaction: a copy that fails after most buckets were
 // written leaves the target empty, and a later copy succeeds.
 func TestImportIsOneTransaction(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	src, _ := mustSourceVault(t)
-	url := pgtest.URL(t)
+	url := migrated.URL(t)
 	_, err := Import(ctx, url, failingSnapshot{src}, ImportOptions{MasterKey: vaulttest.MasterKey})
 	assert.ErrorContains(t, err, "the source's disk failed")
 	assertEntries(t, url, map[string]int64{})
@@ -331,6 +334,7 @@ func TestImportIsOneTransaction(t *testing.T) {
 // TestImportRefusesAnInconsistentSource: a source that fails its invariant
 // check is not copied.
 func TestImportRefusesAnInconsistentSource(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	src, v := mustSourceVault(t)
 	require.NoError(t, engine.Update(src.Engine, ctx, func(tx engine.Tx, _ time.Time) error {
@@ -341,7 +345,7 @@ func TestImportRefusesAnInconsistentSource(t *testing.T) {
 		c.Committed += 100
 		return engine.PutCounter(tx, v.keys[0].ID, "period", c)
 	}))
-	url := pgtest.URL(t)
+	url := migrated.URL(t)
 	_, err := Import(ctx, url, src, ImportOptions{MasterKey: vaulttest.MasterKey})
 	assert.ErrorIs(t, err, vault.ErrInvariant)
 	assert.ErrorContains(t, err, "nothing was copied")

@@ -119,6 +119,32 @@ func migrate(ctx context.Context, pool *pgxpool.Pool) (applied []int, err error)
 	return applied, nil
 }
 
+// Migrate brings the schema of the database at url to this keybrake's version,
+// as Open and Import do first, and returns the versions it applied: no store
+// is opened, so no master key is needed or checked, and no record is written.
+// Tests use it to prepare once the database they copy for each test.
+//
+// Errors: ErrInvalid (a malformed URL), ErrSchemaVersion (the database was
+// migrated by a newer keybrake), ErrStorage (the database cannot be reached,
+// or fails).
+func Migrate(ctx context.Context, url string) ([]int, error) {
+	cfg, err := parseURL(url)
+	if err != nil {
+		return nil, fmt.Errorf("migrate PostgreSQL: %w", err)
+	}
+	cfg.MaxConns = 1
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("migrate PostgreSQL: %w", translate(err))
+	}
+	defer pool.Close()
+	applied, err := migrate(ctx, pool)
+	if err != nil {
+		return applied, fmt.Errorf("migrate PostgreSQL: %w", translate(err))
+	}
+	return applied, nil
+}
+
 // SchemaVersion is the newest schema version this keybrake knows.
 func SchemaVersion() int {
 	all, err := migrations()

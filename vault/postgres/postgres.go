@@ -172,10 +172,9 @@ func Open(ctx context.Context, url string, opts Options) (*Store, error) {
 }
 
 func open(ctx context.Context, url string, opts Options) (*Store, error) {
-	cfg, err := pgxpool.ParseConfig(url)
+	cfg, err := parseURL(url)
 	if err != nil {
-		// The parser's message may quote the URL: say only what is wrong.
-		return nil, fmt.Errorf("the database URL does not parse as postgres://user:password@host:port/database?…: %w", vault.ErrInvalid)
+		return nil, err
 	}
 	if !hasParam(url, "pool_max_conns") {
 		cfg.MaxConns = max(DefaultMaxConns, 4*int32(runtime.GOMAXPROCS(0)))

@@ -14,11 +14,20 @@ import (
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
 
+// migrated is a database with the schema's migrations applied, prepared once
+// per test binary: the tests that do not test migrating itself start from a
+// copy of it.
+var migrated = pgtest.NewTemplate("schema", func(ctx context.Context, url string) error {
+	_, err := Migrate(ctx, url)
+	return err
+})
+
 // TestConformance runs the store contract's conformance suite on PostgreSQL,
 // each test on a database of its own.
 func TestConformance(t *testing.T) {
+	t.Parallel()
 	vaulttest.Run(t, func(tb testing.TB, o vaulttest.Options) (vault.Store, *engine.Engine) {
-		s := mustOpenURL(tb, pgtest.URL(tb), o)
+		s := mustOpenURL(tb, migrated.URL(tb), o)
 		return s, s.Engine
 	})
 }

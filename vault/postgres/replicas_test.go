@@ -20,7 +20,7 @@ import (
 // all on clock.
 func replicas(t *testing.T, n int, clock *vaulttest.Clock) []*Store {
 	t.Helper()
-	url := pgtest.URL(t)
+	url := migrated.URL(t)
 	out := make([]*Store, n)
 	for i := range out {
 		out[i] = mustOpenURL(t, url, vaulttest.Options{MasterKey: vaulttest.MasterKey, Now: clock.Now})
@@ -38,6 +38,7 @@ func replicas(t *testing.T, n int, clock *vaulttest.Clock) []*Store {
 // claim exactly 20; one idempotency key sent to all three at once is claimed
 // once; a key revoked through one is refused by the others at once.
 func TestReplicasShareCaps(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	clock := vaulttest.NewClock(vaulttest.T0)
 	rs := replicas(t, 3, clock)
@@ -110,9 +111,10 @@ func TestReplicasShareCaps(t *testing.T) {
 // TestOpenLeavesLiveLeasesAlone: a replica that starts while another serves
 // a request must not take that request for a dead one; a lapsed lease is.
 func TestOpenLeavesLiveLeasesAlone(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	clock := vaulttest.NewClock(vaulttest.T0)
-	url := pgtest.URL(t)
+	url := migrated.URL(t)
 	opts := vaulttest.Options{MasterKey: vaulttest.MasterKey, Now: clock.Now, Lease: 2 * time.Minute}
 	a := mustOpenURL(t, url, opts)
 	vaulttest.MustUpstream(t, a, "sk_test_abcdef1234")
@@ -147,6 +149,7 @@ func TestOpenLeavesLiveLeasesAlone(t *testing.T) {
 // migrate it once and agree on one master key check; a replica with another
 // master key is refused.
 func TestReplicasStartTogether(t *testing.T) {
+	t.Parallel()
 	url := pgtest.URL(t)
 	var wg sync.WaitGroup
 	errs := make([]error, 6)

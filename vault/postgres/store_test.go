@@ -20,8 +20,9 @@ import (
 // microseconds, between the database's times before and after — and never
 // from this process's.
 func TestTheClockIsTheDatabases(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
-	url := pgtest.URL(t)
+	url := migrated.URL(t)
 	s, err := Open(ctx, url, Options{MasterKey: vaulttest.MasterKey, Logger: vaulttest.QuietLogger()})
 	require.NoError(t, err)
 	defer s.Close()
@@ -50,13 +51,14 @@ func TestTheClockIsTheDatabases(t *testing.T) {
 // TestOpenRefusesANewerSchema: a database a newer keybrake migrated, or whose
 // records a newer keybrake wrote, is not written by this one.
 func TestOpenRefusesANewerSchema(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	for name, newer := range map[string]string{
 		"migrations": "INSERT INTO keybrake_schema_migrations (version, name) VALUES (999, 'future')",
 		"records":    "UPDATE keybrake_meta SET v = '\\x00000000000003e7' WHERE k = 'schema_version'",
 	} {
 		t.Run(name, func(t *testing.T) {
-			url := pgtest.URL(t)
+			url := migrated.URL(t)
 			s := mustOpenURL(t, url, vaulttest.Options{MasterKey: vaulttest.MasterKey})
 			require.NoError(t, s.Close())
 			_, err := pgtest.NewPool(t, url).Exec(ctx, newer)
@@ -70,8 +72,9 @@ func TestOpenRefusesANewerSchema(t *testing.T) {
 // TestOpenErrors: what Open says about what it cannot use, without the URL's
 // password.
 func TestOpenErrors(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
-	_, err := Open(ctx, pgtest.URL(t), Options{MasterKey: []byte("short")})
+	_, err := Open(ctx, migrated.URL(t), Options{MasterKey: []byte("short")})
 	assert.ErrorIs(t, err, vault.ErrInvalid)
 	_, err = Open(ctx, "postgres://u:secret-pw@127.0.0.1:bad/x", Options{MasterKey: vaulttest.MasterKey})
 	assert.ErrorIs(t, err, vault.ErrInvalid)
@@ -86,8 +89,9 @@ func TestOpenErrors(t *testing.T) {
 // TestBackupAndSize: keybrake does not copy a PostgreSQL store (pg_dump
 // does), nor compact it (autovacuum does); its size is its tables'.
 func TestBackupAndSize(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
-	s := mustOpenURL(t, pgtest.URL(t), vaulttest.Options{MasterKey: vaulttest.MasterKey, Now: vaulttest.NewClock(vaulttest.T0).Now})
+	s := mustOpenURL(t, migrated.URL(t), vaulttest.Options{MasterKey: vaulttest.MasterKey, Now: vaulttest.NewClock(vaulttest.T0).Now})
 	var buf bytes.Buffer
 	_, err := s.Backup(ctx, &buf)
 	assert.ErrorIs(t, err, errors.ErrUnsupported)
@@ -116,8 +120,9 @@ func TestBackupAndSize(t *testing.T) {
 // Reserve and Settle is one transaction that waits on one commit, whose
 // writes travel with the COMMIT.
 func TestRoundTrips(t *testing.T) {
+	t.Parallel()
 	clock := vaulttest.NewClock(vaulttest.T0)
-	s := mustOpenURL(t, pgtest.URL(t), vaulttest.Options{MasterKey: vaulttest.MasterKey, Now: clock.Now})
+	s := mustOpenURL(t, migrated.URL(t), vaulttest.Options{MasterKey: vaulttest.MasterKey, Now: clock.Now})
 	vaulttest.MustUpstream(t, s, "sk_test_abcdef1234")
 	k, _ := vaulttest.MustMint(t, s, "k", vaulttest.Policy(t, "1000.00", "", ""), nil)
 	vaulttest.MustCommit(t, s, k.ID, "warm", 100) // statements prepared on the connection
@@ -150,6 +155,7 @@ func TestRoundTrips(t *testing.T) {
 // with ErrStorage — nothing is reserved, so nothing may be forwarded — and
 // the store serves again once the server is back, on the same pool.
 func TestRestartOfPostgreSQL(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	c := pgtest.NewCluster(t)
 	s := mustOpenURL(t, c.URL(t), vaulttest.Options{MasterKey: vaulttest.MasterKey, Now: vaulttest.NewClock(vaulttest.T0).Now})
@@ -172,7 +178,7 @@ func TestRestartOfPostgreSQL(t *testing.T) {
 // openForBenchmark opens a store on a new database of the test binary's
 // PostgreSQL (fsync on: commits wait for the disk).
 func openForBenchmark(b *testing.B) vault.Store {
-	return mustOpenURL(b, pgtest.URL(b), vaulttest.Options{MasterKey: vaulttest.MasterKey, Now: vaulttest.NewClock(vaulttest.T0).Now})
+	return mustOpenURL(b, migrated.URL(b), vaulttest.Options{MasterKey: vaulttest.MasterKey, Now: vaulttest.NewClock(vaulttest.T0).Now})
 }
 
 // BenchmarkReserve measures hold + claim (one transaction, one commit) at 1,

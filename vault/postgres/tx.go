@@ -12,6 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/keybrake/keybrake/vault"
 	"github.com/keybrake/keybrake/vault/internal/engine"
@@ -201,6 +202,16 @@ func translate(err error) error {
 		return fmt.Errorf("%w: PostgreSQL: %s (SQLSTATE %s)", vault.ErrStorage, pgErr.Message, pgErr.Code)
 	}
 	return fmt.Errorf("%w: PostgreSQL: %s", vault.ErrStorage, err.Error())
+}
+
+// parseURL parses a database URL into a pool's configuration.
+func parseURL(raw string) (*pgxpool.Config, error) {
+	cfg, err := pgxpool.ParseConfig(raw)
+	if err != nil {
+		// The parser's message may quote the URL: say only what is wrong.
+		return nil, fmt.Errorf("the database URL does not parse as postgres://user:password@host:port/database?…: %w", vault.ErrInvalid)
+	}
+	return cfg, nil
 }
 
 // hasParam reports whether the connection URL sets the query parameter name.

@@ -498,7 +498,7 @@ func testMutationSplitReserveIsCaught(t *testing.T) {
 		clock := NewClock(time.Date(2026, 9, 14, 22, 0, 0, 0, time.UTC))
 		workers, ops := modelSize()
 		s, keys := newModelStore(t, clock, 4, ops)
-		m := &modelRun{s: s, keys: keys, workers: workers, ops: ops, split: func() { time.Sleep(5 * time.Millisecond) }}
+		m := &modelRun{s: s, keys: keys, workers: workers, ops: ops, split: rendezvous(8, 50*time.Millisecond)}
 		m.run(clock, uint64(attempt+1))
 		violations := m.check(t)
 		err := s.CheckInvariant(context.Background())
@@ -510,6 +510,31 @@ func testMutationSplitReserveIsCaught(t *testing.T) {
 		}
 	}
 	t.Fatal("a check-then-write race in Reserve went undetected")
+}
+
+// rendezvous returns a split for the mutant's Reserve that holds each caller
+// between its two transactions until n callers are there together, so that
+// all n checked the caps before any of them places its hold: the race the
+// mutant has, made to happen at once rather than hoped for from a sleep. wait
+// bounds the hold, for the last callers of a round, which no n others join.
+func rendezvous(n int, wait time.Duration) func() {
+	var mu sync.Mutex
+	gate, waiting := make(chan struct{}), 0
+	return func() {
+		mu.Lock()
+		g := gate
+		if waiting++; waiting == n {
+			close(gate)
+			gate, waiting = make(chan struct{}), 0
+		}
+		mu.Unlock()
+		timer := time.NewTimer(wait)
+		defer timer.Stop()
+		select {
+		case <-g:
+		case <-timer.C:
+		}
+	}
 }
 
 // testSameIdempotencyKeyConcurrently: 50 goroutines send the same request at once;

@@ -613,11 +613,14 @@ func testChangesReachTheNextRead(t *testing.T) {
 	// it left behind.
 	var revoked atomic.Bool
 	stop := make(chan struct{})
-	var wg sync.WaitGroup
+	var wg, started sync.WaitGroup
 	var late atomic.Int64
-	for range 4 {
+	enough := make(chan struct{}) // closed at the 100th refused late call
+	const callers = 4
+	started.Add(callers)
+	for range callers {
 		wg.Go(func() {
-			for {
+			for first := true; ; first = false {
 				select {
 				case <-stop:
 					return
@@ -625,23 +628,34 @@ func testChangesReachTheNextRead(t *testing.T) {
 				}
 				after := revoked.Load()
 				_, err := s.Authenticate(ctx, newTok)
+				if first {
+					started.Done()
+				}
 				if after {
 					if !errors.Is(err, vault.ErrKeyRevoked) {
 						t.Errorf("an authentication that began after the revocation got %v", err)
 						return
 					}
-					late.Add(1)
+					if late.Add(1) == 100 {
+						close(enough)
+					}
 				}
 			}
 		})
 	}
-	time.Sleep(5 * time.Millisecond)
+	stopped := make(chan struct{}) // every caller gave up
+	go func() {
+		wg.Wait()
+		close(stopped)
+	}()
+	started.Wait() // each caller has authenticated before the revocation
 	_, err = s.RevokeKey(ctx, "alice", k.ID)
 	require.NoError(t, err)
 	revoked.Store(true)
-	for late.Load() < 100 && !t.Failed() {
-		time.Sleep(time.Millisecond)
+	select {
+	case <-enough:
+	case <-stopped:
 	}
 	close(stop)
-	wg.Wait()
+	<-stopped
 }

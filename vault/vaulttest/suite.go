@@ -92,7 +92,10 @@ func openerOf(tb testing.TB) Opener {
 }
 
 // Run runs the conformance suite against the stores open opens, one subtest
-// per test. Call it from a top-level test.
+// per test, in parallel with each other (each has a store of its own, and a
+// suite test shares nothing else: no environment, no global, no fixed port),
+// so that the waits of one on its store's disk overlap another's work. Call it
+// from a top-level test.
 func Run(t *testing.T, open Opener) {
 	if strings.Contains(t.Name(), "/") {
 		t.Fatal("vaulttest.Run must be called from a top-level test")
@@ -106,6 +109,9 @@ func Run(t *testing.T, open Opener) {
 		openers.Unlock()
 	})
 	for _, tc := range suite {
-		t.Run(tc.name, tc.test)
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			tc.test(t)
+		})
 	}
 }

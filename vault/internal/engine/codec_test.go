@@ -32,6 +32,7 @@ func fullRecord() *recordRec {
 // answer survives the binary encoding; so do a bare record, an event and an
 // object.
 func TestRecordCodecRoundTrips(t *testing.T) {
+	t.Parallel()
 	for name, r := range map[string]*recordRec{
 		"full": fullRecord(),
 		"bare": {KeyID: "key_1", Idem: "i", State: vault.RecordInProgress, CreatedAt: codecT0},
@@ -72,6 +73,7 @@ func TestRecordCodecRoundTrips(t *testing.T) {
 // TestBodyCompression: a long answer is compressed, a short one is not, and
 // both come back as they were.
 func TestBodyCompression(t *testing.T) {
+	t.Parallel()
 	long := []byte(`{"id":"ch_1","object":"charge",` + strings.Repeat(`"metadata_field":"value",`, 100) + `"end":true}`)
 	stored, codec := compressBody(long)
 	assert.Equal(t, codecDeflate, codec)

@@ -16,6 +16,7 @@ import (
 )
 
 func TestReachedPercent(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		used, limit int64
 		pct         int
@@ -38,6 +39,7 @@ func TestReachedPercent(t *testing.T) {
 }
 
 func TestSealer(t *testing.T) {
+	t.Parallel()
 	sl, err := NewSealer([]byte("0123456789abcdef0123456789abcdef"))
 	require.NoError(t, err)
 	other, err := NewSealer(bytes.Repeat([]byte{1}, 32))
@@ -76,6 +78,7 @@ func TestSealer(t *testing.T) {
 }
 
 func TestUsedPercent(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct {
 		used, cap int64
 		want      int
@@ -88,6 +91,7 @@ func TestUsedPercent(t *testing.T) {
 }
 
 func TestEnvFingerprint(t *testing.T) {
+	t.Parallel()
 	a := envFingerprint("sk_test_x", []byte("0123456789abcdef"))
 	assert.True(t, envFingerprintMatches(a, "sk_test_x"))
 	assert.False(t, envFingerprintMatches(a, "sk_test_y"))
@@ -102,6 +106,7 @@ func TestEnvFingerprint(t *testing.T) {
 // of the functions Reseal knows. A new kind of sealed value must be taught to
 // Reseal, or a rekey would leave it unreadable.
 func TestEverySealedValueIsRekeyed(t *testing.T) {
+	t.Parallel()
 	known := map[string]bool{"checkAD": true, "upstreamAD": true, "responseAD": true, "claimAD": true}
 	fset := token.NewFileSet()
 	files, err := filepath.Glob("*.go")
@@ -144,6 +149,7 @@ func TestEverySealedValueIsRekeyed(t *testing.T) {
 // generation taken before the change emptied the memo) must not put back what
 // it read, or a revoked key would stay usable from memory.
 func TestMemoKeepsNothingReadBeforeAChange(t *testing.T) {
+	t.Parallel()
 	m := &memo{}
 	rec := &keyRec{ID: "key_1"}
 	gen := m.generation()

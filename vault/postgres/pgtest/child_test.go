@@ -19,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -47,6 +48,19 @@ func TestChildProcess(t *testing.T) {
 				fmt.Printf("PGTEST database %s %d\n", db, port)
 			})
 		}
+	case mode == "template":
+		for i := range 2 {
+			t.Run(strconv.Itoa(i), func(t *testing.T) {
+				pool := pgtest.NewPool(t, tagged.URL(t))
+				var db string
+				var rows int
+				require.NoError(t, pool.QueryRow(t.Context(), "SELECT current_database(), (SELECT count(*) FROM prepared)").Scan(&db, &rows))
+				fmt.Printf("PGTEST copy %s %d\n", db, rows)
+			})
+		}
+	case mode == "template-broken":
+		broken.URL(t)
+		t.Error("a template that cannot be prepared gave a database")
 	case strings.HasPrefix(mode, "server-"):
 		pool := pgtest.Pool(t)
 		dir, pids := serverProcesses(t, pool)
@@ -66,6 +80,7 @@ func TestChildProcess(t *testing.T) {
 }
 
 func TestEnvDatabaseURLIsHonoured(t *testing.T) {
+	t.Parallel()
 	c := pgtest.NewCluster(t)
 	admin := pgtest.NewPool(t, c.AdminURL())
 
@@ -82,6 +97,32 @@ func TestEnvDatabaseURLIsHonoured(t *testing.T) {
 			assert.Zero(t, n, "database %s outlived its test", f[1])
 		}
 		assert.NotContains(t, out, "started in", "the child started a server of its own")
+	})
+
+	t.Run("a template", func(t *testing.T) {
+		out, err := runChild(t, "template", c.AdminURL())
+		require.NoError(t, err, out)
+		found := regexp.MustCompile(`(?m)^PGTEST copy (\S+) (\d+)$`).FindAllStringSubmatch(out, -1)
+		require.Len(t, found, 2, out)
+		assert.NotEqual(t, found[0][1], found[1][1], "each test its own copy")
+		for _, f := range found {
+			assert.Equal(t, "1", f[2], "the copy holds what the preparation wrote: %s", out)
+		}
+		assert.Equal(t, 1, strings.Count(out, `pgtest: template "tagged" prepared`), "prepared once for the binary: %s", out)
+		var left []string
+		rows, err := admin.Query(t.Context(), "SELECT datname FROM pg_database WHERE datname LIKE 'kbt%'")
+		require.NoError(t, err)
+		left, err = pgx.CollectRows(rows, pgx.RowTo[string])
+		require.NoError(t, err)
+		assert.Empty(t, left, "the copies are dropped after their tests, the template after the binary's")
+	})
+
+	t.Run("a template that cannot be prepared", func(t *testing.T) {
+		out, err := runChild(t, "template-broken", c.AdminURL())
+		require.Error(t, err, out)
+		assert.Contains(t, out, `pgtest: template "broken" on `+pgtest.EnvDatabaseURL)
+		assert.Contains(t, out, "failing on purpose")
+		assert.NotContains(t, out, "gave a database")
 	})
 
 	t.Run("a role that may not", func(t *testing.T) {
@@ -132,6 +173,7 @@ func childCommand(mode string, env ...string) *exec.Cmd {
 }
 
 func TestNoServerOutlivesTheTestBinary(t *testing.T) {
+	t.Parallel()
 	for _, end := range []string{"pass", "fail", "panic", "kill"} {
 		t.Run(end, func(t *testing.T) {
 			var out syncBuilder

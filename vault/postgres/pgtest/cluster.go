@@ -378,8 +378,15 @@ func (c *Cluster) AdminURL() string { return c.tcpURL("postgres") }
 // database is dropped in tb.Cleanup (unless the server is stopped by then).
 func (c *Cluster) URL(tb testing.TB) string {
 	tb.Helper()
+	return c.database(tb, "")
+}
+
+// database creates tb's database in c as a copy of source (template0 when
+// empty) and returns its URL; it is dropped in tb.Cleanup.
+func (c *Cluster) database(tb testing.TB, source string) string {
+	tb.Helper()
 	name := databaseName(tb)
-	if err := c.admin(createDatabase(name)); err != nil {
+	if err := c.admin(createFrom(name, source)); err != nil {
 		tb.Fatalf("pgtest: create database %s: %v", name, err)
 	}
 	tb.Cleanup(func() {
@@ -431,9 +438,17 @@ func execOnce(url, sql string) error {
 // createDatabase creates name from template0 with a UTF-8 encoding and the C
 // collation, the same on every server, so that ordering never depends on the
 // machine.
-func createDatabase(name string) string {
-	return "CREATE DATABASE " + pgx.Identifier{name}.Sanitize() +
-		" TEMPLATE template0 ENCODING 'UTF8' LC_COLLATE 'C' LC_CTYPE 'C'"
+func createDatabase(name string) string { return createFrom(name, "") }
+
+// createFrom creates name as a copy of the database source, or from template0
+// when source is empty. A Template's database was itself created from
+// template0 here, so a copy has the same encoding and collation.
+func createFrom(name, source string) string {
+	if source == "" {
+		return "CREATE DATABASE " + pgx.Identifier{name}.Sanitize() +
+			" TEMPLATE template0 ENCODING 'UTF8' LC_COLLATE 'C' LC_CTYPE 'C'"
+	}
+	return "CREATE DATABASE " + pgx.Identifier{name}.Sanitize() + " TEMPLATE " + pgx.Identifier{source}.Sanitize()
 }
 
 // dropDatabase drops name, ending the sessions a test left open (PostgreSQL
@@ -445,10 +460,15 @@ func dropDatabase(name string) string {
 // databaseName is unique on the server, even when several test binaries share
 // it, and says which test it belongs to.
 func databaseName(tb testing.TB) string {
+	return "kbtest_" + identifierPart(tb.Name(), 33) + "_" + randomHex(4)
+}
+
+// identifierPart is s in lower case with every byte but a letter or a digit
+// made "_", at most n bytes of it.
+func identifierPart(s string, n int) string {
 	var b strings.Builder
-	b.WriteString("kbtest_")
-	for _, r := range strings.ToLower(tb.Name()) {
-		if b.Len() >= 40 {
+	for _, r := range strings.ToLower(s) {
+		if b.Len() >= n {
 			break
 		}
 		if r >= 'a' && r <= 'z' || r >= '0' && r <= '9' {
@@ -457,7 +477,6 @@ func databaseName(tb testing.TB) string {
 			b.WriteByte('_')
 		}
 	}
-	b.WriteString("_" + randomHex(4))
 	return b.String()
 }
 

@@ -13,6 +13,7 @@ import (
 )
 
 func TestFindServer(t *testing.T) {
+	t.Parallel()
 	root := t.TempDir()
 	install := func(dir string, programs ...string) string {
 		require.NoError(t, os.MkdirAll(dir, 0o755))
@@ -101,6 +102,7 @@ func (r *recordingTB) Fatalf(format string, args ...any) {
 }
 
 func TestDatabaseName(t *testing.T) {
+	t.Parallel()
 	t.Run("A very long name, with Spaces/and/slashes, longer than forty bytes", func(t *testing.T) {
 		a, b := databaseName(t), databaseName(t)
 		assert.NotEqual(t, a, b)

@@ -38,6 +38,18 @@
 //		...
 //	}
 //
+// Tests that all start from the same prepared database — keybrake's schema,
+// migrated — take copies of a Template instead, which prepares it once per
+// test binary and copies it for each test (CREATE DATABASE … TEMPLATE):
+//
+//	var migrated = pgtest.NewTemplate("schema", migrate)
+//
+//	func TestOnTheSchema(t *testing.T) {
+//		t.Parallel()
+//		url := migrated.URL(t) // a copy of the migrated database, dropped after the test
+//		...
+//	}
+//
 // A test that stops or restarts the server takes a cluster of its own with
 // NewCluster, so that the tests sharing the binary's cluster are not disturbed.
 package pgtest
@@ -65,7 +77,15 @@ var shared struct {
 	mu      sync.Mutex
 	main    bool // Main runs the tests, and will stop the cluster
 	cluster *Cluster
-	err     error // why it could not start: every later test gets it too
+	err     error          // why it could not start: every later test gets it too
+	atEnd   []func() error // what Main does after the tests, before it stops the cluster
+}
+
+// atEnd has Main run fn after the tests.
+func atEnd(fn func() error) {
+	shared.mu.Lock()
+	defer shared.mu.Unlock()
+	shared.atEnd = append(shared.atEnd, fn)
 }
 
 // Main runs the tests of a package, then stops the cluster they shared, if one
@@ -77,9 +97,15 @@ func Main(m *testing.M) {
 	shared.mu.Unlock()
 	code := m.Run()
 	shared.mu.Lock()
-	c := shared.cluster
-	shared.cluster, shared.err = nil, errors.New("the tests have ended")
+	c, ends := shared.cluster, shared.atEnd
+	shared.cluster, shared.err, shared.atEnd = nil, errors.New("the tests have ended"), nil
 	shared.mu.Unlock()
+	for _, end := range ends {
+		if err := end(); err != nil {
+			fmt.Fprintf(os.Stderr, "pgtest: %v\n", err)
+			code = max(code, 1)
+		}
+	}
 	if c != nil {
 		if err := c.close(); err != nil {
 			fmt.Fprintf(os.Stderr, "pgtest: %v\n", err)
@@ -93,10 +119,22 @@ func Main(m *testing.M) {
 // ("postgres://…@host:port/kbtest_…?…"). The database is dropped in tb.Cleanup.
 func URL(tb testing.TB) string {
 	tb.Helper()
+	return newDatabase(tb, nil)
+}
+
+// newDatabase creates tb's database on the binary's server, from tpl's
+// database there (nil: empty, from template0), and returns its URL.
+func newDatabase(tb testing.TB, tpl *Template) string {
+	tb.Helper()
 	if admin := os.Getenv(EnvDatabaseURL); admin != "" {
-		return externalURL(tb, admin)
+		return externalURL(tb, admin, tpl)
 	}
-	return sharedCluster(tb).URL(tb)
+	c := sharedCluster(tb)
+	source := ""
+	if tpl != nil {
+		source = tpl.on(tb, c.socketURL(), c.admin, c.tcpURL, "")
+	}
+	return c.database(tb, source)
 }
 
 // Pool returns a pool connected to a new empty database (see URL). The pool is
@@ -124,13 +162,21 @@ func NewPool(tb testing.TB, url string) *pgxpool.Pool {
 	return pool
 }
 
-func sharedCluster(tb testing.TB) *Cluster {
+// requireMain fails tb unless its tests run through Main.
+func requireMain(tb testing.TB) {
 	tb.Helper()
 	shared.mu.Lock()
 	defer shared.mu.Unlock()
 	if !shared.main {
-		tb.Fatalf("pgtest: the package's tests must run through pgtest.Main, which stops the PostgreSQL they share: func TestMain(m *testing.M) { pgtest.Main(m) }")
+		tb.Fatalf("pgtest: the package's tests must run through pgtest.Main, which stops the PostgreSQL they share and drops their templates: func TestMain(m *testing.M) { pgtest.Main(m) }")
 	}
+}
+
+func sharedCluster(tb testing.TB) *Cluster {
+	tb.Helper()
+	requireMain(tb)
+	shared.mu.Lock()
+	defer shared.mu.Unlock()
 	if shared.cluster == nil && shared.err == nil {
 		start := time.Now()
 		shared.cluster, shared.err = startCluster()
@@ -155,15 +201,26 @@ func unavailable(tb testing.TB, err error) {
 	tb.Fatalf("pgtest: %v", err)
 }
 
-// externalURL creates tb's database on the server admin names.
-func externalURL(tb testing.TB, admin string) string {
+// externalURL creates tb's database on the server admin names, from tpl's
+// database there (nil: template0).
+func externalURL(tb testing.TB, admin string, tpl *Template) string {
 	tb.Helper()
 	u, err := url.Parse(admin)
 	if err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
 		tb.Fatalf("pgtest: %s must be a postgres:// URL", EnvDatabaseURL)
 	}
+	exec := func(sql string) error { return execOnce(admin, sql) }
+	urlOf := func(name string) string {
+		v := *u
+		v.Path, v.RawPath = "/"+name, ""
+		return v.String()
+	}
+	source := ""
+	if tpl != nil {
+		source = tpl.on(tb, admin, exec, urlOf, fmt.Sprintf("%s (%s)", EnvDatabaseURL, u.Redacted()))
+	}
 	name := databaseName(tb)
-	if err := execOnce(admin, createDatabase(name)); err != nil {
+	if err := exec(createFrom(name, source)); err != nil {
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) && pgErr.Code == "42501" { // insufficient_privilege
 			tb.Fatalf("pgtest: %s (%s): the role may not create databases: grant it CREATEDB (ALTER ROLE … CREATEDB), or unset %s to let the tests start their own PostgreSQL: %v",
@@ -172,10 +229,9 @@ func externalURL(tb testing.TB, admin string) string {
 		tb.Fatalf("pgtest: %s (%s): create database %s: %v", EnvDatabaseURL, u.Redacted(), name, err)
 	}
 	tb.Cleanup(func() {
-		if err := execOnce(admin, dropDatabase(name)); err != nil {
+		if err := exec(dropDatabase(name)); err != nil {
 			tb.Errorf("pgtest: %s (%s): drop database %s: %v", EnvDatabaseURL, u.Redacted(), name, err)
 		}
 	})
-	u.Path, u.RawPath = "/"+name, ""
-	return u.String()
+	return urlOf(name)
 }

@@ -2,11 +2,13 @@ package pgtest_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/url"
 	"os"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -21,7 +23,27 @@ import (
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
 
+// tagged is a template whose preparation writes one row; taggedRuns counts
+// the preparations.
+var (
+	taggedRuns atomic.Int32
+	tagged     = pgtest.NewTemplate("tagged", func(ctx context.Context, url string) error {
+		taggedRuns.Add(1)
+		conn, err := pgx.Connect(ctx, url)
+		if err != nil {
+			return err
+		}
+		defer conn.Close(ctx)
+		_, err = conn.Exec(ctx, "CREATE TABLE prepared (n int); INSERT INTO prepared VALUES (1)")
+		return err
+	})
+	broken = pgtest.NewTemplate("broken", func(context.Context, string) error {
+		return errors.New("failing on purpose")
+	})
+)
+
 func TestEachTestGetsItsOwnEmptyDatabase(t *testing.T) {
+	t.Parallel()
 	var urls, names [2]string
 	for i := range urls {
 		t.Run(fmt.Sprint(i), func(t *testing.T) {
@@ -34,6 +56,45 @@ func TestEachTestGetsItsOwnEmptyDatabase(t *testing.T) {
 		})
 	}
 	assert.NotEqual(t, names[0], names[1])
+	assertDropped(t, urls[:], names[:])
+}
+
+// TestTemplateCopiesItsPreparedDatabase: each test gets its own copy of the
+// database the template prepared once; what one writes stays in its copy;
+// the template accepts no connections; the copies are dropped after their
+// tests.
+func TestTemplateCopiesItsPreparedDatabase(t *testing.T) {
+	t.Parallel()
+	var urls, names [2]string
+	for i := range urls {
+		t.Run(fmt.Sprint(i), func(t *testing.T) {
+			urls[i] = tagged.URL(t)
+			pool := pgtest.NewPool(t, urls[i])
+			var rows int
+			require.NoError(t, pool.QueryRow(t.Context(), "SELECT current_database(), (SELECT count(*) FROM prepared)").Scan(&names[i], &rows))
+			assert.Equal(t, 1, rows, "the copy holds what the preparation wrote, and not what the other test wrote")
+			assert.True(t, strings.HasPrefix(names[i], "kbtest_testtemplatecopiesitsprepar"), names[i])
+			_, err := pool.Exec(t.Context(), "INSERT INTO prepared VALUES (2)")
+			require.NoError(t, err)
+
+			var template string
+			var allowed bool
+			require.NoError(t, pool.QueryRow(t.Context(), "SELECT datname, datallowconn FROM pg_database WHERE datname LIKE 'kbtpl_tagged_%'").Scan(&template, &allowed))
+			assert.False(t, allowed, "the template %s accepts connections", template)
+			u, err := url.Parse(urls[i])
+			require.NoError(t, err)
+			u.Path = "/" + template
+			assert.ErrorContains(t, connect(t, u.String()), "not currently accepting connections")
+		})
+	}
+	assert.NotEqual(t, names[0], names[1])
+	assert.EqualValues(t, 1, taggedRuns.Load(), "prepared once for the binary")
+	assertDropped(t, urls[:], names[:])
+}
+
+// assertDropped asserts that the databases at urls, named names, are gone.
+func assertDropped(t *testing.T, urls, names []string) {
+	t.Helper()
 	for i, u := range urls {
 		err := connect(t, u)
 		var pgErr *pgconn.PgError
@@ -44,6 +105,7 @@ func TestEachTestGetsItsOwnEmptyDatabase(t *testing.T) {
 }
 
 func TestPoolIsReady(t *testing.T) {
+	t.Parallel()
 	pool := pgtest.Pool(t)
 	var n int
 	require.NoError(t, pool.QueryRow(t.Context(), "SELECT 40 + 2").Scan(&n))
@@ -54,6 +116,7 @@ func TestPoolIsReady(t *testing.T) {
 }
 
 func TestRestartKeepsDataAndURL(t *testing.T) {
+	t.Parallel()
 	c := pgtest.NewCluster(t)
 	u := c.URL(t)
 	pool := pgtest.NewPool(t, u)
@@ -87,6 +150,7 @@ func TestRestartKeepsDataAndURL(t *testing.T) {
 }
 
 func TestClusterListensOnLoopbackOnly(t *testing.T) {
+	t.Parallel()
 	c := pgtest.NewCluster(t)
 	u := c.URL(t)
 	pool := pgtest.NewPool(t, u)
