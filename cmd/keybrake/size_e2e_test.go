@@ -61,6 +61,7 @@ func compactSizes(t *testing.T, dataDir string) (before, after int64) {
 // after the reaper removed half of the records it gives their space back.
 // KEYBRAKE_LONG=1 seeds ten times as many charges.
 func TestCompactGivesSpaceBack(t *testing.T) {
+	t.Parallel()
 	n := 3000
 	if testing.Short() {
 		n = 1000
