@@ -140,10 +140,13 @@ type Store struct {
 	spareMu    sync.Mutex
 	spare      *logWriter
 	segCounter atomic.Uint64
-	folds      atomic.Int64
-	foldKick   chan struct{}
-	foldStop   chan struct{}
-	foldDone   chan struct{}
+	// segNeed is how many bytes the last full segment took: the next one
+	// is laid down with room for twice as many (segmentRoom).
+	segNeed  atomic.Int64
+	folds    atomic.Int64
+	foldKick chan struct{}
+	foldStop chan struct{}
+	foldDone chan struct{}
 	// testCrash, when set (by the crash children), is called at each step
 	// of the log and the fold.
 	testCrash atomic.Pointer[crashHook]
@@ -248,7 +251,7 @@ func Open(path string, opts Options) (*Store, error) {
 	if recovered > 0 {
 		s.log.Warn("recovered in-flight requests as outcome unknown", "records", recovered)
 	}
-	if s.logw, err = createSegment(path, s.segCounter.Add(1)); err != nil {
+	if s.logw, err = createSegment(path, s.segCounter.Add(1), 0); err != nil {
 		_ = db.Close()
 		return nil, fmt.Errorf("open %s: %w", path, err)
 	}

@@ -231,15 +231,18 @@ func (s *Store) commitWrites(w *writeSet) error {
 		return nil // nothing to make durable
 	}
 	lsn := s.lastLSN + 1
-	s.recBuf = encodeRecord(s.recBuf[:0], lsn, w)
-	if err := s.appendRecord(s.recBuf); err != nil {
+	s.recBuf = encodeRecord(s.recBuf[:0], s.logw.seg, lsn, w)
+	n := len(s.recBuf)
+	// The zero header after it marks the end (see wal.go).
+	s.recBuf = append(s.recBuf, make([]byte, recHeader)...)
+	if err := s.appendRecord(s.recBuf, n); err != nil {
 		return err
 	}
 	s.lastLSN = lsn
 	l := s.active
 	first := l.empty()
 	l.mu.Lock()
-	l.apply(lsn, w, int64(len(s.recBuf)))
+	l.apply(lsn, w, int64(n))
 	l.mu.Unlock()
 	s.visible.Store(lsn)
 	if first {

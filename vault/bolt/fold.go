@@ -57,14 +57,15 @@ func (s *Store) snapshot(db *bbolt.DB, write bool) (*otx, func(), error) {
 	return t, func() { _ = btx.Rollback() }, nil
 }
 
-// appendRecord appends rec to the current segment and fdatasyncs it. A
+// appendRecord writes buf — a record of n bytes and the zero header after
+// it — at the end of the current segment and fdatasyncs it. A
 // failed write is cut off again, so that the next record follows the last
 // good one; a failed fdatasync leaves the log's state unknown, so the store
 // takes no hot-path write from then on (logErr) until a restart reads the log
 // back. The caller holds writeMu.
-func (s *Store) appendRecord(rec []byte) error {
+func (s *Store) appendRecord(rec []byte, n int) error {
 	w := s.logw
-	s.crash("write", func() { _, _ = w.f.WriteAt(rec[:len(rec)/2], w.size) })
+	s.crash("write", func() { _, _ = w.f.WriteAt(rec[:n/2], w.size) })
 	if _, err := w.f.WriteAt(rec, w.size); err != nil {
 		if terr := w.f.Truncate(w.size); terr != nil {
 			s.logErr = fmt.Errorf("%w: the log cannot be appended to until a restart: %s (cutting off a failed write: %s)", vault.ErrStorage, err.Error(), terr.Error())
@@ -78,7 +79,7 @@ func (s *Store) appendRecord(rec []byte) error {
 		s.log.Error("the log is unusable: hot-path writes fail until a restart", "error", s.logErr)
 		return s.logErr
 	}
-	w.size += int64(len(rec))
+	w.size += int64(n)
 	s.crash("synced", nil)
 	return nil
 }
@@ -145,8 +146,37 @@ func (s *Store) ensureSpare() error {
 	if s.spare != nil {
 		return nil
 	}
-	w, err := createSegment(s.path, s.segCounter.Add(1))
+	w, err := createSegment(s.path, s.segCounter.Add(1), s.segmentRoom())
 	if err != nil {
+		return err
+	}
+	s.spare = w
+	return nil
+}
+
+// maxSegmentRoom bounds the zeros laid down ahead in a segment.
+const maxSegmentRoom = 16 << 20
+
+// segmentRoom is how many bytes a new segment is laid down with: twice what
+// the last one took, in 64 KiB steps, so that the records of a busy store's
+// next fold interval overwrite zeros rather than grow the file (a growing
+// file's fdatasync also writes its size), and an idle one's takes nothing.
+func (s *Store) segmentRoom() int64 {
+	need := 2 * s.segNeed.Load()
+	return min((need+64<<10-1)&^(64<<10-1), maxSegmentRoom)
+}
+
+// recycle makes the folded segment seg the spare, renamed to the next
+// number, when no spare is ready; else it removes it.
+func (s *Store) recycle(seg uint64) error {
+	s.spareMu.Lock()
+	defer s.spareMu.Unlock()
+	if s.spare != nil {
+		return removeSegments(s.path, []uint64{seg})
+	}
+	w, err := recycleSegment(s.path, seg, s.segCounter.Add(1), s.segmentRoom())
+	if err != nil {
+		_ = removeSegments(s.path, []uint64{seg})
 		return err
 	}
 	s.spare = w
@@ -181,6 +211,7 @@ func (s *Store) swap() error {
 	s.active = newLayer(next.seg)
 	s.ovMu.Unlock()
 	s.logw = next
+	s.segNeed.Store(old.size)
 	if err := old.f.Close(); err != nil {
 		s.log.Warn("closing a full log segment failed", "error", err)
 	}
@@ -211,9 +242,9 @@ func (s *Store) fold(l *layer) error {
 	s.ovMu.Lock()
 	s.folding = nil
 	s.ovMu.Unlock()
-	if err := removeSegments(s.path, []uint64{l.seg}); err != nil {
+	if err := s.recycle(l.seg); err != nil {
 		// Harmless: Open skips the records the tree already holds.
-		s.log.Warn("removing a folded log segment failed", "error", err)
+		s.log.Warn("recycling a folded log segment failed", "error", err)
 	}
 	s.crash("removed", nil)
 	return nil

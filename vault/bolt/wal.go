@@ -23,7 +23,8 @@ import (
 // followed by the segment's number in 16 hex digits):
 //
 //	length  uint32 BE   of the payload
-//	crc     uint32 BE   CRC-32C of length, lsn and payload
+//	crc     uint32 BE   CRC-32C of length, segment, lsn and payload
+//	segment uint64 BE   the number of the segment it was written in
 //	lsn     uint64 BE   the record's log sequence number, one more than the last
 //	payload             the batch's writes, each: op (1 put, 2 delete, 3 a
 //	                    bucket's sequence), bucket, then for a put uvarint
@@ -31,7 +32,17 @@ import (
 //	                    delete uvarint key length, key; for a sequence uvarint
 //
 // A record holds each key's final value and each bucket's final sequence, not
-// deltas: applying it twice leaves what applying it once does. The folder
+// deltas: applying it twice leaves what applying it once does.
+//
+// A segment is written over bytes laid down before: zeros (a new segment is
+// filled with zeros up to the size the last one needed, so that an append
+// changes no file size and its fdatasync writes no metadata) or the records of
+// an earlier use of the file (a folded segment is renamed to the next number
+// and written over, instead of zeroing a new one). Every append writes a
+// header's worth of zeros after its record, which the next record writes
+// over: where a segment's records end, a zero header follows, the end.
+//
+// The folder
 // writes a segment's records into the B+tree in one bbolt transaction that
 // also records the LSN of the last one (logBucket/logFolded), then removes the
 // segment. Open reads the segments left, applies the records after that LSN
@@ -47,7 +58,7 @@ var (
 )
 
 const (
-	recHeader = 16
+	recHeader = 24
 	opPut     = 1
 	opDelete  = 2
 	opSeq     = 3
@@ -83,8 +94,8 @@ func listSegments(path string) ([]uint64, error) {
 	return out, nil
 }
 
-// encodeRecord appends the record of w at lsn to dst.
-func encodeRecord(dst []byte, lsn uint64, w *writeSet) []byte {
+// encodeRecord appends the record of w at lsn, in segment seg, to dst.
+func encodeRecord(dst []byte, seg, lsn uint64, w *writeSet) []byte {
 	start := len(dst)
 	dst = append(dst, make([]byte, recHeader)...)
 	for b := range w.keys {
@@ -110,32 +121,50 @@ func encodeRecord(dst []byte, lsn uint64, w *writeSet) []byte {
 	}
 	rec := dst[start:]
 	binary.BigEndian.PutUint32(rec[0:4], uint32(len(rec)-recHeader))
-	binary.BigEndian.PutUint64(rec[8:16], lsn)
+	binary.BigEndian.PutUint64(rec[8:16], seg)
+	binary.BigEndian.PutUint64(rec[16:24], lsn)
 	binary.BigEndian.PutUint32(rec[4:8], recordCRC(rec))
 	return dst
 }
 
-// recordCRC is the checksum of a record: its length, LSN and payload.
+// recordCRC is the checksum of a record: all of it but the checksum.
 func recordCRC(rec []byte) uint32 {
 	c := crc32.Update(0, castagnoli, rec[0:4])
 	return crc32.Update(c, castagnoli, rec[8:])
 }
 
-// parseRecord reads the record at the start of data: its LSN, payload and
-// length in the file, or ok false when it is cut short or fails its checksum.
-func parseRecord(data []byte) (lsn uint64, payload []byte, n int, ok bool) {
+// parseRecord reads the record at the start of data: its segment, LSN,
+// payload and length in the file, or ok false when it is cut short or fails
+// its checksum.
+func parseRecord(data []byte) (seg, lsn uint64, payload []byte, n int, ok bool) {
 	if len(data) < recHeader {
-		return 0, nil, 0, false
+		return 0, 0, nil, 0, false
 	}
 	size := binary.BigEndian.Uint32(data[0:4])
 	if size > maxRecord || int(size) > len(data)-recHeader {
-		return 0, nil, 0, false
+		return 0, 0, nil, 0, false
 	}
 	rec := data[:recHeader+int(size)]
 	if binary.BigEndian.Uint32(rec[4:8]) != recordCRC(rec) {
-		return 0, nil, 0, false
+		return 0, 0, nil, 0, false
 	}
-	return binary.BigEndian.Uint64(rec[8:16]), rec[recHeader:], len(rec), true
+	return binary.BigEndian.Uint64(rec[8:16]), binary.BigEndian.Uint64(rec[16:24]), rec[recHeader:], len(rec), true
+}
+
+// allZero reports whether b holds zeros only.
+func allZero(b []byte) bool {
+	for _, c := range b {
+		if c != 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// hasRecord reports whether data starts with a record of segment seg.
+func hasRecord(data []byte, seg uint64) bool {
+	got, _, _, _, ok := parseRecord(data)
+	return ok && got == seg
 }
 
 // decodePayload reads a record's writes into a write set.
@@ -223,22 +252,28 @@ func readLog(path string, folded uint64) (logState, error) {
 	}
 	var expect uint64 // the LSN the next record must have; 0 before the first
 	for i, data := range datas {
-		name := segmentName(path, segs[i])
+		name := filepath.Base(segmentName(path, segs[i]))
 		for off := 0; off < len(data); {
-			lsn, payload, n, ok := parseRecord(data[off:])
+			seg, lsn, payload, n, ok := parseRecord(data[off:])
+			if ok && seg != segs[i] {
+				break // a record of the file's earlier use: the end
+			}
 			if !ok {
-				laterData := false
-				for _, d := range datas[i+1:] {
-					laterData = laterData || len(d) > 0
+				if allZero(data[off:min(len(data), off+recHeader)]) {
+					break // zeros where a header would be: the end
 				}
-				if laterData || validAfter(data[off:], expect) {
-					return st, damaged(path, "log segment %s has a damaged record at byte %d with acknowledged records after it", filepath.Base(name), off)
+				laterRecords := false
+				for j, d := range datas[i+1:] {
+					laterRecords = laterRecords || hasRecord(d, segs[i+1+j])
 				}
-				st.torn = fmt.Sprintf("%s at byte %d (%d bytes)", filepath.Base(name), off, len(data)-off)
+				if laterRecords || validAfter(data[off:], segs[i], expect) {
+					return st, damaged(path, "log segment %s has a damaged record at byte %d with acknowledged records after it", name, off)
+				}
+				st.torn = fmt.Sprintf("%s at byte %d", name, off)
 				break
 			}
 			if expect != 0 && lsn != expect {
-				return st, damaged(path, "log segment %s: record %d follows record %d", filepath.Base(name), lsn, expect-1)
+				return st, damaged(path, "log segment %s: record %d follows record %d", name, lsn, expect-1)
 			}
 			expect = lsn + 1
 			off += n
@@ -246,11 +281,11 @@ func readLog(path string, folded uint64) (logState, error) {
 				continue
 			}
 			if len(st.records) == 0 && lsn != folded+1 {
-				return st, damaged(path, "log segment %s starts at record %d, but the database holds records up to %d only", filepath.Base(name), lsn, folded)
+				return st, damaged(path, "log segment %s starts at record %d, but the database holds records up to %d only", name, lsn, folded)
 			}
 			w, err := decodePayload(payload)
 			if err != nil {
-				return st, damaged(path, "log segment %s, record %d: %v", filepath.Base(name), lsn, err)
+				return st, damaged(path, "log segment %s, record %d: %v", name, lsn, err)
 			}
 			st.records = append(st.records, logRecord{lsn: lsn, w: w, size: int64(n)})
 			st.last = lsn
@@ -262,7 +297,7 @@ func readLog(path string, folded uint64) (logState, error) {
 // validAfter reports whether a valid record with the expected LSN follows the
 // bad one at the start of data, as its length field says: then the bad record
 // is damage in the middle of the log, not a torn end.
-func validAfter(data []byte, expect uint64) bool {
+func validAfter(data []byte, seg, expect uint64) bool {
 	if len(data) < recHeader {
 		return false
 	}
@@ -270,8 +305,8 @@ func validAfter(data []byte, expect uint64) bool {
 	if size > maxRecord || int(size) > len(data)-recHeader {
 		return false
 	}
-	lsn, _, _, ok := parseRecord(data[recHeader+int(size):])
-	return ok && (expect == 0 || lsn == expect+1)
+	got, lsn, _, _, ok := parseRecord(data[recHeader+int(size):])
+	return ok && got == seg && (expect == 0 || lsn == expect+1)
 }
 
 // readFolded returns the LSN of the last log record in the tree.
@@ -435,20 +470,65 @@ func removeSegments(path string, segs []uint64) error {
 type logWriter struct {
 	f    *os.File
 	seg  uint64
-	size int64
+	size int64 // where the next record goes
 }
 
-// createSegment creates log segment n of the database at path, durably (the
-// directory synced), so that records acknowledged in it are found after a
-// crash.
-func createSegment(path string, n uint64) (*logWriter, error) {
+// createSegment creates log segment n of the database at path, filled with
+// prealloc zeros, durably (data and directory synced), so that records
+// acknowledged in it are found after a crash.
+func createSegment(path string, n uint64, prealloc int64) (*logWriter, error) {
 	f, err := os.OpenFile(segmentName(path, n), os.O_CREATE|os.O_EXCL|os.O_RDWR, 0o600)
 	if err != nil {
 		return nil, translate(fmt.Errorf("create log segment: %w", err))
+	}
+	if err := fillZeros(f, 0, prealloc); err != nil {
+		_ = f.Close()
+		return nil, err
 	}
 	if err := syncDirectory(filepath.Dir(path)); err != nil {
 		_ = f.Close()
 		return nil, err
 	}
 	return &logWriter{f: f, seg: n}, nil
+}
+
+// recycleSegment renames the folded segment old to n, to be written over,
+// extended with zeros to prealloc if it is shorter, durably.
+func recycleSegment(path string, old, n uint64, prealloc int64) (*logWriter, error) {
+	if err := os.Rename(segmentName(path, old), segmentName(path, n)); err != nil {
+		return nil, translate(fmt.Errorf("recycle log segment: %w", err))
+	}
+	f, err := os.OpenFile(segmentName(path, n), os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, translate(fmt.Errorf("recycle log segment: %w", err))
+	}
+	fi, err := f.Stat()
+	if err == nil && fi.Size() < prealloc {
+		err = fillZeros(f, fi.Size(), prealloc)
+	}
+	if err == nil {
+		err = syncDirectory(filepath.Dir(path))
+	}
+	if err != nil {
+		_ = f.Close()
+		return nil, translate(err)
+	}
+	return &logWriter{f: f, seg: n}, nil
+}
+
+// fillZeros writes zeros from from up to size and syncs them.
+func fillZeros(f *os.File, from, size int64) error {
+	if size <= from {
+		return nil
+	}
+	zeros := make([]byte, min(size-from, 1<<20))
+	for off := from; off < size; off += int64(len(zeros)) {
+		if _, err := f.WriteAt(zeros[:min(int64(len(zeros)), size-off)], off); err != nil {
+			return translate(fmt.Errorf("lay down a log segment: %w", err))
+		}
+	}
+	if err := fdatasync(f); err != nil {
+		return translate(fmt.Errorf("lay down a log segment: %w", err))
+	}
+	return nil
 }
