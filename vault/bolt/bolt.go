@@ -565,7 +565,7 @@ func translate(err error) error {
 		errors.Is(err, bolterrors.ErrIncompatibleValue), errors.Is(err, bolterrors.ErrMaxSizeReached):
 		return fmt.Errorf("%w: %s", vault.ErrStorage, err.Error())
 	}
-	if errors.Is(err, vault.ErrNoSpace) {
+	if errors.Is(err, vault.ErrNoSpace) || errors.Is(err, vault.ErrDamaged) {
 		return err
 	}
 	if errors.Is(err, syscall.ENOSPC) {

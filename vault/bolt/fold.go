@@ -15,7 +15,7 @@ import (
 // the same pages (a key's counters, the last page of an appended bucket) one
 // fold writes once. The records are durable in the log meanwhile; the delay
 // bounds only the memory the layer takes and how much Open replays.
-const foldDelay = 20 * time.Millisecond
+const foldDelay = 100 * time.Millisecond
 
 // crashHook is called by the log and the folder at each step (tests: the
 // crash children end the process there). tear, at "write", writes the first

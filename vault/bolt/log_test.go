@@ -193,3 +193,72 @@ func TestLogFoldedSegmentSkipped(t *testing.T) {
 	require.NoError(t, err)
 	assert.Len(t, segs, 1, "only the new segment: the stale one is removed")
 }
+
+// TestCheckFileReadsTheLog: keybrake check on the file a killed server left
+// checks it with the log's records over it — the state the next start opens
+// — without applying them; without its log the same file lacks them, and a
+// damaged log is a damaged file.
+func TestCheckFileReadsTheLog(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	clock := vaulttest.NewClock(vaulttest.T0)
+	s, path := MustOpen(t, clock)
+	vaulttest.MustUpstream(t, s, "sk_test_abcdef1234")
+	key, _ := vaulttest.MustMint(t, s, "k", vaulttest.Policy(t, "5000.00", "20000.00", ""), nil)
+	resume := stopFolds(s)
+	reserveAll(t, s, key.ID, []string{"a", "b", "c"})
+	image := filepath.Join(t.TempDir(), "keybrake.db")
+	copyStore(t, path, image)
+	segNum := s.logw.seg
+	resume()
+
+	rep, err := CheckFile(ctx, image, 0, vaulttest.QuietLogger())
+	require.NoError(t, err)
+	assert.True(t, rep.OK(), "%+v", rep)
+	assert.Equal(t, 3, rep.Records, "the three records only the log holds")
+	segs, err := listSegments(image)
+	require.NoError(t, err)
+	assert.NotEmpty(t, segs, "check applies nothing: the log is still there")
+
+	bare := filepath.Join(t.TempDir(), "keybrake.db")
+	copyFile(t, image, bare)
+	rep, err = CheckFile(ctx, bare, 0, vaulttest.QuietLogger())
+	require.NoError(t, err)
+	assert.Zero(t, rep.Records, "without its log the file holds none of them")
+
+	data, err := os.ReadFile(segmentName(image, segNum))
+	require.NoError(t, err)
+	data[recHeader+2] ^= 0x10
+	require.NoError(t, os.WriteFile(segmentName(image, segNum), data, 0o600))
+	_, err = CheckFile(ctx, image, 0, vaulttest.QuietLogger())
+	require.ErrorIs(t, err, vault.ErrDamaged)
+}
+
+// TestBackupHoldsWhatTheLogHeld: a hot backup taken while the last holds are
+// in the log alone (the fold not yet run) holds them: it folds first, and the
+// copy, opened without any log beside it, has every hold acknowledged before.
+func TestBackupHoldsWhatTheLogHeld(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	clock := vaulttest.NewClock(vaulttest.T0)
+	s, _ := MustOpen(t, clock)
+	vaulttest.MustUpstream(t, s, "sk_test_abcdef1234")
+	key, _ := vaulttest.MustMint(t, s, "k", vaulttest.Policy(t, "5000.00", "20000.00", ""), nil)
+	resume := stopFolds(s)
+	holds := reserveAll(t, s, key.ID, []string{"a", "b"})
+	resume() // the folder now waits for its delay; the backup folds at once
+	copyPath := filepath.Join(t.TempDir(), "backup.db")
+	f, err := os.Create(copyPath)
+	require.NoError(t, err)
+	_, err = s.Backup(ctx, f)
+	require.NoError(t, err)
+	require.NoError(t, f.Close())
+
+	restored := MustOpenPath(t, copyPath, clock)
+	got := allHolds(t, restored)
+	for _, id := range holds {
+		assert.Contains(t, got, id)
+	}
+	daily, _ := usageOf(t, restored, key.ID)
+	assert.Equal(t, int64(200), daily.Held)
+}
