@@ -204,13 +204,7 @@ func TestCrashRecovery(t *testing.T) {
 	if vaulttest.Long() {
 		runs = 200
 	}
-	clock := vaulttest.NewClock(vaulttest.T0)
-	s, path := MustOpen(t, clock)
-	vaulttest.MustUpstream(t, s, "sk_test_abcdef1234")
-	for i := range 3 {
-		vaulttest.MustMint(t, s, fmt.Sprintf("crash-%d", i), vaulttest.Policy(t, "5000.00", "20000.00", ""), nil)
-	}
-	require.NoError(t, s.Close())
+	clock, path := crashStore(t)
 
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 0))
 	acknowledged := 0
@@ -257,6 +251,20 @@ func checkAfterCrash(t *testing.T, path string, clock *vaulttest.Clock, log cras
 		}
 	}
 	require.NoError(t, s.Close())
+}
+
+// crashStore makes the store the crash children work on: an upstream and
+// three keys, closed.
+func crashStore(t *testing.T) (*vaulttest.Clock, string) {
+	t.Helper()
+	clock := vaulttest.NewClock(vaulttest.T0)
+	s, path := MustOpen(t, clock)
+	vaulttest.MustUpstream(t, s, "sk_test_abcdef1234")
+	for i := range 3 {
+		vaulttest.MustMint(t, s, fmt.Sprintf("crash-%d", i), vaulttest.Policy(t, "5000.00", "20000.00", ""), nil)
+	}
+	require.NoError(t, s.Close())
+	return clock, path
 }
 
 // runCrashChild starts the child, lets it work for about d after it is ready, kills

@@ -1,7 +1,6 @@
 package bolt
 
 import (
-	"fmt"
 	"os"
 	"strconv"
 	"testing"
@@ -31,13 +30,7 @@ func TestLogCrashRecovery(t *testing.T) {
 	if vaulttest.Long() {
 		counts = []int{1, 2, 5, 13, 40, 111}
 	}
-	clock := vaulttest.NewClock(vaulttest.T0)
-	s, path := MustOpen(t, clock)
-	vaulttest.MustUpstream(t, s, "sk_test_abcdef1234")
-	for i := range 3 {
-		vaulttest.MustMint(t, s, fmt.Sprintf("crash-%d", i), vaulttest.Policy(t, "5000.00", "20000.00", ""), nil)
-	}
-	require.NoError(t, s.Close())
+	clock, path := crashStore(t)
 
 	iter := 0
 	for _, step := range []string{"write", "sync", "synced", "fold", "folded", "removed"} {

@@ -62,6 +62,29 @@ func reserveAll(t *testing.T, s *Store, keyID string, idems []string) map[string
 	return holds
 }
 
+// newKeyStore opens a fresh store with an upstream and one key.
+func newKeyStore(t *testing.T) (*Store, string, *vaulttest.Clock, vault.Key) {
+	t.Helper()
+	clock := vaulttest.NewClock(vaulttest.T0)
+	s, path := MustOpen(t, clock)
+	vaulttest.MustUpstream(t, s, "sk_test_abcdef1234")
+	key, _ := vaulttest.MustMint(t, s, "k", vaulttest.Policy(t, "5000.00", "20000.00", ""), nil)
+	return s, path, clock, key
+}
+
+// crashImage reserves one charge per idempotency key with the folds stopped
+// and copies the store at path as a crash would leave it (the holds in the
+// log only): the holds, the copy's path and the number of its segment.
+func crashImage(t *testing.T, s *Store, path, keyID string, idems ...string) (map[string]string, string, uint64) {
+	t.Helper()
+	resume := stopFolds(s)
+	defer resume()
+	holds := reserveAll(t, s, keyID, idems)
+	image := filepath.Join(t.TempDir(), "keybrake.db")
+	copyStore(t, path, image)
+	return holds, image, s.logw.seg
+}
+
 // TestLogTornTail: a crash (a power cut) in the middle of appending a record
 // leaves any prefix of it, or the prefix and garbage, at the end of the log.
 // For cuts at every byte of the last record's header and across its
@@ -70,17 +93,9 @@ func reserveAll(t *testing.T, s *Store, keyID string, idems []string) map[string
 // the last one is not (its caller never heard of it), and the invariant holds.
 func TestLogTornTail(t *testing.T) {
 	t.Parallel()
-	clock := vaulttest.NewClock(vaulttest.T0)
-	s, path := MustOpen(t, clock)
-	vaulttest.MustUpstream(t, s, "sk_test_abcdef1234")
-	key, _ := vaulttest.MustMint(t, s, "k", vaulttest.Policy(t, "5000.00", "20000.00", ""), nil)
-	resume := stopFolds(s)
-	holds := reserveAll(t, s, key.ID, []string{"a", "b", "c"})
-	image := filepath.Join(t.TempDir(), "image.db")
-	copyStore(t, path, image)
-	segNum := s.logw.seg
+	s, path, clock, key := newKeyStore(t)
+	holds, image, segNum := crashImage(t, s, path, key.ID, "a", "b", "c")
 	seg := segmentName(image, segNum)
-	resume()
 	data, err := os.ReadFile(seg)
 	require.NoError(t, err)
 	offs := recordOffsets(t, data)
@@ -132,17 +147,9 @@ func TestLogTornTail(t *testing.T) {
 // (ErrDamaged) rather than drop what was acknowledged, and names the segment.
 func TestLogDamageBeforeTheEnd(t *testing.T) {
 	t.Parallel()
-	clock := vaulttest.NewClock(vaulttest.T0)
-	s, path := MustOpen(t, clock)
-	vaulttest.MustUpstream(t, s, "sk_test_abcdef1234")
-	key, _ := vaulttest.MustMint(t, s, "k", vaulttest.Policy(t, "5000.00", "20000.00", ""), nil)
-	resume := stopFolds(s)
-	reserveAll(t, s, key.ID, []string{"a", "b", "c"})
-	image := filepath.Join(t.TempDir(), "image.db")
-	copyStore(t, path, image)
-	segNum := s.logw.seg
+	s, path, clock, key := newKeyStore(t)
+	_, image, segNum := crashImage(t, s, path, key.ID, "a", "b", "c")
 	seg := segmentName(image, segNum)
-	resume()
 	data, err := os.ReadFile(seg)
 	require.NoError(t, err)
 	offs := recordOffsets(t, data)
@@ -166,10 +173,7 @@ func TestLogDamageBeforeTheEnd(t *testing.T) {
 func TestLogFoldedSegmentSkipped(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	clock := vaulttest.NewClock(vaulttest.T0)
-	s, path := MustOpen(t, clock)
-	vaulttest.MustUpstream(t, s, "sk_test_abcdef1234")
-	key, _ := vaulttest.MustMint(t, s, "k", vaulttest.Policy(t, "5000.00", "20000.00", ""), nil)
+	s, path, clock, key := newKeyStore(t)
 	resume := stopFolds(s)
 	holds := reserveAll(t, s, key.ID, []string{"a"})
 	require.NoError(t, s.Settle(ctx, vault.SettleRequest{KeyID: key.ID, IdempotencyKey: "a", Outcome: vault.SettleUnknown}))
@@ -201,16 +205,8 @@ func TestLogFoldedSegmentSkipped(t *testing.T) {
 func TestCheckFileReadsTheLog(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	clock := vaulttest.NewClock(vaulttest.T0)
-	s, path := MustOpen(t, clock)
-	vaulttest.MustUpstream(t, s, "sk_test_abcdef1234")
-	key, _ := vaulttest.MustMint(t, s, "k", vaulttest.Policy(t, "5000.00", "20000.00", ""), nil)
-	resume := stopFolds(s)
-	reserveAll(t, s, key.ID, []string{"a", "b", "c"})
-	image := filepath.Join(t.TempDir(), "keybrake.db")
-	copyStore(t, path, image)
-	segNum := s.logw.seg
-	resume()
+	s, path, _, key := newKeyStore(t)
+	_, image, segNum := crashImage(t, s, path, key.ID, "a", "b", "c")
 
 	rep, err := CheckFile(ctx, image, 0, vaulttest.QuietLogger())
 	require.NoError(t, err)
