@@ -82,9 +82,6 @@ func (l *layer) seq(b engine.Bucket, lsn uint64) (uint64, bool) {
 	return 0, false
 }
 
-// has reports whether l has any write to b at or before lsn.
-func (l *layer) has(b engine.Bucket) bool { return len(l.keys[b]) > 0 }
-
 // apply adds the writes of the record lsn to l. The caller holds l.mu.
 func (l *layer) apply(lsn uint64, w *writeSet, size int64) {
 	for b := range w.keys {
