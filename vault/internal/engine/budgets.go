@@ -16,23 +16,23 @@ import (
 
 // budgetRec is a budget as stored (JSON in the budgets bucket).
 type budgetRec struct {
-	ID          string             `json:"id"`
-	Name        string             `json:"name"`
-	Parent      string             `json:"parent,omitempty"`
-	Currency    string             `json:"currency"`
-	DailyCap    *decimal.Decimal   `json:"daily_cap,omitempty"`
-	PeriodCap   *decimal.Decimal   `json:"period_cap,omitempty"`
-	PeriodStart time.Time          `json:"period_start"`
-	ExpiresAt   time.Time          `json:"expires_at,omitzero"`
-	Timezone    string             `json:"timezone"`
-	Velocity    []policy.Velocity  `json:"velocity,omitempty"`
-	Labels      map[string]string  `json:"labels,omitempty"`
-	Children    int                `json:"children"`
-	Keys        int                `json:"keys"`
-	Version     uint64             `json:"version"`
-	CreatedAt   time.Time          `json:"created_at"`
-	UpdatedAt   time.Time          `json:"updated_at"`
-	limits      *policy.Policy     // memo of Limits, per transaction
+	ID          string            `json:"id"`
+	Name        string            `json:"name"`
+	Parent      string            `json:"parent,omitempty"`
+	Currency    string            `json:"currency"`
+	DailyCap    *decimal.Decimal  `json:"daily_cap,omitempty"`
+	PeriodCap   *decimal.Decimal  `json:"period_cap,omitempty"`
+	PeriodStart time.Time         `json:"period_start"`
+	ExpiresAt   time.Time         `json:"expires_at,omitzero"`
+	Timezone    string            `json:"timezone"`
+	Velocity    []policy.Velocity `json:"velocity,omitempty"`
+	Labels      map[string]string `json:"labels,omitempty"`
+	Children    int               `json:"children"`
+	Keys        int               `json:"keys"`
+	Version     uint64            `json:"version"`
+	CreatedAt   time.Time         `json:"created_at"`
+	UpdatedAt   time.Time         `json:"updated_at"`
+	limits      *policy.Policy    // memo of Limits, per transaction
 }
 
 func (r *budgetRec) public() vault.Budget {
