@@ -34,7 +34,7 @@ func TestAgentSeesItsBudgetChain(t *testing.T) {
 	require.Equal(t, http.StatusOK, r.Status, "%s", r.Body)
 	var me struct {
 		Budgets []struct {
-			Scope  map[string]string `json:"scope"`
+			Scope  map[string]string            `json:"scope"`
 			Daily  *struct{ Remaining *string } `json:"daily"`
 			Period *struct{ Remaining *string } `json:"period"`
 		} `json:"budgets"`
