@@ -86,4 +86,10 @@ var suite = []struct {
 	{"DaylightSavingDay", testDaylightSavingDay},
 	{"NoSecretOrTokenStored", testNoSecretOrTokenStored},
 	{"Backup", testBackup},
+	{"WebhookLifecycle", testWebhookLifecycle},
+	{"ThresholdOnceUnderConcurrency", testThresholdOnceUnderConcurrency},
+	{"SpendCapRefusedOnce", testSpendCapRefusedOnce},
+	{"EmitEventInItsTransaction", testEmitEventInItsTransaction},
+	{"DeliveryLeaseAndSchedule", testDeliveryLeaseAndSchedule},
+	{"KeyExpiringAndPrune", testKeyExpiringAndPrune},
 }

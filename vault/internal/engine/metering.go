@@ -27,6 +27,8 @@ type reservePlan struct {
 	// hold is added to.
 	counters []counter
 	event    *vault.Event
+	// key is the key the plan decided under, for the events it causes.
+	key *keyRec
 }
 
 func validateReserve(req *vault.ReserveRequest) error {
@@ -63,7 +65,10 @@ func (s *Engine) reserveTx(tx Tx, now time.Time, req *vault.ReserveRequest, pk *
 	if err != nil {
 		return txResult[vault.ReserveResult]{}, err
 	}
-	return pl.res, pl.apply(tx)
+	if err := pl.apply(tx); err != nil {
+		return txResult[vault.ReserveResult]{}, err
+	}
+	return pl.res, s.noticeReserve(tx, now, req, pl)
 }
 
 // planReserve reads everything Reserve needs in tx and decides. It writes nothing.
@@ -157,7 +162,7 @@ func (s *Engine) planNew(tx Tx, now time.Time, req *vault.ReserveRequest, res va
 	}
 	dec := policy.DecideIn(&key.Policy, windows, usage, req.Request, now)
 	res.Decision = dec
-	pl := &reservePlan{counters: counters}
+	pl := &reservePlan{counters: counters, key: key}
 	if !dec.Allowed {
 		res.Outcome = vault.ReserveRefused
 		pl.res = accept(res)
@@ -463,6 +468,9 @@ func settleWrites(tx Tx, now time.Time, req *vault.SettleRequest, rec *recordRec
 		}
 		if hold != nil {
 			hold.State = vault.HoldUnknown
+			if err := noticeUnknown(tx, now, hold); err != nil {
+				return err
+			}
 		}
 	case vault.SettleAbandon:
 		if rec.Fresh {
@@ -483,6 +491,9 @@ func settleWrites(tx Tx, now time.Time, req *vault.SettleRequest, rec *recordRec
 		rec.State, rec.LeaseUntil = vault.RecordUnknown, time.Time{}
 		if hold != nil {
 			hold.State = vault.HoldUnknown
+			if err := noticeUnknown(tx, now, hold); err != nil {
+				return err
+			}
 		}
 	}
 	rec.UpdatedAt = now
@@ -674,6 +685,9 @@ func recoverRecord(tx Tx, now time.Time, r *recordRec) error {
 	r.State, r.LeaseUntil, r.Fresh, r.UpdatedAt = vault.RecordUnknown, time.Time{}, false, now
 	if r.Hold != nil {
 		r.Hold.State = vault.HoldUnknown
+		if err := noticeUnknown(tx, now, r.Hold); err != nil {
+			return err
+		}
 	}
 	return putRecord(tx, r)
 }
