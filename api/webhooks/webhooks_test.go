@@ -120,7 +120,10 @@ func TestDelivererOutcomes(t *testing.T) {
 		}
 	}
 	mux.HandleFunc("/ok", func(w http.ResponseWriter, r *http.Request) { check(r); w.WriteHeader(http.StatusNoContent) })
-	mux.HandleFunc("/moved", func(w http.ResponseWriter, r *http.Request) { check(r); http.Redirect(w, r, "/elsewhere", http.StatusFound) })
+	mux.HandleFunc("/moved", func(w http.ResponseWriter, r *http.Request) {
+		check(r)
+		http.Redirect(w, r, "/elsewhere", http.StatusFound)
+	})
 	mux.HandleFunc("/elsewhere", func(w http.ResponseWriter, _ *http.Request) { followed.Add(1) })
 	mux.HandleFunc("/gone", func(w http.ResponseWriter, r *http.Request) { check(r); w.WriteHeader(http.StatusGone) })
 	srv := httptest.NewServer(mux)
