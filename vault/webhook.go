@@ -196,6 +196,10 @@ type WebhookStore interface {
 	// expires within 7 days or within 1 day, once each; it returns how many
 	// events it wrote.
 	NoticeExpiringKeys(ctx context.Context) (int, error)
+	// NoticeUpstreamAuthFailed emits upstream.auth_failed for Stripe's
+	// refusal (status 401 or 403) of the upstream's secret, at most once per
+	// upstream and hour.
+	NoticeUpstreamAuthFailed(ctx context.Context, upstream string, status int, keyID, operation string) error
 	// PruneDeliveries removes the deliveries done (delivered or failed)
 	// longer ago than the ledger retention, and the once-marks whose window
 	// has ended; it returns how many entries it removed.

@@ -92,4 +92,6 @@ var suite = []struct {
 	{"EmitEventInItsTransaction", testEmitEventInItsTransaction},
 	{"DeliveryLeaseAndSchedule", testDeliveryLeaseAndSchedule},
 	{"KeyExpiringAndPrune", testKeyExpiringAndPrune},
+	{"UpstreamAuthFailedHourly", testUpstreamAuthFailedHourly},
+	{"HoldUnknownEvent", testHoldUnknownEvent},
 }

@@ -404,3 +404,44 @@ func testKeyExpiringAndPrune(t *testing.T) {
 	require.NoError(t, err)
 	assert.Empty(t, ds)
 }
+
+// testUpstreamAuthFailedHourly: upstream.auth_failed at most once per
+// upstream and hour.
+func testUpstreamAuthFailedHourly(t *testing.T) {
+	clock := NewClock(t0)
+	s := mustOpen(t, clock)
+	ctx := context.Background()
+	MustWebhook(t, s, []string{vault.EventUpstreamAuthFailed}, nil)
+	for range 3 {
+		require.NoError(t, s.NoticeUpstreamAuthFailed(ctx, "default", 401, "key_1", "charges.create"))
+	}
+	require.NoError(t, s.NoticeUpstreamAuthFailed(ctx, "other", 403, "key_2", "refunds.create"))
+	got := eventsOf(t, deliverAll(t, s), vault.EventUpstreamAuthFailed)
+	require.Len(t, got, 2)
+	assert.Equal(t, "default", got[0]["upstream"])
+	assert.Equal(t, float64(401), got[0]["status"])
+	clock.Advance(time.Hour)
+	require.NoError(t, s.NoticeUpstreamAuthFailed(ctx, "default", 401, "key_1", "charges.create"))
+	assert.Len(t, eventsOf(t, deliverAll(t, s), vault.EventUpstreamAuthFailed), 1, "the next hour")
+}
+
+// testHoldUnknownEvent: a settle that leaves the outcome unknown emits
+// hold.unknown, once per hold.
+func testHoldUnknownEvent(t *testing.T) {
+	clock := NewClock(t0)
+	s := mustOpen(t, clock)
+	MustUpstream(t, s, "sk_test_x")
+	key, _ := MustMint(t, s, "cust_4", Policy(t, "100.00", "", ""), nil)
+	MustWebhook(t, s, []string{vault.EventHoldUnknown}, nil)
+	res := MustReserve(t, s, Charge(key.ID, "u1", 1234))
+	MustSettle(t, s, vault.SettleRequest{KeyID: key.ID, IdempotencyKey: "u1", Outcome: vault.SettleUnknown})
+	got := eventsOf(t, deliverAll(t, s), vault.EventHoldUnknown)
+	require.Len(t, got, 1)
+	assert.Equal(t, res.Hold.ID, got[0]["hold_id"])
+	assert.Equal(t, "12.34", got[0]["amount"])
+	assert.Equal(t, "cust_4", got[0]["key"].(map[string]any)["name"])
+	// Resumed and unknown again: the same hold, no second event.
+	require.Equal(t, vault.ReserveResume, MustReserve(t, s, Charge(key.ID, "u1", 1234)).Outcome)
+	MustSettle(t, s, vault.SettleRequest{KeyID: key.ID, IdempotencyKey: "u1", Outcome: vault.SettleUnknown})
+	assert.Empty(t, eventsOf(t, deliverAll(t, s), vault.EventHoldUnknown))
+}

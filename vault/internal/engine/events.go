@@ -356,3 +356,31 @@ func (s *Engine) PruneDeliveries(ctx context.Context) (int, error) {
 		}
 	}
 }
+
+// upstreamAuthData is upstream.auth_failed's data.
+type upstreamAuthData struct {
+	Upstream  string    `json:"upstream"`
+	Status    int       `json:"status"`
+	KeyID     string    `json:"key_id"`
+	Operation string    `json:"operation"`
+	At        time.Time `json:"at"`
+}
+
+// NoticeUpstreamAuthFailed emits upstream.auth_failed at most once per
+// upstream and hour: a wrong secret fails every request, and one event an
+// hour says so without a flood. The refusal itself changes nothing in the
+// store (the attempt is abandoned in its own settle), so the event has a
+// transaction of its own.
+func (s *Engine) NoticeUpstreamAuthFailed(ctx context.Context, upstream string, status int, keyID, operation string) error {
+	err := s.b.Update(ctx, func(tx Tx, now time.Time) error {
+		hour := now.UTC().Truncate(time.Hour)
+		data := upstreamAuthData{Upstream: upstream, Status: status, KeyID: keyID, Operation: operation, At: now.UTC()}
+		_, err := EmitOnce(tx, now, markKey("upstream.auth_failed", upstream, strconv.FormatInt(hour.Unix(), 10)),
+			hour.Add(2*time.Hour), vault.EventUpstreamAuthFailed, data)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("notice upstream auth failure: %w", err)
+	}
+	return nil
+}
