@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/keybrake/keybrake/policy"
 	"github.com/keybrake/keybrake/vault"
 	"github.com/keybrake/keybrake/vault/internal/engine"
 )
@@ -444,4 +445,41 @@ func testHoldUnknownEvent(t *testing.T) {
 	require.Equal(t, vault.ReserveResume, MustReserve(t, s, Charge(key.ID, "u1", 1234)).Outcome)
 	MustSettle(t, s, vault.SettleRequest{KeyID: key.ID, IdempotencyKey: "u1", Outcome: vault.SettleUnknown})
 	assert.Empty(t, eventsOf(t, deliverAll(t, s), vault.EventHoldUnknown))
+}
+
+// testBudgetEvents: a budget shared by two keys crosses its threshold once,
+// named as the budget; a refusal by the budget's cap names the budget; a
+// velocity refusal is reported once per scope and minute.
+func testBudgetEvents(t *testing.T) {
+	clock := NewClock(t0)
+	s := mustOpen(t, clock)
+	MustUpstream(t, s, "sk_test_x")
+	b := MustBudget(t, s, "team", "", "10.00", "")
+	k1, _ := MustMint(t, s, "k1", underBudget(t, b.ID), nil)
+	k2, _ := MustMint(t, s, "k2", underBudget(t, b.ID), nil)
+	MustWebhook(t, s, []string{vault.EventThresholdCrossed, vault.EventSpendCapRefused, vault.EventVelocityRefused}, []int{50})
+	for i := range 4 {
+		MustReserve(t, s, Charge(k1.ID, Idem(i), 100))
+		MustReserve(t, s, Charge(k2.ID, Idem(i), 100))
+	}
+	require.Equal(t, vault.ReserveRefused, MustReserve(t, s, Charge(k2.ID, "over", 500)).Outcome)
+	jobs := deliverAll(t, s)
+	crossings := eventsOf(t, jobs, vault.EventThresholdCrossed)
+	require.Len(t, crossings, 1, "the budget's 50%, once, whichever key's hold reached it")
+	assert.Equal(t, map[string]any{"kind": "budget", "id": b.ID, "name": "team"}, crossings[0]["scope"])
+	assert.Equal(t, "5.00", crossings[0]["held"])
+	refusals := eventsOf(t, jobs, vault.EventSpendCapRefused)
+	require.Len(t, refusals, 1)
+	assert.Equal(t, "budget", refusals[0]["scope"].(map[string]any)["kind"])
+
+	p := Policy(t, "1000.00", "", "")
+	p.Velocity = []policy.Velocity{{Count: 2, Per: "1m"}}
+	fast, _ := MustMint(t, s, "fast", p, nil)
+	for i := range 5 {
+		MustReserve(t, s, Charge(fast.ID, fmt.Sprintf("v%d", i), 100))
+	}
+	v := eventsOf(t, deliverAll(t, s), vault.EventVelocityRefused)
+	require.Len(t, v, 1, "three refusals in one minute, one event")
+	assert.Equal(t, float64(2), v[0]["count"])
+	assert.Equal(t, fast.ID, v[0]["scope"].(map[string]any)["id"])
 }

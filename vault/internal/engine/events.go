@@ -18,12 +18,8 @@ import (
 // a key, or anything else with cap windows (a budget) — so every scope with
 // windows plugs into the same rules.
 
-// Scope names what a cap belongs to, as events show it.
-type Scope struct {
-	Kind string `json:"kind"` // "key" or "budget"
-	ID   string `json:"id"`
-	Name string `json:"name"`
-}
+// Scope names what a cap belongs to, as events show it: a key or a budget.
+type Scope = policy.Scope
 
 // ScopeWindow is one of a scope's windows with its usage after a change.
 type ScopeWindow struct {
@@ -61,7 +57,7 @@ type refusalData struct {
 // windowMark names one instance of a scope's window: its id and its start
 // (a period window keeps its id when its start is changed).
 func windowMark(kind string, sc Scope, w policy.Window) string {
-	return markKey(kind, sc.Kind, sc.ID, string(w.ID), strconv.FormatInt(w.Start.Unix(), 10))
+	return markKey(kind, string(sc.Kind), sc.ID, string(w.ID), strconv.FormatInt(w.Start.Unix(), 10))
 }
 
 // markUntil is how long a window's mark is kept: a day past its end.
@@ -172,38 +168,105 @@ func (s *Engine) NoticeRefusal(tx Tx, now time.Time, sc Scope, currency, operati
 }
 
 // keyScope is a vault key as a scope.
-func keyScope(k *keyRec) Scope { return Scope{Kind: "key", ID: k.ID, Name: k.Name} }
+func keyScope(k *keyRec) Scope { return k.scope() }
 
 // noticeReserve emits what a Reserve's plan caused: a threshold its new hold
-// reached, or a refusal by one of the key's cap windows.
+// reached on the key's windows or on a budget's of its chain, or a refusal by
+// one of their cap windows or velocity limits.
 func (s *Engine) noticeReserve(tx Tx, now time.Time, req *vault.ReserveRequest, pl *reservePlan) error {
 	if pl.key == nil || pl.res.err != nil {
 		return nil
 	}
 	cur := pl.key.Policy.EffectiveCurrency()
 	res := pl.res.val
+	var links []policy.ChainLink
+	if pl.chain != nil {
+		links = pl.chain.links
+	}
 	switch {
 	case pl.newHold && pl.record != nil && pl.record.Hold != nil:
 		amount := pl.record.Hold.Amount
-		sws := make([]ScopeWindow, len(pl.windows))
-		for i, w := range pl.windows {
-			sws[i] = ScopeWindow{Window: w, Committed: pl.counters[i].Committed, Held: pl.counters[i].Held + amount}
+		after := func(from, n int) []ScopeWindow {
+			sws := make([]ScopeWindow, 0, n)
+			for i := from; i < from+n && i < len(pl.windows) && i < len(pl.counters); i++ {
+				sws = append(sws, ScopeWindow{Window: pl.windows[i], Committed: pl.counters[i].Committed, Held: pl.counters[i].Held + amount})
+			}
+			return sws
 		}
-		return s.NoticeUsage(tx, now, keyScope(pl.key), cur, sws)
+		chainLen := 0
+		for _, l := range links {
+			chainLen += len(l.Windows)
+		}
+		at := len(pl.windows) - chainLen
+		if err := s.NoticeUsage(tx, now, keyScope(pl.key), cur, after(0, at)); err != nil {
+			return err
+		}
+		for _, l := range links {
+			if err := s.NoticeUsage(tx, now, l.Scope, l.Currency, after(at, len(l.Windows))); err != nil {
+				return err
+			}
+			at += len(l.Windows)
+		}
 	case res.Outcome == vault.ReserveRefused && res.Decision.Reason == policy.ReasonCapExceeded:
+		dec := res.Decision
+		if dec.Scope.Kind == policy.ScopeBudget {
+			for _, l := range links {
+				if l.Scope.ID != dec.Scope.ID {
+					continue
+				}
+				for _, w := range l.Windows {
+					if w.Kind == dec.Cap {
+						u := l.Usage[w.ID]
+						return s.NoticeRefusal(tx, now, l.Scope, l.Currency, req.Request.Operation, req.Request.Amount,
+							ScopeWindow{Window: w, Committed: u.Committed, Held: u.Held})
+					}
+				}
+			}
+			return nil
+		}
 		windows, err := pl.key.Policy.Windows(now)
 		if err != nil {
 			return err
 		}
 		for i, w := range windows {
-			if w.Kind != res.Decision.Cap || i >= len(pl.counters) {
+			if w.Kind != dec.Cap || i >= len(pl.counters) {
 				continue
 			}
 			sw := ScopeWindow{Window: w, Committed: pl.counters[i].Committed, Held: pl.counters[i].Held}
 			return s.NoticeRefusal(tx, now, keyScope(pl.key), cur, req.Request.Operation, req.Request.Amount, sw)
 		}
+	case res.Outcome == vault.ReserveRefused && res.Decision.Reason == policy.ReasonVelocityExceeded:
+		return s.noticeVelocity(tx, now, req.Request.Operation, res.Decision)
 	}
 	return nil
+}
+
+// velocityData is velocity.refused's data.
+type velocityData struct {
+	Scope     Scope     `json:"scope"`
+	Count     int       `json:"count"`
+	Per       string    `json:"per"`
+	Operation string    `json:"operation"`
+	RetryAt   time.Time `json:"retry_at"`
+}
+
+// noticeVelocity emits velocity.refused at most once per scope and minute.
+func (s *Engine) noticeVelocity(tx Tx, now time.Time, operation string, dec policy.Decision) error {
+	cfg, err := s.webhooks.get(tx)
+	if err != nil || !cfg.velocity {
+		return err
+	}
+	minute := now.UTC().Truncate(time.Minute)
+	mark := markKey("velocity", string(dec.Scope.Kind), dec.Scope.ID, strconv.FormatInt(minute.Unix(), 10))
+	if len(s.webhooks.knownMarks([]string{mark})) == 0 {
+		return nil
+	}
+	data := velocityData{Scope: dec.Scope, Count: dec.Velocity.Count, Per: dec.Velocity.Per, Operation: operation, RetryAt: dec.RetryAt.UTC()}
+	emitted, err := emitOnce(tx, now, mark, minute.Add(time.Hour), vault.EventVelocityRefused, data, nil)
+	if err == nil && !emitted {
+		s.webhooks.sawMarks([]string{mark})
+	}
+	return err
 }
 
 // holdUnknownData is hold.unknown's data.
@@ -227,7 +290,7 @@ func noticeUnknown(tx Tx, now time.Time, h *holdRec) error {
 		return err
 	}
 	data := holdUnknownData{
-		HoldID: h.ID, Key: Scope{Kind: "key", ID: h.KeyID, Name: keyName}, Operation: h.Operation,
+		HoldID: h.ID, Key: Scope{Kind: policy.ScopeKey, ID: h.KeyID, Name: keyName}, Operation: h.Operation,
 		Currency: h.Currency, Amount: policy.FormatMinor(h.Currency, h.Amount), IdempotencyKey: h.IdempotencyKey, Since: now.UTC(),
 	}
 	_, err := EmitOnce(tx, now, markKey("hold.unknown", h.ID), now.Add(48*time.Hour), vault.EventHoldUnknown, data)

@@ -40,8 +40,15 @@ type Bucket uint8
 //	            record the reaper will remove → empty
 //	rollups     key id "/" window id → the summed deltas of the ledger events the
 //	            retention removed (binary, 24 bytes)
+//	budgets     budget id → budgetRec (JSON); a Get in a write transaction
+//	            locks the budget, as one from keys locks the key
+//	velocity    scope id NUL velocity limit key → the times of the last holds
+//	            counted against it (unix ns, 8 bytes BE each, oldest first)
 //	webhooks, deliveries, delivery_due, delivery_done, event_marks: the
 //	            endpoints and the outbox (outbox.go)
+//
+// A budget's counters are in counters too, under budget id "/" window id; a
+// hold's window ids name them so ("bud_…/day:2026-09-14"), see counterKey.
 const (
 	BucketMeta Bucket = iota
 	BucketUpstreams
@@ -59,6 +66,8 @@ const (
 	BucketCompletions
 	BucketRollups
 	BucketRecords
+	BucketBudgets
+	BucketVelocity
 	BucketWebhooks
 	BucketDeliveries
 	BucketDeliveryDue
@@ -72,6 +81,7 @@ var bucketLabels = [NumBuckets]string{
 	"meta", "upstreams", "keys", "key_tokens", "key_names", "idem",
 	"hold_index", "counters", "events", "audit", "objects", "claims",
 	"inflight", "completions", "rollups", "records",
+	"budgets", "velocity",
 	"webhooks", "deliveries", "delivery_due", "delivery_done", "event_marks",
 }
 
@@ -93,7 +103,7 @@ func Buckets() []Bucket {
 // upstreams, webhook endpoints, deliveries).
 func LocksOnRead(b Bucket) bool {
 	switch b {
-	case BucketKeys, BucketUpstreams, BucketWebhooks, BucketDeliveries:
+	case BucketKeys, BucketUpstreams, BucketBudgets, BucketWebhooks, BucketDeliveries:
 		return true
 	}
 	return false

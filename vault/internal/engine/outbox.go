@@ -285,6 +285,7 @@ type webhookCache struct {
 type hookConfig struct {
 	thresholds []int // sorted, distinct
 	refusals   bool
+	velocity   bool
 }
 
 const webhookCacheTTL = 5 * time.Second
@@ -320,6 +321,9 @@ func (c *webhookCache) get(tx Tx) (hookConfig, error) {
 		}
 		if h.Subscribes(vault.EventSpendCapRefused) {
 			cfg.refusals = true
+		}
+		if h.Subscribes(vault.EventVelocityRefused) {
+			cfg.velocity = true
 		}
 	}
 	slices.Sort(cfg.thresholds)

@@ -1,4 +1,4 @@
--- Version 3: webhooks out. The endpoints, one delivery per event and
+-- Version 4: webhooks out. The endpoints, one delivery per event and
 -- endpoint with the body it sends, the pending deliveries by due time, the
 -- finished ones by completion time (for pruning), and the marks of events
 -- sent once per window or threshold.
