@@ -93,4 +93,13 @@ var suite = []struct {
 	{"DaylightSavingDay", testDaylightSavingDay},
 	{"NoSecretOrTokenStored", testNoSecretOrTokenStored},
 	{"Backup", testBackup},
+	{"WebhookLifecycle", testWebhookLifecycle},
+	{"ThresholdOnceUnderConcurrency", testThresholdOnceUnderConcurrency},
+	{"SpendCapRefusedOnce", testSpendCapRefusedOnce},
+	{"EmitEventInItsTransaction", testEmitEventInItsTransaction},
+	{"DeliveryLeaseAndSchedule", testDeliveryLeaseAndSchedule},
+	{"KeyExpiringAndPrune", testKeyExpiringAndPrune},
+	{"UpstreamAuthFailedHourly", testUpstreamAuthFailedHourly},
+	{"HoldUnknownEvent", testHoldUnknownEvent},
+	{"BudgetEvents", testBudgetEvents},
 }

@@ -44,6 +44,8 @@ type Bucket uint8
 //	            locks the budget, as one from keys locks the key
 //	velocity    scope id NUL velocity limit key → the times of the last holds
 //	            counted against it (unix ns, 8 bytes BE each, oldest first)
+//	webhooks, deliveries, delivery_due, delivery_done, event_marks: the
+//	            endpoints and the outbox (outbox.go)
 //
 // A budget's counters are in counters too, under budget id "/" window id; a
 // hold's window ids name them so ("bud_…/day:2026-09-14"), see counterKey.
@@ -66,6 +68,11 @@ const (
 	BucketRecords
 	BucketBudgets
 	BucketVelocity
+	BucketWebhooks
+	BucketDeliveries
+	BucketDeliveryDue
+	BucketDeliveryDone
+	BucketMarks
 	// NumBuckets counts the buckets.
 	NumBuckets
 )
@@ -75,6 +82,7 @@ var bucketLabels = [NumBuckets]string{
 	"hold_index", "counters", "events", "audit", "objects", "claims",
 	"inflight", "completions", "rollups", "records",
 	"budgets", "velocity",
+	"webhooks", "deliveries", "delivery_due", "delivery_done", "event_marks",
 }
 
 // Name is the bucket's name (bbolt's bucket name).
@@ -89,6 +97,18 @@ func Buckets() []Bucket {
 	return out
 }
 
+// LocksOnRead reports whether a Get from b in a write transaction locks the
+// entry until the transaction ends, on a backend with concurrent writers: the
+// entries that a read-modify-write changes under no vault key's lock (keys and
+// upstreams, webhook endpoints, deliveries).
+func LocksOnRead(b Bucket) bool {
+	switch b {
+	case BucketKeys, BucketUpstreams, BucketBudgets, BucketWebhooks, BucketDeliveries:
+		return true
+	}
+	return false
+}
+
 // Tx is one transaction of a backend: an ordered key-value store of buckets.
 // The engine runs every rule of the vault against it, so the rules are written
 // once, whichever backend stores the bytes.
@@ -99,8 +119,8 @@ func Buckets() []Bucket {
 // as at the end of the bucket, and fails the whole transaction with it.
 type Tx interface {
 	// Get returns the value under k, nil when there is none. In a write
-	// transaction, a Get from BucketKeys, BucketUpstreams or BucketBudgets
-	// locks the entry until the transaction ends (see LockKey).
+	// transaction, a Get from a bucket LocksOnRead names locks the entry
+	// until the transaction ends (see LockKey).
 	Get(b Bucket, k []byte) ([]byte, error)
 	// GetMany returns the values under keys, in their order: nil where there
 	// is none. A backend over a network reads them in one round trip.

@@ -30,6 +30,10 @@ type reservePlan struct {
 	event    *vault.Event
 	// velocity are the velocity limits' new hold times to write.
 	velocity []velocityWrite
+	// key is the key the plan decided under, and chain its budgets', for
+	// the events they cause.
+	key   *keyRec
+	chain *chainPlan
 }
 
 func validateReserve(req *vault.ReserveRequest) error {
@@ -66,7 +70,10 @@ func (s *Engine) reserveTx(tx Tx, now time.Time, req *vault.ReserveRequest, pk *
 	if err != nil {
 		return txResult[vault.ReserveResult]{}, err
 	}
-	return pl.res, pl.apply(tx)
+	if err := pl.apply(tx); err != nil {
+		return txResult[vault.ReserveResult]{}, err
+	}
+	return pl.res, s.noticeReserve(tx, now, req, pl)
 }
 
 // planReserve reads everything Reserve needs in tx and decides. It writes nothing.
@@ -180,7 +187,7 @@ func (s *Engine) planNew(tx Tx, now time.Time, req *vault.ReserveRequest, res va
 		dec.Scope = key.scope()
 	}
 	res.Decision = dec
-	pl := &reservePlan{counters: counters}
+	pl := &reservePlan{counters: counters, key: key, chain: chain}
 	if !dec.Allowed {
 		res.Outcome = vault.ReserveRefused
 		pl.res = accept(res)
@@ -498,6 +505,9 @@ func settleWrites(tx Tx, now time.Time, req *vault.SettleRequest, rec *recordRec
 		}
 		if hold != nil {
 			hold.State = vault.HoldUnknown
+			if err := noticeUnknown(tx, now, hold); err != nil {
+				return err
+			}
 		}
 	case vault.SettleAbandon:
 		if rec.Fresh {
@@ -518,6 +528,9 @@ func settleWrites(tx Tx, now time.Time, req *vault.SettleRequest, rec *recordRec
 		rec.State, rec.LeaseUntil = vault.RecordUnknown, time.Time{}
 		if hold != nil {
 			hold.State = vault.HoldUnknown
+			if err := noticeUnknown(tx, now, hold); err != nil {
+				return err
+			}
 		}
 	}
 	rec.UpdatedAt = now
@@ -709,6 +722,9 @@ func recoverRecord(tx Tx, now time.Time, r *recordRec) error {
 	r.State, r.LeaseUntil, r.Fresh, r.UpdatedAt = vault.RecordUnknown, time.Time{}, false, now
 	if r.Hold != nil {
 		r.Hold.State = vault.HoldUnknown
+		if err := noticeUnknown(tx, now, r.Hold); err != nil {
+			return err
+		}
 	}
 	return putRecord(tx, r)
 }
