@@ -61,6 +61,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -144,6 +145,19 @@ type Store struct {
 
 	closeOnce sync.Once
 	closed    atomic.Bool
+	// closeMu orders the queueing of operations before Close closes ops.
+	closeMu sync.RWMutex
+
+	// ops is the queue of the group committers (batch.go); loops counts
+	// them and the batches that wait for a lock on their own, whose number
+	// patient bounds.
+	ops     chan *batchOp
+	loops   sync.WaitGroup
+	patient chan struct{}
+	// lockTimeout is the sessions' lock_timeout (lockTimeoutParam as set),
+	// the longest wait for a lock; 0 when it does not parse.
+	lockTimeout      time.Duration
+	lockTimeoutParam string
 	// roundTrips counts the round trips to the database, for the measurement
 	// of a Reserve's.
 	roundTrips atomic.Int64
@@ -197,7 +211,15 @@ func open(ctx context.Context, url string, opts Options) (*Store, error) {
 			params[name] = value
 		}
 	}
-	s := &Store{now: opts.UnsafeNow, processNow: opts.ProcessNow, observe: opts.CommitObserver}
+	s := &Store{now: opts.UnsafeNow, processNow: opts.ProcessNow, observe: opts.CommitObserver,
+		ops: make(chan *batchOp, 4*maxBatch), patient: make(chan struct{}, max(1, cfg.MaxConns/4)),
+		lockTimeoutParam: params["lock_timeout"]}
+	if d, ok := parseSetting(s.lockTimeoutParam); ok {
+		if d == 0 {
+			d = math.MaxInt64 // no limit
+		}
+		s.lockTimeout = d
+	}
 	if s.processNow == nil {
 		s.processNow = time.Now
 	}
@@ -213,8 +235,12 @@ func open(ctx context.Context, url string, opts Options) (*Store, error) {
 	if s.pool, err = pgxpool.NewWithConfig(ctx, cfg); err != nil {
 		return nil, translate(err)
 	}
+	for range committers {
+		s.loops.Add(1)
+		go (*backend)(s).commitLoop()
+	}
 	if err := s.start(ctx); err != nil {
-		s.pool.Close()
+		_ = s.Close()
 		return nil, err
 	}
 	return s, nil
@@ -272,11 +298,15 @@ func (s *Store) measure(before, db, after time.Time) {
 // one did (migrations run under an advisory lock).
 func (s *Store) CreatedSchema() bool { return s.createdSchema }
 
-// Close closes the pool; transactions under way finish first. Calls after
-// Close return ErrClosed.
+// Close closes the pool; transactions under way, and operations queued for
+// the group committers, finish first. Calls after Close return ErrClosed.
 func (s *Store) Close() error {
 	s.closeOnce.Do(func() {
+		s.closeMu.Lock()
 		s.closed.Store(true)
+		close(s.ops)
+		s.closeMu.Unlock()
+		s.loops.Wait()
 		s.pool.Close()
 	})
 	return nil
