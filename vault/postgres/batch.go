@@ -154,7 +154,7 @@ func (s *backend) runBatch(batch []*batchOp, patient bool) {
 				rest = append(rest, op)
 			}
 		}
-		s.runPatient(waiting, busy.err)
+		s.runPatient(waiting)
 		if len(rest) > 0 {
 			s.runBatch(rest, false)
 		}
@@ -188,10 +188,11 @@ func unwrapOp(err error) error {
 }
 
 // runPatient runs ops, whose key stayed locked, in a batch of their own that
-// waits up to lock_timeout — unless as many such batches as the pool can
-// spare wait already, when they fail at once with err: the key is not
-// available.
-func (s *backend) runPatient(ops []*batchOp, err error) {
+// waits up to lock_timeout: on a goroutine of its own while fewer such
+// batches wait than the pool can spare, else on the calling committer, which
+// then takes no new batch until it is done — a wait for a lock is not a
+// failure until lock_timeout says so.
+func (s *backend) runPatient(ops []*batchOp) {
 	select {
 	case s.patient <- struct{}{}:
 		s.loops.Add(1)
@@ -201,10 +202,7 @@ func (s *backend) runPatient(ops []*batchOp, err error) {
 			s.runBatch(ops, true)
 		}()
 	default:
-		err = translate(err)
-		for _, op := range ops {
-			op.done <- err
-		}
+		s.runBatch(ops, true)
 	}
 }
 

@@ -33,9 +33,18 @@
 // over on every run). Reads run at REPEATABLE READ, READ ONLY: one snapshot
 // for everything a read (a listing, the invariant check) looks at.
 //
-// Writes are buffered in the transaction and sent with its COMMIT in one round
-// trip, so a Reserve or a Settle waits on one commit only (see the round trips
-// in docs/decisions/0017-one-engine-two-stores.md).
+// # Group commit
+//
+// Reserve and Settle say ahead what they will lock and read (engine.Prefetch).
+// Each Store's committers run every such write queued while the previous
+// transaction committed in one transaction, in order: its first round trip
+// begins it, locks every key named in key order (so that replicas' batches
+// cannot deadlock), reads every entry named and the clock; the bodies find
+// them there; the writes, buffered, go with the COMMIT in one more round trip,
+// one statement per table and kind of write. One commit of the server serves
+// the batch, and a hot key's row is locked once per batch. A key another
+// session holds for longer than batchLockWait is left to a batch of its own,
+// which waits up to lock_timeout (docs/decisions/0056 and 0057).
 //
 // # Time
 //
@@ -94,7 +103,8 @@ type Options struct {
 	// Logger; slog.Default() when nil.
 	Logger *slog.Logger
 	// CommitObserver, when set, is called after every write transaction of the
-	// hot path (Reserve, Settle, the claims API) with 1 and how long it took.
+	// hot path (Reserve, Settle, the claims API) with the number of operations
+	// it carried (a group commit carries several) and how long it took.
 	CommitObserver func(ops int, d time.Duration)
 	// ProcessNow is the process's clock, against which the database's offset
 	// is measured (time.Now when nil): Store.Now is ProcessNow plus that
