@@ -186,8 +186,8 @@ type Backend interface {
 	// queues fn behind every hot-path write queued before it and ahead of
 	// every one queued after, returns, and calls done with fn's outcome once
 	// its transaction is durable or has failed. done runs on the backend's
-	// committer and must return at once. A backend that commits each write
-	// in a transaction of its own (PostgreSQL) runs fn before it returns.
+	// committer and must return at once. A backend shared by replicas
+	// (PostgreSQL) waits until fn's transaction is durable before it returns.
 	// Queue returns an error, and never calls done, only when fn was not
 	// queued (a closed store, ctx ended before).
 	Queue(ctx context.Context, fn TxFunc, done func(error)) error

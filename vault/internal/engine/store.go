@@ -216,8 +216,14 @@ func reject[T any](err error) txResult[T] { return txResult[T]{err: err} }
 // submitResult runs fn as one hot-path write and returns its result: its value
 // and its domain error, or the failure of its transaction.
 func submitResult[T any](ctx context.Context, s *Engine, fn func(tx Tx, now time.Time) (txResult[T], error)) (T, error) {
+	return submitPrefetched(ctx, s, nil, fn)
+}
+
+// submitPrefetched is submitResult with what fn will lock and read (see
+// Prefetch; nil: nothing said).
+func submitPrefetched[T any](ctx context.Context, s *Engine, p *Prefetch, fn func(tx Tx, now time.Time) (txResult[T], error)) (T, error) {
 	var r txResult[T]
-	err := s.submit(ctx, func(tx Tx, now time.Time) error {
+	err := s.submitPrefetch(ctx, p, func(tx Tx, now time.Time) error {
 		var err error
 		r, err = fn(tx, now) // a re-run starts over
 		return err
@@ -543,7 +549,7 @@ func (s *Engine) Reserve(ctx context.Context, req vault.ReserveRequest) (vault.R
 			return res, nil
 		}
 	}
-	res, err := submitResult(ctx, s, func(tx Tx, now time.Time) (txResult[vault.ReserveResult], error) {
+	res, err := submitPrefetched(ctx, s, s.keyPrefetch(req.KeyID, pk.record), func(tx Tx, now time.Time) (txResult[vault.ReserveResult], error) {
 		return s.reserveTx(tx, now, &req, &pk)
 	})
 	if err != nil {
@@ -567,7 +573,7 @@ func (s *Engine) Settle(ctx context.Context, req vault.SettleRequest) error {
 		return fmt.Errorf("settle: %w", err)
 	}
 	k := recordKey(req.KeyID, req.IdempotencyKey) // hashed before the committer
-	_, err = submitResult(ctx, s, func(tx Tx, now time.Time) (txResult[noValue], error) {
+	_, err = submitPrefetched(ctx, s, s.settlePrefetch(&req, k), func(tx Tx, now time.Time) (txResult[noValue], error) {
 		return s.settleTx(tx, now, &req, resp, k)
 	})
 	if err != nil {
@@ -589,7 +595,7 @@ func (s *Engine) SettleQueued(ctx context.Context, req vault.SettleRequest, done
 	var r txResult[noValue]
 	k := recordKey(req.KeyID, req.IdempotencyKey) // hashed before the committer
 	s.queued.add(req.KeyID)
-	err = s.b.Queue(ctx, func(tx Tx, now time.Time) error {
+	err = s.queuePrefetch(ctx, s.settlePrefetch(&req, k), func(tx Tx, now time.Time) error {
 		var err error
 		r, err = s.settleTx(tx, now, &req, resp, k) // a re-run starts over
 		return err
