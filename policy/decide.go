@@ -245,18 +245,26 @@ type Decision struct {
 // the policy's time zone. Remaining values are never negative.
 func Decide(p *Policy, usage Usage, req Request, now time.Time) Decision {
 	windows, err := p.Windows(now)
-	return decide(p, windows, err, usage, req, now)
+	return decide(p, windows, err, nil, usage, req, now)
 }
 
 // DecideIn is Decide for a caller that has computed p.Windows(now) already
 // (without an error): the store's Reserve reads the counters of those windows
 // and decides in its single committer, where every microsecond counts.
 func DecideIn(p *Policy, windows []Window, usage Usage, req Request, now time.Time) Decision {
-	return decide(p, windows, nil, usage, req, now)
+	return decide(p, windows, nil, nil, usage, req, now)
 }
 
-// decide is Decide with p.Windows(now) and its error.
-func decide(p *Policy, windows []Window, windowsErr error, usage Usage, req Request, now time.Time) Decision {
+// DecideRaised is DecideIn for a key with raises: windows are p.Windows(now)
+// raised already (RaiseWindows), and the per-request cap is raised by the
+// per-request raises active at now (RaisedPerRequestCap).
+func DecideRaised(p *Policy, windows []Window, raises []Raise, usage Usage, req Request, now time.Time) Decision {
+	return decide(p, windows, nil, raises, usage, req, now)
+}
+
+// decide is Decide with p.Windows(now) and its error, and the raises the
+// per-request cap gets.
+func decide(p *Policy, windows []Window, windowsErr error, raises []Raise, usage Usage, req Request, now time.Time) Decision {
 	loc := p.Location()
 	stamp := func(t time.Time) string { return t.In(loc).Format(time.RFC3339) }
 
@@ -308,7 +316,7 @@ func decide(p *Policy, windows []Window, windowsErr error, usage Usage, req Requ
 	}
 
 	if perObject := max(req.Amount, req.ObjectTotal); perObject > 0 {
-		if capMinor, ok := p.PerRequestCapMinor(); ok && perObject > capMinor {
+		if capMinor, ok := RaisedPerRequestCap(p, raises, now); ok && perObject > capMinor {
 			msg := fmt.Sprintf("per-request cap of %s %s would be exceeded: %s requested",
 				FormatMinor(cur, capMinor), cur, FormatMinor(cur, perObject))
 			if perObject > req.Amount {

@@ -115,6 +115,10 @@ type Key struct {
 	// Refused counts the requests refused because this key was revoked or
 	// expired (Store.RecordKeyRefusal): who still uses a key that no longer works.
 	Refused KeyRefusals
+
+	// Raises are the key's raises, active or ended within RaiseRetention, oldest
+	// first (Store.AddRaise).
+	Raises []Raise
 }
 
 // KeyRefusals counts the requests refused for a key's status, with the last one.

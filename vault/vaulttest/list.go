@@ -86,4 +86,11 @@ var suite = []struct {
 	{"DaylightSavingDay", testDaylightSavingDay},
 	{"NoSecretOrTokenStored", testNoSecretOrTokenStored},
 	{"Backup", testBackup},
+	{"ARaiseThatEnds", testARaiseThatEnds},
+	{"RaisePerRequestAndPeriod", testRaisePerRequestAndPeriod},
+	{"RaiseArguments", testRaiseArguments},
+	{"EndRaiseEarly", testEndRaiseEarly},
+	{"RaiseRequests", testRaiseRequests},
+	{"RaiseRequestDecidedOnce", testRaiseRequestDecidedOnce},
+	{"RaisesAndHoldsConcurrently", testRaisesAndHoldsConcurrently},
 }

@@ -348,9 +348,9 @@ func checkInvariantTx(tx Tx, now time.Time) ([]error, int, error) {
 
 // capFor is the current cap of a key's window, by the window id's kind.
 func capFor(kr *keyRec, windowID string, now time.Time) (int64, bool, error) {
-	windows, err := kr.Policy.Windows(now)
+	windows, err := kr.windows(now)
 	if err != nil {
-		return 0, false, fmt.Errorf("key %s windows: %w", kr.ID, err)
+		return 0, false, err
 	}
 	kind := policy.WindowPeriod
 	if strings.HasPrefix(windowID, "day:") {

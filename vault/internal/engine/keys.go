@@ -240,14 +240,15 @@ func changeKeyTx(tx Tx, now time.Time, actor string, rec *keyRec, p policy.Polic
 // still sums to the counters, and a carry above the new window's cap is booked
 // as allowance (the money was spent under the old zone's window).
 func carryDailyUsage(tx Tx, now time.Time, rec *keyRec, p *policy.Policy) error {
-	from, err := rec.Policy.Windows(now)
+	from, err := rec.windows(now)
 	if err != nil {
-		return fmt.Errorf("key %s windows: %w", rec.ID, err)
+		return err
 	}
 	to, err := p.Windows(now)
 	if err != nil {
 		return fmt.Errorf("key %s windows: %w", rec.ID, err)
 	}
+	to = policy.RaiseWindows(to, capRaises(rec.Raises), now)
 	oldDay, newDay := from[0], to[0] // Windows puts the daily window first
 	if oldDay.ID == newDay.ID {
 		return nil
@@ -349,9 +350,9 @@ func (s *Engine) keyUsageTx(tx Tx, now time.Time, id string) (vault.Key, []polic
 	if err != nil {
 		return vault.Key{}, nil, nil, err
 	}
-	windows, err := rec.Policy.Windows(now)
+	windows, err := rec.windows(now)
 	if err != nil {
-		return vault.Key{}, nil, nil, fmt.Errorf("key %s windows: %w", id, err)
+		return vault.Key{}, nil, nil, err
 	}
 	usage, err := readUsage(tx, id, windows)
 	if err != nil {

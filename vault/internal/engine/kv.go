@@ -40,6 +40,8 @@ type Bucket uint8
 //	            record the reaper will remove → empty
 //	rollups     key id "/" window id → the summed deltas of the ledger events the
 //	            retention removed (binary, 24 bytes)
+//	raise_requests  raise request id ("rr_…", sorts by creation) → raiseRequestRec (JSON)
+//	raise_pending   key id NUL raise request id of each pending request → empty
 const (
 	BucketMeta Bucket = iota
 	BucketUpstreams
@@ -57,6 +59,8 @@ const (
 	BucketCompletions
 	BucketRollups
 	BucketRecords
+	BucketRaiseRequests
+	BucketRaisePending
 	// NumBuckets counts the buckets.
 	NumBuckets
 )
@@ -65,6 +69,7 @@ var bucketLabels = [NumBuckets]string{
 	"meta", "upstreams", "keys", "key_tokens", "key_names", "idem",
 	"hold_index", "counters", "events", "audit", "objects", "claims",
 	"inflight", "completions", "rollups", "records",
+	"raise_requests", "raise_pending",
 }
 
 // Name is the bucket's name (bbolt's bucket name).

@@ -95,9 +95,9 @@ func (s *Engine) planReserve(tx Tx, now time.Time, req *vault.ReserveRequest, pk
 // withUsage fills res's windows at now and their counters, as read in tx (a
 // Reserve that forwards or replays reports what is left of each cap).
 func withUsage(tx Tx, now time.Time, res *vault.ReserveResult, key *keyRec) error {
-	windows, err := key.Policy.Windows(now)
+	windows, err := key.windows(now)
 	if err != nil {
-		return fmt.Errorf("key %s windows: %w", key.ID, err)
+		return err
 	}
 	usage, err := readUsage(tx, key.ID, windows)
 	if err != nil {
@@ -142,9 +142,9 @@ func (s *Engine) reserveFromRead(ctx context.Context, req *vault.ReserveRequest,
 // planNew decides a Reserve without an idempotency record: against the key's
 // current policy and counters.
 func (s *Engine) planNew(tx Tx, now time.Time, req *vault.ReserveRequest, res vault.ReserveResult, key *keyRec, pk *pairKeys) (*reservePlan, error) {
-	windows, err := key.Policy.Windows(now)
+	windows, err := key.windows(now)
 	if err != nil {
-		return nil, fmt.Errorf("key %s windows: %w", key.ID, err)
+		return nil, err
 	}
 	usage := policy.Usage{}
 	var counters []counter
@@ -155,7 +155,7 @@ func (s *Engine) planNew(tx Tx, now time.Time, req *vault.ReserveRequest, res va
 		}
 		usage = usageOf(windows, counters)
 	}
-	dec := policy.DecideIn(&key.Policy, windows, usage, req.Request, now)
+	dec := policy.DecideRaised(&key.Policy, windows, capRaises(key.Raises), usage, req.Request, now)
 	res.Decision = dec
 	pl := &reservePlan{counters: counters}
 	if !dec.Allowed {
