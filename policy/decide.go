@@ -3,6 +3,7 @@ package policy
 import (
 	"fmt"
 	"math"
+	"strings"
 	"time"
 )
 
@@ -201,6 +202,9 @@ const (
 	// ReasonAmountUnknown refuses a request whose amount is negative: amounts come
 	// from ^[0-9]+$ on the wire, so a negative one means a caller bug; fail closed.
 	ReasonAmountUnknown Reason = "amount_unknown"
+	// ReasonVelocityExceeded refuses a hold that would put more than a
+	// velocity limit's count of holds into one interval of its length.
+	ReasonVelocityExceeded Reason = "velocity_exceeded"
 )
 
 // Decision is the outcome of Decide.
@@ -226,6 +230,31 @@ type Decision struct {
 	ResetAt   time.Time
 
 	RemainingByWindow map[WindowKind]int64
+
+	// Scope is who the refusal is about (the key, or one of its budgets); for
+	// an allowed request, the key.
+	Scope Scope
+	// Velocity and RetryAt describe a ReasonVelocityExceeded refusal: the
+	// limit, and when one more hold would fit.
+	Velocity Velocity
+	RetryAt  time.Time
+}
+
+// VelocityRefusal is the refusal of a hold that limit v of scope does not
+// let through before retryAt.
+func VelocityRefusal(scope Scope, v Velocity, retryAt time.Time) Decision {
+	owner := "this key"
+	if scope.Kind == ScopeBudget {
+		owner = fmt.Sprintf("budget %q", scope.Name)
+	}
+	what := "money-moving requests"
+	if len(v.Operations) > 0 {
+		what = strings.Join(v.Operations, ", ")
+	}
+	d := refuse(ReasonVelocityExceeded, fmt.Sprintf("velocity limit of %s: at most %d %s per %s; retry at %s",
+		owner, v.Count, what, v.Per, retryAt.UTC().Format(time.RFC3339)))
+	d.Scope, d.Velocity, d.RetryAt = scope, v, retryAt
+	return d
 }
 
 // Decide says whether req may place a hold of req.Amount on every window of p at now,
@@ -245,26 +274,18 @@ type Decision struct {
 // the policy's time zone. Remaining values are never negative.
 func Decide(p *Policy, usage Usage, req Request, now time.Time) Decision {
 	windows, err := p.Windows(now)
-	return decide(p, windows, err, nil, usage, req, now)
+	return decide(p, windows, err, usage, req, now)
 }
 
 // DecideIn is Decide for a caller that has computed p.Windows(now) already
 // (without an error): the store's Reserve reads the counters of those windows
 // and decides in its single committer, where every microsecond counts.
 func DecideIn(p *Policy, windows []Window, usage Usage, req Request, now time.Time) Decision {
-	return decide(p, windows, nil, nil, usage, req, now)
+	return decide(p, windows, nil, usage, req, now)
 }
 
-// DecideRaised is DecideIn for a key with raises: windows are p.Windows(now)
-// raised already (RaiseWindows), and the per-request cap is raised by the
-// per-request raises active at now (RaisedPerRequestCap).
-func DecideRaised(p *Policy, windows []Window, raises []Raise, usage Usage, req Request, now time.Time) Decision {
-	return decide(p, windows, nil, raises, usage, req, now)
-}
-
-// decide is Decide with p.Windows(now) and its error, and the raises the
-// per-request cap gets.
-func decide(p *Policy, windows []Window, windowsErr error, raises []Raise, usage Usage, req Request, now time.Time) Decision {
+// decide is Decide with p.Windows(now) and its error.
+func decide(p *Policy, windows []Window, windowsErr error, usage Usage, req Request, now time.Time) Decision {
 	loc := p.Location()
 	stamp := func(t time.Time) string { return t.In(loc).Format(time.RFC3339) }
 
@@ -316,7 +337,7 @@ func decide(p *Policy, windows []Window, windowsErr error, raises []Raise, usage
 	}
 
 	if perObject := max(req.Amount, req.ObjectTotal); perObject > 0 {
-		if capMinor, ok := RaisedPerRequestCap(p, raises, now); ok && perObject > capMinor {
+		if capMinor, ok := p.PerRequestCapMinor(); ok && perObject > capMinor {
 			msg := fmt.Sprintf("per-request cap of %s %s would be exceeded: %s requested",
 				FormatMinor(cur, capMinor), cur, FormatMinor(cur, perObject))
 			if perObject > req.Amount {
@@ -331,24 +352,7 @@ func decide(p *Policy, windows []Window, windowsErr error, raises []Raise, usage
 		}
 	}
 	if req.Amount > 0 {
-		for _, w := range windows {
-			if !w.HasCap {
-				continue
-			}
-			c := usage[w.ID]
-			left := Remaining(w, c)
-			if req.Amount <= left {
-				continue
-			}
-			what, when := "resets at", stamp(w.End)
-			if w.Kind == WindowPeriod {
-				what = "the period ends at"
-			}
-			d := refuse(ReasonCapExceeded, fmt.Sprintf("%s cap of %s %s would be exceeded: %s committed, %s held, %s requested, %s remaining; %s %s",
-				w.Kind, FormatMinor(cur, w.Cap), cur, FormatMinor(cur, c.Committed), FormatMinor(cur, c.Held),
-				FormatMinor(cur, req.Amount), FormatMinor(cur, left), what, when))
-			d.Cap, d.Limit, d.Committed, d.Held, d.Requested, d.Remaining, d.ResetAt =
-				w.Kind, w.Cap, c.Committed, c.Held, req.Amount, left, w.End
+		if d, over := capRefusal(Scope{}, cur, loc, windows, usage, req.Amount); over {
 			if note(d) {
 				return *first
 			}

@@ -48,19 +48,3 @@ func TestRaiseWindowsKeepsUncappedWindows(t *testing.T) {
 	assert.False(t, out[1].HasCap, "a raise does not create a cap")
 	assert.Equal(t, int64(1000), in[0].Cap, "the input is not modified")
 }
-
-func TestDecideRaisedPerRequest(t *testing.T) {
-	t.Parallel()
-	now := time.Date(2026, 9, 14, 12, 0, 0, 0, time.UTC)
-	p := MustPolicy(t, `{"vendor":"stripe","currency":"usd","per_request_cap":"10.00","daily_cap":"100.00",
-		"period_start":"2026-09-01T00:00:00Z","expires_at":"2026-10-01T00:00:00Z"}`, now)
-	windows, err := p.Windows(now)
-	if err != nil {
-		t.Fatal(err)
-	}
-	req := Request{Operation: "charges.create", Amount: 1500, Currency: "usd"}
-	assert.False(t, DecideIn(p, windows, nil, req, now).Allowed)
-	raises := []Raise{{WindowPerRequest, 500, now.Add(time.Hour)}}
-	assert.True(t, DecideRaised(p, RaiseWindows(windows, raises, now), raises, nil, req, now).Allowed)
-	assert.False(t, DecideRaised(p, windows, raises, nil, req, now.Add(time.Hour)).Allowed, "the raise has ended")
-}

@@ -6,18 +6,9 @@ import (
 	"github.com/keybrake/keybrake/policy"
 )
 
-// RaiseScopeKind names what a raise adds to: a vault key's caps or a budget's.
-type RaiseScopeKind string
-
-// Raise scope kinds.
-const (
-	RaiseOnKey    RaiseScopeKind = "key"
-	RaiseOnBudget RaiseScopeKind = "budget"
-)
-
 // RaiseScope is the key or budget a raise belongs to.
 type RaiseScope struct {
-	Kind RaiseScopeKind
+	Kind policy.ScopeKind
 	ID   string
 }
 

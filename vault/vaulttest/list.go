@@ -93,4 +93,5 @@ var suite = []struct {
 	{"RaiseRequests", testRaiseRequests},
 	{"RaiseRequestDecidedOnce", testRaiseRequestDecidedOnce},
 	{"RaisesAndHoldsConcurrently", testRaisesAndHoldsConcurrently},
+	{"ABudgetRaiseThatEnds", testABudgetRaiseThatEnds},
 }

@@ -14,7 +14,7 @@ import (
 	"github.com/keybrake/keybrake/vault"
 )
 
-func keyScope(id string) vault.RaiseScope { return vault.RaiseScope{Kind: vault.RaiseOnKey, ID: id} }
+func keyScope(id string) vault.RaiseScope { return vault.RaiseScope{Kind: policy.ScopeKey, ID: id} }
 
 // windowCap is the cap of a key's window of kind at the store clock, as usage
 // reports it.
@@ -352,4 +352,57 @@ func testRaisesAndHoldsConcurrently(t *testing.T) {
 	assert.LessOrEqual(t, used.Held, int64(15000))
 	assert.GreaterOrEqual(t, used.Held, int64(10000), "the base cap filled at least")
 	require.NoError(t, f.s.CheckInvariant(ctx))
+}
+
+// testABudgetRaiseThatEnds: a raise of a budget's cap lets every key under it
+// draw more until it ends; then the budget's cap is back by itself, what was
+// spent under it stays counted and the refusal names the budget.
+func testABudgetRaiseThatEnds(t *testing.T) {
+	ctx := context.Background()
+	clock := NewClock(T0)
+	s := mustOpen(t, clock)
+	MustUpstream(t, s, "sk_test_abcdef1234")
+	b, err := s.CreateBudget(ctx, "op", vault.BudgetSpec{Name: "team", Currency: "usd", DailyCap: MustDec(t, "20.00"),
+		PeriodStart: time.Date(2026, 9, 1, 0, 0, 0, 0, time.UTC)})
+	require.NoError(t, err)
+	p := Policy(t, "100.00", "", "")
+	p.Budget = b.ID
+	k1, _ := MustMint(t, s, "k1", p, nil)
+	k2, _ := MustMint(t, s, "k2", p, nil)
+	MustCommit(t, s, k1.ID, "a", 2000)
+	res := MustReserve(t, s, Charge(k2.ID, "b", 500))
+	require.Equal(t, vault.ReserveRefused, res.Outcome)
+	assert.Equal(t, policy.ScopeBudget, res.Decision.Scope.Kind)
+
+	scope := vault.RaiseScope{Kind: policy.ScopeBudget, ID: b.ID}
+	_, err = s.AddRaise(ctx, "op", scope, vault.NewRaise{Window: policy.WindowPerRequest, Amount: 100, Until: T0.Add(time.Hour)})
+	assert.ErrorIs(t, err, vault.ErrInvalid, "a budget has no per-request cap")
+	r, err := s.AddRaise(ctx, "op", scope, vault.NewRaise{Window: policy.WindowDaily, Amount: 1000, Until: T0.Add(time.Hour), Reason: "launch"})
+	require.NoError(t, err)
+	assert.Equal(t, scope, r.Scope)
+	MustCommit(t, s, k2.ID, "b", 500)
+	MustCommit(t, s, k1.ID, "c", 500)
+	require.Equal(t, vault.ReserveRefused, MustReserve(t, s, Charge(k2.ID, "d", 1)).Outcome, "the raised budget is full")
+
+	chain, err := s.BudgetChain(ctx, b.ID)
+	require.NoError(t, err)
+	require.Len(t, chain, 1)
+	assert.Equal(t, int64(3000), chain[0].Windows[0].Cap)
+	assert.Equal(t, []vault.Raise{r}, chain[0].Budget.Raises)
+
+	clock.Set(T0.Add(time.Hour))
+	chain, err = s.BudgetChain(ctx, b.ID)
+	require.NoError(t, err)
+	assert.Equal(t, int64(2000), chain[0].Windows[0].Cap, "the budget's cap is back by itself")
+	assert.Equal(t, policy.Counter{Committed: 3000}, chain[0].Usage[chain[0].Windows[0].ID], "what was spent under the raise stays counted")
+	res = MustReserve(t, s, Charge(k1.ID, "e", 1))
+	require.Equal(t, vault.ReserveRefused, res.Outcome)
+	assert.Equal(t, b.ID, res.Decision.Scope.ID)
+	assert.Zero(t, res.Decision.Remaining, "remaining is never negative")
+	require.NoError(t, s.CheckInvariant(ctx))
+
+	_, err = s.EndRaise(ctx, "op", scope, r.ID)
+	assert.ErrorIs(t, err, vault.ErrConflict, "it has ended already")
+	_, err = s.ListRaises(ctx, vault.RaiseScope{Kind: policy.ScopeBudget, ID: "bud_nope"})
+	assert.ErrorIs(t, err, vault.ErrNotFound)
 }

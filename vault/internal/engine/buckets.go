@@ -5,7 +5,9 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
+	"strings"
 
+	"github.com/keybrake/keybrake/policy"
 	"github.com/keybrake/keybrake/vault"
 )
 
@@ -143,8 +145,18 @@ func splitNul(k []byte) (string, string, bool) {
 	return "", "", false
 }
 
-// counterKey is the counters bucket key of a key's window.
-func counterKey(keyID, windowID string) []byte { return []byte(keyID + "/" + windowID) }
+// counterKey is the counters bucket key of a key's window. A budget's window
+// is named by its scoped id, budget id "/" window id (scopedWindowID), which
+// is its counter key whichever key's hold it is on.
+func counterKey(keyID, windowID string) []byte {
+	if strings.HasPrefix(windowID, policy.BudgetIDPrefix) {
+		return []byte(windowID)
+	}
+	return []byte(keyID + "/" + windowID)
+}
+
+// scopedWindowID names a budget's window in a hold, an event or an exposure.
+func scopedWindowID(budgetID, windowID string) string { return budgetID + "/" + windowID }
 
 // counter is one window's usage plus what CheckInvariant needs to judge it.
 type counter struct {

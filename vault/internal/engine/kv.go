@@ -40,8 +40,15 @@ type Bucket uint8
 //	            record the reaper will remove → empty
 //	rollups     key id "/" window id → the summed deltas of the ledger events the
 //	            retention removed (binary, 24 bytes)
+//	budgets     budget id → budgetRec (JSON); a Get in a write transaction
+//	            locks the budget, as one from keys locks the key
+//	velocity    scope id NUL velocity limit key → the times of the last holds
+//	            counted against it (unix ns, 8 bytes BE each, oldest first)
 //	raise_requests  raise request id ("rr_…", sorts by creation) → raiseRequestRec (JSON)
 //	raise_pending   key id NUL raise request id of each pending request → empty
+//
+// A budget's counters are in counters too, under budget id "/" window id; a
+// hold's window ids name them so ("bud_…/day:2026-09-14"), see counterKey.
 const (
 	BucketMeta Bucket = iota
 	BucketUpstreams
@@ -59,6 +66,8 @@ const (
 	BucketCompletions
 	BucketRollups
 	BucketRecords
+	BucketBudgets
+	BucketVelocity
 	BucketRaiseRequests
 	BucketRaisePending
 	// NumBuckets counts the buckets.
@@ -69,6 +78,7 @@ var bucketLabels = [NumBuckets]string{
 	"meta", "upstreams", "keys", "key_tokens", "key_names", "idem",
 	"hold_index", "counters", "events", "audit", "objects", "claims",
 	"inflight", "completions", "rollups", "records",
+	"budgets", "velocity",
 	"raise_requests", "raise_pending",
 }
 
@@ -94,8 +104,8 @@ func Buckets() []Bucket {
 // as at the end of the bucket, and fails the whole transaction with it.
 type Tx interface {
 	// Get returns the value under k, nil when there is none. In a write
-	// transaction, a Get from BucketKeys or BucketUpstreams locks the entry
-	// until the transaction ends (see LockKey).
+	// transaction, a Get from BucketKeys, BucketUpstreams or BucketBudgets
+	// locks the entry until the transaction ends (see LockKey).
 	Get(b Bucket, k []byte) ([]byte, error)
 	// GetMany returns the values under keys, in their order: nil where there
 	// is none. A backend over a network reads them in one round trip.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/keybrake/keybrake/policy"
@@ -27,6 +28,8 @@ type reservePlan struct {
 	// hold is added to.
 	counters []counter
 	event    *vault.Event
+	// velocity are the velocity limits' new hold times to write.
+	velocity []velocityWrite
 }
 
 func validateReserve(req *vault.ReserveRequest) error {
@@ -95,7 +98,7 @@ func (s *Engine) planReserve(tx Tx, now time.Time, req *vault.ReserveRequest, pk
 // withUsage fills res's windows at now and their counters, as read in tx (a
 // Reserve that forwards or replays reports what is left of each cap).
 func withUsage(tx Tx, now time.Time, res *vault.ReserveResult, key *keyRec) error {
-	windows, err := key.windows(now)
+	windows, err := keyWindows(tx, key, now)
 	if err != nil {
 		return err
 	}
@@ -142,20 +145,40 @@ func (s *Engine) reserveFromRead(ctx context.Context, req *vault.ReserveRequest,
 // planNew decides a Reserve without an idempotency record: against the key's
 // current policy and counters.
 func (s *Engine) planNew(tx Tx, now time.Time, req *vault.ReserveRequest, res vault.ReserveResult, key *keyRec, pk *pairKeys) (*reservePlan, error) {
-	windows, err := key.windows(now)
+	windows, err := keyWindows(tx, key, now)
 	if err != nil {
 		return nil, err
 	}
 	usage := policy.Usage{}
 	var counters []counter
+	var chain *chainPlan
 	if req.Metered {
 		// An unmetered request holds nothing, so only the non-cap rules may refuse it.
 		if counters, err = getCounters(tx, key.ID, windowIDs(windows)); err != nil {
 			return nil, err
 		}
 		usage = usageOf(windows, counters)
+		if chain, err = planChain(tx, key, now); err != nil {
+			return nil, err
+		}
 	}
-	dec := policy.DecideRaised(&key.Policy, windows, capRaises(key.Raises), usage, req.Request, now)
+	var dec policy.Decision
+	switch {
+	case chain != nil && chain.refusal != nil:
+		dec = *chain.refusal
+	case chain != nil:
+		dec = policy.DecideChain(key.decisionPolicy(now), key.scope(), windows, usage, req.Request, now, chain.links)
+		if dec.Allowed {
+			if refusal, err := chain.checkVelocity(tx, req.Request.Operation, now); err != nil {
+				return nil, err
+			} else if refusal != nil {
+				dec = *refusal
+			}
+		}
+	default:
+		dec = policy.DecideIn(key.decisionPolicy(now), windows, usage, req.Request, now)
+		dec.Scope = key.scope()
+	}
 	res.Decision = dec
 	pl := &reservePlan{counters: counters}
 	if !dec.Allowed {
@@ -165,7 +188,7 @@ func (s *Engine) planNew(tx Tx, now time.Time, req *vault.ReserveRequest, res va
 			pl.event = &vault.Event{
 				Time: now, KeyID: key.ID, Operation: req.Request.Operation, Amount: req.Request.Amount,
 				Currency: req.Request.Currency, Decision: vault.DecisionRefused, Reason: string(dec.Reason), Tool: req.Tool,
-				IdempotencyKey: req.IdempotencyKey,
+				IdempotencyKey: req.IdempotencyKey, Scope: dec.Scope.ID,
 			}
 		}
 		return pl, nil
@@ -188,17 +211,19 @@ func (s *Engine) planNew(tx Tx, now time.Time, req *vault.ReserveRequest, res va
 	pl.record, pl.claim, pl.appendOrder = r, true, s.appendRecords
 	res.Outcome = vault.ReserveClaimed
 	if req.Metered {
-		ids := make([]string, len(windows))
-		for i, w := range windows {
-			ids[i] = w.ID
-		}
+		// The hold is on the key's windows and on every budget's of its
+		// chain (scoped ids), all placed in this transaction.
+		all := append(slices.Clip(windows), chain.windows...)
+		pl.counters = append(slices.Clip(counters), chain.counters...)
+		pl.velocity = chain.velocityWrites
+		ids := windowIDs(all)
 		h := &holdRec{
 			ID: pk.holdID, KeyID: key.ID, IdempotencyKey: req.IdempotencyKey,
 			Operation: req.Request.Operation, Currency: req.Request.Currency, Amount: req.Request.Amount,
 			WindowIDs: ids, State: vault.HoldHeld, CreatedAt: now,
 		}
 		r.Hold = h
-		pl.newHold, pl.windows = true, windows
+		pl.newHold, pl.windows = true, all
 		res.Usage = usageWithHold(windows, usage, h.Amount)
 		decision := vault.DecisionAllowed
 		if dec.WouldRefuse {
@@ -303,6 +328,11 @@ func (pl *reservePlan) apply(tx Tx) error {
 			if err := pl.placeHold(tx); err != nil {
 				return err
 			}
+			for _, w := range pl.velocity {
+				if err := tx.Put(BucketVelocity, w.key, encodeStamps(w.stamps)); err != nil {
+					return fmt.Errorf("put velocity %q: %w", w.key, err)
+				}
+			}
 		}
 	}
 	if pl.event == nil {
@@ -346,8 +376,13 @@ func (pl *reservePlan) placeHold(tx Tx) error {
 	return nil
 }
 
-// addToWindows moves money on a hold's windows.
+// addToWindows moves money on a hold's windows. A budget's windows are
+// changed under the budget's lock, taken here in the hold's order (the key's
+// windows, then its chain's closest first) after the caller took the key's.
 func addToWindows(tx Tx, keyID string, windowIDs []string, heldDelta, committedDelta, allowance int64) error {
+	if err := lockBudgetsOf(tx, windowIDs); err != nil {
+		return err
+	}
 	counters, err := getCounters(tx, keyID, windowIDs)
 	if err != nil {
 		return err

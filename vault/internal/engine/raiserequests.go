@@ -148,7 +148,7 @@ func (s *Engine) decideRaiseRequestTx(tx Tx, now time.Time, actor, id string, ap
 	r.State = vault.RaiseRequestDeclined
 	if approve {
 		action, r.State = "raise_request.approve", vault.RaiseRequestApproved
-		raise, err := addKeyRaiseTx(tx, now, actor, r.KeyID, vault.NewRaise{Window: r.Window, Amount: r.Amount, Until: r.Until, Reason: r.Reason}, r.ID)
+		raise, err := addRaiseTx(tx, now, actor, vault.RaiseScope{Kind: policy.ScopeKey, ID: r.KeyID}, vault.NewRaise{Window: r.Window, Amount: r.Amount, Until: r.Until, Reason: r.Reason}, r.ID)
 		if err != nil {
 			return vault.RaiseRequest{}, err
 		}

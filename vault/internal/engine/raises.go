@@ -67,15 +67,21 @@ func capRaises(rs []raiseRec) []policy.Raise {
 	return out
 }
 
-// windows is the key's cap windows at now with the caps its raises give them
-// at now: every cap check, usage report and invariant check of a key takes its
-// windows from here.
-func (r *keyRec) windows(now time.Time) ([]policy.Window, error) {
-	w, err := r.Policy.Windows(now)
-	if err != nil {
-		return nil, fmt.Errorf("key %s windows: %w", r.ID, err)
+// decisionPolicy is the key's policy as the cap check judges it at now: the
+// same, but for a per-request cap raised by the per-request raises active at
+// now (the daily and period caps are raised in the windows, keyWindows).
+func (r *keyRec) decisionPolicy(now time.Time) *policy.Policy {
+	raised, ok := policy.RaisedPerRequestCap(&r.Policy, capRaises(r.Raises), now)
+	if base, _ := r.Policy.PerRequestCapMinor(); !ok || raised == base {
+		return &r.Policy
 	}
-	return policy.RaiseWindows(w, capRaises(r.Raises), now), nil
+	d, err := policy.FromMinor(r.Policy.EffectiveCurrency(), raised)
+	if err != nil {
+		return &r.Policy // fails closed: the cap as it was
+	}
+	p := r.Policy
+	p.PerRequestCap = &d
+	return &p
 }
 
 // pruneRaises drops the raises that ended more than vault.RaiseRetention
@@ -126,34 +132,74 @@ func newRaiseID() (string, error) {
 	return "raise_" + lowerBase32.EncodeToString(b[:]), nil
 }
 
-// keyRaiseView is what the audit shows of a raise on a key.
-type keyRaiseView struct {
-	KeyID string   `json:"key_id"`
-	Raise raiseRec `json:"raise"`
+// raiseView is what the audit shows of a raise.
+type raiseView struct {
+	Scope vault.RaiseScope `json:"scope"`
+	Raise raiseRec         `json:"raise"`
 }
 
-// addKeyRaiseTx adds a raise to key id, under the key's lock (the Get of the
-// key locks it).
-func addKeyRaiseTx(tx Tx, now time.Time, actor, id string, nr vault.NewRaise, requestID string) (vault.Raise, error) {
-	rec, err := getKey(tx, id)
+// raiseHolder is a key or a budget as a raise changes it: read under its lock
+// in a write transaction, written back by save.
+type raiseHolder struct {
+	raises   *[]raiseRec
+	limits   *policy.Policy // the caps a raise may add to
+	currency string
+	revoked  bool
+	save     func(now time.Time) error
+}
+
+// loadRaiseHolder reads scope's record, locking it (a Get of a key or a budget
+// in a write transaction locks it).
+func loadRaiseHolder(tx Tx, scope vault.RaiseScope) (*raiseHolder, error) {
+	switch scope.Kind {
+	case policy.ScopeKey:
+		rec, err := getKey(tx, scope.ID)
+		if err != nil {
+			return nil, err
+		}
+		return &raiseHolder{raises: &rec.Raises, limits: &rec.Policy, currency: rec.Policy.EffectiveCurrency(),
+			revoked: rec.Status == vault.KeyRevoked, save: func(now time.Time) error {
+				rec.UpdatedAt = now
+				return putKey(tx, rec)
+			}}, nil
+	case policy.ScopeBudget:
+		if !policy.ValidBudgetID(scope.ID) {
+			return nil, scopeNotFound(scope)
+		}
+		b, err := getBudget(tx, scope.ID)
+		if err != nil {
+			return nil, err
+		}
+		return &raiseHolder{raises: &b.Raises, limits: b.policy(), currency: b.Currency, save: func(now time.Time) error {
+			b.Version, b.UpdatedAt = b.Version+1, now
+			return putBudget(tx, b)
+		}}, nil
+	}
+	return nil, scopeNotFound(scope)
+}
+
+// addRaiseTx adds a raise to scope under its lock; requestID names the raise
+// request it comes from ("" for none).
+func addRaiseTx(tx Tx, now time.Time, actor string, scope vault.RaiseScope, nr vault.NewRaise, requestID string) (vault.Raise, error) {
+	h, err := loadRaiseHolder(tx, scope)
 	if err != nil {
 		return vault.Raise{}, err
 	}
-	if rec.Status == vault.KeyRevoked {
-		return vault.Raise{}, fmt.Errorf("key %s is revoked: %w", id, vault.ErrConflict)
+	if h.revoked {
+		return vault.Raise{}, fmt.Errorf("%s %s is revoked: %w", scope.Kind, scope.ID, vault.ErrConflict)
 	}
-	if err := checkNewRaise(nr, &rec.Policy, now); err != nil {
+	if err := checkNewRaise(nr, h.limits, now); err != nil {
 		return vault.Raise{}, err
 	}
-	rec.Raises = pruneRaises(rec.Raises, now)
+	*h.raises = pruneRaises(*h.raises, now)
 	active := 0
-	for i := range rec.Raises {
-		if now.Before(rec.Raises[i].end()) {
+	for i := range *h.raises {
+		if now.Before((*h.raises)[i].end()) {
 			active++
 		}
 	}
 	if active >= vault.MaxActiveRaises {
-		return vault.Raise{}, fmt.Errorf("key %s has %d raises active, the most there may be: %w", id, active, vault.ErrConflict)
+		return vault.Raise{}, fmt.Errorf("%s %s has %d raises active, the most there may be: %w", scope.Kind, scope.ID, active, vault.ErrConflict)
 	}
 	rid, err := newRaiseID()
 	if err != nil {
@@ -161,58 +207,54 @@ func addKeyRaiseTx(tx Tx, now time.Time, actor, id string, nr vault.NewRaise, re
 	}
 	r := raiseRec{ID: rid, Window: nr.Window, Amount: nr.Amount, Until: nr.Until.UTC(), Reason: nr.Reason,
 		CreatedBy: actor, CreatedAt: now, RequestID: requestID}
-	rec.Raises = append(rec.Raises, r)
-	rec.UpdatedAt = now
-	if err := putKey(tx, rec); err != nil {
+	*h.raises = append(*h.raises, r)
+	if err := h.save(now); err != nil {
 		return vault.Raise{}, err
 	}
-	if err := putAudit(tx, now, actor, "key.raise", id, nil, keyRaiseView{KeyID: id, Raise: r}); err != nil {
+	if err := putAudit(tx, now, actor, string(scope.Kind)+".raise", scope.ID, nil, raiseView{Scope: scope, Raise: r}); err != nil {
 		return vault.Raise{}, err
 	}
-	return r.public(vault.RaiseScope{Kind: vault.RaiseOnKey, ID: id}, rec.Policy.EffectiveCurrency()), nil
+	return r.public(scope, h.currency), nil
 }
 
-func endKeyRaiseTx(tx Tx, now time.Time, actor, id, raiseID string) (vault.Raise, error) {
-	rec, err := getKey(tx, id)
+func endRaiseTx(tx Tx, now time.Time, actor string, scope vault.RaiseScope, raiseID string) (vault.Raise, error) {
+	h, err := loadRaiseHolder(tx, scope)
 	if err != nil {
 		return vault.Raise{}, err
 	}
-	i := slices.IndexFunc(rec.Raises, func(r raiseRec) bool { return r.ID == raiseID })
+	i := slices.IndexFunc(*h.raises, func(r raiseRec) bool { return r.ID == raiseID })
 	if i < 0 {
-		return vault.Raise{}, fmt.Errorf("raise %s of key %s: %w", raiseID, id, vault.ErrNotFound)
+		return vault.Raise{}, fmt.Errorf("raise %s of %s %s: %w", raiseID, scope.Kind, scope.ID, vault.ErrNotFound)
 	}
-	r := &rec.Raises[i]
+	r := &(*h.raises)[i]
 	if !now.Before(r.end()) {
 		return vault.Raise{}, fmt.Errorf("raise %s ended at %s: %w", raiseID, r.end().UTC().Format(time.RFC3339), vault.ErrConflict)
 	}
 	before := *r
 	r.EndedAt, r.EndedBy = now, actor
 	after := *r
-	rec.UpdatedAt = now
-	if err := putKey(tx, rec); err != nil {
+	if err := h.save(now); err != nil {
 		return vault.Raise{}, err
 	}
-	if err := putAudit(tx, now, actor, "key.raise_end", id, keyRaiseView{KeyID: id, Raise: before}, keyRaiseView{KeyID: id, Raise: after}); err != nil {
+	if err := putAudit(tx, now, actor, string(scope.Kind)+".raise_end", scope.ID,
+		raiseView{Scope: scope, Raise: before}, raiseView{Scope: scope, Raise: after}); err != nil {
 		return vault.Raise{}, err
 	}
-	return after.public(vault.RaiseScope{Kind: vault.RaiseOnKey, ID: id}, rec.Policy.EffectiveCurrency()), nil
+	return after.public(scope, h.currency), nil
 }
 
-// scopeNotFound is the error of a raise on a scope kind this store does not
-// have.
+// scopeNotFound is the error of a raise on a scope that is neither a key nor
+// a budget.
 func scopeNotFound(scope vault.RaiseScope) error {
 	return fmt.Errorf("%s %s: %w", scope.Kind, scope.ID, vault.ErrNotFound)
 }
 
 // AddRaise adds a raise to one cap window of scope (see vault.Store.AddRaise).
 func (s *Engine) AddRaise(ctx context.Context, actor string, scope vault.RaiseScope, nr vault.NewRaise) (vault.Raise, error) {
-	if scope.Kind != vault.RaiseOnKey {
-		return vault.Raise{}, fmt.Errorf("add raise: %w", scopeNotFound(scope))
-	}
 	var out vault.Raise
 	err := s.update(ctx, func(tx Tx, now time.Time) error {
 		var err error
-		out, err = addKeyRaiseTx(tx, now, actor, scope.ID, nr, "")
+		out, err = addRaiseTx(tx, now, actor, scope, nr, "")
 		return err
 	})
 	if err != nil {
@@ -223,16 +265,13 @@ func (s *Engine) AddRaise(ctx context.Context, actor string, scope vault.RaiseSc
 
 // ListRaises lists scope's raises (see vault.Store.ListRaises).
 func (s *Engine) ListRaises(ctx context.Context, scope vault.RaiseScope) ([]vault.Raise, error) {
-	if scope.Kind != vault.RaiseOnKey {
-		return nil, fmt.Errorf("list raises: %w", scopeNotFound(scope))
-	}
 	var out []vault.Raise
-	err := s.view(ctx, func(tx Tx, now time.Time) error {
-		rec, err := s.keys.get(tx, scope.ID)
+	err := s.view(ctx, func(tx Tx, _ time.Time) error {
+		h, err := loadRaiseHolder(tx, scope)
 		if err != nil {
 			return err
 		}
-		out = publicRaises(rec.Raises, scope, rec.Policy.EffectiveCurrency())
+		out = publicRaises(*h.raises, scope, h.currency)
 		return nil
 	})
 	if err != nil {
@@ -243,13 +282,10 @@ func (s *Engine) ListRaises(ctx context.Context, scope vault.RaiseScope) ([]vaul
 
 // EndRaise ends one of scope's raises now (see vault.Store.EndRaise).
 func (s *Engine) EndRaise(ctx context.Context, actor string, scope vault.RaiseScope, raiseID string) (vault.Raise, error) {
-	if scope.Kind != vault.RaiseOnKey {
-		return vault.Raise{}, fmt.Errorf("end raise: %w", scopeNotFound(scope))
-	}
 	var out vault.Raise
 	err := s.update(ctx, func(tx Tx, now time.Time) error {
 		var err error
-		out, err = endKeyRaiseTx(tx, now, actor, scope.ID, raiseID)
+		out, err = endRaiseTx(tx, now, actor, scope, raiseID)
 		return err
 	})
 	if err != nil {

@@ -75,7 +75,7 @@ func (r *keyRec) public() vault.Key {
 		Status: r.Status, TokenHash: r.TokenHash, TokenPrefix: r.TokenPrefix,
 		CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt, RevokedAt: r.RevokedAt, Version: r.version(),
 		Refused: r.refused(),
-		Raises:  publicRaises(r.Raises, vault.RaiseScope{Kind: vault.RaiseOnKey, ID: r.ID}, p.EffectiveCurrency()),
+		Raises:  publicRaises(r.Raises, vault.RaiseScope{Kind: policy.ScopeKey, ID: r.ID}, p.EffectiveCurrency()),
 	}
 }
 

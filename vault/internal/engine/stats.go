@@ -133,7 +133,7 @@ func summarizeKey(tx Tx, now time.Time, k, v []byte, pct int, sum *vault.UsageSu
 	if (&vault.Key{Status: rec.Status, Policy: rec.Policy}).StatusAt(now) != vault.KeyActive {
 		return nil
 	}
-	windows, err := rec.windows(now)
+	windows, err := keyWindows(tx, &rec, now)
 	if err != nil {
 		return err
 	}

@@ -735,3 +735,95 @@ func (s *Engine) Reap(ctx context.Context) (int, error) {
 	c, err := s.reap(ctx) // the caller logs what it removed (once)
 	return c.removed, err
 }
+
+// ---- budgets ----
+
+// CreateBudget creates a budget (see vault.Store).
+func (s *Engine) CreateBudget(ctx context.Context, actor string, spec vault.BudgetSpec) (vault.Budget, error) {
+	var b vault.Budget
+	err := s.update(ctx, func(tx Tx, now time.Time) error {
+		var err error
+		b, err = s.createBudgetTx(tx, now, actor, spec)
+		return err
+	})
+	if err != nil {
+		return vault.Budget{}, fmt.Errorf("create budget: %w", err)
+	}
+	return b, nil
+}
+
+// GetBudget returns one budget (see vault.Store).
+func (s *Engine) GetBudget(ctx context.Context, id string) (vault.Budget, error) {
+	var b vault.Budget
+	err := s.view(ctx, func(tx Tx, _ time.Time) error {
+		r, err := getBudget(tx, id)
+		if err == nil {
+			b = r.public()
+		}
+		return err
+	})
+	if err != nil {
+		return vault.Budget{}, fmt.Errorf("get budget: %w", err)
+	}
+	return b, nil
+}
+
+// ListBudgets lists budgets oldest first (see vault.Store).
+func (s *Engine) ListBudgets(ctx context.Context, f vault.BudgetFilter) (budgets []vault.Budget, next string, err error) {
+	err = s.view(ctx, func(tx Tx, _ time.Time) error {
+		var err error
+		budgets, next, err = listBudgetsTx(tx, f)
+		return err
+	})
+	if err != nil {
+		return nil, "", fmt.Errorf("list budgets: %w", err)
+	}
+	return budgets, next, nil
+}
+
+// PatchBudget changes a budget under its lock (see vault.Store).
+func (s *Engine) PatchBudget(ctx context.Context, actor, id string, change vault.BudgetChange) (vault.Budget, error) {
+	if change.Apply == nil {
+		return vault.Budget{}, fmt.Errorf("patch budget: no change: %w", vault.ErrInvalid)
+	}
+	var (
+		b       vault.Budget
+		refused error
+	)
+	err := s.update(ctx, func(tx Tx, now time.Time) error {
+		var err error
+		b, refused, err = s.patchBudgetTx(tx, now, actor, id, change) // a re-run starts over
+		return err
+	})
+	switch {
+	case err != nil:
+		return vault.Budget{}, fmt.Errorf("patch budget: %w", err)
+	case refused != nil:
+		return vault.Budget{}, refused
+	}
+	return b, nil
+}
+
+// DeleteBudget deletes a budget no key or budget names (see vault.Store).
+func (s *Engine) DeleteBudget(ctx context.Context, actor, id string) error {
+	err := s.update(ctx, func(tx Tx, now time.Time) error { return deleteBudgetTx(tx, now, actor, id) })
+	if err != nil {
+		return fmt.Errorf("delete budget: %w", err)
+	}
+	return nil
+}
+
+// BudgetChain returns a budget and its ancestors with their usage (see
+// vault.Store).
+func (s *Engine) BudgetChain(ctx context.Context, id string) ([]vault.BudgetState, error) {
+	var out []vault.BudgetState
+	err := s.viewSettled(ctx, "", func(tx Tx, now time.Time) error {
+		var err error
+		out, err = budgetChainTx(tx, now, id)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("budget chain: %w", err)
+	}
+	return out, nil
+}

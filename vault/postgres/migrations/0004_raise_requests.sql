@@ -1,4 +1,4 @@
--- Version 3: raise requests. raise_requests keeps each request a vault key
+-- Version 4: raise requests. raise_requests keeps each request a vault key
 -- made for a raise of one of its caps, by id (ids sort by creation);
 -- raise_pending lists each key's pending requests, so that the limit on them
 -- is counted under the key's lock without reading the others.
