@@ -85,6 +85,8 @@ var agentRoutes = []agentRoute{
 	{method: http.MethodGet, path: "/keybrake/v1/claims/:key", handler: (*agent).getClaim},
 	{method: http.MethodPost, path: "/keybrake/v1/claims/:key/complete", handler: (*agent).completeClaim},
 	{method: http.MethodPost, path: "/keybrake/v1/claims/:key/release", handler: (*agent).releaseClaim},
+	{method: http.MethodPost, path: "/keybrake/v1/raise-requests", handler: (*agent).createRaiseRequest},
+	{method: http.MethodGet, path: "/keybrake/v1/raise-requests/:id", handler: (*agent).getRaiseRequest},
 }
 
 // newAgent returns the agent endpoints of cfg.
@@ -204,6 +206,8 @@ type meView struct {
 	Policy   policy.Policy     `json:"policy"`
 	Currency string            `json:"currency"`
 	Windows  meWindows         `json:"windows"`
+	// Raises are the key's raises active now, which the windows' caps include.
+	Raises []raiseView `json:"raises"`
 }
 
 // meWindows is the admin API's usage view per window, without its currency (which
@@ -231,7 +235,7 @@ func loadMeView(ctx context.Context, store vault.Store, id string, now time.Time
 	if err != nil {
 		return meView{}, fmt.Errorf("usage of %s: %w", id, err)
 	}
-	u := newUsageView(key, windows, usage)
+	u := newUsageView(key, windows, usage, now)
 	return meView{
 		ID:       key.ID,
 		Name:     key.Name,
@@ -240,6 +244,7 @@ func loadMeView(ctx context.Context, store vault.Store, id string, now time.Time
 		Policy:   key.Policy,
 		Currency: u.Currency,
 		Windows:  meWindows{Daily: u.Daily, Period: u.Period, PerRequest: u.PerRequest},
+		Raises:   u.Raises,
 	}, nil
 }
 
