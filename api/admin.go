@@ -79,6 +79,13 @@ var adminRoutes = []adminRoute{
 	{method: http.MethodGet, path: "/api/v1/usage", handler: (*admin).listUsage},
 	{method: http.MethodGet, path: "/api/v1/overview", handler: (*admin).overview},
 
+	{method: http.MethodPost, path: "/api/v1/budgets", handler: (*admin).createBudget},
+	{method: http.MethodGet, path: "/api/v1/budgets", handler: (*admin).listBudgets},
+	{method: http.MethodGet, path: "/api/v1/budgets/:id", handler: (*admin).getBudget},
+	{method: http.MethodPatch, path: "/api/v1/budgets/:id", handler: (*admin).patchBudget},
+	{method: http.MethodDelete, path: "/api/v1/budgets/:id", handler: (*admin).deleteBudget},
+	{method: http.MethodGet, path: "/api/v1/budgets/:id/usage", handler: (*admin).budgetUsage},
+
 	{method: http.MethodGet, path: "/api/v1/holds", handler: (*admin).listHolds},
 	{method: http.MethodPost, path: "/api/v1/holds/:id/resolve", handler: (*admin).resolveHold},
 

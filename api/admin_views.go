@@ -161,8 +161,24 @@ type usageView struct {
 // computed them) and counters.
 func newUsageView(k vault.Key, windows []policy.Window, usage policy.Usage, now time.Time) *usageView {
 	cur := k.Policy.Currency
-	v := &usageView{Currency: cur, Raises: activeRaiseViews(k.Raises, now)}
 	base, _ := k.Policy.Windows(now)
+	v := newWindowsUsage(cur, windows, usage, base, k.Raises, now)
+	if c, ok := k.PerRequestCap(now); ok {
+		s := policy.FormatMinor(cur, c)
+		v.PerRequest.Cap = &s
+		if b, _ := k.Policy.PerRequestCapMinor(); b != c {
+			bs := policy.FormatMinor(cur, b)
+			v.PerRequest.BaseCap = &bs
+		}
+	}
+	return v
+}
+
+// newWindowsUsage is the usage of a key's or a budget's daily and period
+// windows, their caps effective at now (with the raises active then); base
+// are the windows with the caps of the policy alone, for base_cap.
+func newWindowsUsage(cur string, windows []policy.Window, usage policy.Usage, base []policy.Window, raises []vault.Raise, now time.Time) *usageView {
+	v := &usageView{Currency: cur, Raises: activeRaiseViews(raises, now)}
 	for _, w := range windows {
 		cnt := usage[w.ID]
 		wv := &windowView{
@@ -188,14 +204,6 @@ func newUsageView(k vault.Key, windows []policy.Window, usage policy.Usage, now 
 			v.Daily = wv
 		case policy.WindowPeriod:
 			v.Period = wv
-		}
-	}
-	if c, ok := k.PerRequestCap(now); ok {
-		s := policy.FormatMinor(cur, c)
-		v.PerRequest.Cap = &s
-		if b, _ := k.Policy.PerRequestCapMinor(); b != c {
-			bs := policy.FormatMinor(cur, b)
-			v.PerRequest.BaseCap = &bs
 		}
 	}
 	return v

@@ -388,3 +388,11 @@ func (m *mcpEndpoint) requestRaise(ctx context.Context, req *mcp.CallToolRequest
 	}
 	return refusalResult(p.Status, sourceKeybrake, codeInvalidArguments, msg+".", nil), nil
 }
+
+// newBudgetUsage is a budget's usage: its windows' caps effective at now,
+// with the raises active then.
+func newBudgetUsage(st vault.BudgetState, now time.Time) *usageView {
+	lim := st.Budget.Limits()
+	base, _ := lim.Windows(now)
+	return newWindowsUsage(st.Budget.Currency, st.Windows, st.Usage, base, st.Budget.Raises, now)
+}

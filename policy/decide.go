@@ -238,11 +238,13 @@ type Decision struct {
 	// limit, and when one more hold would fit.
 	Velocity Velocity
 	RetryAt  time.Time
+	// Now is the instant the decision was made at (for a Retry-After).
+	Now time.Time
 }
 
 // VelocityRefusal is the refusal of a hold that limit v of scope does not
 // let through before retryAt.
-func VelocityRefusal(scope Scope, v Velocity, retryAt time.Time) Decision {
+func VelocityRefusal(scope Scope, v Velocity, retryAt, now time.Time) Decision {
 	owner := "this key"
 	if scope.Kind == ScopeBudget {
 		owner = fmt.Sprintf("budget %q", scope.Name)
@@ -253,7 +255,7 @@ func VelocityRefusal(scope Scope, v Velocity, retryAt time.Time) Decision {
 	}
 	d := refuse(ReasonVelocityExceeded, fmt.Sprintf("velocity limit of %s: at most %d %s per %s; retry at %s",
 		owner, v.Count, what, v.Per, retryAt.UTC().Format(time.RFC3339)))
-	d.Scope, d.Velocity, d.RetryAt = scope, v, retryAt
+	d.Scope, d.Velocity, d.RetryAt, d.Now = scope, v, retryAt, now
 	return d
 }
 

@@ -7,6 +7,12 @@ var suite = []struct {
 	name string
 	test func(t *testing.T)
 }{
+	{"BudgetSharedByKeys", testBudgetSharedByKeys},
+	{"BudgetTree", testBudgetTree},
+	{"VelocityLimit", testVelocityLimit},
+	{"BudgetVelocityPerOperation", testBudgetVelocityPerOperation},
+	{"BudgetAdmin", testBudgetAdmin},
+	{"BudgetUnknownHoldResolved", testBudgetUnknownHoldResolved},
 	{"ClaimLifecycle", testClaimLifecycle},
 	{"ClaimLeaseTakeover", testClaimLeaseTakeover},
 	{"ClaimLapsedLeaseStillBelongsToItsOwner", testClaimLapsedLeaseStillBelongsToItsOwner},

@@ -103,7 +103,7 @@ func (cp *chainPlan) checkVelocity(tx Tx, op string, now time.Time) (*policy.Dec
 			retryAt, ok := policy.VelocityRetryAt(l, stamps, now)
 			if !ok {
 				if refusal == nil {
-					d := policy.VelocityRefusal(vs.scope, l, retryAt)
+					d := policy.VelocityRefusal(vs.scope, l, retryAt, now)
 					refusal = &d
 				} else if retryAt.After(refusal.RetryAt) {
 					refusal.RetryAt = retryAt
@@ -115,7 +115,7 @@ func (cp *chainPlan) checkVelocity(tx Tx, op string, now time.Time) (*policy.Dec
 	}
 	if refusal != nil {
 		cp.velocityWrites = nil
-		d := policy.VelocityRefusal(refusal.Scope, refusal.Velocity, refusal.RetryAt)
+		d := policy.VelocityRefusal(refusal.Scope, refusal.Velocity, refusal.RetryAt, now)
 		return &d, nil
 	}
 	return nil, nil
