@@ -263,6 +263,8 @@ type eventView struct {
 	ObjectID        string    `json:"object_id,omitempty"`
 	IdempotencyKey  string    `json:"idempotency_key,omitempty"`
 	Tool            string    `json:"tool,omitempty"`
+	// Scope is the key or budget a refusal is about (absent on the others).
+	Scope string `json:"scope,omitempty"`
 	// HeldDelta and CommittedDelta are what the event changed on the key's
 	// held and committed money (negative: released or moved out of held).
 	HeldDelta      string `json:"held_delta"`
@@ -286,6 +288,7 @@ func newEventView(e vault.Event) eventView {
 		ObjectID:        e.ObjectID,
 		IdempotencyKey:  e.IdempotencyKey,
 		Tool:            e.Tool,
+		Scope:           e.Scope,
 		HeldDelta:       formatAmount(e.Currency, e.HeldDelta),
 		CommittedDelta:  formatAmount(e.Currency, e.CommittedDelta),
 	}

@@ -13,6 +13,8 @@ import * as mint from './views/mint.js';
 import * as holds from './views/holds.js';
 import * as upstreams from './views/upstreams.js';
 import * as audit from './views/audit.js';
+import * as budgets from './views/budgets.js';
+import * as raises from './views/raises.js';
 import * as signin from './views/signin.js';
 
 // REFRESH_MS is how often the open page re-reads its data.
@@ -26,6 +28,8 @@ const routes = [
   {pattern: /^\/holds$/, nav: 'holds', view: holds},
   {pattern: /^\/upstreams$/, nav: 'upstreams', view: upstreams},
   {pattern: /^\/audit$/, nav: 'audit', view: audit},
+  {pattern: /^\/budgets$/, nav: 'budgets', view: budgets},
+  {pattern: /^\/raises$/, nav: 'raises', view: raises},
 ];
 
 const main = document.getElementById('main');
