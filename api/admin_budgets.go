@@ -345,7 +345,7 @@ func (a *admin) patchBudget(c echo.Context) error {
 			if err != nil {
 				return vault.BudgetSpec{}, err
 			}
-			merged, err := json.Marshal(mergeJSON(doc, patch))
+			merged, err := json.Marshal(policy.MergeValue(doc, patch))
 			if err != nil {
 				return vault.BudgetSpec{}, err
 			}
@@ -380,24 +380,4 @@ func (a *admin) deleteBudget(c echo.Context) error {
 		return fmt.Errorf("delete budget %s: %w", id, err)
 	}
 	return c.NoContent(http.StatusNoContent)
-}
-
-// mergeJSON is RFC 7386 MergePatch(target, patch).
-func mergeJSON(target, patch any) any {
-	pobj, ok := patch.(map[string]any)
-	if !ok {
-		return patch
-	}
-	tobj, ok := target.(map[string]any)
-	if !ok {
-		tobj = make(map[string]any, len(pobj))
-	}
-	for k, pv := range pobj {
-		if pv == nil {
-			delete(tobj, k)
-			continue
-		}
-		tobj[k] = mergeJSON(tobj[k], pv)
-	}
-	return tobj
 }

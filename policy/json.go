@@ -402,6 +402,10 @@ func (p *Policy) MergePatch(patch []byte) (Policy, error) {
 	return out, nil
 }
 
+// MergeValue is RFC 7386 MergePatch(target, patch) over decoded JSON values
+// (maps, slices, scalars), for documents other than a policy.
+func MergeValue(target, patch any) any { return mergeValue(target, patch) }
+
 // mergeValue is RFC 7386 MergePatch(target, patch).
 func mergeValue(target, patch any) any {
 	pobj, ok := patch.(map[string]any)

@@ -204,7 +204,7 @@ type Hold struct {
 	Operation      string
 	Currency       string
 	Amount         int64 // minor units held (or committed once settled)
-	WindowIDs      []string
+	WindowIDs      []policy.WindowID
 	State          HoldState
 	CreatedAt      time.Time
 	SettledAt      time.Time
@@ -266,7 +266,7 @@ type Event struct {
 	// WindowIDs are the windows the event's deltas apply to (the hold's
 	// windows: a key's "day:…" and "period", a budget's scoped
 	// "bud_…/day:…" and "bud_…/period").
-	WindowIDs []string
+	WindowIDs []policy.WindowID
 	// HeldDelta and CommittedDelta are what the event changed on each of WindowIDs'
 	// counters (minor units). Summed over a key's ledger they equal its counters.
 	HeldDelta      int64

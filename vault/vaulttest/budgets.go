@@ -106,7 +106,7 @@ func testBudgetSharedByKeys(t *testing.T) {
 		case vault.ReserveClaimed:
 			claimed++
 			won = append(won, reqs[i])
-			assert.Contains(t, res.Hold.WindowIDs, b.ID+"/day:2026-09-14")
+			assert.Contains(t, res.Hold.WindowIDs, policy.WindowID(b.ID+"/day:2026-09-14"))
 		case vault.ReserveRefused:
 			assert.Equal(t, policy.ReasonCapExceeded, res.Decision.Reason)
 			assert.Equal(t, policy.Scope{Kind: policy.ScopeBudget, ID: b.ID, Name: "fleet"}, res.Decision.Scope)

@@ -309,7 +309,7 @@ func (s *Engine) patchBudgetTx(tx Tx, now time.Time, actor, id string, change va
 	next.Name, next.DailyCap, next.PeriodCap, next.PeriodStart, next.ExpiresAt = spec.Name, spec.DailyCap, spec.PeriodCap, spec.PeriodStart, spec.ExpiresAt
 	next.Timezone, next.Velocity, next.Labels, next.limits = spec.Timezone, spec.Velocity, maps.Clone(spec.Labels), nil
 	next.Version, next.UpdatedAt = r.Version+1, now
-	if err := carryDay(tx, now, r.ID, r.policy(), next.policy(), r.Currency, func(w string) string { return scopedWindowID(r.ID, w) }); err != nil {
+	if err := carryDay(tx, now, r.ID, r.policy(), next.policy(), r.Currency, func(w policy.WindowID) policy.WindowID { return scopedWindowID(r.ID, w) }); err != nil {
 		return vault.Budget{}, nil, err
 	}
 	if err := putBudget(tx, &next); err != nil {

@@ -159,10 +159,10 @@ func decodeStamps(k, b []byte) ([]time.Time, error) {
 
 // lockBudgetsOf locks, in order, each budget whose windows windowIDs name, so
 // that its counters are read after every write made under its lock.
-func lockBudgetsOf(tx Tx, windowIDs []string) error {
+func lockBudgetsOf(tx Tx, windowIDs []policy.WindowID) error {
 	var done []string
 	for _, w := range windowIDs {
-		id, _, ok := strings.Cut(w, "/")
+		id, _, ok := strings.Cut(string(w), "/")
 		if !ok || !strings.HasPrefix(id, policy.BudgetIDPrefix) || slices.Contains(done, id) {
 			continue
 		}

@@ -307,7 +307,7 @@ func checkInvariantTx(tx Tx, now time.Time) ([]error, int, error) {
 		if c.Committed < committedHolds[ck] {
 			bad("counter %s: committed %d but committed holds sum to %d", ck, c.Committed, committedHolds[ck])
 		}
-		scopeID, windowID, _ := strings.Cut(ck, "/")
+		scopeID, windowID, _ := splitCounterKey([]byte(ck))
 		ws, ok := scopes[scopeID]
 		if !ok {
 			if ws, err = scopeWindowsAt(tx, scopeID, now); err != nil {
@@ -365,11 +365,8 @@ func scopeWindowsAt(tx Tx, id string, now time.Time) ([]policy.Window, error) {
 }
 
 // capFor is the current cap of a scope's window, by the window id's kind.
-func capFor(windows []policy.Window, windowID string) (int64, bool) {
-	kind := policy.WindowPeriod
-	if strings.HasPrefix(windowID, "day:") {
-		kind = policy.WindowDaily
-	}
+func capFor(windows []policy.Window, windowID policy.WindowID) (int64, bool) {
+	kind := windowID.Kind()
 	for _, w := range windows {
 		if w.Kind == kind {
 			return w.Cap, w.HasCap

@@ -247,13 +247,13 @@ func changeKeyTx(tx Tx, now time.Time, actor string, rec *keyRec, p policy.Polic
 // still sums to the counters, and a carry above the new window's cap is booked
 // as allowance (the money was spent under the old zone's window).
 func carryDailyUsage(tx Tx, now time.Time, rec *keyRec, p *policy.Policy) error {
-	return carryDay(tx, now, rec.ID, &rec.Policy, p, p.EffectiveCurrency(), func(w string) string { return w })
+	return carryDay(tx, now, rec.ID, &rec.Policy, p, p.EffectiveCurrency(), func(w policy.WindowID) policy.WindowID { return w })
 }
 
 // carryDay is carryDailyUsage for the scope owner (a key, or a budget whose
 // window ids name turns scoped) going from the policy from to the policy to;
 // the carried event is in owner's ledger.
-func carryDay(tx Tx, now time.Time, owner string, from, to *policy.Policy, currency string, name func(string) string) error {
+func carryDay(tx Tx, now time.Time, owner string, from, to *policy.Policy, currency string, name func(policy.WindowID) policy.WindowID) error {
 	fw, err := from.Windows(now)
 	if err != nil {
 		return fmt.Errorf("%s windows: %w", owner, err)
@@ -297,7 +297,7 @@ func carryDay(tx Tx, now time.Time, owner string, from, to *policy.Policy, curre
 	}
 	return putEvent(tx, &vault.Event{
 		Time: now, KeyID: owner, Operation: op, Amount: carry, Currency: currency,
-		Decision: vault.DecisionCarried, Reason: "timezone_changed", WindowIDs: []string{newID}, CommittedDelta: carry,
+		Decision: vault.DecisionCarried, Reason: "timezone_changed", WindowIDs: []policy.WindowID{newID}, CommittedDelta: carry,
 		AllowanceDeltas: []int64{excused},
 	})
 }
@@ -414,8 +414,8 @@ func usageOf(windows []policy.Window, counters []counter) policy.Usage {
 }
 
 // windowIDs lists the ids of windows.
-func windowIDs(windows []policy.Window) []string {
-	ids := make([]string, len(windows))
+func windowIDs(windows []policy.Window) []policy.WindowID {
+	ids := make([]policy.WindowID, len(windows))
 	for i, w := range windows {
 		ids[i] = w.ID
 	}

@@ -379,7 +379,7 @@ func (pl *reservePlan) placeHold(tx Tx) error {
 // addToWindows moves money on a hold's windows. A budget's windows are
 // changed under the budget's lock, taken here in the hold's order (the key's
 // windows, then its chain's closest first) after the caller took the key's.
-func addToWindows(tx Tx, keyID string, windowIDs []string, heldDelta, committedDelta, allowance int64) error {
+func addToWindows(tx Tx, keyID string, windowIDs []policy.WindowID, heldDelta, committedDelta, allowance int64) error {
 	if err := lockBudgetsOf(tx, windowIDs); err != nil {
 		return err
 	}
@@ -579,7 +579,7 @@ func commitObject(tx Tx, now time.Time, req *vault.SettleRequest, hold *holdRec,
 }
 
 // sameForEach is n for each of ids, or nil when n is 0 (events leave it out).
-func sameForEach(ids []string, n int64) []int64 {
+func sameForEach(ids []policy.WindowID, n int64) []int64 {
 	if n == 0 {
 		return nil
 	}
