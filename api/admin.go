@@ -92,6 +92,17 @@ var adminRoutes = []adminRoute{
 	{method: http.MethodGet, path: "/api/v1/holds", handler: (*admin).listHolds},
 	{method: http.MethodPost, path: "/api/v1/holds/:id/resolve", handler: (*admin).resolveHold},
 
+	{method: http.MethodPost, path: "/api/v1/keys/:id/raises", handler: (*admin).addKeyRaise},
+	{method: http.MethodGet, path: "/api/v1/keys/:id/raises", handler: (*admin).listKeyRaises},
+	{method: http.MethodDelete, path: "/api/v1/keys/:id/raises/:raise_id", handler: (*admin).endKeyRaise},
+	{method: http.MethodPost, path: "/api/v1/budgets/:id/raises", handler: (*admin).addBudgetRaise},
+	{method: http.MethodGet, path: "/api/v1/budgets/:id/raises", handler: (*admin).listBudgetRaises},
+	{method: http.MethodDelete, path: "/api/v1/budgets/:id/raises/:raise_id", handler: (*admin).endBudgetRaise},
+	{method: http.MethodGet, path: "/api/v1/raise-requests", handler: (*admin).listRaiseRequests},
+	{method: http.MethodGet, path: "/api/v1/raise-requests/:id", handler: (*admin).getRaiseRequest},
+	{method: http.MethodPost, path: "/api/v1/raise-requests/:id/approve", handler: (*admin).approveRaiseRequest, admin: true},
+	{method: http.MethodPost, path: "/api/v1/raise-requests/:id/decline", handler: (*admin).declineRaiseRequest, admin: true},
+
 	{method: http.MethodGet, path: "/api/v1/audit", handler: (*admin).listAudit},
 	{method: http.MethodGet, path: "/api/v1/backup", handler: (*admin).backup, admin: true},
 	{method: http.MethodPost, path: "/api/v1/compact", handler: (*admin).compact, admin: true},

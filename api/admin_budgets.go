@@ -95,9 +95,9 @@ func decodeNumbersJSON(body []byte, dst *map[string]any) error {
 }
 
 // budgetWithUsage is a budget with the usage of its windows now.
-func budgetWithUsage(st vault.BudgetState) budgetView {
+func budgetWithUsage(st vault.BudgetState, now time.Time) budgetView {
 	v := newBudgetView(st.Budget)
-	v.Usage = newWindowsUsage(st.Budget.Currency, st.Windows, st.Usage)
+	v.Usage = newBudgetUsage(st, now)
 	return v
 }
 
@@ -237,7 +237,7 @@ func (a *admin) budgetAnswer(c echo.Context, status int, id string) error {
 		return fmt.Errorf("budget %s: %w", id, err)
 	}
 	c.Response().Header().Set("ETag", `"`+strconv.FormatUint(chain[0].Budget.Version, 10)+`"`)
-	return c.JSON(status, budgetWithUsage(chain[0]))
+	return c.JSON(status, budgetWithUsage(chain[0], a.now()))
 }
 
 // getBudget handles GET /api/v1/budgets/{id}.
@@ -259,7 +259,7 @@ func (a *admin) budgetUsage(c echo.Context) error {
 	if err != nil {
 		return fmt.Errorf("budget usage %s: %w", id, err)
 	}
-	return c.JSON(http.StatusOK, newWindowsUsage(chain[0].Budget.Currency, chain[0].Windows, chain[0].Usage))
+	return c.JSON(http.StatusOK, newBudgetUsage(chain[0], a.now()))
 }
 
 // budgetListView is the answer of GET /api/v1/budgets.
@@ -313,7 +313,7 @@ func (a *admin) listBudgets(c echo.Context) error {
 		} else if err != nil {
 			return fmt.Errorf("list budgets: %w", err)
 		}
-		out.Budgets = append(out.Budgets, budgetWithUsage(chain[0]))
+		out.Budgets = append(out.Budgets, budgetWithUsage(chain[0], a.now()))
 	}
 	return c.JSON(http.StatusOK, out)
 }

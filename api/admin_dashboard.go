@@ -54,7 +54,7 @@ func (a *admin) listUsage(c echo.Context) error {
 		return keyUsageView{
 			KeyID:     k.Key.ID,
 			Status:    string(k.Key.StatusAt(now)),
-			usageView: newUsageView(k.Key, k.Windows, k.Usage),
+			usageView: newUsageView(k.Key, k.Windows, k.Usage, now),
 		}
 	})})
 }

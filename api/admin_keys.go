@@ -151,7 +151,7 @@ func (a *admin) getKey(c echo.Context) error {
 		return fmt.Errorf("get key %s: %w", id, err)
 	}
 	v := newKeyView(key, a.now())
-	v.Usage = newUsageView(key, windows, usage)
+	v.Usage = newUsageView(key, windows, usage, a.now())
 	return a.keyJSON(c, http.StatusOK, key, v)
 }
 
@@ -165,7 +165,7 @@ func (a *admin) keyUsage(c echo.Context) error {
 	if err != nil {
 		return fmt.Errorf("key usage %s: %w", id, err)
 	}
-	return c.JSON(http.StatusOK, newUsageView(key, windows, usage))
+	return c.JSON(http.StatusOK, newUsageView(key, windows, usage, a.now()))
 }
 
 // patchKeyRequest is the body of PATCH /api/v1/keys/{id}: a JSON merge patch

@@ -72,7 +72,7 @@ func TestAdminOpenAPIDocumentMatchesRoutes(t *testing.T) {
 	}
 	sort.Strings(documented)
 	assert.Equal(t, served, documented, "served routes and documented operations differ")
-	assert.Len(t, served, 42)
+	assert.Len(t, served, 52)
 
 	// The document's problem types are the ones the server uses.
 	assertProblemTypes(t, doc, "Problem",
@@ -131,7 +131,7 @@ func TestAgentOpenAPIDocumentMatchesRoutes(t *testing.T) {
 	}
 	sort.Strings(documented)
 	assert.Equal(t, served, documented, "served agent routes and documented agent operations differ")
-	assert.Len(t, served, 5)
+	assert.Len(t, served, 7)
 
 	// The agent problem types are the general ones plus the claims API's.
 	assertProblemTypes(t, doc, "AgentProblem",

@@ -126,20 +126,25 @@ type keyWithTokenView struct {
 }
 
 // windowView is one cap window's usage; money as decimal strings in the key's
-// currency, cap and remaining null when the window has no cap.
+// currency, cap and remaining null when the window has no cap. Cap is the
+// effective cap (the policy's plus the raises active now); BaseCap is the
+// policy's, present only while a raise adds to it.
 type windowView struct {
 	Start     time.Time `json:"start"`
 	End       time.Time `json:"end"`
 	Cap       *string   `json:"cap"`
+	BaseCap   *string   `json:"base_cap,omitempty"`
 	Committed string    `json:"committed"`
 	Held      string    `json:"held"`
 	Remaining *string   `json:"remaining"`
 	ResetAt   time.Time `json:"reset_at"`
 }
 
-// perRequestView is the per-request cap (null when none).
+// perRequestView is the per-request cap (null when none), effective as
+// windowView's.
 type perRequestView struct {
-	Cap *string `json:"cap"`
+	Cap     *string `json:"cap"`
+	BaseCap *string `json:"base_cap,omitempty"`
 }
 
 // usageView is a key's usage per window.
@@ -148,22 +153,32 @@ type usageView struct {
 	Daily      *windowView    `json:"daily"`
 	Period     *windowView    `json:"period"`
 	PerRequest perRequestView `json:"per_request"`
+	// Raises are the raises active now, which the caps include.
+	Raises []raiseView `json:"raises"`
 }
 
-func newUsageView(k vault.Key, windows []policy.Window, usage policy.Usage) *usageView {
+// newUsageView shows a key's windows (their caps effective at now, as the store
+// computed them) and counters.
+func newUsageView(k vault.Key, windows []policy.Window, usage policy.Usage, now time.Time) *usageView {
 	cur := k.Policy.Currency
-	v := newWindowsUsage(cur, windows, usage)
-	if c, ok := k.Policy.PerRequestCapMinor(); ok {
+	base, _ := k.Policy.Windows(now)
+	v := newWindowsUsage(cur, windows, usage, base, k.Raises, now)
+	if c, ok := k.PerRequestCap(now); ok {
 		s := policy.FormatMinor(cur, c)
 		v.PerRequest.Cap = &s
+		if b, _ := k.Policy.PerRequestCapMinor(); b != c {
+			bs := policy.FormatMinor(cur, b)
+			v.PerRequest.BaseCap = &bs
+		}
 	}
 	return v
 }
 
 // newWindowsUsage is the usage of a key's or a budget's daily and period
-// windows.
-func newWindowsUsage(cur string, windows []policy.Window, usage policy.Usage) *usageView {
-	v := &usageView{Currency: cur}
+// windows, their caps effective at now (with the raises active then); base
+// are the windows with the caps of the policy alone, for base_cap.
+func newWindowsUsage(cur string, windows []policy.Window, usage policy.Usage, base []policy.Window, raises []vault.Raise, now time.Time) *usageView {
+	v := &usageView{Currency: cur, Raises: activeRaiseViews(raises, now)}
 	for _, w := range windows {
 		cnt := usage[w.ID]
 		wv := &windowView{
@@ -177,6 +192,12 @@ func newWindowsUsage(cur string, windows []policy.Window, usage policy.Usage) *u
 			c := policy.FormatMinor(cur, w.Cap)
 			r := policy.FormatMinor(cur, max(0, w.Cap-cnt.Committed-cnt.Held))
 			wv.Cap, wv.Remaining = &c, &r
+			for _, b := range base {
+				if b.Kind == w.Kind && b.HasCap && b.Cap != w.Cap {
+					bc := policy.FormatMinor(cur, b.Cap)
+					wv.BaseCap = &bc
+				}
+			}
 		}
 		switch w.Kind {
 		case policy.WindowDaily:
@@ -242,6 +263,8 @@ type eventView struct {
 	ObjectID        string    `json:"object_id,omitempty"`
 	IdempotencyKey  string    `json:"idempotency_key,omitempty"`
 	Tool            string    `json:"tool,omitempty"`
+	// Scope is the key or budget a refusal is about (absent on the others).
+	Scope string `json:"scope,omitempty"`
 	// HeldDelta and CommittedDelta are what the event changed on the key's
 	// held and committed money (negative: released or moved out of held).
 	HeldDelta      string `json:"held_delta"`
@@ -265,6 +288,7 @@ func newEventView(e vault.Event) eventView {
 		ObjectID:        e.ObjectID,
 		IdempotencyKey:  e.IdempotencyKey,
 		Tool:            e.Tool,
+		Scope:           e.Scope,
 		HeldDelta:       formatAmount(e.Currency, e.HeldDelta),
 		CommittedDelta:  formatAmount(e.Currency, e.CommittedDelta),
 	}

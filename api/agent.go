@@ -85,6 +85,8 @@ var agentRoutes = []agentRoute{
 	{method: http.MethodGet, path: "/keybrake/v1/claims/:key", handler: (*agent).getClaim},
 	{method: http.MethodPost, path: "/keybrake/v1/claims/:key/complete", handler: (*agent).completeClaim},
 	{method: http.MethodPost, path: "/keybrake/v1/claims/:key/release", handler: (*agent).releaseClaim},
+	{method: http.MethodPost, path: "/keybrake/v1/raise-requests", handler: (*agent).createRaiseRequest},
+	{method: http.MethodGet, path: "/keybrake/v1/raise-requests/:id", handler: (*agent).getRaiseRequest},
 }
 
 // newAgent returns the agent endpoints of cfg.
@@ -204,6 +206,8 @@ type meView struct {
 	Policy   policy.Policy     `json:"policy"`
 	Currency string            `json:"currency"`
 	Windows  meWindows         `json:"windows"`
+	// Raises are the key's raises active now, which the windows' caps include.
+	Raises []raiseView `json:"raises"`
 	// Budgets is the chain of budgets the key draws on, closest first: each
 	// one's windows, what is left of them, and its velocity limits.
 	Budgets []meBudget `json:"budgets"`
@@ -217,6 +221,8 @@ type meBudget struct {
 	Daily    *windowView       `json:"daily"`
 	Period   *windowView       `json:"period"`
 	Velocity []policy.Velocity `json:"velocity"`
+	// Raises are the budget's raises active now, which its caps include.
+	Raises []raiseView `json:"raises"`
 }
 
 // meWindows is the admin API's usage view per window, without its currency (which
@@ -244,7 +250,7 @@ func loadMeView(ctx context.Context, store vault.Store, id string, now time.Time
 	if err != nil {
 		return meView{}, fmt.Errorf("usage of %s: %w", id, err)
 	}
-	u := newUsageView(key, windows, usage)
+	u := newUsageView(key, windows, usage, now)
 	v := meView{
 		ID:       key.ID,
 		Name:     key.Name,
@@ -253,6 +259,7 @@ func loadMeView(ctx context.Context, store vault.Store, id string, now time.Time
 		Policy:   key.Policy,
 		Currency: u.Currency,
 		Windows:  meWindows{Daily: u.Daily, Period: u.Period, PerRequest: u.PerRequest},
+		Raises:   u.Raises,
 		Budgets:  []meBudget{},
 	}
 	if key.Policy.Budget == "" {
@@ -263,12 +270,12 @@ func loadMeView(ctx context.Context, store vault.Store, id string, now time.Time
 		return meView{}, fmt.Errorf("budgets of %s: %w", id, err)
 	}
 	for _, st := range chain {
-		bu := newWindowsUsage(st.Budget.Currency, st.Windows, st.Usage)
+		bu := newBudgetUsage(st, now)
 		vel := st.Budget.Velocity
 		if vel == nil {
 			vel = []policy.Velocity{}
 		}
-		v.Budgets = append(v.Budgets, meBudget{Scope: st.Budget.Scope(), Currency: bu.Currency, Daily: bu.Daily, Period: bu.Period, Velocity: vel})
+		v.Budgets = append(v.Budgets, meBudget{Scope: st.Budget.Scope(), Currency: bu.Currency, Daily: bu.Daily, Period: bu.Period, Velocity: vel, Raises: bu.Raises})
 	}
 	return v, nil
 }

@@ -207,8 +207,11 @@ func toolsFor(key *vault.Key) []*mcp.Tool {
 // toolHandler runs one tool.
 func (m *mcpEndpoint) toolHandler(t *toolSpec) mcp.ToolHandler {
 	return func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
-		if t.name == toolGetBudget {
+		switch t.name {
+		case toolGetBudget:
 			return m.getBudget(ctx, req.Extra)
+		case toolRequestRaise:
+			return m.requestRaise(ctx, req)
 		}
 		call, err := t.request(req.Params.Arguments)
 		var bad *argError

@@ -57,6 +57,7 @@ func TestMCPToolOperations(t *testing.T) {
 		"update_dispute":        {"disputes.update", false},
 		"stripe_request":        {"", false},
 		"get_budget":            {"", false},
+		"request_budget_raise":  {"", false},
 	}
 	require.Len(t, mcpTools, len(want))
 	for _, tool := range mcpTools {
@@ -117,7 +118,7 @@ func TestMCPToolsForAPolicy(t *testing.T) {
 	assert.NotContains(t, def, "cancel_subscription")
 
 	only := names(policy.Policy{Operations: []string{"refunds.create"}})
-	assert.Equal(t, []string{"create_refund", "stripe_request", "get_budget"}, only)
+	assert.Equal(t, []string{"create_refund", "stripe_request", "get_budget", "request_budget_raise"}, only)
 
 	// Report mode forwards what the policy would refuse: every tool is usable.
 	report := names(policy.Policy{Operations: []string{"refunds.create"}, Mode: policy.ModeReport})

@@ -85,7 +85,7 @@ func TestMCPOverPlainHTTP(t *testing.T) {
 	assert.Contains(t, init["instructions"], "spend_cap_exceeded")
 
 	tools := rpc("tools/list", map[string]any{})["tools"].([]any)
-	assert.Len(t, tools, 12, "the reads, create_payment_intent, stripe_request and get_budget")
+	assert.Len(t, tools, 13, "the reads, create_payment_intent, stripe_request, get_budget and request_budget_raise")
 
 	res := rpc("tools/call", map[string]any{"name": "create_payment_intent",
 		"arguments": map[string]any{"amount": 1500, "currency": "usd", "idempotency_key": "curl-1"}})
@@ -96,6 +96,21 @@ func TestMCPOverPlainHTTP(t *testing.T) {
 		"arguments": map[string]any{"amount": 1500, "currency": "usd", "idempotency_key": "curl-2"}})
 	assert.Equal(t, true, res["isError"])
 	assert.Equal(t, "spend_cap_exceeded", res["structuredContent"].(map[string]any)["code"])
+
+	// An agent out of budget asks for more: the request is pending, nothing changes yet.
+	res = rpc("tools/call", map[string]any{"name": "request_budget_raise", "arguments": map[string]any{
+		"window": "daily", "amount": "10.00", "until": "2026-09-14T18:00:00Z", "reason": "one more order today"}})
+	assert.Equal(t, nil, res["isError"], "%v", res)
+	rr := res["structuredContent"].(map[string]any)
+	assert.Equal(t, "pending", rr["state"])
+	assert.Equal(t, "10.00", rr["amount"])
+	got, err := env.store.GetRaiseRequest(context.Background(), rr["id"].(string))
+	require.NoError(t, err)
+	assert.Equal(t, "one more order today", got.Reason)
+	res = rpc("tools/call", map[string]any{"name": "request_budget_raise", "arguments": map[string]any{
+		"window": "daily", "amount": "10.00", "until": "2026-12-30T18:00:00Z", "reason": "too far"}})
+	assert.Equal(t, true, res["isError"], "more than 31 days ahead")
+	assert.Contains(t, fmt.Sprint(res["structuredContent"]), "31 days")
 
 	// GET opens no stream: keybrake never speaks first.
 	r, err := env.Try(http.MethodGet, "/mcp", http.Header{"Authorization": {"Bearer " + token}, "Accept": {"text/event-stream"}}, nil)
@@ -120,7 +135,7 @@ func TestMCPOverPlainHTTP(t *testing.T) {
 		}
 	}
 	assert.Equal(t, 2, toolLines, "one canonical line per tool call that reached the proxy")
-	assert.Equal(t, 5, accessLines)
+	assert.Equal(t, 7, accessLines)
 }
 
 // BenchmarkMCPToolCall measures a money-moving tool call end to end over HTTP:

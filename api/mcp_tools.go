@@ -76,6 +76,7 @@ type toolSpec struct {
 const (
 	toolStripeRequest = "stripe_request"
 	toolGetBudget     = "get_budget"
+	toolRequestRaise  = "request_budget_raise"
 )
 
 // idempotencyArg is the argument every POST tool takes.
@@ -273,6 +274,18 @@ var mcpTools = mustTools([]*toolSpec{
 		"per cap window (daily, period) the cap, what is committed, what is held by requests in flight or whose " +
 		"outcome is unknown, what remains and when the window resets; and the per-request cap. Call it before a " +
 		"payment to plan instead of discovering a cap by hitting it."},
+	{name: toolRequestRaise, title: "Request budget raise", desc: "Ask a human operator for a temporary raise of one of " +
+		"this vault key's caps, with a reason. Nothing changes until an admin approves: the answer is the request, " +
+		"pending; call get_budget later to see the raise among the caps. At most 5 requests may be pending at once.",
+		args: []toolArg{
+			{name: "window", kind: argString, required: true, enum: []string{"daily", "period", "per_request"},
+				desc: "The cap to raise."},
+			{name: "amount", kind: argString, required: true,
+				desc: "How much to add to the cap, a decimal string in the key's currency (\"50.00\")."},
+			{name: "until", kind: argString, required: true,
+				desc: "When the raise ends by itself: an RFC 3339 time in the future, at most 31 days ahead."},
+			{name: "reason", kind: argString, required: true, desc: "Why the raise is needed, for the approver (at most 500 characters)."},
+		}},
 })
 
 // mustTools derives each tool's operation from the catalogue and builds its two
@@ -337,6 +350,8 @@ func (t *toolSpec) listed(derive bool) *mcp.Tool {
 	switch {
 	case t.method == http.MethodGet || t.name == toolGetBudget:
 		ann.ReadOnlyHint, ann.IdempotentHint = true, true
+	case t.name == toolRequestRaise:
+		ann.DestructiveHint = ptr(false) // it only asks
 	case t.money:
 		// The idempotency key is part of the arguments: the same call twice moves
 		// money once.
@@ -347,7 +362,7 @@ func (t *toolSpec) listed(derive bool) *mcp.Tool {
 		additive := t.method == http.MethodPost && !strings.Contains(t.path, "{") && t.name != toolStripeRequest
 		ann.DestructiveHint = ptr(!additive)
 	}
-	if t.name == toolGetBudget {
+	if t.name == toolGetBudget || t.name == toolRequestRaise {
 		ann.OpenWorldHint = ptr(false)
 	}
 	return &mcp.Tool{Name: t.name, Title: t.title, Description: desc, InputSchema: schema, Annotations: ann}

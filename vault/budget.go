@@ -28,6 +28,9 @@ type Budget struct {
 	Labels      map[string]string
 	// Children and Keys count the budgets and keys that name this one.
 	Children, Keys int
+	// Raises are the budget's raises, active or ended within RaiseRetention,
+	// oldest first (Store.AddRaise).
+	Raises []Raise
 	// Version counts the budget's changes (If-Match on a patch).
 	Version   uint64
 	CreatedAt time.Time

@@ -107,6 +107,45 @@ type Store interface {
 	// counters. Errors: ErrNotFound.
 	KeyUsage(ctx context.Context, id string) (Key, []policy.Window, policy.Usage, error)
 
+	// ---- raises ----
+
+	// AddRaise adds a raise to the cap of one window of scope, with its audit
+	// entry, in one write transaction that holds the scope's lock: the next
+	// hold is judged against the raised cap, and a hold after the raise's end
+	// against the cap as it was. Errors: ErrNotFound (no such key or budget),
+	// ErrInvalid (an unknown window, an amount that is not positive, an until
+	// not in the future or more than policy.MaxRaiseSpan ahead, a window
+	// without a cap to raise, a reason over MaxRaiseReasonLen), ErrConflict (a
+	// revoked key; MaxActiveRaises active already).
+	AddRaise(ctx context.Context, actor string, scope RaiseScope, r NewRaise) (Raise, error)
+	// ListRaises lists scope's raises, active or ended within RaiseRetention,
+	// oldest first. Errors: ErrNotFound.
+	ListRaises(ctx context.Context, scope RaiseScope) ([]Raise, error)
+	// EndRaise ends one of scope's raises now, before its until, with its audit
+	// entry: the cap is what it was from the next hold on. Errors: ErrNotFound
+	// (no such scope or raise), ErrConflict (the raise has ended already).
+	EndRaise(ctx context.Context, actor string, scope RaiseScope, raiseID string) (Raise, error)
+	// RequestRaise records vault key keyID asking for a raise of one of its
+	// caps (pending, for an admin to decide), with its audit entry. Errors:
+	// ErrNotFound, ErrKeyRevoked, ErrInvalid (as AddRaise), ErrConflict (the
+	// key has MaxPendingRaiseRequests pending already).
+	RequestRaise(ctx context.Context, keyID string, r NewRaise) (RaiseRequest, error)
+	// GetRaiseRequest returns the raise request id. Errors: ErrNotFound.
+	GetRaiseRequest(ctx context.Context, id string) (RaiseRequest, error)
+	// ListRaiseRequests lists the raise requests in state ("" for all),
+	// newest first. Limit defaults to 50, max 500; cursor is the previous
+	// page's next. Errors: ErrInvalid (an unknown state, a malformed cursor).
+	ListRaiseRequests(ctx context.Context, state RaiseRequestState, limit int, cursor string) ([]RaiseRequest, string, error)
+	// DecideRaiseRequest approves (creating the raise on the key, created by
+	// actor) or declines a pending raise request, with its audit entry, in one
+	// write transaction: of two admins deciding at once, one decides and the
+	// other gets ErrConflict. Errors: ErrNotFound, ErrConflict (the request is
+	// decided already; on approval, the key is revoked or has
+	// MaxActiveRaises), ErrInvalid (on approval: the requested until has
+	// passed, or the window no longer has a cap; a note over
+	// MaxRaiseReasonLen).
+	DecideRaiseRequest(ctx context.Context, actor, id string, approve bool, note string) (RaiseRequest, error)
+
 	// ---- budgets ----
 
 	// CreateBudget creates a budget, with its audit entry. Its parent, if

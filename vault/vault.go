@@ -116,6 +116,10 @@ type Key struct {
 	// expired (Store.RecordKeyRefusal): who still uses a key that no longer works.
 	Refused KeyRefusals
 
+	// Raises are the key's raises, active or ended within RaiseRetention, oldest
+	// first (Store.AddRaise).
+	Raises []Raise
+
 	// UpstreamVersion is the version of the key's upstream (Upstream.Version)
 	// read in the same transaction as the key. Only Authenticate sets it; it
 	// is 0 elsewhere and when the upstream is not registered.

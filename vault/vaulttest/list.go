@@ -102,4 +102,12 @@ var suite = []struct {
 	{"UpstreamAuthFailedHourly", testUpstreamAuthFailedHourly},
 	{"HoldUnknownEvent", testHoldUnknownEvent},
 	{"BudgetEvents", testBudgetEvents},
+	{"ARaiseThatEnds", testARaiseThatEnds},
+	{"RaisePerRequestAndPeriod", testRaisePerRequestAndPeriod},
+	{"RaiseArguments", testRaiseArguments},
+	{"EndRaiseEarly", testEndRaiseEarly},
+	{"RaiseRequests", testRaiseRequests},
+	{"RaiseRequestDecidedOnce", testRaiseRequestDecidedOnce},
+	{"RaisesAndHoldsConcurrently", testRaisesAndHoldsConcurrently},
+	{"ABudgetRaiseThatEnds", testABudgetRaiseThatEnds},
 }

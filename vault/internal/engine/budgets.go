@@ -32,7 +32,9 @@ type budgetRec struct {
 	Version     uint64            `json:"version"`
 	CreatedAt   time.Time         `json:"created_at"`
 	UpdatedAt   time.Time         `json:"updated_at"`
-	limits      *policy.Policy    // memo of Limits, per transaction
+	// Raises are the budget's raises, oldest first (raises.go).
+	Raises []raiseRec     `json:"raises,omitempty"`
+	limits *policy.Policy // memo of Limits, per transaction
 }
 
 func (r *budgetRec) public() vault.Budget {
@@ -41,6 +43,7 @@ func (r *budgetRec) public() vault.Budget {
 		PeriodStart: r.PeriodStart, ExpiresAt: r.ExpiresAt, Timezone: r.Timezone, Velocity: slices.Clone(r.Velocity),
 		Labels: maps.Clone(r.Labels), Children: r.Children, Keys: r.Keys, Version: r.Version,
 		CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt,
+		Raises: publicRaises(r.Raises, vault.RaiseScope{Kind: policy.ScopeBudget, ID: r.ID}, r.Currency),
 	}
 }
 
@@ -119,7 +122,7 @@ func budgetWindows(tx Tx, b *budgetRec, now time.Time) ([]policy.Window, error) 
 	if err != nil {
 		return nil, fmt.Errorf("budget %s windows: %w", b.ID, err)
 	}
-	return effectiveCaps(tx, b.scope(), w, now)
+	return effectiveCaps(w, b.Raises, now), nil
 }
 
 // keyWindows is a key's windows at now, their caps as in force.
@@ -128,13 +131,14 @@ func keyWindows(tx Tx, k *keyRec, now time.Time) ([]policy.Window, error) {
 	if err != nil {
 		return nil, fmt.Errorf("key %s windows: %w", k.ID, err)
 	}
-	return effectiveCaps(tx, policy.Scope{Kind: policy.ScopeKey, ID: k.ID, Name: k.Name}, w, now)
+	return effectiveCaps(w, k.Raises, now), nil
 }
 
 // effectiveCaps is where anything that changes a scope's caps for a while
-// applies to its windows at now (today, nothing: the caps are the policy's).
-func effectiveCaps(_ Tx, _ policy.Scope, windows []policy.Window, _ time.Time) ([]policy.Window, error) {
-	return windows, nil
+// applies to its windows at now: the scope's raises, kept in its own record,
+// through policy.EffectiveCap (raises.go).
+func effectiveCaps(windows []policy.Window, raises []raiseRec, now time.Time) []policy.Window {
+	return policy.RaiseWindows(windows, capRaises(raises), now)
 }
 
 // budgetOpen reports whether now is within the budget's life.

@@ -258,7 +258,7 @@ func overviewKeysTx(tx Tx, now time.Time, ov *vault.Overview, opts vault.Overvie
 		case vault.KeyExpired:
 			ov.Keys.Expired++
 		}
-		windows, err := key.Policy.Windows(now)
+		windows, err := key.Windows(now)
 		if err != nil {
 			return fmt.Errorf("key %s windows: %w", key.ID, err)
 		}

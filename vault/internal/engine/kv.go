@@ -46,6 +46,8 @@ type Bucket uint8
 //	            counted against it (unix ns, 8 bytes BE each, oldest first)
 //	webhooks, deliveries, delivery_due, delivery_done, event_marks: the
 //	            endpoints and the outbox (outbox.go)
+//	raise_requests  raise request id ("rr_…", sorts by creation) → raiseRequestRec (JSON)
+//	raise_pending   key id NUL raise request id of each pending request → empty
 //
 // A budget's counters are in counters too, under budget id "/" window id; a
 // hold's window ids name them so ("bud_…/day:2026-09-14"), see counterKey.
@@ -73,6 +75,8 @@ const (
 	BucketDeliveryDue
 	BucketDeliveryDone
 	BucketMarks
+	BucketRaiseRequests
+	BucketRaisePending
 	// NumBuckets counts the buckets.
 	NumBuckets
 )
@@ -83,6 +87,7 @@ var bucketLabels = [NumBuckets]string{
 	"inflight", "completions", "rollups", "records",
 	"budgets", "velocity",
 	"webhooks", "deliveries", "delivery_due", "delivery_done", "event_marks",
+	"raise_requests", "raise_pending",
 }
 
 // Name is the bucket's name (bbolt's bucket name).

@@ -174,7 +174,7 @@ func (s *Engine) planNew(tx Tx, now time.Time, req *vault.ReserveRequest, res va
 	case chain != nil && chain.refusal != nil:
 		dec = *chain.refusal
 	case chain != nil:
-		dec = policy.DecideChain(&key.Policy, key.scope(), windows, usage, req.Request, now, chain.links)
+		dec = policy.DecideChain(key.decisionPolicy(now), key.scope(), windows, usage, req.Request, now, chain.links)
 		if dec.Allowed {
 			if refusal, err := chain.checkVelocity(tx, req.Request.Operation, now); err != nil {
 				return nil, err
@@ -183,7 +183,7 @@ func (s *Engine) planNew(tx Tx, now time.Time, req *vault.ReserveRequest, res va
 			}
 		}
 	default:
-		dec = policy.DecideIn(&key.Policy, windows, usage, req.Request, now)
+		dec = policy.DecideIn(key.decisionPolicy(now), windows, usage, req.Request, now)
 		dec.Scope = key.scope()
 	}
 	res.Decision = dec

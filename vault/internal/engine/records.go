@@ -49,6 +49,8 @@ type keyRec struct {
 	UpdatedAt   time.Time         `json:"updated_at"`
 	RevokedAt   time.Time         `json:"revoked_at,omitzero"`
 	Refused     *refusedRec       `json:"refused,omitempty"`
+	// Raises are the key's raises, oldest first (raises.go).
+	Raises []raiseRec `json:"raises,omitempty"`
 	// Version counts the writes of the key (putKey raises it); a key written
 	// before it was kept has none and reads as version 1.
 	Version uint64 `json:"version,omitempty"`
@@ -78,6 +80,7 @@ func (r *keyRec) public() vault.Key {
 		Status: r.Status, TokenHash: r.TokenHash, TokenPrefix: r.TokenPrefix,
 		CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt, RevokedAt: r.RevokedAt, Version: r.version(),
 		Refused: r.refused(),
+		Raises:  publicRaises(r.Raises, vault.RaiseScope{Kind: policy.ScopeKey, ID: r.ID}, p.EffectiveCurrency()),
 	}
 }
 

@@ -133,9 +133,9 @@ func summarizeKey(tx Tx, now time.Time, k, v []byte, pct int, sum *vault.UsageSu
 	if (&vault.Key{Status: rec.Status, Policy: rec.Policy}).StatusAt(now) != vault.KeyActive {
 		return nil
 	}
-	windows, err := rec.Policy.Windows(now)
+	windows, err := keyWindows(tx, &rec, now)
 	if err != nil {
-		return fmt.Errorf("key %s windows: %w", rec.ID, err)
+		return err
 	}
 	usage, err := readUsage(tx, rec.ID, windows)
 	if err != nil {

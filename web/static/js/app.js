@@ -14,6 +14,8 @@ import * as holds from './views/holds.js';
 import * as upstreams from './views/upstreams.js';
 import * as audit from './views/audit.js';
 import * as webhooks from './views/webhooks.js';
+import * as budgets from './views/budgets.js';
+import * as raises from './views/raises.js';
 import * as signin from './views/signin.js';
 
 // REFRESH_MS is how often the open page re-reads its data.
@@ -28,6 +30,8 @@ const routes = [
   {pattern: /^\/upstreams$/, nav: 'upstreams', view: upstreams},
   {pattern: /^\/audit$/, nav: 'audit', view: audit},
   {pattern: /^\/webhooks$/, nav: 'webhooks', view: webhooks},
+  {pattern: /^\/budgets$/, nav: 'budgets', view: budgets},
+  {pattern: /^\/raises$/, nav: 'raises', view: raises},
 ];
 
 const main = document.getElementById('main');

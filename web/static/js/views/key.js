@@ -119,7 +119,38 @@ export function mount(main, ctx) {
         h('p', {class: 'hint'}, timeEl(u.period.start, tz), ' to ', timeEl(u.period.end, tz))),
       h('div', {class: 'usage-block'},
         h('h3', null, 'Per request'),
-        h('p', null, u.per_request.cap === null ? h('span', {class: 'muted'}, 'no cap') : money(u.per_request.cap, u.currency)))));
+        h('p', null, u.per_request.cap === null ? h('span', {class: 'muted'}, 'no cap') : money(u.per_request.cap, u.currency)))),
+      renderRaises(u));
+  }
+
+  // renderRaises lists the raises adding to the caps now, with End for admins.
+  function renderRaises(u) {
+    const rs = u.raises || [];
+    if (rs.length === 0) return null;
+    return h('div', {class: 'raises-region'}, h('h3', null, 'Raised for a while'),
+      h('ul', {class: 'raises'}, rs.map((r) => h('li', {'data-raise': r.id},
+        h('strong', null, `+${money(r.amount, r.currency)}`), ` on the ${r.window.replace('_', '-')} cap until `, timeEl(r.until, key.policy.timezone),
+        r.reason ? ` — ${r.reason}` : null, h('span', {class: 'muted'}, ` (${r.created_by})`), ' ',
+        ctx.isAdmin ? h('button', {type: 'button', class: 'button secondary small', 'data-action': 'end-raise', 'data-focus-id': `end:${r.id}`,
+          onclick: () => endRaise(r)}, 'End now') : null))));
+  }
+
+  async function endRaise(r) {
+    const ok = await confirm({
+      title: 'End this raise now?',
+      content: [h('p', null, `The ${r.window.replace('_', '-')} cap loses its ${money(r.amount, r.currency)} at once; what was spent under it stays counted.`)],
+      action: 'End the raise',
+      danger: true,
+    });
+    if (!ok) return;
+    try {
+      await request('DELETE', `/keys/${enc}/raises/${pathId(r.id)}`);
+      replace(notice, message('success', h('p', null, 'The raise has ended.')));
+      announce('The raise has ended.');
+    } catch (err) {
+      replace(notice, errorBox(err, 'The raise was not ended'));
+    }
+    await load();
   }
 
   // renderHeld says what the key's held money is: money objects' exposure,
@@ -470,7 +501,7 @@ function whatHappened(e) {
   const obj = e.object_id || 'the object';
   switch (e.decision) {
     case 'refused':
-      return `refused (${e.reason}) before Stripe: nothing held, nothing sent`;
+      return `refused (${e.reason}${e.scope && e.scope !== e.key_id ? ` by budget ${e.scope}` : ''}) before Stripe: nothing held, nothing sent`;
     case 'would_refuse':
       return `report mode let it through; an enforcing key would have refused it (${e.reason})`;
     case 'allowed':
