@@ -43,7 +43,7 @@ const (
 var policyFields = []string{
 	fieldVendor, fieldCurrency, fieldDailyCap, fieldPeriodCap, fieldPerRequestCap,
 	fieldPeriodStart, fieldExpiresAt, fieldTimezone, fieldOperations, fieldCustomers,
-	fieldStripeAccounts, fieldIdempotency, fieldMode,
+	fieldStripeAccounts, fieldIdempotency, fieldMode, fieldApproval,
 	fieldLegacyDaily, fieldLegacyPeriod, fieldLegacyPerRequest,
 }
 
@@ -71,6 +71,7 @@ type wirePolicy struct {
 	StripeAccounts []string         `json:"stripe_accounts,omitempty"`
 	Idempotency    *wireIdempotency `json:"idempotency,omitempty"`
 	Mode           Mode             `json:"mode,omitempty"`
+	Approval       *wireApproval    `json:"approval,omitempty"`
 }
 
 type wireIdempotency struct {
@@ -97,6 +98,7 @@ func (p Policy) MarshalJSON() ([]byte, error) {
 		Customers:      p.Customers,
 		StripeAccounts: p.StripeAccounts,
 		Mode:           p.Mode,
+		Approval:       p.Approval.wire(cur),
 	}
 	if p.DailyCap != nil {
 		w.DailyCap = formatMajor(cur, *p.DailyCap)
@@ -263,6 +265,10 @@ func (p *Policy) UnmarshalJSON(data []byte) error {
 				}
 			}
 		}
+	}
+
+	if raw, ok := present(fields, fieldApproval); ok {
+		parseApproval(&v, raw, &out)
 	}
 
 	if err := v.err(); err != nil {

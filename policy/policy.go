@@ -113,6 +113,9 @@ type Policy struct {
 	StripeAccounts []string         `json:"stripe_accounts,omitempty"`
 	Idempotency    Idempotency      `json:"idempotency"`
 	Mode           Mode             `json:"mode"`
+	// Approval, when set, makes a person decide on the money requests it
+	// names before they are forwarded (see NeedsApproval).
+	Approval *Approval `json:"approval,omitempty"`
 }
 
 // DefaultCurrency, DefaultTimezone are what Normalize fills in when a policy names none.
@@ -359,6 +362,8 @@ func (p *Policy) validate(v *ValidationError) {
 	default:
 		v.add("idempotency.mode", "unknown mode %q: must be %q or %q", p.Idempotency.Mode, IdempotencyRequire, IdempotencyDerive)
 	}
+
+	p.validateApproval(v)
 
 	switch p.Mode {
 	case "", ModeEnforce, ModeReport:

@@ -86,4 +86,9 @@ var suite = []struct {
 	{"DaylightSavingDay", testDaylightSavingDay},
 	{"NoSecretOrTokenStored", testNoSecretOrTokenStored},
 	{"Backup", testBackup},
+	// Approvals (approvals.go).
+	{"ApprovalHoldsThenForwardsOnce", testApprovalHoldsThenForwardsOnce},
+	{"ApprovalDeclinedReleasesAndIsReplayed", testApprovalDeclinedReleasesAndIsReplayed},
+	{"ApprovalExpiresByTheStoreClock", testApprovalExpiresByTheStoreClock},
+	{"ApprovalTwoAdminsAtOnce", testApprovalTwoAdminsAtOnce},
 }

@@ -40,6 +40,9 @@ type Bucket uint8
 //	            record the reaper will remove → empty
 //	rollups     key id "/" window id → the summed deltas of the ledger events the
 //	            retention removed (binary, 24 bytes)
+//	approvals   approval id ("apr_…", sortable by creation) → vault.Approval (JSON)
+//	approvals_open approval id of each pending or approved approval → its
+//	            expiry (unix ns, 8 bytes BE) + key id: what the reaper expires
 const (
 	BucketMeta Bucket = iota
 	BucketUpstreams
@@ -57,6 +60,9 @@ const (
 	BucketCompletions
 	BucketRollups
 	BucketRecords
+	// Approvals (approvals.go).
+	BucketApprovals
+	BucketApprovalsOpen
 	// NumBuckets counts the buckets.
 	NumBuckets
 )
@@ -65,6 +71,7 @@ var bucketLabels = [NumBuckets]string{
 	"meta", "upstreams", "keys", "key_tokens", "key_names", "idem",
 	"hold_index", "counters", "events", "audit", "objects", "claims",
 	"inflight", "completions", "rollups", "records",
+	"approvals", "approvals_open",
 }
 
 // Name is the bucket's name (bbolt's bucket name).
