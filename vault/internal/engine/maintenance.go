@@ -56,9 +56,9 @@ func (s *Engine) reap(ctx context.Context) (reapCount, error) {
 		{bucket: BucketCompletions, judge: s.judgeCompletion},
 		{bucket: BucketCounters, judge: judgeCounter},
 		{bucket: BucketObjects, judge: judgeObject},
-		{bucket: BucketClaims, judge: s.judgeClaim}, // claims.go
-		{bucket: BucketEvents, judge: s.judgeEvent}, // retention.go
-		{bucket: BucketRollups, judge: judgeRollup}, // retention.go
+		{bucket: BucketClaims, judge: s.judgeClaim},           // claims.go
+		{bucket: BucketEvents, judge: s.judgeEvent},           // retention.go
+		{bucket: BucketRollups, judge: judgeRollup},           // retention.go
 		{bucket: BucketApprovalsOpen, judge: s.judgeApproval}, // approvals.go
 	})
 }

@@ -498,7 +498,7 @@ func (s *Engine) publicRecord(r *recordRec) (vault.IdempotencyRecord, error) {
 		KeyID: keyID, IdempotencyKey: idem, Fingerprint: r.Fingerprint, UpstreamKey: r.UpstreamKey,
 		State: r.State, LeaseUntil: r.LeaseUntil, HoldID: r.holdID(), RequestID: r.RequestID, Resolved: r.Resolved,
 		ApprovalID: r.ApprovalID,
-		CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt, CompletedAt: r.CompletedAt,
+		CreatedAt:  r.CreatedAt, UpdatedAt: r.UpdatedAt, CompletedAt: r.CompletedAt,
 	}
 	if r.Response != nil {
 		resp := &vault.StoredResponse{Status: r.Response.Status, Header: r.Response.Header.Clone()}
