@@ -52,6 +52,10 @@ const (
 	CodeUpstreamPermission  ErrorCode = "upstream_permission_denied"
 	CodeStoreUnavailable    ErrorCode = "store_unavailable"
 	CodeInternalError       ErrorCode = "internal_error"
+	// Approvals (approval.go).
+	CodeApprovalRequired ErrorCode = "approval_required"
+	CodeApprovalDeclined ErrorCode = "approval_declined"
+	CodeApprovalExpired  ErrorCode = "approval_expired"
 )
 
 // codeOf is the error code of a policy refusal reason: the same word; a
@@ -118,7 +122,11 @@ type keybrakeDetail struct {
 	ResetAt   *time.Time `json:"reset_at,omitempty"`
 	Field     string     `json:"field,omitempty"`
 	Operation string     `json:"operation,omitempty"`
-	RequestID string     `json:"request_id"`
+	// Of an approval: its id, when it expires, the amount it holds.
+	ApprovalID string     `json:"approval_id,omitempty"`
+	ExpiresAt  *time.Time `json:"expires_at,omitempty"`
+	Amount     string     `json:"amount,omitempty"`
+	RequestID  string     `json:"request_id"`
 }
 
 type errorBody struct {
@@ -148,7 +156,7 @@ func statusFor(code ErrorCode) (status int, typ string, retry bool) {
 	case CodeVaultKeyNotYetValid, CodeOperationNotAllowed, CodeCustomerNotAllowed,
 		CodeAccountNotAllowed, CodeCurrencyNotAllowed, CodeAmountUnknown:
 		return http.StatusForbidden, TypeInvalidRequest, false
-	case CodeSpendCapExceeded:
+	case CodeSpendCapExceeded, CodeApprovalRequired, CodeApprovalDeclined, CodeApprovalExpired:
 		return http.StatusPaymentRequired, TypeInvalidRequest, false
 	case CodeRequestMalformed:
 		return http.StatusBadRequest, TypeInvalidRequest, false
