@@ -82,6 +82,11 @@ var adminRoutes = []adminRoute{
 	{method: http.MethodGet, path: "/api/v1/holds", handler: (*admin).listHolds},
 	{method: http.MethodPost, path: "/api/v1/holds/:id/resolve", handler: (*admin).resolveHold},
 
+	{method: http.MethodGet, path: "/api/v1/approvals", handler: (*admin).listApprovals},
+	{method: http.MethodGet, path: "/api/v1/approvals/:id", handler: (*admin).getApproval},
+	{method: http.MethodPost, path: "/api/v1/approvals/:id/approve", handler: (*admin).approveApproval},
+	{method: http.MethodPost, path: "/api/v1/approvals/:id/decline", handler: (*admin).declineApproval},
+
 	{method: http.MethodGet, path: "/api/v1/audit", handler: (*admin).listAudit},
 	{method: http.MethodGet, path: "/api/v1/backup", handler: (*admin).backup, admin: true},
 	{method: http.MethodPost, path: "/api/v1/compact", handler: (*admin).compact, admin: true},

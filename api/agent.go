@@ -204,6 +204,21 @@ type meView struct {
 	Policy   policy.Policy     `json:"policy"`
 	Currency string            `json:"currency"`
 	Windows  meWindows         `json:"windows"`
+	// PendingApprovals are the key's requests that wait for a person's
+	// decision, newest first (at most 50).
+	PendingApprovals []meApproval `json:"pending_approvals"`
+}
+
+// meApproval is one of a key's pending approvals as the key may see it.
+type meApproval struct {
+	ID             string    `json:"id"`
+	IdempotencyKey string    `json:"idempotency_key"`
+	Operation      string    `json:"operation"`
+	Amount         string    `json:"amount"`
+	Currency       string    `json:"currency"`
+	Reason         string    `json:"reason"`
+	CreatedAt      time.Time `json:"created_at"`
+	ExpiresAt      time.Time `json:"expires_at"`
 }
 
 // meWindows is the admin API's usage view per window, without its currency (which
@@ -232,7 +247,18 @@ func loadMeView(ctx context.Context, store vault.Store, id string, now time.Time
 		return meView{}, fmt.Errorf("usage of %s: %w", id, err)
 	}
 	u := newUsageView(key, windows, usage)
+	pending, _, err := store.ListApprovals(ctx, vault.ApprovalFilter{KeyID: id, State: vault.ApprovalPending})
+	if err != nil {
+		return meView{}, fmt.Errorf("approvals of %s: %w", id, err)
+	}
+	approvals := make([]meApproval, len(pending))
+	for i, ap := range pending {
+		approvals[i] = meApproval{ID: ap.ID, IdempotencyKey: ap.IdempotencyKey, Operation: ap.Operation,
+			Amount: policy.FormatMinor(ap.Currency, ap.Amount), Currency: ap.Currency, Reason: ap.Reason,
+			CreatedAt: ap.CreatedAt, ExpiresAt: ap.ExpiresAt}
+	}
 	return meView{
+		PendingApprovals: approvals,
 		ID:       key.ID,
 		Name:     key.Name,
 		Labels:   labelsOf(key),
