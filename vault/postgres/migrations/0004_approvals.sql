@@ -1,4 +1,4 @@
--- Version 3: approvals. approvals keeps each approval under its id;
+-- Version 4: approvals. approvals keeps each approval under its id;
 -- approvals_open lists the pending and approved ones with their expiry, which
 -- the reaper walks.
 CREATE TABLE keybrake_approvals      (k bytea PRIMARY KEY, v bytea NOT NULL);
