@@ -16,6 +16,7 @@ import (
 	"github.com/labstack/echo/v4"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/keybrake/keybrake/api/webhooks"
 	"github.com/keybrake/keybrake/proxy"
 	"github.com/keybrake/keybrake/proxy/logfield"
 	"github.com/keybrake/keybrake/vault"
@@ -41,6 +42,8 @@ type admin struct {
 
 	// maxClockOffset is AdminConfig.MaxClockOffset.
 	maxClockOffset time.Duration
+	// webhookGuard judges webhook destinations (AdminConfig.WebhookAllowPrivate).
+	webhookGuard webhooks.Guard
 }
 
 // adminRoute is one route of the admin API. The OpenAPI document describes exactly
@@ -119,6 +122,7 @@ func NewAdmin(cfg AdminConfig) http.Handler {
 		demo:      cfg.Demo,
 
 		maxClockOffset: cfg.MaxClockOffset,
+		webhookGuard:   webhooks.Guard{AllowPrivate: cfg.WebhookAllowPrivate},
 	}
 	gatherer := cfg.Metrics
 	if gatherer == nil {

@@ -23,6 +23,8 @@ import (
 // where it takes one, ctx's error. The errors a method returns beyond those
 // are named in its doc.
 type Store interface {
+	// WebhookStore: the webhook endpoints, their outbox and delivery log.
+	WebhookStore
 	// ---- upstreams ----
 
 	// PutUpstream registers or replaces the upstream name with a sealed

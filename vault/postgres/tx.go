@@ -388,7 +388,7 @@ func (t *tx) Get(b engine.Bucket, k []byte) ([]byte, error) {
 		return o.v, nil
 	}
 	sql := queries[b].get
-	forUpdate := t.write && (b == engine.BucketKeys || b == engine.BucketUpstreams)
+	forUpdate := t.write && engine.LocksOnRead(b)
 	if forUpdate {
 		sql = queries[b].getForUpdate
 	}

@@ -2,6 +2,7 @@ package vaulttest
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"sync"
 	"testing"
@@ -216,4 +217,49 @@ func testApprovalTwoAdminsAtOnce(t *testing.T) {
 	}
 	_, err := f.s.DecideApproval(ctx, "alice", "apr_nope", true, "")
 	require.ErrorIs(t, err, vault.ErrNotFound)
+}
+
+// testApprovalEventsInTheirTransactions: approval.pending is written with the
+// hold that waits, approval.decided with the decision (approved, declined,
+// expired by the reaper, pending or approved), each in the outbox of the transaction that made it.
+func testApprovalEventsInTheirTransactions(t *testing.T) {
+	f := newApprovalFixture(t)
+	ctx := context.Background()
+	MustWebhook(t, f.s, []string{vault.EventApprovalPending, vault.EventApprovalDecided}, nil)
+	approved := f.ask(t, "a", 21000)
+	declined := f.ask(t, "b", 21000)
+	_, err := f.s.DecideApproval(ctx, "alice", approved.ID, true, "fine")
+	require.NoError(t, err)
+	_, err = f.s.DecideApproval(ctx, "alice", declined.ID, false, "no")
+	require.NoError(t, err)
+	expired := f.ask(t, "c", 21000)
+	f.clock.Advance(11 * time.Minute)
+	_, err = f.s.Reap(ctx)
+	require.NoError(t, err)
+
+	type ev struct{ typ, id, state string }
+	var got []ev
+	for _, j := range claimAll(t, f.s) {
+		var body struct {
+			Type string `json:"type"`
+			Data struct {
+				ID        string `json:"id"`
+				State     string `json:"state"`
+				Amount    string `json:"amount"`
+				DecidedBy string `json:"decided_by"`
+			} `json:"data"`
+		}
+		require.NoError(t, json.Unmarshal(j.Body, &body))
+		assert.Equal(t, "210.00", body.Data.Amount)
+		got = append(got, ev{body.Type, body.Data.ID, body.Data.State})
+	}
+	assert.ElementsMatch(t, []ev{
+		{vault.EventApprovalPending, approved.ID, "pending"},
+		{vault.EventApprovalPending, declined.ID, "pending"},
+		{vault.EventApprovalPending, expired.ID, "pending"},
+		{vault.EventApprovalDecided, approved.ID, "approved"},
+		{vault.EventApprovalDecided, declined.ID, "declined"},
+		{vault.EventApprovalDecided, expired.ID, "expired"},
+		{vault.EventApprovalDecided, approved.ID, "expired"}, // approved, and not retried within the timeout
+	}, got)
 }

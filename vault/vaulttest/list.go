@@ -86,9 +86,16 @@ var suite = []struct {
 	{"DaylightSavingDay", testDaylightSavingDay},
 	{"NoSecretOrTokenStored", testNoSecretOrTokenStored},
 	{"Backup", testBackup},
+	{"WebhookLifecycle", testWebhookLifecycle},
+	{"ThresholdOnceUnderConcurrency", testThresholdOnceUnderConcurrency},
+	{"SpendCapRefusedOnce", testSpendCapRefusedOnce},
+	{"EmitEventInItsTransaction", testEmitEventInItsTransaction},
+	{"DeliveryLeaseAndSchedule", testDeliveryLeaseAndSchedule},
+	{"KeyExpiringAndPrune", testKeyExpiringAndPrune},
 	// Approvals (approvals.go).
 	{"ApprovalHoldsThenForwardsOnce", testApprovalHoldsThenForwardsOnce},
 	{"ApprovalDeclinedReleasesAndIsReplayed", testApprovalDeclinedReleasesAndIsReplayed},
 	{"ApprovalExpiresByTheStoreClock", testApprovalExpiresByTheStoreClock},
 	{"ApprovalTwoAdminsAtOnce", testApprovalTwoAdminsAtOnce},
+	{"ApprovalEventsInTheirTransactions", testApprovalEventsInTheirTransactions},
 }

@@ -160,8 +160,39 @@ func closeApproval(tx Tx, now time.Time, rec *recordRec, a *vault.Approval, stat
 		return err
 	}
 	a.State = state
-	// outbox: approval.decided (declined, expired) is written here, in this transaction.
-	return putApproval(tx, a)
+	if err := putApproval(tx, a); err != nil {
+		return err
+	}
+	return emitApproval(tx, now, vault.EventApprovalDecided, a)
+}
+
+// approvalEventData is the data of the approval.pending and approval.decided
+// events.
+type approvalEventData struct {
+	ID             string    `json:"id"`
+	Key            Scope     `json:"key"`
+	IdempotencyKey string    `json:"idempotency_key"`
+	Operation      string    `json:"operation"`
+	Amount         string    `json:"amount"`
+	Currency       string    `json:"currency"`
+	Customer       string    `json:"customer,omitempty"`
+	Reason         string    `json:"reason"`
+	State          string    `json:"state"`
+	ExpiresAt      time.Time `json:"expires_at"`
+	DecidedBy      string    `json:"decided_by,omitempty"`
+	Note           string    `json:"note,omitempty"`
+}
+
+// emitApproval writes the event typ about a into the outbox of tx: the
+// transaction that made the change it reports.
+func emitApproval(tx Tx, now time.Time, typ string, a *vault.Approval) error {
+	_, err := EmitEvent(tx, now, typ, approvalEventData{
+		ID: a.ID, Key: Scope{Kind: "key", ID: a.KeyID, Name: a.KeyName}, IdempotencyKey: a.IdempotencyKey,
+		Operation: a.Operation, Amount: policy.FormatMinor(a.Currency, a.Amount), Currency: a.Currency,
+		Customer: a.Customer, Reason: a.Reason, State: string(a.State), ExpiresAt: a.ExpiresAt,
+		DecidedBy: a.DecidedBy, Note: a.Note,
+	})
+	return err
 }
 
 // decideApprovalTx approves or declines the pending approval id (see
@@ -204,8 +235,10 @@ func decideApprovalTx(tx Tx, now time.Time, actor, id string, approve bool, note
 	if approve {
 		action = "approval.approve"
 		a.State, a.ExpiresAt = vault.ApprovalApproved, now.Add(a.Timeout)
-		// outbox: approval.decided (approved) is written here, in this transaction.
 		if err := putApproval(tx, a); err != nil {
+			return txResult[vault.Approval]{}, err
+		}
+		if err := emitApproval(tx, now, vault.EventApprovalDecided, a); err != nil {
 			return txResult[vault.Approval]{}, err
 		}
 	} else if err := closeApproval(tx, now, rec, a, vault.ApprovalDeclined); err != nil {

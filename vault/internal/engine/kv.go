@@ -40,6 +40,8 @@ type Bucket uint8
 //	            record the reaper will remove → empty
 //	rollups     key id "/" window id → the summed deltas of the ledger events the
 //	            retention removed (binary, 24 bytes)
+//	webhooks, deliveries, delivery_due, delivery_done, event_marks: the
+//	            endpoints and the outbox (outbox.go)
 //	approvals   approval id ("apr_…", sortable by creation) → vault.Approval (JSON)
 //	approvals_open approval id of each pending or approved approval → its
 //	            expiry (unix ns, 8 bytes BE) + key id: what the reaper expires
@@ -60,6 +62,11 @@ const (
 	BucketCompletions
 	BucketRollups
 	BucketRecords
+	BucketWebhooks
+	BucketDeliveries
+	BucketDeliveryDue
+	BucketDeliveryDone
+	BucketMarks
 	// Approvals (approvals.go).
 	BucketApprovals
 	BucketApprovalsOpen
@@ -71,6 +78,7 @@ var bucketLabels = [NumBuckets]string{
 	"meta", "upstreams", "keys", "key_tokens", "key_names", "idem",
 	"hold_index", "counters", "events", "audit", "objects", "claims",
 	"inflight", "completions", "rollups", "records",
+	"webhooks", "deliveries", "delivery_due", "delivery_done", "event_marks",
 	"approvals", "approvals_open",
 }
 
@@ -86,6 +94,18 @@ func Buckets() []Bucket {
 	return out
 }
 
+// LocksOnRead reports whether a Get from b in a write transaction locks the
+// entry until the transaction ends, on a backend with concurrent writers: the
+// entries that a read-modify-write changes under no vault key's lock (keys and
+// upstreams, webhook endpoints, deliveries).
+func LocksOnRead(b Bucket) bool {
+	switch b {
+	case BucketKeys, BucketUpstreams, BucketWebhooks, BucketDeliveries:
+		return true
+	}
+	return false
+}
+
 // Tx is one transaction of a backend: an ordered key-value store of buckets.
 // The engine runs every rule of the vault against it, so the rules are written
 // once, whichever backend stores the bytes.
@@ -96,7 +116,7 @@ func Buckets() []Bucket {
 // as at the end of the bucket, and fails the whole transaction with it.
 type Tx interface {
 	// Get returns the value under k, nil when there is none. In a write
-	// transaction, a Get from BucketKeys or BucketUpstreams locks the entry
+	// transaction, a Get from a bucket LocksOnRead names locks the entry
 	// until the transaction ends (see LockKey).
 	Get(b Bucket, k []byte) ([]byte, error)
 	// GetMany returns the values under keys, in their order: nil where there

@@ -27,6 +27,8 @@ type reservePlan struct {
 	// hold is added to.
 	counters []counter
 	event    *vault.Event
+	// key is the key the plan decided under, for the events it causes.
+	key *keyRec
 	// approval is the approval to write (put with its open index entry);
 	// writes, the other writes of a change of an approval's state.
 	approval *vault.Approval
@@ -67,7 +69,10 @@ func (s *Engine) reserveTx(tx Tx, now time.Time, req *vault.ReserveRequest, pk *
 	if err != nil {
 		return txResult[vault.ReserveResult]{}, err
 	}
-	return pl.res, pl.apply(tx)
+	if err := pl.apply(tx); err != nil {
+		return txResult[vault.ReserveResult]{}, err
+	}
+	return pl.res, s.noticeReserve(tx, now, req, pl)
 }
 
 // planReserve reads everything Reserve needs in tx and decides. It writes nothing.
@@ -161,7 +166,7 @@ func (s *Engine) planNew(tx Tx, now time.Time, req *vault.ReserveRequest, res va
 	}
 	dec := policy.DecideIn(&key.Policy, windows, usage, req.Request, now)
 	res.Decision = dec
-	pl := &reservePlan{counters: counters}
+	pl := &reservePlan{counters: counters, key: key}
 	if !dec.Allowed {
 		res.Outcome = vault.ReserveRefused
 		pl.res = accept(res)
@@ -326,9 +331,14 @@ func (pl *reservePlan) apply(tx Tx) error {
 			}
 		}
 	}
-	if pl.approval != nil {
-		if err := putApproval(tx, pl.approval); err != nil {
+	if a := pl.approval; a != nil {
+		if err := putApproval(tx, a); err != nil {
 			return err
+		}
+		if a.State == vault.ApprovalPending {
+			if err := emitApproval(tx, pl.record.UpdatedAt, vault.EventApprovalPending, a); err != nil {
+				return err
+			}
 		}
 	}
 	if pl.writes != nil {
@@ -494,6 +504,9 @@ func settleWrites(tx Tx, now time.Time, req *vault.SettleRequest, rec *recordRec
 		}
 		if hold != nil {
 			hold.State = vault.HoldUnknown
+			if err := noticeUnknown(tx, now, hold); err != nil {
+				return err
+			}
 		}
 	case vault.SettleAbandon:
 		if rec.Fresh {
@@ -514,6 +527,9 @@ func settleWrites(tx Tx, now time.Time, req *vault.SettleRequest, rec *recordRec
 		rec.State, rec.LeaseUntil = vault.RecordUnknown, time.Time{}
 		if hold != nil {
 			hold.State = vault.HoldUnknown
+			if err := noticeUnknown(tx, now, hold); err != nil {
+				return err
+			}
 		}
 	}
 	rec.UpdatedAt = now
@@ -705,6 +721,9 @@ func recoverRecord(tx Tx, now time.Time, r *recordRec) error {
 	r.State, r.LeaseUntil, r.Fresh, r.UpdatedAt = vault.RecordUnknown, time.Time{}, false, now
 	if r.Hold != nil {
 		r.Hold.State = vault.HoldUnknown
+		if err := noticeUnknown(tx, now, r.Hold); err != nil {
+			return err
+		}
 	}
 	return putRecord(tx, r)
 }

@@ -72,6 +72,8 @@ type Engine struct {
 	memo          *memo
 	cheapReads    bool
 	appendRecords bool
+	// webhooks is what the hot path knows of the webhook endpoints (outbox.go).
+	webhooks webhookCache
 
 	// reapBatch is the most deletions one reaper transaction makes (reapBatchSize;
 	// tests lower it).
@@ -106,6 +108,7 @@ func New(b Backend, cfg Config) (*Engine, error) {
 	}
 	if cfg.SoleWriter {
 		e.memo = &memo{}
+		e.webhooks.sole = true
 	}
 	if e.log == nil {
 		e.log = slog.Default()
