@@ -259,13 +259,13 @@ func loadMeView(ctx context.Context, store vault.Store, id string, now time.Time
 	}
 	return meView{
 		PendingApprovals: approvals,
-		ID:       key.ID,
-		Name:     key.Name,
-		Labels:   labelsOf(key),
-		Status:   string(key.StatusAt(now)),
-		Policy:   key.Policy,
-		Currency: u.Currency,
-		Windows:  meWindows{Daily: u.Daily, Period: u.Period, PerRequest: u.PerRequest},
+		ID:               key.ID,
+		Name:             key.Name,
+		Labels:           labelsOf(key),
+		Status:           string(key.StatusAt(now)),
+		Policy:           key.Policy,
+		Currency:         u.Currency,
+		Windows:          meWindows{Daily: u.Daily, Period: u.Period, PerRequest: u.PerRequest},
 	}, nil
 }
 
