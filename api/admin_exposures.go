@@ -46,7 +46,7 @@ func newExposureView(e vault.ExposedObject) exposureView {
 	}
 	windows := make([]exposureWindowView, 0, len(e.Windows))
 	for _, w := range e.Windows {
-		windows = append(windows, exposureWindowView{ID: w.WindowID, Exposure: formatAmount(e.Currency, w.Amount)})
+		windows = append(windows, exposureWindowView{ID: string(w.WindowID), Exposure: formatAmount(e.Currency, w.Amount)})
 	}
 	return exposureView{
 		ObjectID:      e.ObjectID,

@@ -199,7 +199,7 @@ type holdView struct {
 }
 
 func newHoldView(h vault.Hold) holdView {
-	windows := h.WindowIDs
+	windows := policy.WindowIDStrings(h.WindowIDs)
 	if windows == nil {
 		windows = []string{}
 	}

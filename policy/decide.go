@@ -22,7 +22,7 @@ const (
 // for this window (usage is still counted).
 type Window struct {
 	Kind   WindowKind
-	ID     string
+	ID     WindowID
 	Start  time.Time // inclusive
 	End    time.Time // exclusive; also the reset_at
 	Cap    int64
@@ -42,8 +42,8 @@ type Window struct {
 func (p *Policy) Windows(now time.Time) ([]Window, error) {
 	cur := p.EffectiveCurrency()
 	start, end, date := dayBounds(now, p.Location())
-	daily := Window{Kind: WindowDaily, ID: "day:" + date, Start: start, End: end}
-	period := Window{Kind: WindowPeriod, ID: "period", Start: p.PeriodStart, End: p.ExpiresAt}
+	daily := Window{Kind: WindowDaily, ID: DayWindowID(date), Start: start, End: end}
+	period := Window{Kind: WindowPeriod, ID: PeriodWindowID, Start: p.PeriodStart, End: p.ExpiresAt}
 	var err error
 	if p.DailyCap != nil {
 		daily.HasCap = true
@@ -165,7 +165,7 @@ type Counter struct {
 }
 
 // Usage maps a Window.ID to its counter. A missing ID means zero.
-type Usage map[string]Counter
+type Usage map[WindowID]Counter
 
 // Request is what Decide needs to know about a request. Amount is in minor units of
 // Currency; Currency is "" for requests that move no money. Account is the

@@ -132,7 +132,7 @@ func TestDecideBoundaries(t *testing.T) {
 	t.Parallel()
 	p := MustPolicy(t, `{"vendor":"stripe","daily_cap":"10.00","period_cap":"20.00","period_start":"2026-09-01T00:00:00Z","expires_at":"2026-10-01T00:00:00Z"}`, mintTime)
 	now := MustTime(t, "2026-09-14T10:00:00Z")
-	day := "day:2026-09-14"
+	day := DayWindowID("2026-09-14")
 	tests := map[string]struct {
 		usage   Usage
 		amount  int64

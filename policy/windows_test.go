@@ -16,7 +16,7 @@ func TestDailyWindow(t *testing.T) {
 	tests := map[string]struct {
 		zone       string
 		now        string
-		id         string
+		id         WindowID
 		start, end string // RFC 3339, UTC
 		hours      float64
 	}{
@@ -128,7 +128,7 @@ func TestPeriodWindow(t *testing.T) {
 		Start: MustTime(t, "2026-09-01T00:00:00Z"), End: MustTime(t, "2026-10-01T00:00:00Z"),
 		Cap: 11000, HasCap: true,
 	}, ws[1])
-	assert.Equal(t, "day:2026-09-14", ws[0].ID)
+	assert.Equal(t, DayWindowID("2026-09-14"), ws[0].ID)
 	assert.Equal(t, int64(9900), ws[0].Cap)
 
 	t.Run("no caps: windows still counted", func(t *testing.T) {
@@ -222,11 +222,11 @@ func TestDailyWindowInvariant(t *testing.T) {
 				require.NoError(t, err)
 				d := ws[0]
 				ok := !d.Start.After(now) && now.Before(d.End) &&
-					d.ID == "day:"+now.In(loc).Format(time.DateOnly) &&
-					d.ID == "day:"+d.Start.In(loc).Format(time.DateOnly) &&
-					d.ID == "day:"+d.End.Add(-time.Nanosecond).In(loc).Format(time.DateOnly) &&
-					d.ID != "day:"+d.End.In(loc).Format(time.DateOnly) &&
-					d.ID != "day:"+d.Start.Add(-time.Nanosecond).In(loc).Format(time.DateOnly)
+					d.ID == DayWindowIDOf(now.In(loc)) &&
+					d.ID == DayWindowIDOf(d.Start.In(loc)) &&
+					d.ID == DayWindowIDOf(d.End.Add(-time.Nanosecond).In(loc)) &&
+					d.ID != DayWindowIDOf(d.End.In(loc)) &&
+					d.ID != DayWindowIDOf(d.Start.Add(-time.Nanosecond).In(loc))
 				if !ok {
 					failures++
 					if failures <= 5 {

@@ -73,7 +73,7 @@ type call struct {
 	windows []policy.Window
 	usage   policy.Usage
 	// holdWindows are the windows the request's hold is on.
-	holdWindows []string
+	holdWindows []policy.WindowID
 
 	// Step 9, forward (forward.go). connected is set when the transport got a
 	// connection for the forward: from then on bytes of the request may have

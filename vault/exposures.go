@@ -1,6 +1,10 @@
 package vault
 
-import "time"
+import (
+	"time"
+
+	"github.com/keybrake/keybrake/policy"
+)
 
 // ExposedObject is a money object a key counts, as an operator sees it
 // (ListExposures, RefreshExposure, ReleaseExposure).
@@ -21,7 +25,7 @@ type ExposedObject struct {
 
 // WindowAmount is money (minor units) on one cap window.
 type WindowAmount struct {
-	WindowID string
+	WindowID policy.WindowID
 	Amount   int64
 }
 

@@ -203,7 +203,7 @@ type Hold struct {
 	Operation      string
 	Currency       string
 	Amount         int64 // minor units held (or committed once settled)
-	WindowIDs      []string
+	WindowIDs      []policy.WindowID
 	State          HoldState
 	CreatedAt      time.Time
 	SettledAt      time.Time
@@ -262,7 +262,7 @@ type Event struct {
 	Tool string
 
 	// WindowIDs are the windows the event's deltas apply to (the hold's windows).
-	WindowIDs []string
+	WindowIDs []policy.WindowID
 	// HeldDelta and CommittedDelta are what the event changed on each of WindowIDs'
 	// counters (minor units). Summed over a key's ledger they equal its counters.
 	HeldDelta      int64

@@ -16,7 +16,7 @@ import (
 )
 
 // counterOf reads one window's counter directly.
-func counterOf(tb testing.TB, s *Store, keyID, windowID string) policy.Counter {
+func counterOf(tb testing.TB, s *Store, keyID string, windowID policy.WindowID) policy.Counter {
 	tb.Helper()
 	var c engine.Counter
 	require.NoError(tb, s.view(func(tx engine.Tx, now time.Time) error {
@@ -257,7 +257,7 @@ func testCheckInvariantDetectsExposureAndAllowance(t *testing.T) {
 			if err != nil {
 				return err
 			}
-			engine.AddPart(o, "hold_x", []string{"day:2026-09-14", "period"}, 500, T0)
+			engine.AddPart(o, "hold_x", []policy.WindowID{"day:2026-09-14", "period"}, 500, T0)
 			return engine.PutObject(tx, keyID, "pi_1", o)
 		},
 		"allowance without a ledger entry": func(tx engine.Tx, keyID string) error {
@@ -270,7 +270,7 @@ func testCheckInvariantDetectsExposureAndAllowance(t *testing.T) {
 			if err := engine.PutCounter(tx, keyID, "period", c); err != nil {
 				return err
 			}
-			return engine.PutEvent(tx, &vault.Event{KeyID: keyID, WindowIDs: []string{"period"}, CommittedDelta: 7000})
+			return engine.PutEvent(tx, &vault.Event{KeyID: keyID, WindowIDs: []policy.WindowID{"period"}, CommittedDelta: 7000})
 		},
 	}
 	for name, corrupt := range cases {

@@ -51,7 +51,7 @@ func testReserveClaimsAndHolds(t *testing.T) {
 	require.NotNil(t, res.Hold)
 	assert.Equal(t, vault.Hold{
 		ID: vault.HoldID(f.key.ID, "a"), KeyID: f.key.ID, IdempotencyKey: "a", Operation: "charges.create",
-		Currency: "usd", Amount: 4000, WindowIDs: []string{"day:2026-09-14", "period"}, State: vault.HoldHeld, CreatedAt: T0,
+		Currency: "usd", Amount: 4000, WindowIDs: []policy.WindowID{"day:2026-09-14", "period"}, State: vault.HoldHeld, CreatedAt: T0,
 	}, *res.Hold)
 
 	daily, period := usageOf(t, f.s, f.key.ID)
@@ -78,7 +78,7 @@ func testReserveReportsUsage(t *testing.T) {
 	res := MustReserve(t, f.s, Charge(id, "a", 4000))
 	require.Equal(t, vault.ReserveClaimed, res.Outcome)
 	require.Len(t, res.Windows, 2)
-	assert.Equal(t, "day:2026-09-14", res.Windows[0].ID)
+	assert.Equal(t, policy.WindowID("day:2026-09-14"), res.Windows[0].ID)
 	assert.Equal(t, int64(10000), res.Windows[0].Cap)
 	assert.Equal(t, policy.Usage{"day:2026-09-14": {Committed: 1000, Held: 4000}, "period": {Committed: 1000, Held: 4000}}, res.Usage)
 

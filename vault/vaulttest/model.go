@@ -38,7 +38,7 @@ type modelIdem struct {
 
 type modelHold struct {
 	amount    int64
-	windowIDs []string
+	windowIDs []policy.WindowID
 	state     vault.HoldState
 }
 
@@ -72,7 +72,7 @@ type modelObject struct {
 }
 
 type modelPart struct {
-	windowIDs []string
+	windowIDs []policy.WindowID
 	amount    int64
 }
 
@@ -107,7 +107,7 @@ func (m *modelRun) commitParts(o *modelObject, amount int64) {
 		p.amount -= take
 		m.mu.Lock()
 		for _, w := range p.windowIDs {
-			m.partCommitted[o.keyID+"/"+w] += take
+			m.partCommitted[o.keyID+"/"+string(w)] += take
 		}
 		m.mu.Unlock()
 		if p.amount > 0 {
@@ -396,7 +396,7 @@ func (m *modelRun) check(t *testing.T) (capViolations []string) {
 	for _, o := range m.objects {
 		for _, p := range o.parts {
 			for _, w := range p.windowIDs {
-				ck := o.keyID + "/" + w
+				ck := o.keyID + "/" + string(w)
 				sm := want[ck]
 				sm.held += p.amount
 				want[ck] = sm
@@ -413,7 +413,7 @@ func (m *modelRun) check(t *testing.T) (capViolations []string) {
 			continue
 		}
 		for _, w := range mi.hold.windowIDs {
-			ck := mi.keyID + "/" + w
+			ck := mi.keyID + "/" + string(w)
 			sm := want[ck]
 			switch mi.hold.state {
 			case vault.HoldHeld, vault.HoldUnknown:

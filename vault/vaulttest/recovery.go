@@ -79,7 +79,7 @@ func testDaylightSavingDay(t *testing.T) {
 
 	first := MustReserve(t, s, Charge(k.ID, "early", 6000))
 	require.Equal(t, vault.ReserveClaimed, first.Outcome)
-	assert.Equal(t, []string{"day:2026-03-08", "period"}, first.Hold.WindowIDs)
+	assert.Equal(t, []policy.WindowID{"day:2026-03-08", "period"}, first.Hold.WindowIDs)
 
 	clock.Set(time.Date(2026, 3, 8, 23, 30, 0, 0, ny)) // EDT: 22 hours of wall time later, the same day
 	late := MustReserve(t, s, Charge(k.ID, "late", 5000))
@@ -88,7 +88,7 @@ func testDaylightSavingDay(t *testing.T) {
 	clock.Set(time.Date(2026, 3, 9, 0, 0, 0, 0, ny))
 	next := MustReserve(t, s, Charge(k.ID, "next", 5000))
 	require.Equal(t, vault.ReserveClaimed, next.Outcome, "a new day at local midnight")
-	assert.Equal(t, []string{"day:2026-03-09", "period"}, next.Hold.WindowIDs)
+	assert.Equal(t, []policy.WindowID{"day:2026-03-09", "period"}, next.Hold.WindowIDs)
 	_, windows, _, err := s.KeyUsage(context.Background(), k.ID)
 	require.NoError(t, err)
 	assert.Equal(t, time.Date(2026, 3, 10, 0, 0, 0, 0, ny), windows[0].End)

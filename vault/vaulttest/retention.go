@@ -14,7 +14,7 @@ import (
 )
 
 // hasCounter reports whether the key's counter for window exists.
-func hasCounter(t *testing.T, s *Store, keyID, window string) bool {
+func hasCounter(t *testing.T, s *Store, keyID string, window policy.WindowID) bool {
 	t.Helper()
 	var ok bool
 	require.NoError(t, s.view(func(tx engine.Tx, _ time.Time) error {

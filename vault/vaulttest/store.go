@@ -432,9 +432,9 @@ func testGetKeyAndKeyUsage(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, k.ID, key.ID)
 	require.Len(t, windows, 2)
-	assert.Equal(t, "day:2026-09-14", windows[0].ID, "19:30 in New York is still the 14th")
+	assert.Equal(t, policy.WindowID("day:2026-09-14"), windows[0].ID, "19:30 in New York is still the 14th")
 	assert.Equal(t, int64(9900), windows[0].Cap)
-	assert.Equal(t, "period", windows[1].ID)
+	assert.Equal(t, policy.PeriodWindowID, windows[1].ID)
 	assert.Equal(t, int64(11000), windows[1].Cap)
 	assert.Equal(t, policy.Usage{
 		"day:2026-09-14": {Committed: 1000, Held: 250},
@@ -496,7 +496,7 @@ func testCheckInvariantDetects(t *testing.T) {
 		},
 		"over the cap": func(tx engine.Tx, keyID string) error {
 			h := &engine.HoldRec{ID: vault.HoldID(keyID, "forged"), KeyID: keyID, IdempotencyKey: "forged", Amount: 9000,
-				WindowIDs: []string{"day:2026-09-14", "period"}, State: vault.HoldHeld, CreatedAt: T0}
+				WindowIDs: []policy.WindowID{"day:2026-09-14", "period"}, State: vault.HoldHeld, CreatedAt: T0}
 			if err := engine.PutRecord(tx, &engine.Record{KeyID: keyID, Idem: "forged", State: vault.RecordInProgress, Hold: h}); err != nil {
 				return err
 			}

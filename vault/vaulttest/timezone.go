@@ -43,7 +43,7 @@ func testTimeZoneChangeCarriesTheDay(t *testing.T) {
 
 	_, windows, usage, err := s.KeyUsage(ctx, k.ID)
 	require.NoError(t, err)
-	assert.Equal(t, "day:2026-09-15", windows[0].ID)
+	assert.Equal(t, policy.WindowID("day:2026-09-15"), windows[0].ID)
 	assert.Equal(t, policy.Counter{Committed: 5000}, usage[windows[0].ID], "committed and held carry, as committed")
 	assert.Equal(t, policy.Counter{Committed: 3000, Held: 2000}, usage["period"], "the period is not touched")
 	res := MustReserve(t, s, Charge(k.ID, "c2", 100))
@@ -68,7 +68,7 @@ func testTimeZoneChangeCarriesTheDay(t *testing.T) {
 	require.Len(t, carried, 1, "the carry is in the ledger")
 	assert.Equal(t, "timezone_changed", carried[0].Reason)
 	assert.EqualValues(t, 5000, carried[0].CommittedDelta)
-	assert.Equal(t, []string{"day:2026-09-15"}, carried[0].WindowIDs)
+	assert.Equal(t, []policy.WindowID{"day:2026-09-15"}, carried[0].WindowIDs)
 	require.NoError(t, s.CheckInvariant(ctx))
 
 	// The new zone's midnight (10:00 UTC) is the next reset.

@@ -5,7 +5,9 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
+	"strings"
 
+	"github.com/keybrake/keybrake/policy"
 	"github.com/keybrake/keybrake/vault"
 )
 
@@ -144,7 +146,16 @@ func splitNul(k []byte) (string, string, bool) {
 }
 
 // counterKey is the counters bucket key of a key's window.
-func counterKey(keyID, windowID string) []byte { return []byte(keyID + "/" + windowID) }
+func counterKey(keyID string, windowID policy.WindowID) []byte {
+	return []byte(keyID + "/" + string(windowID))
+}
+
+// splitCounterKey splits a counters (or roll-ups) bucket key into its key id
+// and window id.
+func splitCounterKey(k []byte) (string, policy.WindowID, bool) {
+	keyID, window, ok := strings.Cut(string(k), "/")
+	return keyID, policy.WindowID(window), ok
+}
 
 // counter is one window's usage plus what CheckInvariant needs to judge it.
 type counter struct {
@@ -186,7 +197,7 @@ func decodeCounter(b []byte) (counter, error) {
 	}, nil
 }
 
-func getCounter(tx Tx, keyID, windowID string) (counter, bool, error) {
+func getCounter(tx Tx, keyID string, windowID policy.WindowID) (counter, bool, error) {
 	v, err := tx.Get(BucketCounters, counterKey(keyID, windowID))
 	if err != nil || v == nil {
 		return counter{}, false, err
@@ -197,7 +208,7 @@ func getCounter(tx Tx, keyID, windowID string) (counter, bool, error) {
 
 // getCounters reads the counters of a key's windows in one go; a window
 // without one has a zero counter.
-func getCounters(tx Tx, keyID string, windowIDs []string) ([]counter, error) {
+func getCounters(tx Tx, keyID string, windowIDs []policy.WindowID) ([]counter, error) {
 	keys := make([][]byte, len(windowIDs))
 	for i, id := range windowIDs {
 		keys[i] = counterKey(keyID, id)
@@ -218,7 +229,7 @@ func getCounters(tx Tx, keyID string, windowIDs []string) ([]counter, error) {
 	return out, nil
 }
 
-func putCounter(tx Tx, keyID, windowID string, c counter) error {
+func putCounter(tx Tx, keyID string, windowID policy.WindowID, c counter) error {
 	if err := tx.Put(BucketCounters, counterKey(keyID, windowID), c.encode()); err != nil {
 		return fmt.Errorf("put counter %s/%s: %w", keyID, windowID, err)
 	}

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/keybrake/keybrake/policy"
 	"github.com/keybrake/keybrake/vault"
 )
 
@@ -61,6 +62,15 @@ func (w *writer) strs(v []string) {
 	w.uint(uint64(len(v)))
 	for _, s := range v {
 		w.str(s)
+	}
+}
+
+// windowIDs writes window ids as the bare strings they have always been
+// stored as.
+func (w *writer) windowIDs(v []policy.WindowID) {
+	w.uint(uint64(len(v)))
+	for _, s := range v {
+		w.str(string(s))
 	}
 }
 
@@ -168,6 +178,19 @@ func (r *reader) strs() []string {
 	return out
 }
 
+// windowIDs reads what writer.windowIDs wrote (the same bytes as strs).
+func (r *reader) windowIDs() []policy.WindowID {
+	n := r.count()
+	if n == 0 {
+		return nil
+	}
+	out := make([]policy.WindowID, n)
+	for i := range out {
+		out[i] = policy.WindowID(r.str())
+	}
+	return out
+}
+
 func (r *reader) ints() []int64 {
 	n := r.count()
 	if n == 0 {
@@ -244,7 +267,7 @@ func encodeRecord(r *recordRec) []byte {
 		w.str(h.Operation)
 		w.str(h.Currency)
 		w.int(h.Amount)
-		w.strs(h.WindowIDs)
+		w.windowIDs(h.WindowIDs)
 		w.str(string(h.State))
 		w.time(h.CreatedAt)
 		w.time(h.SettledAt)
@@ -284,7 +307,7 @@ func decodeRecordBinary(k, v []byte) (*recordRec, error) {
 	r.Fresh, r.Resolved = flags&recFresh != 0, flags&recResolved != 0
 	if flags&recHold != 0 {
 		r.Hold = &holdRec{
-			Operation: rd.str(), Currency: rd.str(), Amount: rd.int(), WindowIDs: rd.strs(),
+			Operation: rd.str(), Currency: rd.str(), Amount: rd.int(), WindowIDs: rd.windowIDs(),
 			State: vault.HoldState(rd.str()), CreatedAt: rd.time(), SettledAt: rd.time(),
 		}
 	}
@@ -325,7 +348,7 @@ func encodeEvent(e *vault.Event) []byte {
 	w.str(e.StripeRequestID)
 	w.str(e.ObjectID)
 	w.str(e.Tool)
-	w.strs(e.WindowIDs)
+	w.windowIDs(e.WindowIDs)
 	w.int(e.HeldDelta)
 	w.int(e.CommittedDelta)
 	w.ints(e.AllowanceDeltas)
@@ -341,7 +364,7 @@ func decodeEventBinary(k, v []byte) (vault.Event, error) {
 		Time: rd.time(), KeyID: rd.str(), Operation: rd.str(), Amount: rd.int(), Currency: rd.str(),
 		Decision: vault.Decision(rd.str()), Reason: rd.str(), HoldID: rd.str(), HoldState: vault.HoldState(rd.str()),
 		UpstreamStatus: int(rd.int()), StripeRequestID: rd.str(), ObjectID: rd.str(), Tool: rd.str(),
-		WindowIDs: rd.strs(), HeldDelta: rd.int(), CommittedDelta: rd.int(), AllowanceDeltas: rd.ints(),
+		WindowIDs: rd.windowIDs(), HeldDelta: rd.int(), CommittedDelta: rd.int(), AllowanceDeltas: rd.ints(),
 	}
 	if rd.err == nil && len(rd.b) > 0 {
 		e.IdempotencyKey = rd.str()
@@ -357,7 +380,7 @@ func encodeObject(o *objectRec) []byte {
 	w.uint(uint64(len(o.Parts)))
 	for _, p := range o.Parts {
 		w.str(p.HoldID)
-		w.strs(p.WindowIDs)
+		w.windowIDs(p.WindowIDs)
 		w.int(p.Amount)
 		w.time(p.CreatedAt)
 	}
@@ -385,7 +408,7 @@ func decodeObject(k, v []byte) (*objectRec, error) {
 	if n := rd.count(); n > 0 {
 		o.Parts = make([]exposurePart, n)
 		for i := range o.Parts {
-			o.Parts[i] = exposurePart{HoldID: rd.str(), WindowIDs: rd.strs(), Amount: rd.int(), CreatedAt: rd.time()}
+			o.Parts[i] = exposurePart{HoldID: rd.str(), WindowIDs: rd.windowIDs(), Amount: rd.int(), CreatedAt: rd.time()}
 		}
 	}
 	o.Moved, o.MovedSeen, o.Own, o.Closed = rd.int(), rd.bool(), rd.bool(), rd.bool()

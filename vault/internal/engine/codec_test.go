@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/keybrake/keybrake/policy"
 	"github.com/keybrake/keybrake/vault"
 )
 
@@ -21,7 +22,7 @@ func fullRecord() *recordRec {
 		State: vault.RecordCompleted, LeaseUntil: codecT0.Add(time.Minute), CreatedAt: codecT0,
 		UpdatedAt: codecT0.Add(time.Second), CompletedAt: codecT0.Add(2 * time.Second), RequestID: "req_1",
 		Fresh: true, Resolved: true,
-		Hold: &holdRec{Operation: "charges.create", Currency: "usd", Amount: -1 << 40, WindowIDs: []string{"day:2026-09-14", "period"},
+		Hold: &holdRec{Operation: "charges.create", Currency: "usd", Amount: -1 << 40, WindowIDs: []policy.WindowID{"day:2026-09-14", "period"},
 			State: vault.HoldCommitted, CreatedAt: codecT0, SettledAt: codecT0.Add(time.Hour)},
 		Response: &responseRec{Status: 402, Header: http.Header{"Content-Type": {"application/json"}, "Request-Id": {"req_1", "req_2"}},
 			SealedBody: []byte{1, 2, 3, 0, 255}, Codec: codecDeflate},
@@ -44,7 +45,7 @@ func TestRecordCodecRoundTrips(t *testing.T) {
 
 	e := vault.Event{Time: codecT0, KeyID: "key_1", Operation: "charges.create", Amount: 2500, Currency: "usd",
 		Decision: vault.DecisionSettled, Reason: "commit", HoldID: "hold_x", HoldState: vault.HoldCommitted, UpstreamStatus: 200,
-		StripeRequestID: "req_1", ObjectID: "ch_1", Tool: "tool", WindowIDs: []string{"day:2026-09-14", "period"},
+		StripeRequestID: "req_1", ObjectID: "ch_1", Tool: "tool", WindowIDs: []policy.WindowID{"day:2026-09-14", "period"},
 		HeldDelta: -2500, CommittedDelta: 2500, AllowanceDeltas: []int64{0, 7}, IdempotencyKey: "order-42"}
 	enc := encodeEvent(&e)
 	gotE, err := decodeEventBinary([]byte("k"), enc)
@@ -58,7 +59,7 @@ func TestRecordCodecRoundTrips(t *testing.T) {
 	want.IdempotencyKey = ""
 	assert.Equal(t, want, gotE)
 
-	o := &objectRec{Amount: 100, Parts: []exposurePart{{HoldID: "hold_x", WindowIDs: []string{"period"}, Amount: 50, CreatedAt: codecT0}},
+	o := &objectRec{Amount: 100, Parts: []exposurePart{{HoldID: "hold_x", WindowIDs: []policy.WindowID{"period"}, Amount: 50, CreatedAt: codecT0}},
 		Moved: 100, MovedSeen: true, Own: true, Closed: true, Currency: "usd", UpdatedAt: codecT0}
 	gotO, err := decodeObject([]byte("k"), encodeObject(o))
 	require.NoError(t, err)
@@ -96,7 +97,7 @@ func TestBodyCompression(t *testing.T) {
 // FuzzDecodeBinary: a damaged value is an error, never a panic.
 func FuzzDecodeBinary(f *testing.F) {
 	f.Add(encodeRecord(fullRecord()))
-	f.Add(encodeEvent(&vault.Event{KeyID: "k", WindowIDs: []string{"period"}, AllowanceDeltas: []int64{1}}))
+	f.Add(encodeEvent(&vault.Event{KeyID: "k", WindowIDs: []policy.WindowID{"period"}, AllowanceDeltas: []int64{1}}))
 	f.Add(encodeObject(&objectRec{Parts: []exposurePart{{HoldID: "h"}}}))
 	f.Fuzz(func(t *testing.T, v []byte) {
 		if len(v) == 0 || v[0] == '{' {

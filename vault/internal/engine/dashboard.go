@@ -14,7 +14,6 @@ import (
 	"maps"
 	"math/big"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/keybrake/keybrake/policy"
@@ -100,7 +99,7 @@ func spendDays(p *policy.Policy, now time.Time) ([]vault.DaySpend, error) {
 			return nil, err
 		}
 		w := windows[0] // daily
-		date := strings.TrimPrefix(w.ID, "day:")
+		date, _ := w.ID.Date()
 		if n := len(days); n > 0 && days[n-1].Date == date {
 			days[n-1].Start = w.Start
 		} else {
@@ -123,9 +122,9 @@ func spendDays(p *policy.Policy, now time.Time) ([]vault.DaySpend, error) {
 // the window it was placed on, even the next day; the margin covers a change of
 // time zone), at most SpendScanLimit events.
 func sumDailyDeltas(tx Tx, keyID string, days []vault.DaySpend) (truncated bool, err error) {
-	index := make(map[string]int, len(days))
+	index := make(map[policy.WindowID]int, len(days))
 	for i, d := range days {
-		index["day:"+d.Date] = i
+		index[policy.DayWindowID(d.Date)] = i
 	}
 	_, truncated, err = recentEvents(tx, keyID, days[0].Start.Add(-24*time.Hour), SpendScanLimit, func(e vault.Event) {
 		for _, w := range e.WindowIDs {
@@ -140,7 +139,7 @@ func sumDailyDeltas(tx Tx, keyID string, days []vault.DaySpend) (truncated bool,
 	}
 	keys := make([][]byte, len(days))
 	for i, d := range days {
-		keys[i] = counterKey(keyID, "day:"+d.Date)
+		keys[i] = counterKey(keyID, policy.DayWindowID(d.Date))
 	}
 	rollups, err := tx.GetMany(BucketRollups, keys)
 	if err != nil {

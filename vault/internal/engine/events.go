@@ -61,7 +61,7 @@ type refusalData struct {
 // windowMark names one instance of a scope's window: its id and its start
 // (a period window keeps its id when its start is changed).
 func windowMark(kind string, sc Scope, w policy.Window) string {
-	return markKey(kind, sc.Kind, sc.ID, w.ID, strconv.FormatInt(w.Start.Unix(), 10))
+	return markKey(kind, sc.Kind, sc.ID, string(w.ID), strconv.FormatInt(w.Start.Unix(), 10))
 }
 
 // markUntil is how long a window's mark is kept: a day past its end.

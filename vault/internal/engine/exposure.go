@@ -6,6 +6,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/keybrake/keybrake/policy"
 	"github.com/keybrake/keybrake/vault"
 )
 
@@ -46,10 +47,10 @@ type objectRec struct {
 
 // exposurePart is exposure placed by one hold, on that hold's windows.
 type exposurePart struct {
-	HoldID    string    `json:"h"`
-	WindowIDs []string  `json:"w"`
-	Amount    int64     `json:"amt"`
-	CreatedAt time.Time `json:"c"`
+	HoldID    string            `json:"h"`
+	WindowIDs []policy.WindowID `json:"w"`
+	Amount    int64             `json:"amt"`
+	CreatedAt time.Time         `json:"c"`
 }
 
 // held is the object's live exposure.
@@ -99,7 +100,7 @@ func (o *objectRec) releaseAll() []partChange {
 
 // addPart adds exposure on windowIDs, merged into an existing part on the same
 // windows.
-func (o *objectRec) addPart(holdID string, windowIDs []string, amount int64, now time.Time) {
+func (o *objectRec) addPart(holdID string, windowIDs []policy.WindowID, amount int64, now time.Time) {
 	if amount <= 0 {
 		return
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/keybrake/keybrake/policy"
 	"github.com/keybrake/keybrake/vault"
 )
 
@@ -76,7 +77,7 @@ func listExposuresTx(tx Tx, keyID string, limit int, cursor string) ([]vault.Exp
 // exposed is the object as vault.ExposedObject shows it.
 func (o *objectRec) exposed(objectID string) vault.ExposedObject {
 	e := vault.ExposedObject{ObjectID: objectID, Currency: o.Currency, Exposure: o.public(), CreatedAt: o.CreatedAt, UpdatedAt: o.UpdatedAt}
-	at := map[string]int{}
+	at := map[policy.WindowID]int{}
 	for _, p := range o.Parts {
 		for _, w := range p.WindowIDs {
 			i, ok := at[w]

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"sort"
-	"strings"
 	"time"
 
 	"github.com/keybrake/keybrake/policy"
@@ -306,7 +305,7 @@ func checkInvariantTx(tx Tx, now time.Time) ([]error, int, error) {
 		if c.Committed < committedHolds[ck] {
 			bad("counter %s: committed %d but committed holds sum to %d", ck, c.Committed, committedHolds[ck])
 		}
-		keyID, windowID, _ := strings.Cut(ck, "/")
+		keyID, windowID, _ := splitCounterKey([]byte(ck))
 		kr, ok := keys[keyID]
 		if !ok {
 			if kr, err = getKey(tx, keyID); err != nil {
@@ -348,15 +347,12 @@ func checkInvariantTx(tx Tx, now time.Time) ([]error, int, error) {
 }
 
 // capFor is the current cap of a key's window, by the window id's kind.
-func capFor(kr *keyRec, windowID string, now time.Time) (int64, bool, error) {
+func capFor(kr *keyRec, windowID policy.WindowID, now time.Time) (int64, bool, error) {
 	windows, err := kr.Policy.Windows(now)
 	if err != nil {
 		return 0, false, fmt.Errorf("key %s windows: %w", kr.ID, err)
 	}
-	kind := policy.WindowPeriod
-	if strings.HasPrefix(windowID, "day:") {
-		kind = policy.WindowDaily
-	}
+	kind := windowID.Kind()
 	for _, w := range windows {
 		if w.Kind == kind {
 			return w.Cap, w.HasCap, nil

@@ -278,7 +278,7 @@ func carryDailyUsage(tx Tx, now time.Time, rec *keyRec, p *policy.Policy) error 
 	}
 	return putEvent(tx, &vault.Event{
 		Time: now, KeyID: rec.ID, Operation: "key.update", Amount: carry, Currency: p.EffectiveCurrency(),
-		Decision: vault.DecisionCarried, Reason: "timezone_changed", WindowIDs: []string{newDay.ID}, CommittedDelta: carry,
+		Decision: vault.DecisionCarried, Reason: "timezone_changed", WindowIDs: []policy.WindowID{newDay.ID}, CommittedDelta: carry,
 		AllowanceDeltas: []int64{excused},
 	})
 }
@@ -381,8 +381,8 @@ func usageOf(windows []policy.Window, counters []counter) policy.Usage {
 }
 
 // windowIDs lists the ids of windows.
-func windowIDs(windows []policy.Window) []string {
-	ids := make([]string, len(windows))
+func windowIDs(windows []policy.Window) []policy.WindowID {
+	ids := make([]policy.WindowID, len(windows))
 	for i, w := range windows {
 		ids[i] = w.ID
 	}

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/keybrake/keybrake/policy"
 	"github.com/keybrake/keybrake/vault"
 )
 
@@ -275,11 +276,11 @@ func (s *Engine) judgeCompletion(tx Tx, now time.Time, k, _ []byte) (reapVerdict
 // stay until it is used again a week later. A counter with nothing committed
 // holds no usage and goes by the clock.
 func judgeCounter(tx Tx, now time.Time, k, v []byte) (reapVerdict, error) {
-	keyID, window, ok := strings.Cut(string(k), "/")
+	keyID, window, ok := splitCounterKey(k)
 	if !ok {
 		return reapVerdict{}, nil
 	}
-	day, ok := counterDay(window)
+	day, ok := window.Day()
 	if !ok {
 		return reapVerdict{}, nil
 	}
@@ -303,16 +304,6 @@ func judgeCounter(tx Tx, now time.Time, k, v []byte) (reapVerdict, error) {
 // daily counter with spend may be reaped (see judgeCounter).
 const counterKeepDays = 7
 
-// counterDay parses the date of a daily window id ("day:2026-09-14").
-func counterDay(window string) (time.Time, bool) {
-	date, ok := strings.CutPrefix(window, "day:")
-	if !ok {
-		return time.Time{}, false
-	}
-	day, err := time.Parse(time.DateOnly, date)
-	return day, err == nil
-}
-
 // latestCounterDay is the date of the key's latest daily counter. Counter keys
 // sort by date within a key ("key/day:2026-09-14" < "key/day:2026-09-15" <
 // "key/period"), so it is the last key before "key/day;" (';' follows ':').
@@ -328,7 +319,7 @@ func latestCounterDay(tx Tx, keyID string) (time.Time, bool) {
 	if !ok {
 		return time.Time{}, false
 	}
-	return counterDay(window)
+	return policy.WindowID(window).Day()
 }
 
 // judgeObject removes money-object records untouched for ObjectRetention whose exposure

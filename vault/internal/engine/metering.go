@@ -197,7 +197,7 @@ func (s *Engine) planNew(tx Tx, now time.Time, req *vault.ReserveRequest, res va
 	pl.record, pl.claim, pl.appendOrder = r, true, s.appendRecords
 	res.Outcome = vault.ReserveClaimed
 	if req.Metered {
-		ids := make([]string, len(windows))
+		ids := make([]policy.WindowID, len(windows))
 		for i, w := range windows {
 			ids[i] = w.ID
 		}
@@ -388,7 +388,7 @@ func (pl *reservePlan) placeHold(tx Tx) error {
 }
 
 // addToWindows moves money on a hold's windows.
-func addToWindows(tx Tx, keyID string, windowIDs []string, heldDelta, committedDelta, allowance int64) error {
+func addToWindows(tx Tx, keyID string, windowIDs []policy.WindowID, heldDelta, committedDelta, allowance int64) error {
 	counters, err := getCounters(tx, keyID, windowIDs)
 	if err != nil {
 		return err
@@ -591,7 +591,7 @@ func commitObject(tx Tx, now time.Time, req *vault.SettleRequest, hold *holdRec,
 }
 
 // sameForEach is n for each of ids, or nil when n is 0 (events leave it out).
-func sameForEach(ids []string, n int64) []int64 {
+func sameForEach(ids []policy.WindowID, n int64) []int64 {
 	if n == 0 {
 		return nil
 	}

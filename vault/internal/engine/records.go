@@ -545,22 +545,22 @@ func (s *Engine) openBody(r *responseRec, keyID, idem string) ([]byte, error) {
 // holdRec is a hold as stored inside its record; ID, KeyID and IdempotencyKey come
 // from the record.
 type holdRec struct {
-	ID             string          `json:"-"`
-	KeyID          string          `json:"-"`
-	IdempotencyKey string          `json:"-"`
-	Operation      string          `json:"op"`
-	Currency       string          `json:"cur,omitempty"`
-	Amount         int64           `json:"amt"`
-	WindowIDs      []string        `json:"w"`
-	State          vault.HoldState `json:"st"`
-	CreatedAt      time.Time       `json:"c"`
-	SettledAt      time.Time       `json:"s,omitzero"`
+	ID             string            `json:"-"`
+	KeyID          string            `json:"-"`
+	IdempotencyKey string            `json:"-"`
+	Operation      string            `json:"op"`
+	Currency       string            `json:"cur,omitempty"`
+	Amount         int64             `json:"amt"`
+	WindowIDs      []policy.WindowID `json:"w"`
+	State          vault.HoldState   `json:"st"`
+	CreatedAt      time.Time         `json:"c"`
+	SettledAt      time.Time         `json:"s,omitzero"`
 }
 
 func (h *holdRec) public() vault.Hold {
 	return vault.Hold{
 		ID: h.ID, KeyID: h.KeyID, IdempotencyKey: h.IdempotencyKey, Operation: h.Operation,
-		Currency: h.Currency, Amount: h.Amount, WindowIDs: append([]string(nil), h.WindowIDs...),
+		Currency: h.Currency, Amount: h.Amount, WindowIDs: append([]policy.WindowID(nil), h.WindowIDs...),
 		State: h.State, CreatedAt: h.CreatedAt, SettledAt: h.SettledAt,
 	}
 }
@@ -574,23 +574,23 @@ func holdIndexKey(h *holdRec) []byte {
 // eventRec is an Event as stored: short names, empty fields left out. The id is
 // the bucket key's sequence.
 type eventRec struct {
-	Time            time.Time       `json:"t"`
-	KeyID           string          `json:"k"`
-	Operation       string          `json:"op,omitempty"`
-	Amount          int64           `json:"amt,omitempty"`
-	Currency        string          `json:"cur,omitempty"`
-	Decision        vault.Decision  `json:"d"`
-	Reason          string          `json:"r,omitempty"`
-	HoldID          string          `json:"h,omitempty"`
-	HoldState       vault.HoldState `json:"hs,omitempty"`
-	UpstreamStatus  int             `json:"us,omitempty"`
-	StripeRequestID string          `json:"rid,omitempty"`
-	ObjectID        string          `json:"obj,omitempty"`
-	Tool            string          `json:"tool,omitempty"`
-	WindowIDs       []string        `json:"w,omitempty"`
-	HeldDelta       int64           `json:"dh,omitempty"`
-	CommittedDelta  int64           `json:"dc,omitempty"`
-	AllowanceDeltas []int64         `json:"da,omitempty"`
+	Time            time.Time         `json:"t"`
+	KeyID           string            `json:"k"`
+	Operation       string            `json:"op,omitempty"`
+	Amount          int64             `json:"amt,omitempty"`
+	Currency        string            `json:"cur,omitempty"`
+	Decision        vault.Decision    `json:"d"`
+	Reason          string            `json:"r,omitempty"`
+	HoldID          string            `json:"h,omitempty"`
+	HoldState       vault.HoldState   `json:"hs,omitempty"`
+	UpstreamStatus  int               `json:"us,omitempty"`
+	StripeRequestID string            `json:"rid,omitempty"`
+	ObjectID        string            `json:"obj,omitempty"`
+	Tool            string            `json:"tool,omitempty"`
+	WindowIDs       []policy.WindowID `json:"w,omitempty"`
+	HeldDelta       int64             `json:"dh,omitempty"`
+	CommittedDelta  int64             `json:"dc,omitempty"`
+	AllowanceDeltas []int64           `json:"da,omitempty"`
 }
 
 // putEvent appends an event to its key's ledger, assigning its id.

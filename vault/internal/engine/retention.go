@@ -3,9 +3,9 @@ package engine
 import (
 	"encoding/binary"
 	"fmt"
-	"strings"
 	"time"
 
+	"github.com/keybrake/keybrake/policy"
 	"github.com/keybrake/keybrake/vault"
 )
 
@@ -46,7 +46,7 @@ func decodeRollup(k, b []byte) (rollup, error) {
 }
 
 // getRollup reads the roll-up of a key's window (zero when none).
-func getRollup(tx Tx, keyID, windowID string) (rollup, error) {
+func getRollup(tx Tx, keyID string, windowID policy.WindowID) (rollup, error) {
 	k := counterKey(keyID, windowID)
 	v, err := tx.Get(BucketRollups, k)
 	if err != nil || v == nil {
@@ -102,11 +102,11 @@ const rollupKeepDays = vault.MaxSpendDays + 2
 // and whose counter the reaper removed. A period's roll-up stays with its
 // counter.
 func judgeRollup(tx Tx, now time.Time, k, _ []byte) (reapVerdict, error) {
-	keyID, window, ok := strings.Cut(string(k), "/")
+	keyID, window, ok := splitCounterKey(k)
 	if !ok {
 		return reapVerdict{}, nil
 	}
-	day, ok := counterDay(window)
+	day, ok := window.Day()
 	if !ok || now.Sub(day) <= rollupKeepDays*24*time.Hour {
 		return reapVerdict{}, nil
 	}

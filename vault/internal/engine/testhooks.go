@@ -4,6 +4,7 @@ import (
 	"context"
 	"time"
 
+	"github.com/keybrake/keybrake/policy"
 	"github.com/keybrake/keybrake/vault"
 )
 
@@ -23,17 +24,17 @@ func View(e *Engine, ctx context.Context, fn TxFunc) error { return e.viewSettle
 type Counter = counter
 
 // GetCounter reads a counter; ok is false when there is none.
-func GetCounter(tx Tx, keyID, windowID string) (c Counter, ok bool, err error) {
+func GetCounter(tx Tx, keyID string, windowID policy.WindowID) (c Counter, ok bool, err error) {
 	return getCounter(tx, keyID, windowID)
 }
 
 // PutCounter writes a counter.
-func PutCounter(tx Tx, keyID, windowID string, c Counter) error {
+func PutCounter(tx Tx, keyID string, windowID policy.WindowID, c Counter) error {
 	return putCounter(tx, keyID, windowID, c)
 }
 
 // AddToWindows moves money on a hold's windows.
-func AddToWindows(tx Tx, keyID string, windowIDs []string, held, committed, allowance int64) error {
+func AddToWindows(tx Tx, keyID string, windowIDs []policy.WindowID, held, committed, allowance int64) error {
 	return addToWindows(tx, keyID, windowIDs, held, committed, allowance)
 }
 
@@ -89,7 +90,7 @@ func PutObject(tx Tx, keyID, objectID string, o *Object) error {
 }
 
 // AddPart adds exposure to o.
-func AddPart(o *Object, holdID string, windowIDs []string, amount int64, now time.Time) {
+func AddPart(o *Object, holdID string, windowIDs []policy.WindowID, amount int64, now time.Time) {
 	o.addPart(holdID, windowIDs, amount, now)
 }
 
