@@ -2,8 +2,6 @@ package api_test
 
 import (
 	"context"
-	"encoding/json"
-	"net/http"
 	"strings"
 	"testing"
 
@@ -23,21 +21,7 @@ func TestMCPApprovalRequired(t *testing.T) {
 	key, token := env.MustKey("agent-approvals", `{"vendor":"stripe","currency":"usd","daily_cap":"1000.00",
 		"expires_at":"2026-12-31T00:00:00Z","operations":["payment_intents.create","refunds.create","*.read"],
 		"approval":{"above":"100.00"}}`, nil)
-	hdr := http.Header{
-		"Authorization":        {"Bearer " + token},
-		"Accept":               {"application/json, text/event-stream"},
-		"Mcp-Protocol-Version": {"2025-06-18"},
-	}
-	rpc := func(method string, params any) map[string]any {
-		t.Helper()
-		r, err := env.Try(http.MethodPost, "/mcp", hdr, map[string]any{"jsonrpc": "2.0", "id": 1, "method": method, "params": params})
-		require.NoError(t, err)
-		require.Equal(t, http.StatusOK, r.Status, "%s: %s", method, r.Body)
-		var out map[string]any
-		require.NoError(t, json.Unmarshal(r.Body, &out), "%s", r.Body)
-		require.Nil(t, out["error"], "%s", r.Body)
-		return out["result"].(map[string]any)
-	}
+	rpc := mcpCaller(t, env, token)
 	schemas := map[string]map[string]any{}
 	for _, tl := range rpc("tools/list", map[string]any{})["tools"].([]any) {
 		m := tl.(map[string]any)

@@ -16,22 +16,14 @@ import (
 )
 
 // approvalFixture is a store with a key whose policy asks for approval above
-// 200.00 (daily cap 500.00), at T0.
-type approvalFixture struct {
-	s     *Store
-	clock *Clock
-	key   vault.Key
-}
+// 200.00 (daily cap 500.00, timeout 10m), at T0.
+type approvalFixture struct{ *meteringFixture }
 
 func newApprovalFixture(t *testing.T) *approvalFixture {
 	t.Helper()
-	clock := NewClock(T0)
-	s := mustOpen(t, clock)
-	MustUpstream(t, s, "sk_test_approvals")
 	p := Policy(t, "500.00", "", "")
 	p.Approval = &policy.Approval{Above: MustDec(t, "200.00"), Timeout: 10 * time.Minute}
-	k, _ := MustMint(t, s, "approvals", p, nil)
-	return &approvalFixture{s: s, clock: clock, key: k}
+	return &approvalFixture{newFixtureWith(t, "approvals", p)}
 }
 
 // ask reserves a charge that needs approval and requires a pending one.
