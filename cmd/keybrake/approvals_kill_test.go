@@ -116,14 +116,14 @@ func TestKill9WithApprovals(t *testing.T) {
 	}
 
 	// Pending, then killed.
-	proxyURL, adminURL := start()
+	proxyURL, _ := start()
 	for _, idem := range []string{"a", "b", "c"} {
 		status, body := charge(proxyURL, idem)
 		require.Equal(t, http.StatusPaymentRequired, status, body)
 		require.Contains(t, body, "approval_required")
 	}
 	kill()
-	proxyURL, adminURL = start()
+	proxyURL, adminURL := start()
 	status, body := charge(proxyURL, "a")
 	require.Equal(t, http.StatusPaymentRequired, status, "still pending after the kill: %s", body)
 
