@@ -53,16 +53,16 @@ func (a *admin) putUpstream(c echo.Context) error {
 		return validationProblem("the upstream cannot be registered", errs...)
 	}
 	ctx := c.Request().Context()
-	status := http.StatusCreated
-	switch _, err := a.store.GetUpstream(ctx, req.Name); {
-	case err == nil:
-		status = http.StatusOK
-	case !errors.Is(err, vault.ErrNotFound):
-		return fmt.Errorf("put upstream %q: %w", req.Name, err)
-	}
-	u, err := a.store.PutUpstream(ctx, actor(c), req.Name, req.Vendor, req.Secret)
+	// Created or replaced is decided by the store's transaction that writes
+	// the upstream, so of two replicas registering one new name at once only
+	// one answers 201.
+	u, created, err := a.store.PutUpstream(ctx, actor(c), req.Name, req.Vendor, req.Secret)
 	if err != nil {
 		return fmt.Errorf("put upstream %q: %w", req.Name, err)
+	}
+	status := http.StatusOK
+	if created {
+		status = http.StatusCreated
 	}
 	return c.JSON(status, newUpstreamView(u, a.upstreamMode(req.Secret), a.upstreamURL()))
 }

@@ -76,7 +76,7 @@ func MustAgentEnv(tb testing.TB) *agentEnv {
 	})
 
 	env.fake = proxytest.NewFakeStripe(tb, testStripeSecret)
-	_, err = store.PutUpstream(context.Background(), "tester", "default", "stripe", testStripeSecret)
+	_, _, err = store.PutUpstream(context.Background(), "tester", "default", "stripe", testStripeSecret)
 	require.NoError(tb, err)
 	upstream, err := url.Parse(env.fake.URL)
 	require.NoError(tb, err)

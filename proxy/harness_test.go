@@ -89,7 +89,7 @@ func MustEnv(tb testing.TB, opts ...func(*envOptions)) *env {
 	e := &env{Store: store, Logs: &syncBuffer{}, limits: map[string]int64{}, DBPath: dbPath, Master: master,
 		ownStoreChecks: o.ownStoreChecks}
 	e.Fake = proxytest.NewFakeStripe(tb, upstreamSecret)
-	_, err = store.PutUpstream(context.Background(), "test", "default", "stripe", o.secret)
+	_, _, err = store.PutUpstream(context.Background(), "test", "default", "stripe", o.secret)
 	require.NoError(tb, err)
 
 	tb.Cleanup(func() { e.checkInvariants(tb) })

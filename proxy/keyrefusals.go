@@ -59,7 +59,7 @@ func (p *Proxy) noteKeyRefusal(ctx context.Context, r *http.Request, c *call, kr
 		p.unknown.mu.Lock()
 		u := &p.unknown.UnknownKeyRefusals
 		u.Count++
-		u.Last, u.RemoteAddr, u.Path = p.now(), addr, path
+		u.Last, u.RemoteAddr, u.Path = p.store.Now(), addr, path // the store's clock, like every decision about a key
 		p.unknown.mu.Unlock()
 		return
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -84,4 +85,20 @@ func TestMangledVaultKeysAreNamed(t *testing.T) {
 			assert.NotContains(t, r.ErrMessage(), "Invalid vault key provided")
 		})
 	}
+}
+
+// The refusal of an unknown token is stamped with the store's clock, like
+// every other decision about a key, not the process's: on a replica whose own
+// clock is two days fast, the last refusal is still at the store's now.
+func TestUnknownKeyRefusalFollowsTheStoreClock(t *testing.T) {
+	t.Parallel()
+	storeClock, processClock := &offsetClock{}, &offsetClock{}
+	processClock.Advance(48 * time.Hour)
+	e := MustEnv(t, withClocks(storeClock.Now, processClock.Now))
+	before := time.Now()
+	AssertRefusal(t, e.MustSend(t, http.MethodGet, "/v1/balance", "vk_unknown", nil, ""), http.StatusUnauthorized, "vault_key_invalid")
+	u := e.Proxy.UnknownKeyRefusals()
+	assert.Equal(t, int64(1), u.Count)
+	assert.False(t, u.Last.Before(before), "stamped at the store's now")
+	assert.True(t, u.Last.Before(before.Add(24*time.Hour)), "not at the process's clock, two days fast: %s", u.Last)
 }

@@ -40,7 +40,7 @@ func (p *Proxy) prepare(ctx context.Context, w http.ResponseWriter, r *http.Requ
 	if err := p.authorise(c); err != nil {
 		return err
 	}
-	secret, err := p.upstreamSecret(ctx, c.key.Upstream)
+	secret, err := p.upstreamSecret(ctx, c.key)
 	if err != nil {
 		return internalError(fmt.Errorf("upstream secret %q: %w", c.key.Upstream, err))
 	}

@@ -393,7 +393,7 @@ func TestKeyAndUpstreamChangesTakeEffectOnTheNextRequest(t *testing.T) {
 
 	// A new secret at the upstream and in keybrake: the next request uses it.
 	e.Fake.SetSecret("sk_test_rolled")
-	_, err = e.Store.PutUpstream(ctx, "test", "default", "stripe", "sk_test_rolled")
+	_, _, err = e.Store.PutUpstream(ctx, "test", "default", "stripe", "sk_test_rolled")
 	require.NoError(t, err)
 	require.Equal(t, http.StatusOK, charge(newTok, "d").Status)
 

@@ -72,7 +72,9 @@ type Config struct {
 	// 16 MiB); a larger answer to a recorded request settles as outcome unknown.
 	MaxResponseBytes int64
 	// SecretCacheTTL is how long an unsealed upstream secret is reused (default
-	// 5s); negative disables the cache. A store that keeps its secrets in
+	// 5s), and only for keys authenticated with the upstream version it was
+	// read under (vault.Key.UpstreamVersion), so a replaced secret is used from
+	// the next request on; negative disables the cache. A store that keeps its secrets in
 	// memory itself, forgetting them on every change (vault.SecretKeeper:
 	// bbolt), is asked every time instead, so that a new secret is used from
 	// the next request on.

@@ -92,7 +92,7 @@ func (p *Proxy) RefreshExposure(ctx context.Context, actor, keyID, objectID stri
 		return vault.ExposureChange{}, &RefreshError{Failure: RefreshUnreadable,
 			Message: fmt.Sprintf("keybrake cannot tell what kind of Stripe object %s is, so it cannot look it up; nothing changed", objectID)}
 	}
-	secret, err := p.upstreamSecret(ctx, key.Upstream)
+	secret, err := p.upstreamSecret(ctx, key)
 	if errors.Is(err, vault.ErrNotFound) {
 		return vault.ExposureChange{}, fmt.Errorf("refresh exposure: the key's upstream %q is not registered: %w", key.Upstream, vault.ErrConflict)
 	}

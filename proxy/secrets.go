@@ -9,31 +9,39 @@ import (
 	"time"
 
 	"github.com/keybrake/keybrake/proxy/logfield"
+	"github.com/keybrake/keybrake/vault"
 )
 
 // Step 4 of the pipeline (see prepare): the upstream's real secret, unsealed
 // from the store and cached for a few seconds; and Stripe's refusal of it,
 // whether to a lookup or to the forwarded request.
 
-// upstreamSecret returns the upstream's real secret, cached for a few seconds.
-func (p *Proxy) upstreamSecret(ctx context.Context, name string) (string, error) {
+// upstreamSecret returns the real secret of key's upstream. It is cached for
+// a few seconds under the upstream's version as Authenticate read it with the
+// key, in the same transaction: a secret replaced through another replica has
+// a new version, so the first request authenticated after the change commits
+// misses the cache and reads the new secret. A key read without a version
+// (an operator's refresh: GetKey) always asks the store.
+func (p *Proxy) upstreamSecret(ctx context.Context, key vault.Key) (string, error) {
 	sc := &p.secrets
+	name, version := key.Upstream, key.UpstreamVersion
 	now := p.now()
-	if sc.ttl > 0 {
+	if sc.ttl > 0 && version != 0 {
 		sc.mu.Lock()
 		e, ok := sc.entries[name]
 		sc.mu.Unlock()
-		if ok && now.Sub(e.fetched) < sc.ttl && !now.Before(e.fetched) {
+		if ok && e.version == version && now.Sub(e.fetched) < sc.ttl && !now.Before(e.fetched) {
 			return e.secret, nil
 		}
 	}
+	// Read after the key, so the secret is at least as new as version.
 	secret, err := p.store.UpstreamSecret(ctx, name)
 	if err != nil {
 		return "", err
 	}
-	if sc.ttl > 0 {
+	if sc.ttl > 0 && version != 0 {
 		sc.mu.Lock()
-		sc.entries[name] = cachedSecret{secret: secret, fetched: now}
+		sc.entries[name] = cachedSecret{secret: secret, version: version, fetched: now}
 		sc.mu.Unlock()
 	}
 	return secret, nil
@@ -98,7 +106,10 @@ func (p *Proxy) upstreamAuthFailed(c *call, kind string, status int, stripeReque
 }
 
 // secretCache keeps unsealed upstream secrets for a short time so that the hot
-// path does not unseal on every request; a rotated secret is picked up within ttl.
+// path does not unseal on every request. An entry serves only requests whose
+// key was authenticated with the same upstream version, so a rotated secret is
+// picked up from the next request on, on every replica; ttl only bounds how
+// long an unsealed secret stays in memory.
 type secretCache struct {
 	ttl     time.Duration
 	mu      sync.Mutex
@@ -107,5 +118,6 @@ type secretCache struct {
 
 type cachedSecret struct {
 	secret  string
+	version uint64 // the upstream's version the key was authenticated with
 	fetched time.Time
 }

@@ -84,7 +84,7 @@ func TestRolledUpstreamSecret(t *testing.T) {
 	assertUpstreamAuthRefusal(t, r, "upstream_authentication_failed")
 	assert.Equal(t, 3.0, MetricValue(t, e.Metrics, "keybrake_upstream_auth_failures_total"))
 
-	_, err = e.Store.PutUpstream(ctx, "operator", "default", "stripe", rolled)
+	_, _, err = e.Store.PutUpstream(ctx, "operator", "default", "stripe", rolled)
 	require.NoError(t, err)
 	ch, err := sc.V1Charges.Create(ctx, chargeParams(6000, "usd", "order-1"))
 	require.NoError(t, err)

@@ -30,7 +30,10 @@ type Store interface {
 	// PutUpstream registers or replaces the upstream name with a sealed
 	// secret, with its audit entry. Errors: ErrInvalid (an empty or
 	// unprintable name, an empty secret, a vendor other than "stripe").
-	PutUpstream(ctx context.Context, actor, name, vendor, secret string) (Upstream, error)
+	// created reports that no upstream of the name existed, decided in the
+	// transaction that writes it: of concurrent registrations of one new
+	// name, exactly one is created. Every write changes Upstream.Version.
+	PutUpstream(ctx context.Context, actor, name, vendor, secret string) (up Upstream, created bool, err error)
 	// GetUpstream returns the upstream name. Errors: ErrNotFound.
 	GetUpstream(ctx context.Context, name string) (Upstream, error)
 	// ListUpstreams lists the upstreams by name.

@@ -115,6 +115,11 @@ type Key struct {
 	// Refused counts the requests refused because this key was revoked or
 	// expired (Store.RecordKeyRefusal): who still uses a key that no longer works.
 	Refused KeyRefusals
+
+	// UpstreamVersion is the version of the key's upstream (Upstream.Version)
+	// read in the same transaction as the key. Only Authenticate sets it; it
+	// is 0 elsewhere and when the upstream is not registered.
+	UpstreamVersion uint64
 }
 
 // KeyRefusals counts the requests refused for a key's status, with the last one.
@@ -152,6 +157,10 @@ type Upstream struct {
 	SecretLast4 string
 	CreatedAt   time.Time
 	UpdatedAt   time.Time
+	// Version changes on every write of the upstream (a replaced secret): a
+	// cache of the unsealed secret keyed on (Name, Version) is never stale.
+	// It is not a count; it is never 0.
+	Version uint64
 }
 
 // HoldState is the state of a hold (and of the idempotency record it belongs to).

@@ -80,7 +80,7 @@ func prepareStore(ctx context.Context, opts storeOptions) (storeSetup, error) {
 
 func fillStore(ctx context.Context, s vault.Store, opts storeOptions) (storeSetup, error) {
 	var setup storeSetup
-	if _, err := s.PutUpstream(ctx, "keybrake-bench", "default", "stripe", opts.secret); err != nil {
+	if _, _, err := s.PutUpstream(ctx, "keybrake-bench", "default", "stripe", opts.secret); err != nil {
 		return setup, fmt.Errorf("register upstream: %w", err)
 	}
 	now := time.Now

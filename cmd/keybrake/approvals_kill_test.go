@@ -49,7 +49,7 @@ func TestKill9WithApprovals(t *testing.T) {
 		s, err := bolt.Open(filepath.Join(dataDir, databaseFile), bolt.Options{MasterKey: masterKey})
 		require.NoError(t, err)
 		defer s.Close()
-		_, err = s.PutUpstream(context.Background(), "test", upstreamDefault, "stripe", fake.Secret)
+		_, _, err = s.PutUpstream(context.Background(), "test", upstreamDefault, "stripe", fake.Secret)
 		require.NoError(t, err)
 		p := MustPolicy(t, 1000)
 		above := decimal.RequireFromString("10.00")

@@ -214,7 +214,7 @@ func TestKill9UnderLoad(t *testing.T) {
 		s, err := bolt.Open(dbPath, bolt.Options{MasterKey: masterKey})
 		require.NoError(t, err)
 		defer s.Close()
-		_, err = s.PutUpstream(context.Background(), "test", upstreamDefault, "stripe", fake.Secret)
+		_, _, err = s.PutUpstream(context.Background(), "test", upstreamDefault, "stripe", fake.Secret)
 		require.NoError(t, err)
 		k, token := MustMintKey(t, s, "kill9", capDollars)
 		keyID, vaultKey = k.ID, token

@@ -180,7 +180,7 @@ func TestServeHealthzAndReadyzOnBothListeners(t *testing.T) {
 			assert.Contains(t, string(body), "no upstream is registered")
 		})
 	}
-	_, err := m.Store().PutUpstream(context.Background(), "test", upstreamDefault, "stripe", fake.Secret)
+	_, _, err := m.Store().PutUpstream(context.Background(), "test", upstreamDefault, "stripe", fake.Secret)
 	require.NoError(t, err)
 	for _, base := range []string{m.ProxyURL(), m.AdminURL()} {
 		status, body := MustGet(t, base+"/readyz", "")
@@ -784,7 +784,7 @@ func TestStripeSecretKeyOnlyReplacesWhenItChanged(t *testing.T) {
 	m := start("sk_test_envfirst")
 	assert.Contains(t, m.stderr.String(), "upstream registered from the environment")
 	// An admin replaces the secret through the API.
-	_, err := m.Store().PutUpstream(ctx, "alice", upstreamDefault, "stripe", "sk_test_adminset")
+	_, _, err := m.Store().PutUpstream(ctx, "alice", upstreamDefault, "stripe", "sk_test_adminset")
 	require.NoError(t, err)
 	require.NoError(t, m.Close())
 

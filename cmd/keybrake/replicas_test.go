@@ -162,7 +162,7 @@ func MustPostgresVault(t *testing.T, dbURL, stripeSecret string) (vault.Store, s
 	s, err := postgres.Open(context.Background(), dbURL, postgres.Options{MasterKey: masterKey, Logger: slog.New(slog.DiscardHandler)})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = s.Close() })
-	_, err = s.PutUpstream(context.Background(), "test", upstreamDefault, "stripe", stripeSecret)
+	_, _, err = s.PutUpstream(context.Background(), "test", upstreamDefault, "stripe", stripeSecret)
 	require.NoError(t, err)
 	return s, masterText
 }

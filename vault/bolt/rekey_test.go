@@ -47,7 +47,7 @@ func MustFillForRekey(tb testing.TB, path string, n int) rekeyFixture {
 	f := rekeyFixture{upstreams: map[string]string{}, responses: map[string]string{}, claims: map[string]string{}}
 	for _, name := range []string{"default", "eu"} {
 		secret := "sk_test_" + name + "_0123456789"
-		_, err := s.PutUpstream(ctx, "tester", name, "stripe", secret)
+		_, _, err := s.PutUpstream(ctx, "tester", name, "stripe", secret)
 		require.NoError(tb, err)
 		f.upstreams[name] = secret
 	}

@@ -39,7 +39,7 @@ func testSyncEnvUpstream(t *testing.T) {
 	assert.Equal(t, 1, audits(), "a restart with the same value writes nothing")
 
 	// An admin replaces the secret through the API; the environment did not change.
-	_, err := s.PutUpstream(ctx, "alice", "default", "stripe", "sk_test_admin_2222")
+	_, _, err := s.PutUpstream(ctx, "alice", "default", "stripe", "sk_test_admin_2222")
 	require.NoError(t, err)
 	sync("sk_test_env_first_1111", vault.EnvUpstreamKept)
 	assert.Equal(t, "sk_test_admin_2222", secretOf(), "the admin's change survives the restart")
@@ -55,7 +55,7 @@ func testSyncEnvUpstream(t *testing.T) {
 
 	// A changed value that is already the registered secret only records its
 	// fingerprint.
-	_, err = s.PutUpstream(ctx, "alice", "default", "stripe", "sk_test_admin_4444")
+	_, _, err = s.PutUpstream(ctx, "alice", "default", "stripe", "sk_test_admin_4444")
 	require.NoError(t, err)
 	n := audits()
 	sync("sk_test_admin_4444", vault.EnvUpstreamUnchanged)

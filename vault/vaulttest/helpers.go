@@ -122,7 +122,7 @@ func Policy(tb testing.TB, daily, period, perRequest string) policy.Policy {
 // MustUpstream registers the "default" upstream.
 func MustUpstream(tb testing.TB, s vault.Store, secret string) {
 	tb.Helper()
-	_, err := s.PutUpstream(context.Background(), "tester", "default", "stripe", secret)
+	_, _, err := s.PutUpstream(context.Background(), "tester", "default", "stripe", secret)
 	require.NoError(tb, err)
 }
 

@@ -68,6 +68,7 @@ var suite = []struct {
 	{"Check", testCheck},
 	{"SummarizeUsage", testSummarizeUsage},
 	{"Upstreams", testUpstreams},
+	{"UpstreamCreatedOnce", testUpstreamCreatedOnce},
 	{"UpstreamSecretTampered", testUpstreamSecretTampered},
 	{"MintAndAuthenticate", testMintAndAuthenticate},
 	{"RotateAndRevoke", testRotateAndRevoke},

@@ -20,18 +20,63 @@ import (
 	"github.com/keybrake/keybrake/vault/internal/engine"
 )
 
+// testUpstreamCreatedOnce: concurrent registrations of one new upstream name
+// report it created exactly once (the admin API's 201), and every write of an
+// upstream changes the version Authenticate reads with the key, which the
+// proxy's secret cache is keyed on.
+func testUpstreamCreatedOnce(t *testing.T) {
+	ctx := context.Background()
+	s := mustOpen(t, NewClock(T0))
+	const writers = 8
+	for round := range 3 {
+		name := "up-" + strconv.Itoa(round)
+		var created atomic.Int32
+		var wg sync.WaitGroup
+		for i := range writers {
+			wg.Go(func() {
+				_, c, err := s.PutUpstream(ctx, "alice", name, "stripe", "sk_test_"+strconv.Itoa(i))
+				assert.NoError(t, err)
+				if c {
+					created.Add(1)
+				}
+			})
+		}
+		wg.Wait()
+		assert.Equal(t, int32(1), created.Load(), "round %d: one of %d writers created %s", round, writers, name)
+	}
+
+	_, _, err := s.PutUpstream(ctx, "alice", "default", "stripe", "sk_test_one")
+	require.NoError(t, err)
+	_, tok, err := s.MintKey(ctx, "alice", vault.MintRequest{Name: "k", Upstream: "default", Policy: Policy(t, "99", "", "")})
+	require.NoError(t, err)
+	k1, err := s.Authenticate(ctx, tok)
+	require.NoError(t, err)
+	assert.NotZero(t, k1.UpstreamVersion)
+	up, _, err := s.PutUpstream(ctx, "alice", "default", "stripe", "sk_test_two")
+	require.NoError(t, err)
+	k2, err := s.Authenticate(ctx, tok)
+	require.NoError(t, err)
+	assert.NotEqual(t, k1.UpstreamVersion, k2.UpstreamVersion, "a replaced secret changes the version the key is read with")
+	assert.Equal(t, up.Version, k2.UpstreamVersion)
+}
+
 func testUpstreams(t *testing.T) {
 	ctx := context.Background()
 	clock := NewClock(T0)
 	s := mustOpen(t, clock)
 
-	up, err := s.PutUpstream(ctx, "alice", "default", "stripe", "sk_test_abcdef1234")
+	up, created, err := s.PutUpstream(ctx, "alice", "default", "stripe", "sk_test_abcdef1234")
 	require.NoError(t, err)
-	assert.Equal(t, vault.Upstream{Name: "default", Vendor: "stripe", SecretLast4: "1234", CreatedAt: T0, UpdatedAt: T0}, up)
+	assert.True(t, created)
+	assert.Equal(t, vault.Upstream{Name: "default", Vendor: "stripe", SecretLast4: "1234", CreatedAt: T0, UpdatedAt: T0, Version: uint64(T0.UnixNano())}, up,
+		"a new upstream's version starts from the store's clock, so a name registered again never reuses one")
+	first := up.Version
 
 	clock.Advance(time.Minute)
-	up, err = s.PutUpstream(ctx, "alice", "default", "stripe", "sk_test_zzzz9876")
+	up, created, err = s.PutUpstream(ctx, "alice", "default", "stripe", "sk_test_zzzz9876")
 	require.NoError(t, err)
+	assert.False(t, created, "a replaced upstream is not created")
+	assert.Equal(t, first+1, up.Version, "every write changes the version")
 	assert.Equal(t, "9876", up.SecretLast4)
 	assert.Equal(t, T0, up.CreatedAt, "replacing keeps the creation time")
 	assert.Equal(t, T0.Add(time.Minute), up.UpdatedAt)
@@ -40,7 +85,7 @@ func testUpstreams(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, "sk_test_zzzz9876", secret)
 
-	_, err = s.PutUpstream(ctx, "alice", "other", "stripe", "sk_test_other0000")
+	_, _, err = s.PutUpstream(ctx, "alice", "other", "stripe", "sk_test_other0000")
 	require.NoError(t, err)
 	ups, err := s.ListUpstreams(ctx)
 	require.NoError(t, err)
@@ -60,7 +105,7 @@ func testUpstreams(t *testing.T) {
 	}
 	for name, tc := range invalid {
 		t.Run(name, func(t *testing.T) {
-			_, err := s.PutUpstream(ctx, "alice", tc.name, tc.vendor, tc.secret)
+			_, _, err := s.PutUpstream(ctx, "alice", tc.name, tc.vendor, tc.secret)
 			assert.ErrorIs(t, err, vault.ErrInvalid)
 		})
 	}
@@ -72,7 +117,7 @@ func testUpstreams(t *testing.T) {
 	assert.ErrorIs(t, s.DeleteUpstream(ctx, "alice", "nope"), vault.ErrNotFound)
 
 	// In use by a key that is not revoked: conflict; once revoked: deletable.
-	_, err = s.PutUpstream(ctx, "alice", "default", "stripe", "sk_test_abcdef1234")
+	_, _, err = s.PutUpstream(ctx, "alice", "default", "stripe", "sk_test_abcdef1234")
 	require.NoError(t, err)
 	k, _, err := s.MintKey(ctx, "alice", vault.MintRequest{Name: "k", Upstream: "other", Policy: Policy(t, "99", "", "")})
 	require.NoError(t, err)
@@ -306,7 +351,7 @@ func testListKeys(t *testing.T) {
 	clock := NewClock(T0)
 	s := mustOpen(t, clock)
 	MustUpstream(t, s, "sk_test_abcdef1234")
-	_, err := s.PutUpstream(ctx, "a", "eu", "stripe", "sk_test_eu")
+	_, _, err := s.PutUpstream(ctx, "a", "eu", "stripe", "sk_test_eu")
 	require.NoError(t, err)
 
 	const n = 60
@@ -446,7 +491,7 @@ func testListAuditPaginates(t *testing.T) {
 	ctx := context.Background()
 	s := mustOpen(t, NewClock(T0))
 	for i := range 12 {
-		_, err := s.PutUpstream(ctx, "alice", "up-"+strconv.Itoa(i), "stripe", "sk_test_"+strconv.Itoa(i))
+		_, _, err := s.PutUpstream(ctx, "alice", "up-"+strconv.Itoa(i), "stripe", "sk_test_"+strconv.Itoa(i))
 		require.NoError(t, err)
 	}
 	var targets []string
@@ -588,7 +633,7 @@ func testChangesReachTheNextRead(t *testing.T) {
 		assert.Equal(t, "sk_test_abcdef1234", secret)
 	}
 
-	_, err := s.PutUpstream(ctx, "alice", "default", "stripe", "sk_test_new5678")
+	_, _, err := s.PutUpstream(ctx, "alice", "default", "stripe", "sk_test_new5678")
 	require.NoError(t, err)
 	secret, err := s.UpstreamSecret(ctx, "default")
 	require.NoError(t, err)

@@ -151,7 +151,7 @@ func TestEverySealedValueIsRekeyed(t *testing.T) {
 func TestMemoKeepsNothingReadBeforeAChange(t *testing.T) {
 	t.Parallel()
 	m := &memo{}
-	rec := &keyRec{ID: "key_1"}
+	rec := authRec{key: &keyRec{ID: "key_1"}, upstreamVersion: 3}
 	gen := m.generation()
 	m.forget() // a key change committed meanwhile
 	m.keepKey(gen, "hash", rec)
@@ -165,7 +165,8 @@ func TestMemoKeepsNothingReadBeforeAChange(t *testing.T) {
 	m.keepKey(gen, "hash", rec)
 	got, ok := m.key("hash")
 	assert.True(t, ok)
-	assert.Same(t, rec, got)
+	assert.Same(t, rec.key, got.key)
+	assert.Equal(t, uint64(3), got.upstreamVersion)
 	m.forget()
 	_, ok = m.key("hash")
 	assert.False(t, ok, "a change empties the memo")

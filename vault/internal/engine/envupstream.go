@@ -87,7 +87,7 @@ func (s *Engine) syncEnvUpstreamTx(tx Tx, now time.Time, actor, name, vendor, se
 			return rec.public(), vault.EnvUpstreamUnchanged, nil
 		}
 	}
-	up, err := s.putUpstreamTx(tx, now, actor, name, vendor, secret)
+	up, _, err := s.putUpstreamTx(tx, now, actor, name, vendor, secret)
 	if err != nil {
 		return vault.Upstream{}, "", err
 	}

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"maps"
 	"strings"
@@ -94,15 +95,34 @@ func (s *Engine) mintKeyTx(tx Tx, now time.Time, actor string, req vault.MintReq
 // authenticateTx reads the key of the token whose hash is hash (revoked or
 // not): ErrKeyInvalid when there is none. The result shares maps and slices
 // with the cache of decoded keys: read it, or take public().
-func (s *Engine) authenticateTx(tx Tx, hash string) (*keyRec, error) {
+// authRec is what Authenticate reads for a token: the key, and the version of
+// its upstream's secret as of the same transaction (0 when the upstream is
+// not registered), which the proxy's secret cache is keyed on.
+type authRec struct {
+	key             *keyRec // shared with the key cache: read it, or take public()
+	upstreamVersion uint64
+}
+
+func (s *Engine) authenticateTx(tx Tx, hash string) (authRec, error) {
 	id, err := tx.Get(BucketTokens, []byte(hash))
 	if err != nil {
-		return nil, err
+		return authRec{}, err
 	}
 	if id == nil {
-		return nil, vault.ErrKeyInvalid
+		return authRec{}, vault.ErrKeyInvalid
 	}
-	return s.keys.get(tx, string(id))
+	rec, err := s.keys.get(tx, string(id))
+	if err != nil {
+		return authRec{}, err
+	}
+	up, err := getUpstream(tx, rec.Upstream)
+	switch {
+	case errors.Is(err, vault.ErrNotFound):
+		return authRec{key: rec}, nil
+	case err != nil:
+		return authRec{}, err
+	}
+	return authRec{key: rec, upstreamVersion: up.version()}, nil
 }
 
 func listKeysTx(tx Tx, now time.Time, f vault.KeyFilter) ([]vault.Key, string, error) {

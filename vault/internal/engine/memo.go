@@ -19,7 +19,7 @@ type memo struct {
 	mu      sync.Mutex
 	gen     uint64
 	closed  bool
-	keys    map[string]*keyRec // token hash → key
+	keys    map[string]authRec // token hash → key
 	secrets map[string]string  // upstream name → secret
 }
 
@@ -58,9 +58,9 @@ func (m *memo) close() {
 
 // key returns the key of the token hash, if kept. It shares maps and slices
 // with the memo: read it, or take public().
-func (m *memo) key(hash string) (*keyRec, bool) {
+func (m *memo) key(hash string) (authRec, bool) {
 	if m == nil {
-		return nil, false
+		return authRec{}, false
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -69,7 +69,7 @@ func (m *memo) key(hash string) (*keyRec, bool) {
 }
 
 // keepKey keeps rec as the key of the token hash, read under generation gen.
-func (m *memo) keepKey(gen uint64, hash string, rec *keyRec) {
+func (m *memo) keepKey(gen uint64, hash string, rec authRec) {
 	if m == nil {
 		return
 	}
@@ -79,7 +79,7 @@ func (m *memo) keepKey(gen uint64, hash string, rec *keyRec) {
 		return
 	}
 	if m.keys == nil || len(m.keys) >= memoMax {
-		m.keys = map[string]*keyRec{}
+		m.keys = map[string]authRec{}
 	}
 	m.keys[hash] = rec
 }

@@ -24,10 +24,15 @@ type upstreamRec struct {
 	SecretLast4  string    `json:"secret_last4"`
 	CreatedAt    time.Time `json:"created_at"`
 	UpdatedAt    time.Time `json:"updated_at"`
+	// Version changes on every write of the upstream (see nextUpstreamVersion);
+	// an upstream written before it was kept has none and reads as 1.
+	Version uint64 `json:"version,omitempty"`
 }
 
+func (r *upstreamRec) version() uint64 { return max(r.Version, 1) }
+
 func (r *upstreamRec) public() vault.Upstream {
-	return vault.Upstream{Name: r.Name, Vendor: r.Vendor, SecretLast4: r.SecretLast4, CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt}
+	return vault.Upstream{Name: r.Name, Vendor: r.Vendor, SecretLast4: r.SecretLast4, CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt, Version: r.version()}
 }
 
 // keyRec is a vault key as stored.

@@ -236,17 +236,20 @@ func submitResult[T any](ctx context.Context, s *Engine, fn func(tx Tx, now time
 
 // PutUpstream registers or replaces the upstream `name` with a sealed secret.
 // Returns ErrInvalid for an empty name/secret or a vendor other than "stripe".
-func (s *Engine) PutUpstream(ctx context.Context, actor, name, vendor, secret string) (vault.Upstream, error) {
-	var up vault.Upstream
-	err := s.update(ctx, func(tx Tx, now time.Time) error {
+// created says whether the transaction that wrote it found no upstream of
+// that name: decided under the upstream's row lock (or by the insert's
+// conflict), so of two replicas registering one new name at once only one
+// answers created.
+func (s *Engine) PutUpstream(ctx context.Context, actor, name, vendor, secret string) (up vault.Upstream, created bool, err error) {
+	err = s.update(ctx, func(tx Tx, now time.Time) error {
 		var err error
-		up, err = s.putUpstreamTx(tx, now, actor, name, vendor, secret)
+		up, created, err = s.putUpstreamTx(tx, now, actor, name, vendor, secret)
 		return err
 	})
 	if err != nil {
-		return vault.Upstream{}, fmt.Errorf("put upstream: %w", err)
+		return vault.Upstream{}, false, fmt.Errorf("put upstream: %w", err)
 	}
-	return up, nil
+	return up, created, nil
 }
 
 // GetUpstream returns ErrNotFound when there is no such upstream.
@@ -346,23 +349,25 @@ func (s *Engine) Authenticate(ctx context.Context, token string) (vault.Key, err
 		return vault.Key{}, fmt.Errorf("authenticate: %w", vault.ErrKeyInvalid)
 	}
 	hash := tokenHash(token)
-	rec, ok := s.memo.key(hash)
+	ar, ok := s.memo.key(hash)
 	if !ok {
 		gen := s.memo.generation()
 		err := s.view(ctx, func(tx Tx, now time.Time) error {
 			var err error
-			rec, err = s.authenticateTx(tx, hash)
+			ar, err = s.authenticateTx(tx, hash)
 			return err
 		})
 		if err != nil {
 			return vault.Key{}, fmt.Errorf("authenticate: %w", err)
 		}
-		s.memo.keepKey(gen, hash, rec)
+		s.memo.keepKey(gen, hash, ar)
 	}
-	if rec.Status == vault.KeyRevoked {
-		return rec.public(), fmt.Errorf("authenticate: key %s: %w", rec.ID, vault.ErrKeyRevoked)
+	key := ar.key.public()
+	key.UpstreamVersion = ar.upstreamVersion
+	if key.Status == vault.KeyRevoked {
+		return key, fmt.Errorf("authenticate: key %s: %w", key.ID, vault.ErrKeyRevoked)
 	}
-	return rec.public(), nil
+	return key, nil
 }
 
 // GetKey returns ErrNotFound when there is no such key.

@@ -30,39 +30,60 @@ func last4(secret string) string {
 	return secret[len(secret)-4:]
 }
 
-func (s *Engine) putUpstreamTx(tx Tx, now time.Time, actor, name, vendor, secret string) (vault.Upstream, error) {
+// putUpstreamTx registers or replaces an upstream; created says no upstream
+// of that name existed. The read locks an existing upstream's row
+// (PostgreSQL), and a new one is inserted rather than put, so two
+// transactions that both found the name free cannot both commit: the second
+// runs again, finds the first's upstream and replaces it.
+func (s *Engine) putUpstreamTx(tx Tx, now time.Time, actor, name, vendor, secret string) (vault.Upstream, bool, error) {
 	if !validName(name) {
-		return vault.Upstream{}, fmt.Errorf("upstream name %q: %w", name, vault.ErrInvalid)
+		return vault.Upstream{}, false, fmt.Errorf("upstream name %q: %w", name, vault.ErrInvalid)
 	}
 	if vendor != policy.VendorStripe {
-		return vault.Upstream{}, fmt.Errorf("upstream vendor %q (only %q): %w", vendor, policy.VendorStripe, vault.ErrInvalid)
+		return vault.Upstream{}, false, fmt.Errorf("upstream vendor %q (only %q): %w", vendor, policy.VendorStripe, vault.ErrInvalid)
 	}
 	if strings.TrimSpace(secret) == "" {
-		return vault.Upstream{}, fmt.Errorf("upstream %q: empty secret: %w", name, vault.ErrInvalid)
+		return vault.Upstream{}, false, fmt.Errorf("upstream %q: empty secret: %w", name, vault.ErrInvalid)
 	}
 	sealed, err := s.seal.seal([]byte(secret), upstreamAD(name))
 	if err != nil {
-		return vault.Upstream{}, err
+		return vault.Upstream{}, false, err
 	}
 	var old upstreamRec
 	existed, err := getJSON(tx, BucketUpstreams, []byte(name), &old)
 	if err != nil {
-		return vault.Upstream{}, err
+		return vault.Upstream{}, false, err
 	}
 	rec := upstreamRec{Name: name, Vendor: vendor, SealedSecret: sealed, SecretLast4: last4(secret), CreatedAt: now, UpdatedAt: now}
 	var before any
+	write := insertJSON
 	if existed {
 		rec.CreatedAt = old.CreatedAt
 		before = upstreamView{Name: old.Name, Vendor: old.Vendor, SecretLast4: old.SecretLast4}
+		write = putJSON
 	}
-	if err := putJSON(tx, BucketUpstreams, []byte(name), &rec); err != nil {
-		return vault.Upstream{}, err
+	rec.Version = nextUpstreamVersion(&old, existed, now)
+	if err := write(tx, BucketUpstreams, []byte(name), &rec); err != nil {
+		return vault.Upstream{}, false, err
 	}
 	after := upstreamView{Name: rec.Name, Vendor: rec.Vendor, SecretLast4: rec.SecretLast4}
 	if err := putAudit(tx, now, actor, "upstream.put", name, before, after); err != nil {
-		return vault.Upstream{}, err
+		return vault.Upstream{}, false, err
 	}
-	return rec.public(), nil
+	return rec.public(), !existed, nil
+}
+
+// nextUpstreamVersion is the version of an upstream's next write: one up from
+// the one it replaces, so a replica that cached the secret under the old
+// version sees the change on its next request. A new upstream starts from the
+// store's clock in nanoseconds, not from 1: a name deleted and registered again
+// must not reuse a version a replica may still have cached the deleted
+// upstream's secret under.
+func nextUpstreamVersion(old *upstreamRec, existed bool, now time.Time) uint64 {
+	if !existed {
+		return uint64(max(now.UnixNano(), 1))
+	}
+	return old.version() + 1
 }
 
 func getUpstream(tx Tx, name string) (*upstreamRec, error) {
