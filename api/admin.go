@@ -102,6 +102,10 @@ var adminRoutes = []adminRoute{
 	{method: http.MethodGet, path: "/api/v1/raise-requests/:id", handler: (*admin).getRaiseRequest},
 	{method: http.MethodPost, path: "/api/v1/raise-requests/:id/approve", handler: (*admin).approveRaiseRequest, admin: true},
 	{method: http.MethodPost, path: "/api/v1/raise-requests/:id/decline", handler: (*admin).declineRaiseRequest, admin: true},
+	{method: http.MethodGet, path: "/api/v1/approvals", handler: (*admin).listApprovals},
+	{method: http.MethodGet, path: "/api/v1/approvals/:id", handler: (*admin).getApproval},
+	{method: http.MethodPost, path: "/api/v1/approvals/:id/approve", handler: (*admin).approveApproval},
+	{method: http.MethodPost, path: "/api/v1/approvals/:id/decline", handler: (*admin).declineApproval},
 
 	{method: http.MethodGet, path: "/api/v1/audit", handler: (*admin).listAudit},
 	{method: http.MethodGet, path: "/api/v1/backup", handler: (*admin).backup, admin: true},

@@ -208,6 +208,9 @@ type meView struct {
 	Windows  meWindows         `json:"windows"`
 	// Raises are the key's raises active now, which the windows' caps include.
 	Raises []raiseView `json:"raises"`
+	// PendingApprovals are the key's requests that wait for a person's
+	// decision, newest first (at most 50).
+	PendingApprovals []meApproval `json:"pending_approvals"`
 	// Budgets is the chain of budgets the key draws on, closest first: each
 	// one's windows, what is left of them, and its velocity limits.
 	Budgets []meBudget `json:"budgets"`
@@ -223,6 +226,18 @@ type meBudget struct {
 	Velocity []policy.Velocity `json:"velocity"`
 	// Raises are the budget's raises active now, which its caps include.
 	Raises []raiseView `json:"raises"`
+}
+
+// meApproval is one of a key's pending approvals as the key may see it.
+type meApproval struct {
+	ID             string    `json:"id"`
+	IdempotencyKey string    `json:"idempotency_key"`
+	Operation      string    `json:"operation"`
+	Amount         string    `json:"amount"`
+	Currency       string    `json:"currency"`
+	Reason         string    `json:"reason"`
+	CreatedAt      time.Time `json:"created_at"`
+	ExpiresAt      time.Time `json:"expires_at"`
 }
 
 // meWindows is the admin API's usage view per window, without its currency (which
@@ -251,16 +266,27 @@ func loadMeView(ctx context.Context, store vault.Store, id string, now time.Time
 		return meView{}, fmt.Errorf("usage of %s: %w", id, err)
 	}
 	u := newUsageView(key, windows, usage, now)
+	pending, _, err := store.ListApprovals(ctx, vault.ApprovalFilter{KeyID: id, State: vault.ApprovalPending})
+	if err != nil {
+		return meView{}, fmt.Errorf("approvals of %s: %w", id, err)
+	}
+	approvals := make([]meApproval, len(pending))
+	for i, ap := range pending {
+		approvals[i] = meApproval{ID: ap.ID, IdempotencyKey: ap.IdempotencyKey, Operation: ap.Operation,
+			Amount: policy.FormatMinor(ap.Currency, ap.Amount), Currency: ap.Currency, Reason: ap.Reason,
+			CreatedAt: ap.CreatedAt, ExpiresAt: ap.ExpiresAt}
+	}
 	v := meView{
-		ID:       key.ID,
-		Name:     key.Name,
-		Labels:   labelsOf(key),
-		Status:   string(key.StatusAt(now)),
-		Policy:   key.Policy,
-		Currency: u.Currency,
-		Windows:  meWindows{Daily: u.Daily, Period: u.Period, PerRequest: u.PerRequest},
-		Raises:   u.Raises,
-		Budgets:  []meBudget{},
+		PendingApprovals: approvals,
+		ID:               key.ID,
+		Name:             key.Name,
+		Labels:           labelsOf(key),
+		Status:           string(key.StatusAt(now)),
+		Policy:           key.Policy,
+		Currency:         u.Currency,
+		Windows:          meWindows{Daily: u.Daily, Period: u.Period, PerRequest: u.PerRequest},
+		Raises:           u.Raises,
+		Budgets:          []meBudget{},
 	}
 	if key.Policy.Budget == "" {
 		return v, nil

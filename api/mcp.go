@@ -254,6 +254,9 @@ func (m *mcpEndpoint) run(ctx context.Context, tool string, call toolCall, h htt
 	if call.stripeAccount != "" {
 		r.Header.Set("Stripe-Account", call.stripeAccount)
 	}
+	if call.approvalReason != "" {
+		r.Header.Set("Keybrake-Approval-Reason", call.approvalReason)
+	}
 	rec := &answerRecorder{header: http.Header{}, limit: mcpMaxAnswerBytes}
 	m.stripe.ServeHTTP(rec, r)
 	return rec.result()
@@ -305,7 +308,12 @@ func budgetText(v meView) string {
 	if c := v.Windows.PerRequest.Cap; c != nil {
 		parts = append(parts, fmt.Sprintf("per request: at most %s %s", *c, v.Currency))
 	}
-	return "Budget of vault key " + v.Name + " (" + v.Status + "): " + strings.Join(parts, "; ") + "."
+	text := "Budget of vault key " + v.Name + " (" + v.Status + "): " + strings.Join(parts, "; ") + "."
+	for _, a := range v.PendingApprovals {
+		text += fmt.Sprintf(" Pending approval %s: %s %s %s (idempotency key %q), held until a person decides or %s.",
+			a.ID, a.Operation, a.Amount, a.Currency, a.IdempotencyKey, a.ExpiresAt.Format(time.RFC3339))
+	}
+	return text
 }
 
 // answerRecorder is the ResponseWriter of an in-process proxy request: it keeps
@@ -482,6 +490,12 @@ var refusalAdvice = map[proxy.ErrorCode]string{
 		"keybrake then learns from Stripe what the first attempt did.",
 	proxy.CodeStoreUnavailable: "Nothing reached Stripe: keybrake's store is unavailable for a moment. Call again " +
 		"with the same arguments and idempotency_key in a few seconds.",
+	proxy.CodeApprovalRequired: "Nothing reached Stripe; its amount is held. A person must approve it in keybrake " +
+		"(approval_id above): once approved, call again with the same arguments and the same idempotency_key, " +
+		"before expires_at. get_budget lists the key's pending approvals.",
+	proxy.CodeApprovalDeclined: "Nothing reached Stripe: a person declined this payment. Do not retry it.",
+	proxy.CodeApprovalExpired: "Nothing reached Stripe: nobody approved it in time, or it was not called again in time " +
+		"after approval. A new idempotency_key asks again.",
 	codeInvalidArguments: "Nothing reached Stripe; fix the arguments and call again.",
 	codeAnswerTooLarge:   "Ask for less, e.g. a smaller limit.",
 }

@@ -61,23 +61,7 @@ func TestMCPOverPlainHTTP(t *testing.T) {
 	env := MustAgentEnv(t)
 	_, token := env.MustKey("agent", `{"vendor":"stripe","currency":"usd","daily_cap":"20.00",
 		"expires_at":"2026-12-31T00:00:00Z","operations":["payment_intents.create","*.read"]}`, nil)
-	hdr := http.Header{
-		"Authorization":        {"Bearer " + token},
-		"Accept":               {"application/json, text/event-stream"},
-		"Mcp-Protocol-Version": {"2025-06-18"},
-	}
-	rpc := func(method string, params any) map[string]any {
-		t.Helper()
-		r, err := env.Try(http.MethodPost, "/mcp", hdr, map[string]any{"jsonrpc": "2.0", "id": 7, "method": method, "params": params})
-		require.NoError(t, err)
-		require.Equal(t, http.StatusOK, r.Status, "%s: %s", method, r.Body)
-		assert.Equal(t, "application/json", r.Header.Get("Content-Type"))
-		assert.Empty(t, r.Header.Get("Mcp-Session-Id"), "stateless: no session")
-		var out map[string]any
-		require.NoError(t, json.Unmarshal(r.Body, &out), "%s", r.Body)
-		require.Nil(t, out["error"], "%s", r.Body)
-		return out["result"].(map[string]any)
-	}
+	rpc := mcpCaller(t, env, token)
 
 	init := rpc("initialize", map[string]any{"protocolVersion": "2025-06-18", "capabilities": map[string]any{},
 		"clientInfo": map[string]any{"name": "curl", "version": "8"}})
@@ -136,6 +120,28 @@ func TestMCPOverPlainHTTP(t *testing.T) {
 	}
 	assert.Equal(t, 2, toolLines, "one canonical line per tool call that reached the proxy")
 	assert.Equal(t, 7, accessLines)
+}
+
+// mcpCaller returns a function that makes one plain JSON-RPC call of the
+// 2025-06-18 protocol to /mcp with token as bearer and returns its result.
+func mcpCaller(t *testing.T, env *agentEnv, token string) func(method string, params any) map[string]any {
+	hdr := http.Header{
+		"Authorization":        {"Bearer " + token},
+		"Accept":               {"application/json, text/event-stream"},
+		"Mcp-Protocol-Version": {"2025-06-18"},
+	}
+	return func(method string, params any) map[string]any {
+		t.Helper()
+		r, err := env.Try(http.MethodPost, "/mcp", hdr, map[string]any{"jsonrpc": "2.0", "id": 7, "method": method, "params": params})
+		require.NoError(t, err)
+		require.Equal(t, http.StatusOK, r.Status, "%s: %s", method, r.Body)
+		assert.Equal(t, "application/json", r.Header.Get("Content-Type"))
+		assert.Empty(t, r.Header.Get("Mcp-Session-Id"), "stateless: no session")
+		var out map[string]any
+		require.NoError(t, json.Unmarshal(r.Body, &out), "%s", r.Body)
+		require.Nil(t, out["error"], "%s", r.Body)
+		return out["result"].(map[string]any)
+	}
 }
 
 // BenchmarkMCPToolCall measures a money-moving tool call end to end over HTTP:

@@ -52,6 +52,7 @@ type toolArg struct {
 	control  bool           // not a parameter: the tool's handler reads it
 	with     url.Values     // parameters sent along when it is given
 	schema   map[string]any // argObject: the JSON schema of its value
+	approval bool           // not a parameter: the reason shown to an approver
 }
 
 // toolSpec is one MCP tool that makes one Stripe request.
@@ -303,9 +304,28 @@ func mustTools(specs []*toolSpec) []*toolSpec {
 		if t.method == http.MethodPost || t.name == toolStripeRequest {
 			t.args = append(t.args, toolArg{name: idempotencyArg, kind: argString})
 		}
+		if t.money || t.name == toolStripeRequest {
+			t.args = append(t.args, t.approvalReasonArg())
+		}
 		t.defs = [2]*mcp.Tool{t.listed(false), t.listed(true)}
 	}
 	return specs
+}
+
+// approvalReasonArg is the argument that says why a payment is made, shown
+// to the person who approves it when the key's policy asks for approval:
+// "reason", or "approval_reason" on a tool where "reason" is Stripe's own
+// parameter (create_refund).
+func (t *toolSpec) approvalReasonArg() toolArg {
+	name := "reason"
+	for _, a := range t.args {
+		if a.name == name {
+			name = "approval_reason"
+		}
+	}
+	return toolArg{name: name, kind: argString, approval: true,
+		desc: "Why this payment is made, in a sentence (at most 500 characters): shown to the person who approves it " +
+			"when this vault key's policy asks for approval above an amount."}
 }
 
 // pathArg matches a {name} placeholder of a tool's path.
@@ -424,6 +444,7 @@ type toolCall struct {
 	path           string
 	params         url.Values
 	idempotencyKey string
+	approvalReason string // sent as Keybrake-Approval-Reason
 	stripeAccount  string
 	jsonBody       []byte // a v2 POST's body (v2 takes JSON)
 }
@@ -485,6 +506,8 @@ func (t *toolSpec) request(raw json.RawMessage) (toolCall, error) {
 		case a.control:
 		case a.name == idempotencyArg:
 			call.idempotencyKey = v.(string)
+		case a.approval:
+			call.approvalReason = v.(string)
 		case a.inPath:
 			call.path = strings.ReplaceAll(call.path, "{"+a.name+"}", v.(string))
 		default:

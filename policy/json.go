@@ -45,7 +45,7 @@ const (
 var policyFields = []string{
 	fieldVendor, fieldCurrency, fieldDailyCap, fieldPeriodCap, fieldPerRequestCap,
 	fieldPeriodStart, fieldExpiresAt, fieldTimezone, fieldOperations, fieldCustomers,
-	fieldStripeAccounts, fieldIdempotency, fieldMode, fieldBudget, fieldVelocity,
+	fieldStripeAccounts, fieldIdempotency, fieldMode, fieldBudget, fieldVelocity, fieldApproval,
 	fieldLegacyDaily, fieldLegacyPeriod, fieldLegacyPerRequest,
 }
 
@@ -75,6 +75,7 @@ type wirePolicy struct {
 	Mode           Mode             `json:"mode,omitempty"`
 	Budget         string           `json:"budget,omitempty"`
 	Velocity       []Velocity       `json:"velocity,omitempty"`
+	Approval       *wireApproval    `json:"approval,omitempty"`
 }
 
 type wireIdempotency struct {
@@ -103,6 +104,7 @@ func (p Policy) MarshalJSON() ([]byte, error) {
 		Mode:           p.Mode,
 		Budget:         p.Budget,
 		Velocity:       p.Velocity,
+		Approval:       p.Approval.wire(cur),
 	}
 	if p.DailyCap != nil {
 		w.DailyCap = formatMajor(cur, *p.DailyCap)
@@ -273,6 +275,10 @@ func (p *Policy) UnmarshalJSON(data []byte) error {
 				}
 			}
 		}
+	}
+
+	if raw, ok := present(fields, fieldApproval); ok {
+		parseApproval(&v, raw, &out)
 	}
 
 	if err := v.err(); err != nil {

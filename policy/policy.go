@@ -117,6 +117,9 @@ type Policy struct {
 	Budget string `json:"budget,omitempty"`
 	// Velocity limits how often the key may place a hold.
 	Velocity []Velocity `json:"velocity,omitempty"`
+	// Approval, when set, makes a person decide on the money requests it
+	// names before they are forwarded (see NeedsApproval).
+	Approval *Approval `json:"approval,omitempty"`
 }
 
 // DefaultCurrency, DefaultTimezone are what Normalize fills in when a policy names none.
@@ -368,6 +371,7 @@ func (p *Policy) validate(v *ValidationError) {
 		v.add("budget", "%q is not a budget id (\"bud_\" followed by letters and digits)", p.Budget)
 	}
 	validateVelocity(v, "velocity", p.Velocity)
+	p.validateApproval(v)
 
 	switch p.Mode {
 	case "", ModeEnforce, ModeReport:

@@ -50,6 +50,11 @@ type call struct {
 	// derived; "" when nothing is recorded. idemOutcome below is "derived"
 	// until Reserve.
 	idemKey string
+	// ask describes the request to an approver, for a money request under a
+	// policy that asks for approval (approval.go); approvalWait is how long the
+	// caller waits for a decision (Keybrake-Approval-Wait).
+	ask          *vault.ApprovalAsk
+	approvalWait time.Duration
 
 	// Step 6, resolveAmount (amount.go), for a request that moves money.
 	amount      int64 // the hold (minor units); Reserve sets the hold it placed
@@ -143,6 +148,7 @@ const (
 	idemMismatch idemOutcome = "mismatch"
 	idemStale    idemOutcome = "stale"
 	idemRefused  idemOutcome = "refused"
+	idemApproval idemOutcome = "approval"
 )
 
 // idemOutcomeOf is the word of a Store.Reserve outcome ("" for none of them).
@@ -162,6 +168,8 @@ func idemOutcomeOf(o vault.ReserveOutcome) idemOutcome {
 		return idemStale
 	case vault.ReserveRefused:
 		return idemRefused
+	case vault.ReserveApproval:
+		return idemApproval
 	}
 	return ""
 }

@@ -54,6 +54,10 @@ const (
 	CodeUpstreamPermission  ErrorCode = "upstream_permission_denied"
 	CodeStoreUnavailable    ErrorCode = "store_unavailable"
 	CodeInternalError       ErrorCode = "internal_error"
+	// Approvals (approval.go).
+	CodeApprovalRequired ErrorCode = "approval_required"
+	CodeApprovalDeclined ErrorCode = "approval_declined"
+	CodeApprovalExpired  ErrorCode = "approval_expired"
 )
 
 // codeOf is the error code of a policy refusal reason: the same word; a
@@ -125,7 +129,11 @@ type keybrakeDetail struct {
 	ResetAt   *time.Time    `json:"reset_at,omitempty"`
 	Field     string        `json:"field,omitempty"`
 	Operation string        `json:"operation,omitempty"`
-	RequestID string        `json:"request_id"`
+	// Of an approval: its id, when it expires, the amount it holds.
+	ApprovalID string     `json:"approval_id,omitempty"`
+	ExpiresAt  *time.Time `json:"expires_at,omitempty"`
+	Amount     string     `json:"amount,omitempty"`
+	RequestID  string     `json:"request_id"`
 }
 
 type errorBody struct {
@@ -155,7 +163,7 @@ func statusFor(code ErrorCode) (status int, typ string, retry bool) {
 	case CodeVaultKeyNotYetValid, CodeOperationNotAllowed, CodeCustomerNotAllowed,
 		CodeAccountNotAllowed, CodeCurrencyNotAllowed, CodeAmountUnknown:
 		return http.StatusForbidden, TypeInvalidRequest, false
-	case CodeSpendCapExceeded:
+	case CodeSpendCapExceeded, CodeApprovalRequired, CodeApprovalDeclined, CodeApprovalExpired:
 		return http.StatusPaymentRequired, TypeInvalidRequest, false
 	case CodeVelocityExceeded:
 		// A count limit: retrying at once is refused again, and an SDK's

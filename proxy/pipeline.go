@@ -48,6 +48,9 @@ func (p *Proxy) prepare(ctx context.Context, w http.ResponseWriter, r *http.Requ
 	if c.idemKey, c.idemOutcome, err = p.idempotency(r, c); err != nil {
 		return err
 	}
+	if err := approvalHeaders(r, c); err != nil {
+		return err
+	}
 	if err := p.resolveAmount(ctx, c); err != nil {
 		return err
 	}

@@ -18,6 +18,7 @@
 package proxy
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -81,6 +82,9 @@ type Config struct {
 	// Registerer receives the proxy's Prometheus collectors (see metrics.go); when
 	// nil they count but are exposed nowhere.
 	Registerer prometheus.Registerer
+	// ApprovalPoll is how often a request that waits for an approval's
+	// decision reads it from the store (default DefaultApprovalPoll).
+	ApprovalPoll time.Duration
 }
 
 // DefaultConfig returns a Config with every default filled in except Store and
@@ -133,6 +137,8 @@ type Proxy struct {
 	secrets     secretCache
 	metrics     *metrics
 	unknown     unknownRefusals
+	// approvalPoll: see Config.ApprovalPoll.
+	approvalPoll time.Duration
 }
 
 var _ http.Handler = (*Proxy)(nil)
@@ -183,6 +189,7 @@ func New(cfg Config) (*Proxy, error) {
 		secrets:     secretCache{ttl: cfg.SecretCacheTTL, entries: map[string]cachedSecret{}},
 		metrics:     m,
 	}
+	p.approvalPoll = cmp.Or(cfg.ApprovalPoll, DefaultApprovalPoll)
 	p.unknown.Since = p.now()
 	transport := cfg.Transport
 	if transport == nil {

@@ -68,6 +68,7 @@ func (p *Proxy) reserve(ctx context.Context, c *call) error {
 		Request:        c.policyRequest(c.amount, c.currency),
 		Metered:        c.metered(),
 		Tool:           c.tool,
+		Ask:            c.ask,
 	}
 	req.Request.ObjectTotal = c.objectTotal
 	if !c.metered() {
@@ -79,6 +80,13 @@ func (p *Proxy) reserve(ctx context.Context, c *call) error {
 		return refuse(CodeVaultKeyRevoked, "This vault key has been revoked.")
 	case err != nil:
 		return internalError(fmt.Errorf("reserve: %w", err))
+	}
+	if res.Outcome == vault.ReserveApproval || (res.Outcome == vault.ReserveReplay && res.Record.Response == nil && res.Approval != nil &&
+		(res.Approval.State == vault.ApprovalDeclined || res.Approval.State == vault.ApprovalExpired)) {
+		if res, err = p.approvalOutcome(ctx, c, req, res); err != nil {
+			c.idemOutcome = idemOutcomeOf(res.Outcome)
+			return err
+		}
 	}
 	c.windows, c.usage = res.Windows, res.Usage
 	c.idemOutcome = idemOutcomeOf(res.Outcome)

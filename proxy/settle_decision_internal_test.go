@@ -155,13 +155,13 @@ func TestSettleDecisionOutcomes(t *testing.T) {
 func TestIdemOutcomeOf(t *testing.T) {
 	t.Parallel()
 	words := map[idemOutcome]vault.ReserveOutcome{}
-	for o := vault.ReserveClaimed; o <= vault.ReserveRefused; o++ {
+	for o := vault.ReserveClaimed; o <= vault.ReserveApproval; o++ {
 		w := idemOutcomeOf(o)
 		require.NotEmpty(t, w, "Reserve outcome %d has no word", o)
 		require.NotContains(t, words, w, "Reserve outcomes %d and %d share the word %q", words[w], o, w)
 		words[w] = o
 	}
-	assert.Empty(t, idemOutcomeOf(vault.ReserveRefused+1))
+	assert.Empty(t, idemOutcomeOf(vault.ReserveApproval+1))
 	assert.Equal(t, vault.ReserveClaimed, words[idemClaimed])
 	assert.Equal(t, vault.ReserveResume, words[idemResume])
 }

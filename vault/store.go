@@ -228,6 +228,27 @@ type Store interface {
 	// (IdempotencyRecord.Resolved). Errors: ErrNotFound, ErrConflict (the
 	// hold is in another state), ErrInvalid (another outcome).
 	ResolveHold(ctx context.Context, actor, holdID string, outcome HoldState) (Hold, error)
+	// ListApprovals lists the approvals f selects, newest first. Errors:
+	// ErrInvalid (an unknown state, a malformed cursor).
+	ListApprovals(ctx context.Context, f ApprovalFilter) ([]Approval, string, error)
+	// GetApproval returns the approval id. Errors: ErrNotFound.
+	GetApproval(ctx context.Context, id string) (Approval, error)
+	// DecideApproval approves (approve true) or declines a pending approval
+	// by actor's decision, with note, and writes the audit entry, in one
+	// write transaction under the key's lock. Approved, the approval waits
+	// for the caller's retry until now plus its timeout; declined, its hold is
+	// released and its record completed, so that every retry is told. The
+	// approval is returned as it is after the change — or, with ErrConflict,
+	// as it is: already decided, used or expired (one of two admins deciding
+	// at once wins, the other is told the state). Errors: ErrNotFound,
+	// ErrConflict, ErrInvalid (a note over MaxApprovalReason bytes).
+	DecideApproval(ctx context.Context, actor, id string, approve bool, note string) (Approval, error)
+	// WatchApproval returns a channel closed when approval id is decided or
+	// expires in this process, and a function that stops watching. Decisions
+	// made by another process sharing the store are not seen: a waiter also
+	// polls GetApproval.
+	WatchApproval(id string) (<-chan struct{}, func())
+
 	// ListHolds lists the holds in state ("" for all), newest first (by
 	// creation). Limit defaults to 50, max 500; cursor is the previous page's
 	// next. Errors: ErrInvalid (an unknown state, a malformed cursor).
@@ -503,6 +524,10 @@ type ReserveRequest struct {
 	// Tool is the MCP tool that made the request, recorded in its event ("" for
 	// none).
 	Tool string
+	// Ask describes the request to a person, should the key's policy make a
+	// metered request wait for approval (policy.Policy.NeedsApproval); nil is
+	// an empty description.
+	Ask *ApprovalAsk
 }
 
 // ReserveOutcome says what Reserve did.
@@ -526,6 +551,11 @@ const (
 	ReserveStale
 	// ReserveRefused: the policy refused (Decision says why). Nothing was written except the event.
 	ReserveRefused
+	// ReserveApproval: the request waits for a person, or a person said no.
+	// Approval says which: pending (the record is new, or still waits: its
+	// hold is placed and counts against every cap, nothing is forwarded),
+	// declined or expired (the hold was released; every retry gets this).
+	ReserveApproval
 )
 
 // ReserveResult is what Reserve returns. Decision is set for ReserveClaimed (possibly
@@ -537,6 +567,9 @@ type ReserveResult struct {
 	Key      Key
 	Record   IdempotencyRecord
 	Hold     *Hold
+	// Approval is set for ReserveApproval, and for a ReserveReplay or
+	// ReserveResume of a record that waited for one.
+	Approval *Approval
 	// Windows and Usage are the key's windows at the store clock and their
 	// counters as the Reserve left them (its own hold included), for the
 	// outcomes that forward or replay (ReserveClaimed, ReserveResume,

@@ -186,6 +186,9 @@ const (
 	RecordInProgress RecordState = "in_progress"
 	RecordCompleted  RecordState = "completed"
 	RecordUnknown    RecordState = "unknown"
+	// RecordAwaitingApproval: the request waits for a person's decision (or,
+	// approved, for its retry); its hold is held, nothing was forwarded.
+	RecordAwaitingApproval RecordState = "awaiting_approval"
 )
 
 // Decision is what a ledger event records about a key's money.
@@ -238,6 +241,8 @@ type IdempotencyRecord struct {
 	HoldID         string    // "" when the request moved no money
 	Response       *StoredResponse
 	RequestID      string // Stripe's Request-Id of the stored answer (Original-Request on replay)
+	// ApprovalID is the approval the request waited for ("" when none).
+	ApprovalID string
 	// Resolved is set when an operator settled the record's hold (ResolveHold):
 	// a retry is told so, with the hold's state; no answer of Stripe's is stored.
 	Resolved    bool

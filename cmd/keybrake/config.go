@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/keybrake/keybrake/cmd/internal/loopback"
+	"github.com/keybrake/keybrake/proxy"
 	"github.com/keybrake/keybrake/vault"
 	"github.com/keybrake/keybrake/vault/postgres"
 )
@@ -122,10 +123,12 @@ func DefaultConfig() Config {
 
 // ProxyWriteTimeout is the proxy listener's write timeout. A proxied request may
 // make two upstream calls (an amount lookup, then the forward), each bounded by
-// UpstreamTimeout; the margin covers the store's group commit and writing the
-// answer back, so the server never cuts a response Stripe already gave.
+// UpstreamTimeout, after waiting up to proxy.MaxApprovalWait for an
+// approval's decision (Keybrake-Approval-Wait); the margin covers the store's
+// group commit and writing the answer back, so the server never cuts a
+// response Stripe already gave.
 func (c Config) ProxyWriteTimeout() time.Duration {
-	return 2*c.UpstreamTimeout + c.LeaseMargin
+	return proxy.MaxApprovalWait + 2*c.UpstreamTimeout + c.LeaseMargin
 }
 
 // Lease is the lease of an in-flight idempotency claim: longer than one upstream

@@ -110,4 +110,10 @@ var suite = []struct {
 	{"RaiseRequestDecidedOnce", testRaiseRequestDecidedOnce},
 	{"RaisesAndHoldsConcurrently", testRaisesAndHoldsConcurrently},
 	{"ABudgetRaiseThatEnds", testABudgetRaiseThatEnds},
+	// Approvals (approvals.go).
+	{"ApprovalHoldsThenForwardsOnce", testApprovalHoldsThenForwardsOnce},
+	{"ApprovalDeclinedReleasesAndIsReplayed", testApprovalDeclinedReleasesAndIsReplayed},
+	{"ApprovalExpiresByTheStoreClock", testApprovalExpiresByTheStoreClock},
+	{"ApprovalTwoAdminsAtOnce", testApprovalTwoAdminsAtOnce},
+	{"ApprovalEventsInTheirTransactions", testApprovalEventsInTheirTransactions},
 }

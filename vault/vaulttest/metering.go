@@ -26,10 +26,16 @@ type meteringFixture struct {
 
 func newMeteringFixture(t *testing.T) *meteringFixture {
 	t.Helper()
+	return newFixtureWith(t, "k", Policy(t, "100.00", "150.00", ""))
+}
+
+// newFixtureWith is a store at T0 with one key, name, of policy p.
+func newFixtureWith(t *testing.T, name string, p policy.Policy) *meteringFixture {
+	t.Helper()
 	clock := NewClock(T0)
 	s := mustOpen(t, clock)
 	MustUpstream(t, s, "sk_test_abcdef1234")
-	k, _ := MustMint(t, s, "k", Policy(t, "100.00", "150.00", ""), nil)
+	k, _ := MustMint(t, s, name, p, nil)
 	return &meteringFixture{s: s, clock: clock, key: k}
 }
 

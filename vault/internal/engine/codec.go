@@ -229,6 +229,7 @@ const (
 	recResolved
 	recHold
 	recResponse
+	recApproval // the approval id follows the response
 )
 
 // encodeRecord is the binary encoding of r.
@@ -258,6 +259,9 @@ func encodeRecord(r *recordRec) []byte {
 	if r.Response != nil {
 		flags |= recResponse
 	}
+	if r.ApprovalID != "" {
+		flags |= recApproval
+	}
 	w.byte(flags)
 	if h := r.Hold; h != nil {
 		w.str(h.Operation)
@@ -277,6 +281,9 @@ func encodeRecord(r *recordRec) []byte {
 		}
 		w.byte(resp.Codec)
 		w.bytes(resp.SealedBody)
+	}
+	if r.ApprovalID != "" {
+		w.str(r.ApprovalID)
 	}
 	return w.b
 }
@@ -316,6 +323,9 @@ func decodeRecordBinary(k, v []byte) (*recordRec, error) {
 		resp.Codec = rd.byte()
 		resp.SealedBody = rd.bytes()
 		r.Response = resp
+	}
+	if flags&recApproval != 0 {
+		r.ApprovalID = rd.str()
 	}
 	return r, rd.done("record", k)
 }

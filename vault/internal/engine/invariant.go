@@ -135,6 +135,7 @@ func checkInvariantTx(tx Tx, now time.Time) ([]error, int, error) {
 		holdState[h.ID] = h.State
 		switch {
 		case r.State == vault.RecordInProgress && h.State != vault.HoldHeld,
+			r.State == vault.RecordAwaitingApproval && h.State != vault.HoldHeld,
 			r.State == vault.RecordUnknown && h.State != vault.HoldUnknown,
 			r.State == vault.RecordCompleted && h.State != vault.HoldCommitted && h.State != vault.HoldReleased:
 			bad("record of %s/%q is %s but its hold %s is %s", r.KeyID, r.Idem, r.State, h.ID, h.State)

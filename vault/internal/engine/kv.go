@@ -51,6 +51,10 @@ type Bucket uint8
 //
 // A budget's counters are in counters too, under budget id "/" window id; a
 // hold's window ids name them so ("bud_…/day:2026-09-14"), see counterKey.
+//
+//	approvals   approval id ("apr_…", sortable by creation) → vault.Approval (JSON)
+//	approvals_open approval id of each pending or approved approval → its
+//	            expiry (unix ns, 8 bytes BE) + key id: what the reaper expires
 const (
 	BucketMeta Bucket = iota
 	BucketUpstreams
@@ -77,6 +81,9 @@ const (
 	BucketMarks
 	BucketRaiseRequests
 	BucketRaisePending
+	// Approvals (approvals.go).
+	BucketApprovals
+	BucketApprovalsOpen
 	// NumBuckets counts the buckets.
 	NumBuckets
 )
@@ -88,6 +95,7 @@ var bucketLabels = [NumBuckets]string{
 	"budgets", "velocity",
 	"webhooks", "deliveries", "delivery_due", "delivery_done", "event_marks",
 	"raise_requests", "raise_pending",
+	"approvals", "approvals_open",
 }
 
 // Name is the bucket's name (bbolt's bucket name).

@@ -51,14 +51,16 @@ type reapCount struct {
 
 // reap runs every pass.
 func (s *Engine) reap(ctx context.Context) (reapCount, error) {
+	defer s.watch.flushLater() // wake the waiters of the approvals that expired
 	return s.runPasses(ctx, []reapPass{
 		{bucket: BucketInflight, judge: s.judgeInflight},
 		{bucket: BucketCompletions, judge: s.judgeCompletion},
 		{bucket: BucketCounters, judge: judgeCounter},
 		{bucket: BucketObjects, judge: judgeObject},
-		{bucket: BucketClaims, judge: s.judgeClaim}, // claims.go
-		{bucket: BucketEvents, judge: s.judgeEvent}, // retention.go
-		{bucket: BucketRollups, judge: judgeRollup}, // retention.go
+		{bucket: BucketClaims, judge: s.judgeClaim},           // claims.go
+		{bucket: BucketEvents, judge: s.judgeEvent},           // retention.go
+		{bucket: BucketRollups, judge: judgeRollup},           // retention.go
+		{bucket: BucketApprovalsOpen, judge: s.judgeApproval}, // approvals.go
 	})
 }
 

@@ -34,6 +34,10 @@ type reservePlan struct {
 	// the events they cause.
 	key   *keyRec
 	chain *chainPlan
+	// approval is the approval to write (put with its open index entry);
+	// writes, the other writes of a change of an approval's state.
+	approval *vault.Approval
+	writes   func(Tx) error
 }
 
 func validateReserve(req *vault.ReserveRequest) error {
@@ -243,10 +247,18 @@ func (s *Engine) planNew(tx Tx, now time.Time, req *vault.ReserveRequest, res va
 		}
 		pub := h.public()
 		res.Hold = &pub
+		if needsApproval(req, key, dec) {
+			a, err := askApproval(now, req, key, r, pl)
+			if err != nil {
+				return nil, err
+			}
+			res.Outcome, res.Approval = vault.ReserveApproval, a
+		}
 	}
 	res.Record = vault.IdempotencyRecord{
 		KeyID: key.ID, IdempotencyKey: req.IdempotencyKey, Fingerprint: r.Fingerprint, UpstreamKey: r.UpstreamKey,
 		State: r.State, LeaseUntil: r.LeaseUntil, HoldID: r.holdID(), CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt,
+		ApprovalID: r.ApprovalID,
 	}
 	pl.res = accept(res)
 	return pl, nil
@@ -265,6 +277,9 @@ func usageWithHold(windows []policy.Window, usage policy.Usage, amount int64) po
 
 // planExisting answers a Reserve whose idempotency record exists.
 func (s *Engine) planExisting(tx Tx, now time.Time, req *vault.ReserveRequest, res vault.ReserveResult, rec *recordRec, key *keyRec) (*reservePlan, error) {
+	if rec.State == vault.RecordAwaitingApproval && rec.Fingerprint == req.Fingerprint {
+		return s.planAwaiting(tx, now, res, rec, key)
+	}
 	pl := &reservePlan{}
 	hold := rec.Hold
 	switch {
@@ -305,6 +320,12 @@ func (s *Engine) planExisting(tx Tx, now time.Time, req *vault.ReserveRequest, r
 		h := hold.public()
 		res.Hold = &h
 	}
+	if rec.ApprovalID != "" && res.Outcome == vault.ReserveReplay {
+		// A declined or expired request's replay is worded from its approval.
+		if res.Approval, err = getApproval(tx, rec.ApprovalID); err != nil {
+			return nil, err
+		}
+	}
 	switch res.Outcome {
 	case vault.ReserveReplay, vault.ReserveResume:
 		if err := withUsage(tx, now, &res, key); err != nil {
@@ -340,6 +361,21 @@ func (pl *reservePlan) apply(tx Tx) error {
 					return fmt.Errorf("put velocity %q: %w", w.key, err)
 				}
 			}
+		}
+	}
+	if a := pl.approval; a != nil {
+		if err := putApproval(tx, a); err != nil {
+			return err
+		}
+		if a.State == vault.ApprovalPending {
+			if err := emitApproval(tx, pl.record.UpdatedAt, vault.EventApprovalPending, a); err != nil {
+				return err
+			}
+		}
+	}
+	if pl.writes != nil {
+		if err := pl.writes(tx); err != nil {
+			return err
 		}
 	}
 	if pl.event == nil {

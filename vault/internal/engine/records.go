@@ -225,6 +225,8 @@ type recordRec struct {
 	// Resolved is set when an operator settled the record's hold (ResolveHold):
 	// such a record is kept for good, so that a retry keeps being told so.
 	Resolved bool `json:"resolved,omitempty"`
+	// ApprovalID is the approval the request waits for, or waited for.
+	ApprovalID string `json:"apr,omitempty"`
 
 	// seq is the records bucket key the record lives under, 0 when it lives
 	// in the idem bucket under its hash. Not stored in the record.
@@ -511,7 +513,8 @@ func (s *Engine) publicRecord(r *recordRec) (vault.IdempotencyRecord, error) {
 	out := vault.IdempotencyRecord{
 		KeyID: keyID, IdempotencyKey: idem, Fingerprint: r.Fingerprint, UpstreamKey: r.UpstreamKey,
 		State: r.State, LeaseUntil: r.LeaseUntil, HoldID: r.holdID(), RequestID: r.RequestID, Resolved: r.Resolved,
-		CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt, CompletedAt: r.CompletedAt,
+		ApprovalID: r.ApprovalID,
+		CreatedAt:  r.CreatedAt, UpdatedAt: r.UpdatedAt, CompletedAt: r.CompletedAt,
 	}
 	if r.Response != nil {
 		resp := &vault.StoredResponse{Status: r.Response.Status, Header: r.Response.Header.Clone()}

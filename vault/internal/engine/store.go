@@ -81,6 +81,9 @@ type Engine struct {
 	// countChunk is the most entries one read transaction of CountHolds and
 	// SummarizeUsage looks at (holdCountChunk; tests lower it).
 	countChunk int
+
+	// watch wakes the requests that wait for an approval's decision.
+	watch approvalWatch
 }
 
 // New returns an engine over b. Errors: ErrInvalid (a master key that is not

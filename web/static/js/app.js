@@ -11,6 +11,7 @@ import * as keys from './views/keys.js';
 import * as key from './views/key.js';
 import * as mint from './views/mint.js';
 import * as holds from './views/holds.js';
+import * as approvals from './views/approvals.js';
 import * as upstreams from './views/upstreams.js';
 import * as audit from './views/audit.js';
 import * as webhooks from './views/webhooks.js';
@@ -27,6 +28,7 @@ const routes = [
   {pattern: /^\/keys\/([^/]+)$/, nav: 'keys', view: key},
   {pattern: /^\/mint$/, nav: 'keys', view: mint, admin: true},
   {pattern: /^\/holds$/, nav: 'holds', view: holds},
+  {pattern: /^\/approvals$/, nav: 'approvals', view: approvals},
   {pattern: /^\/upstreams$/, nav: 'upstreams', view: upstreams},
   {pattern: /^\/audit$/, nav: 'audit', view: audit},
   {pattern: /^\/webhooks$/, nav: 'webhooks', view: webhooks},
@@ -71,6 +73,7 @@ function renderHeader() {
   who.hidden = !claims;
   if (!claims) return;
   checkDemo();
+  countPending();
   const exp = typeof claims.exp === 'number' ? new Date(claims.exp * 1000).toISOString() : null;
   replace(who.querySelector('.who'),
     h('span', {class: 'sub'}, claims.sub || '?'), ' ',
@@ -131,7 +134,20 @@ async function mountCurrent() {
   }
 }
 
+// countPending shows in the navigation how many approvals wait for a decision.
+function countPending() {
+  const el = nav.querySelector('[data-count="approvals"]');
+  if (!session.token() || !el) return;
+  get('/approvals?state=pending&limit=500').then((page) => {
+    const n = page.approvals.length;
+    el.textContent = n >= 500 ? '500+' : String(n);
+    el.hidden = n === 0;
+    el.setAttribute('aria-label', `${el.textContent} pending`);
+  }).catch(() => {});
+}
+
 async function refresh() {
+  countPending();
   if (refreshing || document.hidden || !current || !current.refresh) return;
   if (document.querySelector('dialog[open]')) return; // do not move things under an open dialog
   refreshing = true;
