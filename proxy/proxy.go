@@ -133,6 +133,7 @@ type Proxy struct {
 	secrets     secretCache
 	metrics     *metrics
 	unknown     unknownRefusals
+	refusals    pendingRefusals
 }
 
 var _ http.Handler = (*Proxy)(nil)
@@ -184,6 +185,7 @@ func New(cfg Config) (*Proxy, error) {
 		metrics:     m,
 	}
 	p.unknown.Since = p.now()
+	p.refusals.interval, p.refusals.byKey = refusalFlushInterval, map[string]vault.KeyRefusal{}
 	transport := cfg.Transport
 	if transport == nil {
 		transport = newTransport(cfg.UpstreamTimeout)
