@@ -16,6 +16,7 @@ import (
 	"github.com/labstack/echo/v4"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/keybrake/keybrake/api/webhooks"
 	"github.com/keybrake/keybrake/proxy"
 	"github.com/keybrake/keybrake/proxy/logfield"
 	"github.com/keybrake/keybrake/vault"
@@ -41,6 +42,8 @@ type admin struct {
 
 	// maxClockOffset is AdminConfig.MaxClockOffset.
 	maxClockOffset time.Duration
+	// webhookGuard judges webhook destinations (AdminConfig.WebhookAllowPrivate).
+	webhookGuard webhooks.Guard
 }
 
 // adminRoute is one route of the admin API. The OpenAPI document describes exactly
@@ -79,6 +82,13 @@ var adminRoutes = []adminRoute{
 	{method: http.MethodGet, path: "/api/v1/usage", handler: (*admin).listUsage},
 	{method: http.MethodGet, path: "/api/v1/overview", handler: (*admin).overview},
 
+	{method: http.MethodPost, path: "/api/v1/budgets", handler: (*admin).createBudget},
+	{method: http.MethodGet, path: "/api/v1/budgets", handler: (*admin).listBudgets},
+	{method: http.MethodGet, path: "/api/v1/budgets/:id", handler: (*admin).getBudget},
+	{method: http.MethodPatch, path: "/api/v1/budgets/:id", handler: (*admin).patchBudget},
+	{method: http.MethodDelete, path: "/api/v1/budgets/:id", handler: (*admin).deleteBudget},
+	{method: http.MethodGet, path: "/api/v1/budgets/:id/usage", handler: (*admin).budgetUsage},
+
 	{method: http.MethodGet, path: "/api/v1/holds", handler: (*admin).listHolds},
 	{method: http.MethodPost, path: "/api/v1/holds/:id/resolve", handler: (*admin).resolveHold},
 
@@ -114,6 +124,7 @@ func NewAdmin(cfg AdminConfig) http.Handler {
 		demo:      cfg.Demo,
 
 		maxClockOffset: cfg.MaxClockOffset,
+		webhookGuard:   webhooks.Guard{AllowPrivate: cfg.WebhookAllowPrivate},
 	}
 	gatherer := cfg.Metrics
 	if gatherer == nil {

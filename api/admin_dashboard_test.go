@@ -282,6 +282,7 @@ func TestAdminOverview(t *testing.T) {
 // how often it was refused since it was revoked; the ledger names the caller's
 // idempotency key; the upstreams say where they point and in which mode.
 func TestAdminOverviewNamesKeysForAnIncident(t *testing.T) {
+	t.Parallel()
 	env := MustAdminEnv(t)
 	env.MustUpstream("default")
 	ctx := context.Background()

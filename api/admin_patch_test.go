@@ -22,6 +22,7 @@ import (
 // merge patch is applied to the key as it is inside the store's transaction,
 // not to a read taken before the other replica wrote.
 func TestAdminConcurrentPatchesOfTwoReplicasBothApply(t *testing.T) {
+	t.Parallel()
 	env := MustAdminEnv(t)
 	env.MustUpstream("default")
 	k := env.MustMint("raced", "", nil, seedLegacyPolicy)
@@ -68,6 +69,7 @@ func TestAdminConcurrentPatchesOfTwoReplicasBothApply(t *testing.T) {
 // changed), "*" only asks that the key exists, and an ETag keybrake never
 // gave matches nothing.
 func TestAdminKeyETagAndIfMatch(t *testing.T) {
+	t.Parallel()
 	env := MustAdminEnv(t)
 	env.MustUpstream("default")
 	k := env.MustMint("tagged", "", nil, seedLegacyPolicy)

@@ -152,6 +152,17 @@ type usageView struct {
 
 func newUsageView(k vault.Key, windows []policy.Window, usage policy.Usage) *usageView {
 	cur := k.Policy.Currency
+	v := newWindowsUsage(cur, windows, usage)
+	if c, ok := k.Policy.PerRequestCapMinor(); ok {
+		s := policy.FormatMinor(cur, c)
+		v.PerRequest.Cap = &s
+	}
+	return v
+}
+
+// newWindowsUsage is the usage of a key's or a budget's daily and period
+// windows.
+func newWindowsUsage(cur string, windows []policy.Window, usage policy.Usage) *usageView {
 	v := &usageView{Currency: cur}
 	for _, w := range windows {
 		cnt := usage[w.ID]
@@ -173,10 +184,6 @@ func newUsageView(k vault.Key, windows []policy.Window, usage policy.Usage) *usa
 		case policy.WindowPeriod:
 			v.Period = wv
 		}
-	}
-	if c, ok := k.Policy.PerRequestCapMinor(); ok {
-		s := policy.FormatMinor(cur, c)
-		v.PerRequest.Cap = &s
 	}
 	return v
 }

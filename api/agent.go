@@ -204,6 +204,19 @@ type meView struct {
 	Policy   policy.Policy     `json:"policy"`
 	Currency string            `json:"currency"`
 	Windows  meWindows         `json:"windows"`
+	// Budgets is the chain of budgets the key draws on, closest first: each
+	// one's windows, what is left of them, and its velocity limits.
+	Budgets []meBudget `json:"budgets"`
+}
+
+// meBudget is a budget of the key's chain as the key may see it: its scope,
+// windows and limits, not its labels nor the other keys under it.
+type meBudget struct {
+	Scope    policy.Scope      `json:"scope"`
+	Currency string            `json:"currency"`
+	Daily    *windowView       `json:"daily"`
+	Period   *windowView       `json:"period"`
+	Velocity []policy.Velocity `json:"velocity"`
 }
 
 // meWindows is the admin API's usage view per window, without its currency (which
@@ -232,7 +245,7 @@ func loadMeView(ctx context.Context, store vault.Store, id string, now time.Time
 		return meView{}, fmt.Errorf("usage of %s: %w", id, err)
 	}
 	u := newUsageView(key, windows, usage)
-	return meView{
+	v := meView{
 		ID:       key.ID,
 		Name:     key.Name,
 		Labels:   labelsOf(key),
@@ -240,7 +253,24 @@ func loadMeView(ctx context.Context, store vault.Store, id string, now time.Time
 		Policy:   key.Policy,
 		Currency: u.Currency,
 		Windows:  meWindows{Daily: u.Daily, Period: u.Period, PerRequest: u.PerRequest},
-	}, nil
+		Budgets:  []meBudget{},
+	}
+	if key.Policy.Budget == "" {
+		return v, nil
+	}
+	chain, err := store.BudgetChain(ctx, key.Policy.Budget)
+	if err != nil {
+		return meView{}, fmt.Errorf("budgets of %s: %w", id, err)
+	}
+	for _, st := range chain {
+		bu := newWindowsUsage(st.Budget.Currency, st.Windows, st.Usage)
+		vel := st.Budget.Velocity
+		if vel == nil {
+			vel = []policy.Velocity{}
+		}
+		v.Budgets = append(v.Budgets, meBudget{Scope: st.Budget.Scope(), Currency: bu.Currency, Daily: bu.Daily, Period: bu.Period, Velocity: vel})
+	}
+	return v, nil
 }
 
 // ---- the claims API ----

@@ -40,6 +40,9 @@ type AdminConfig struct {
 	// Demo says the upstream is keybrake's built-in fake Stripe (serve --demo):
 	// the overview and the upstreams say so, and the dashboard shows it on every page.
 	Demo bool
+	// WebhookAllowPrivate lets webhook endpoints be on loopback, private and
+	// link-local addresses (serve --webhook-allow-private).
+	WebhookAllowPrivate bool
 }
 
 // ProxyConfig configures the proxy listener's handler.

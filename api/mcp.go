@@ -410,8 +410,9 @@ const (
 // refusalResult is a result with isError: text a model can act on, and as
 // structured content the error flattened — status, source, code and message,
 // the other members of a Stripe error (type, param, decline_code, …) and those of
-// keybrake's refusal (reason, cap, currency, limit, committed, held, requested,
-// remaining, reset_at, request_id).
+// keybrake's refusal (reason, scope — the key or budget that refused —, cap,
+// currency, limit, committed, held, requested, remaining, reset_at, count,
+// per, retry_at, request_id).
 func refusalResult(status int, source, code, msg string, stripeErr map[string]any) *mcp.CallToolResult {
 	flat := map[string]any{}
 	for k, v := range stripeErr {
@@ -461,6 +462,8 @@ const perRequestAdvice = "Nothing reached Stripe. No retry can pass the per-requ
 var refusalAdvice = map[proxy.ErrorCode]string{
 	proxy.CodeSpendCapExceeded: "Nothing reached Stripe. Do not retry before the window resets, with this or " +
 		"any other idempotency key; call get_budget to see what is left.",
+	proxy.CodeVelocityExceeded: "Nothing reached Stripe: too many payments in too short a time for the limit named in scope. " +
+		"Wait until retry_at, then call again with the same arguments and idempotency_key.",
 	proxy.CodeOperationNotAllowed: "Nothing reached Stripe: this vault key's policy does not allow it, so a retry cannot help.",
 	proxy.CodeCustomerNotAllowed:  "Nothing reached Stripe: this vault key's policy does not allow it, so a retry cannot help.",
 	proxy.CodeAccountNotAllowed:   "Nothing reached Stripe: this vault key's policy does not allow it, so a retry cannot help.",

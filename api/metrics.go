@@ -36,6 +36,7 @@ type Metrics struct {
 	batchSize      prometheus.Histogram
 	reaperRuns     *prometheus.CounterVec
 	reaperRemoved  prometheus.Counter
+	webhooks       *webhookMetrics
 }
 
 // NewMetrics registers on reg the build info (version), the Go runtime and process
@@ -81,6 +82,10 @@ func NewMetrics(reg prometheus.Registerer, version string) (*Metrics, error) {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("register metrics: %w", err)
 		}
+	}
+	var err error
+	if m.webhooks, err = newWebhookMetrics(reg); err != nil {
+		return nil, err
 	}
 	return m, nil
 }

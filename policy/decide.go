@@ -3,6 +3,7 @@ package policy
 import (
 	"fmt"
 	"math"
+	"strings"
 	"time"
 )
 
@@ -201,6 +202,9 @@ const (
 	// ReasonAmountUnknown refuses a request whose amount is negative: amounts come
 	// from ^[0-9]+$ on the wire, so a negative one means a caller bug; fail closed.
 	ReasonAmountUnknown Reason = "amount_unknown"
+	// ReasonVelocityExceeded refuses a hold that would put more than a
+	// velocity limit's count of holds into one interval of its length.
+	ReasonVelocityExceeded Reason = "velocity_exceeded"
 )
 
 // Decision is the outcome of Decide.
@@ -226,6 +230,33 @@ type Decision struct {
 	ResetAt   time.Time
 
 	RemainingByWindow map[WindowKind]int64
+
+	// Scope is who the refusal is about (the key, or one of its budgets); for
+	// an allowed request, the key.
+	Scope Scope
+	// Velocity and RetryAt describe a ReasonVelocityExceeded refusal: the
+	// limit, and when one more hold would fit.
+	Velocity Velocity
+	RetryAt  time.Time
+	// Now is the instant the decision was made at (for a Retry-After).
+	Now time.Time
+}
+
+// VelocityRefusal is the refusal of a hold that limit v of scope does not
+// let through before retryAt.
+func VelocityRefusal(scope Scope, v Velocity, retryAt, now time.Time) Decision {
+	owner := "this key"
+	if scope.Kind == ScopeBudget {
+		owner = fmt.Sprintf("budget %q", scope.Name)
+	}
+	what := "money-moving requests"
+	if len(v.Operations) > 0 {
+		what = strings.Join(v.Operations, ", ")
+	}
+	d := refuse(ReasonVelocityExceeded, fmt.Sprintf("velocity limit of %s: at most %d %s per %s; retry at %s",
+		owner, v.Count, what, v.Per, retryAt.UTC().Format(time.RFC3339)))
+	d.Scope, d.Velocity, d.RetryAt, d.Now = scope, v, retryAt, now
+	return d
 }
 
 // Decide says whether req may place a hold of req.Amount on every window of p at now,
@@ -323,24 +354,7 @@ func decide(p *Policy, windows []Window, windowsErr error, usage Usage, req Requ
 		}
 	}
 	if req.Amount > 0 {
-		for _, w := range windows {
-			if !w.HasCap {
-				continue
-			}
-			c := usage[w.ID]
-			left := Remaining(w, c)
-			if req.Amount <= left {
-				continue
-			}
-			what, when := "resets at", stamp(w.End)
-			if w.Kind == WindowPeriod {
-				what = "the period ends at"
-			}
-			d := refuse(ReasonCapExceeded, fmt.Sprintf("%s cap of %s %s would be exceeded: %s committed, %s held, %s requested, %s remaining; %s %s",
-				w.Kind, FormatMinor(cur, w.Cap), cur, FormatMinor(cur, c.Committed), FormatMinor(cur, c.Held),
-				FormatMinor(cur, req.Amount), FormatMinor(cur, left), what, when))
-			d.Cap, d.Limit, d.Committed, d.Held, d.Requested, d.Remaining, d.ResetAt =
-				w.Kind, w.Cap, c.Committed, c.Held, req.Amount, left, w.End
+		if d, over := capRefusal(Scope{}, cur, loc, windows, usage, req.Amount); over {
 			if note(d) {
 				return *first
 			}

@@ -30,6 +30,8 @@ const (
 	fieldStripeAccounts   = "stripe_accounts"
 	fieldIdempotency      = "idempotency"
 	fieldMode             = "mode"
+	fieldBudget           = "budget"
+	fieldVelocity         = "velocity"
 	fieldLegacyDaily      = "daily_usd_cap"
 	fieldLegacyPeriod     = "period_usd_cap"
 	fieldLegacyPerRequest = "per_request_usd_cap"
@@ -43,7 +45,7 @@ const (
 var policyFields = []string{
 	fieldVendor, fieldCurrency, fieldDailyCap, fieldPeriodCap, fieldPerRequestCap,
 	fieldPeriodStart, fieldExpiresAt, fieldTimezone, fieldOperations, fieldCustomers,
-	fieldStripeAccounts, fieldIdempotency, fieldMode,
+	fieldStripeAccounts, fieldIdempotency, fieldMode, fieldBudget, fieldVelocity,
 	fieldLegacyDaily, fieldLegacyPeriod, fieldLegacyPerRequest,
 }
 
@@ -71,6 +73,8 @@ type wirePolicy struct {
 	StripeAccounts []string         `json:"stripe_accounts,omitempty"`
 	Idempotency    *wireIdempotency `json:"idempotency,omitempty"`
 	Mode           Mode             `json:"mode,omitempty"`
+	Budget         string           `json:"budget,omitempty"`
+	Velocity       []Velocity       `json:"velocity,omitempty"`
 }
 
 type wireIdempotency struct {
@@ -97,6 +101,8 @@ func (p Policy) MarshalJSON() ([]byte, error) {
 		Customers:      p.Customers,
 		StripeAccounts: p.StripeAccounts,
 		Mode:           p.Mode,
+		Budget:         p.Budget,
+		Velocity:       p.Velocity,
 	}
 	if p.DailyCap != nil {
 		w.DailyCap = formatMajor(cur, *p.DailyCap)
@@ -177,6 +183,10 @@ func (p *Policy) UnmarshalJSON(data []byte) error {
 	var mode string
 	str(fieldMode, &mode)
 	out.Mode = Mode(mode)
+	str(fieldBudget, &out.Budget)
+	if raw, ok := present(fields, fieldVelocity); ok {
+		out.Velocity = DecodeVelocity(&v, fieldVelocity, raw)
+	}
 
 	strs := func(name string, dst *[]string) {
 		if raw, ok := present(fields, name); ok {
@@ -392,6 +402,10 @@ func (p *Policy) MergePatch(patch []byte) (Policy, error) {
 	return out, nil
 }
 
+// MergeValue is RFC 7386 MergePatch(target, patch) over decoded JSON values
+// (maps, slices, scalars), for documents other than a policy.
+func MergeValue(target, patch any) any { return mergeValue(target, patch) }
+
 // mergeValue is RFC 7386 MergePatch(target, patch).
 func mergeValue(target, patch any) any {
 	pobj, ok := patch.(map[string]any)
@@ -423,4 +437,48 @@ func decodeNumbers(data []byte, dst any) error {
 		return errors.New("decode json: trailing data")
 	}
 	return nil
+}
+
+var velocityFields = []string{"count", "per", "operations"}
+
+// DecodeVelocity reads a JSON array of velocity limits strictly (unknown keys
+// and values of the wrong type are problems added to v under field).
+func DecodeVelocity(v *ValidationError, field string, raw json.RawMessage) []Velocity {
+	var items []json.RawMessage
+	if err := json.Unmarshal(raw, &items); err != nil {
+		v.add(field, "must be an array of limits like {\"count\": 20, \"per\": \"1m\"}")
+		return nil
+	}
+	out := make([]Velocity, 0, len(items))
+	for i, item := range items {
+		f := fmt.Sprintf("%s[%d]", field, i)
+		var obj map[string]json.RawMessage
+		if err := json.Unmarshal(item, &obj); err != nil {
+			v.add(f, "must be an object like {\"count\": 20, \"per\": \"1m\"}")
+			continue
+		}
+		checkKnownKeys(v, f+".", obj, velocityFields)
+		var l Velocity
+		if r, ok := present(obj, "count"); ok {
+			if err := json.Unmarshal(r, &l.Count); err != nil {
+				v.add(f+".count", "must be a whole number")
+			}
+		} else {
+			v.add(f+".count", "is required")
+		}
+		if r, ok := present(obj, "per"); ok {
+			if err := json.Unmarshal(r, &l.Per); err != nil {
+				v.add(f+".per", "must be a string like \"1m\"")
+			}
+		} else {
+			v.add(f+".per", "is required")
+		}
+		if r, ok := present(obj, "operations"); ok {
+			if err := json.Unmarshal(r, &l.Operations); err != nil {
+				v.add(f+".operations", "must be an array of strings")
+			}
+		}
+		out = append(out, l)
+	}
+	return out
 }

@@ -113,6 +113,10 @@ type Policy struct {
 	StripeAccounts []string         `json:"stripe_accounts,omitempty"`
 	Idempotency    Idempotency      `json:"idempotency"`
 	Mode           Mode             `json:"mode"`
+	// Budget is the id of the budget the key draws on too ("bud_…"), or "".
+	Budget string `json:"budget,omitempty"`
+	// Velocity limits how often the key may place a hold.
+	Velocity []Velocity `json:"velocity,omitempty"`
 }
 
 // DefaultCurrency, DefaultTimezone are what Normalize fills in when a policy names none.
@@ -360,6 +364,11 @@ func (p *Policy) validate(v *ValidationError) {
 		v.add("idempotency.mode", "unknown mode %q: must be %q or %q", p.Idempotency.Mode, IdempotencyRequire, IdempotencyDerive)
 	}
 
+	if p.Budget != "" && !ValidBudgetID(p.Budget) {
+		v.add("budget", "%q is not a budget id (\"bud_\" followed by letters and digits)", p.Budget)
+	}
+	validateVelocity(v, "velocity", p.Velocity)
+
 	switch p.Mode {
 	case "", ModeEnforce, ModeReport:
 	default:
@@ -553,4 +562,22 @@ func (p *Policy) AllowsCustomer(customer string) bool {
 // ("" is always allowed: the platform account itself).
 func (p *Policy) AllowsAccount(account string) bool {
 	return account == "" || slices.Contains(p.StripeAccounts, account)
+}
+
+// BudgetIDPrefix starts every budget id.
+const BudgetIDPrefix = "bud_"
+
+// ValidBudgetID reports whether id has the shape of a budget id: "bud_"
+// followed by 1-64 lower-case letters and digits.
+func ValidBudgetID(id string) bool {
+	rest, ok := strings.CutPrefix(id, BudgetIDPrefix)
+	if !ok || rest == "" || len(rest) > 64 {
+		return false
+	}
+	for i := 0; i < len(rest); i++ {
+		if c := rest[i]; !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9') {
+			return false
+		}
+	}
+	return true
 }

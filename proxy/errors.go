@@ -18,6 +18,7 @@ const (
 	TypeInvalidRequest = "invalid_request_error"
 	TypeIdempotency    = "idempotency_error"
 	TypeAPI            = "api_error"
+	TypeRateLimit      = "rate_limit_error"
 )
 
 // ErrorCode is the code of one of keybrake's own refusals: the "code" member
@@ -39,6 +40,7 @@ const (
 	CodeCurrencyNotAllowed            = ErrorCode(policy.ReasonCurrencyNotAllowed)
 	CodeAmountUnknown                 = ErrorCode(policy.ReasonAmountUnknown)
 	CodeSpendCapExceeded              = ErrorCode(policy.ReasonCapExceeded)
+	CodeVelocityExceeded              = ErrorCode(policy.ReasonVelocityExceeded)
 	CodeRequestMalformed    ErrorCode = "request_malformed"
 	CodeRequestTooLarge     ErrorCode = "request_too_large"
 	CodeIdemKeyRequired     ErrorCode = "idempotency_key_required"
@@ -107,18 +109,23 @@ func (r *refusal) Unwrap() error { return r.cause }
 // keybrakeDetail is the "keybrake" member of a refusal body. Money is a decimal
 // string in the major unit of Currency.
 type keybrakeDetail struct {
-	Reason    ErrorCode  `json:"reason"`
-	Cap       string     `json:"cap,omitempty"`
-	Currency  string     `json:"currency,omitempty"`
-	Limit     string     `json:"limit,omitempty"`
-	Committed string     `json:"committed,omitempty"`
-	Held      string     `json:"held,omitempty"`
-	Requested string     `json:"requested,omitempty"`
-	Remaining string     `json:"remaining,omitempty"`
-	ResetAt   *time.Time `json:"reset_at,omitempty"`
-	Field     string     `json:"field,omitempty"`
-	Operation string     `json:"operation,omitempty"`
-	RequestID string     `json:"request_id"`
+	Reason ErrorCode `json:"reason"`
+	// Scope names the key or budget whose cap or velocity limit refused.
+	Scope     *policy.Scope `json:"scope,omitempty"`
+	Count     int           `json:"count,omitempty"`
+	Per       string        `json:"per,omitempty"`
+	RetryAt   *time.Time    `json:"retry_at,omitempty"`
+	Cap       string        `json:"cap,omitempty"`
+	Currency  string        `json:"currency,omitempty"`
+	Limit     string        `json:"limit,omitempty"`
+	Committed string        `json:"committed,omitempty"`
+	Held      string        `json:"held,omitempty"`
+	Requested string        `json:"requested,omitempty"`
+	Remaining string        `json:"remaining,omitempty"`
+	ResetAt   *time.Time    `json:"reset_at,omitempty"`
+	Field     string        `json:"field,omitempty"`
+	Operation string        `json:"operation,omitempty"`
+	RequestID string        `json:"request_id"`
 }
 
 type errorBody struct {
@@ -150,6 +157,11 @@ func statusFor(code ErrorCode) (status int, typ string, retry bool) {
 		return http.StatusForbidden, TypeInvalidRequest, false
 	case CodeSpendCapExceeded:
 		return http.StatusPaymentRequired, TypeInvalidRequest, false
+	case CodeVelocityExceeded:
+		// A count limit: retrying at once is refused again, and an SDK's
+		// automatic retries would only burn the caller's attempts, so
+		// Stripe-Should-Retry is false; Retry-After says when a slot frees.
+		return http.StatusTooManyRequests, TypeRateLimit, false
 	case CodeRequestMalformed:
 		return http.StatusBadRequest, TypeInvalidRequest, false
 	case CodeRequestTooLarge:
@@ -192,6 +204,15 @@ func reasonRefusal(d policy.Decision, currency string) *refusal {
 	}
 	r := refuse(code, "%s", msg)
 	r.Detail.Reason = code
+	if d.Scope.ID != "" && (d.Reason == policy.ReasonCapExceeded || d.Reason == policy.ReasonVelocityExceeded) {
+		sc := d.Scope
+		r.Detail.Scope = &sc
+	}
+	if d.Reason == policy.ReasonVelocityExceeded {
+		at := d.RetryAt.UTC()
+		r.Detail.Count, r.Detail.Per, r.Detail.RetryAt = d.Velocity.Count, d.Velocity.Per, &at
+		r.RetryAfter = retryAfterSeconds(d.RetryAt, d.Now)
+	}
 	if d.Reason == policy.ReasonCapExceeded {
 		reset := d.ResetAt.UTC()
 		r.Detail.Cap = string(d.Cap)
@@ -210,6 +231,14 @@ func reasonRefusal(d policy.Decision, currency string) *refusal {
 		}
 	}
 	return r
+}
+
+// retryAfterSeconds is the Retry-After of a refusal until at, seen at now:
+// whole seconds, rounded up, at least 1.
+func retryAfterSeconds(at, now time.Time) int {
+	d := at.Sub(now)
+	secs := int((d + time.Second - 1) / time.Second)
+	return max(secs, 1)
 }
 
 // formatMinor renders minor units of currency as a decimal string; for a request

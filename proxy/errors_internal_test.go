@@ -127,6 +127,7 @@ func TestVaultToken(t *testing.T) {
 // TestCodeOfPolicyReasons checks that every policy refusal reason is an error
 // code with its own status, not the 500 of an unknown code.
 func TestCodeOfPolicyReasons(t *testing.T) {
+	t.Parallel()
 	reasons := []policy.Reason{policy.ReasonExpired, policy.ReasonNotYetValid, policy.ReasonOperationNotAllowed,
 		policy.ReasonCustomerNotAllowed, policy.ReasonAccountNotAllowed, policy.ReasonCurrencyNotAllowed,
 		policy.ReasonCapExceeded, policy.ReasonAmountUnknown}

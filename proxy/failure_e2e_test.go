@@ -411,7 +411,11 @@ func TestCallerHangsUp(t *testing.T) {
 	t.Parallel()
 	e := MustEnv(t)
 	tok, _ := e.MustKey(t, Policy("99.00"))
-	e.Fake.SetFailDelay(300 * time.Millisecond)
+	// Stripe holds its answer until the test has retried once while keybrake
+	// still has the first attempt in flight.
+	e.Fake.SetFailDelay(time.Minute)
+	release := e.Fake.HoldDelayed()
+	defer release()
 	e.Fake.FailNext(proxytest.FailAfterCreateDelay, 1)
 	body := form("amount", "6000", "currency", "usd", "source", "tok_visa").Encode()
 
@@ -431,8 +435,12 @@ func TestCallerHangsUp(t *testing.T) {
 	require.ErrorIs(t, err, context.Canceled, "the caller gave up first")
 	e.Fake.SetHook(nil)
 
-	// Retry like a client would, while keybrake still has the first attempt in flight.
-	var r reply
+	// Retry like a client would, while keybrake still has the first attempt in
+	// flight: refused as in use; then once Stripe has answered, replayed.
+	r := e.Post(t, "/v1/charges", tok, "hangup", form("amount", "6000", "currency", "usd", "source", "tok_visa"))
+	require.Equal(t, http.StatusConflict, r.Status, "%s", r.Raw)
+	assert.Equal(t, "idempotency_key_in_use", r.ErrCode())
+	release()
 	for range 200 {
 		r = e.Post(t, "/v1/charges", tok, "hangup", form("amount", "6000", "currency", "usd", "source", "tok_visa"))
 		if r.Status != http.StatusConflict {

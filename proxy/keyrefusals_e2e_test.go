@@ -19,6 +19,7 @@ import (
 // and the key (id and name), and is counted on the key with its address; a
 // token that is no key's is counted by the proxy, with no key named.
 func TestRefusedKeysAreLoggedAndCounted(t *testing.T) {
+	t.Parallel()
 	e := MustEnv(t)
 	ctx := context.Background()
 	tok, key := e.MustKey(t, Policy("99.00"))
@@ -68,6 +69,7 @@ func TestRefusedKeysAreLoggedAndCounted(t *testing.T) {
 // A vault key that a shell pipeline mangled is refused with an error that says
 // what is wrong with it.
 func TestMangledVaultKeysAreNamed(t *testing.T) {
+	t.Parallel()
 	e := MustEnv(t)
 	tok, _ := e.MustKey(t, Policy("99.00"))
 	cases := map[string]struct {

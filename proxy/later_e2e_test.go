@@ -32,6 +32,7 @@ func recurringLink(interval string) map[string][]string {
 // starts a daily subscription that renews unseen (1,550.00 in 30 days against a
 // 100.00 cap). Only stored recurring prices were refused.
 func TestPaymentLinkInlineRecurringPriceIsRefused(t *testing.T) {
+	t.Parallel()
 	e := MustEnv(t)
 	tok, key := e.MustKey(t, Policy("100.00", everything))
 
@@ -51,6 +52,7 @@ func TestPaymentLinkInlineRecurringPriceIsRefused(t *testing.T) {
 // they are: with items[0][quantity]=1000 of a 10.00 price, 10,000.00 against a
 // 100.00 cap, on a moment the caller picks. Only trial_end=now was refused.
 func TestSubscriptionTrialEndAheadIsRefused(t *testing.T) {
+	t.Parallel()
 	e := MustEnv(t)
 	tok, _ := e.MustKey(t, Policy("100.00", everything))
 	monthly := e.Fake.AddRecurringPrice(1000, "usd")
@@ -77,6 +79,7 @@ func TestSubscriptionTrialEndAheadIsRefused(t *testing.T) {
 // invoice item, or a raised customer balance, reaches it the same way through
 // the customer's next invoice. The subscriptions are read before forwarding.
 func TestMoneyAddedToASubscriptionPayingAConnectedAccount(t *testing.T) {
+	t.Parallel()
 	e := MustEnv(t)
 	tok, key := e.MustKey(t, Policy("100.00", everything))
 	once := e.Fake.AddPrice(1000, "usd")
@@ -114,6 +117,7 @@ func TestMoneyAddedToASubscriptionPayingAConnectedAccount(t *testing.T) {
 // for the renewal, unmetered): attached to a self-collecting invoice it is
 // charged at once. Attaching was counted as adding nothing; it is refused.
 func TestAttachingAnUnmeteredInvoiceItemIsRefused(t *testing.T) {
+	t.Parallel()
 	e := MustEnv(t)
 	tok, _ := e.MustKey(t, Policy("50.00", everything))
 	cus := e.Fake.AddCustomer("usd")

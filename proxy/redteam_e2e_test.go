@@ -37,9 +37,14 @@ func TestTransportDoesNotResendAPayment(t *testing.T) {
 	r := e.MustSend(t, http.MethodGet, "/v1/balance", tok, nil, "")
 	require.Equal(t, http.StatusOK, r.Status, "%s", r.Raw)
 
-	e.Fake.SetFailDelay(300 * time.Millisecond)
+	// Stripe goes on executing the payment after the reset, until keybrake
+	// has answered its caller: a resend would find it in flight.
+	e.Fake.SetFailDelay(time.Minute)
+	release := e.Fake.HoldDelayed()
+	defer release()
 	e.Fake.FailNext(proxytest.FailAfterCreateResetInFlight, 1)
 	r = e.Post(t, "/v1/charges", tok, "k1", form("amount", "6000", "currency", "usd", "source", "tok_visa"))
+	release()
 	e.Fake.WaitIdle(t)
 	assert.Equal(t, 1, postsTo(e, "/v1/charges"), "the payment was written to Stripe once")
 	assert.Equal(t, http.StatusBadGateway, r.Status, "%s", r.Raw)
@@ -196,7 +201,10 @@ func TestUpstreamInUseKeepsTheHold(t *testing.T) {
 	charge := form("amount", "6000", "currency", "usd", "source", "tok_visa")
 
 	// An earlier attempt under keybrake's upstream key for ("k1"), still executing.
-	e.Fake.SetFailDelay(400 * time.Millisecond)
+	// Its answer is held until the test has seen keybrake's attempt refused.
+	e.Fake.SetFailDelay(time.Minute)
+	release := e.Fake.HoldDelayed()
+	defer release()
 	e.Fake.FailNext(proxytest.FailAfterCreateDelay, 1)
 	earlier := make(chan struct{})
 	go func() {
@@ -217,6 +225,7 @@ func TestUpstreamInUseKeepsTheHold(t *testing.T) {
 	assert.Zero(t, c)
 	assert.EqualValues(t, 6000, h, "the money may move: the hold stays")
 
+	release()
 	<-earlier
 	e.Fake.WaitIdle(t)
 	r = e.Post(t, "/v1/charges", tok, "k1", charge)

@@ -102,6 +102,11 @@ func (p *Proxy) upstreamAuthFailed(c *call, kind string, status int, stripeReque
 		slog.String(logfield.Upstream, c.key.Upstream), slog.String(logfield.SecretLast4, last4), slog.String(logfield.Kind, kind),
 		slog.Int(logfield.UpstreamStatus, status), slog.String(logfield.StripeRequestID, stripeRequestID),
 		slog.String(logfield.RequestID, c.requestID), slog.String(logfield.KeyID, c.key.ID), slog.String(logfield.Operation, c.cls.Operation))
+	// Operators hear of it through webhooks too (upstream.auth_failed, at
+	// most once an hour per upstream).
+	if err := p.store.NoticeUpstreamAuthFailed(context.Background(), c.key.Upstream, status, c.key.ID, c.cls.Operation); err != nil {
+		p.log.Warn("record the upstream auth failure for webhooks", slog.String(logfield.Error, err.Error()))
+	}
 	return &upstreamAuthError{status: status}
 }
 

@@ -87,6 +87,7 @@ var settleTable = []struct {
 // class, and checks that the table covers every class × forwarding
 // idempotency outcome exactly once.
 func TestDecideSettle(t *testing.T) {
+	t.Parallel()
 	seen := map[string]bool{}
 	for _, row := range settleTable {
 		cls, ok := settleClasses[row.class]
@@ -111,6 +112,7 @@ func TestDecideSettle(t *testing.T) {
 // TestDecideSettleNoRecord checks that the idempotency outcomes that never
 // reach Stripe keep no record, so nothing is settled whatever the answer.
 func TestDecideSettleNoRecord(t *testing.T) {
+	t.Parallel()
 	for _, idem := range []idemOutcome{idemDerived, idemReplay, idemInFlight, idemMismatch, idemStale, idemRefused} {
 		for class, cls := range settleClasses {
 			for _, shape := range settleShapes {
@@ -126,6 +128,7 @@ func TestDecideSettleNoRecord(t *testing.T) {
 // TestSettleDecisionOutcomes pins what each decision asks of Store.Settle: the
 // outcome, and whether Stripe's answer is stored for replay.
 func TestSettleDecisionOutcomes(t *testing.T) {
+	t.Parallel()
 	cases := map[settleDecision]struct {
 		outcome vault.SettleOutcome
 		kept    bool
@@ -150,6 +153,7 @@ func TestSettleDecisionOutcomes(t *testing.T) {
 // TestIdemOutcomeOf checks that every Store.Reserve outcome has its own word
 // on the canonical line, and that the words keepsRecord reads are Reserve's.
 func TestIdemOutcomeOf(t *testing.T) {
+	t.Parallel()
 	words := map[idemOutcome]vault.ReserveOutcome{}
 	for o := vault.ReserveClaimed; o <= vault.ReserveRefused; o++ {
 		w := idemOutcomeOf(o)

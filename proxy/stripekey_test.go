@@ -69,6 +69,7 @@ func TestStripeKeyKind(t *testing.T) {
 // TestScrubSecrets: what looks like a Stripe secret is replaced by its
 // prefix; a masked key, a publishable key and other text are left alone.
 func TestScrubSecrets(t *testing.T) {
+	t.Parallel()
 	for in, want := range map[string]string{
 		`{"error":{"message":"Invalid key sk_live_51AbCdEf0123456789 sent"}}`: `{"error":{"message":"Invalid key sk_live_[redacted] sent"}}`,
 		`rk_test_abcdefgh12 and whsec_Zx81Kq0abcdEF`:                          `rk_test_[redacted] and whsec_[redacted]`,
@@ -84,6 +85,7 @@ func TestScrubSecrets(t *testing.T) {
 // the upstream key itself, another key, a webhook secret — reaches the caller
 // without it, on a recorded request (and its replay) and on a read.
 func TestUpstreamErrorBodiesAreScrubbed(t *testing.T) {
+	t.Parallel()
 	const upstreamSecret = "sk_test_51UpstreamSecretDoNotLeakXyz"
 	quoting := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")

@@ -23,6 +23,8 @@ import (
 // where it takes one, ctx's error. The errors a method returns beyond those
 // are named in its doc.
 type Store interface {
+	// WebhookStore: the webhook endpoints, their outbox and delivery log.
+	WebhookStore
 	// ---- upstreams ----
 
 	// PutUpstream registers or replaces the upstream name with a sealed
@@ -105,6 +107,33 @@ type Store interface {
 	// KeyUsage returns the key, its windows at the store clock and their
 	// counters. Errors: ErrNotFound.
 	KeyUsage(ctx context.Context, id string) (Key, []policy.Window, policy.Usage, error)
+
+	// ---- budgets ----
+
+	// CreateBudget creates a budget, with its audit entry. Its parent, if
+	// any, must exist, be in the same currency and leave the chain from a key
+	// through it at most policy.MaxChainDepth long. Errors: ErrInvalid
+	// (wrapping *policy.ValidationError), ErrNotFound (no such parent).
+	CreateBudget(ctx context.Context, actor string, spec BudgetSpec) (Budget, error)
+	// GetBudget returns the budget id. Errors: ErrNotFound.
+	GetBudget(ctx context.Context, id string) (Budget, error)
+	// ListBudgets lists the budgets f selects, oldest first; next is "" on
+	// the last page. Errors: ErrInvalid (a malformed cursor).
+	ListBudgets(ctx context.Context, f BudgetFilter) (budgets []Budget, next string, err error)
+	// PatchBudget changes the budget as change.Apply says, given the budget
+	// as it is: the read, Apply and the write are one write transaction that
+	// holds the budget's lock. Currency and parent cannot change; usage is
+	// never reset (a change of time zone carries the day's usage). Errors:
+	// ErrNotFound, ErrInvalid, ErrPrecondition (IfVersion differs), Apply's
+	// own error as it is.
+	PatchBudget(ctx context.Context, actor, id string, change BudgetChange) (Budget, error)
+	// DeleteBudget deletes the budget, with its audit entry. Errors:
+	// ErrNotFound, ErrConflict (keys or budgets name it).
+	DeleteBudget(ctx context.Context, actor, id string) error
+	// BudgetChain returns the budget id and each of its ancestors, closest
+	// first, with their windows and usage at the store clock. Errors:
+	// ErrNotFound.
+	BudgetChain(ctx context.Context, id string) ([]BudgetState, error)
 
 	// ---- metering ----
 

@@ -266,8 +266,13 @@ type Event struct {
 	// Tool is the MCP tool whose call made the request ("" for a request that
 	// reached the proxy directly).
 	Tool string
+	// Scope is the id of the key or budget a refusal is about ("" when the
+	// event is no refusal, or was written before keybrake named it).
+	Scope string
 
-	// WindowIDs are the windows the event's deltas apply to (the hold's windows).
+	// WindowIDs are the windows the event's deltas apply to (the hold's
+	// windows: a key's "day:…" and "period", a budget's scoped
+	// "bud_…/day:…" and "bud_…/period").
 	WindowIDs []policy.WindowID
 	// HeldDelta and CommittedDelta are what the event changed on each of WindowIDs'
 	// counters (minor units). Summed over a key's ledger they equal its counters.

@@ -39,6 +39,7 @@ func spoilCounters(t *testing.T, path string) {
 // server's store are whole, and lists what it finds in a damaged one with
 // exit 1; backup refuses to report a copy of a damaged vault written.
 func TestCheck(t *testing.T) {
+	t.Parallel()
 	vault, fake := MustVault(t)
 	out := MustRunCommand(t, env{}, "check", "--data-dir", vault)
 	t.Log(out)

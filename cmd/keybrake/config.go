@@ -85,6 +85,10 @@ type Config struct {
 	// whose clock is wrong: nothing decides a key by it, which is what the
 	// tests show. Never set it in production.
 	UnsafeClockSkew time.Duration
+	// WebhookAllowPrivate lets webhook endpoints be on loopback, private,
+	// link-local and metadata addresses, refused otherwise at creation and
+	// at every connection.
+	WebhookAllowPrivate bool
 	// PprofListen, when set, serves Go's profiler (net/http/pprof) on a listener of
 	// its own at this loopback address; off ("") by default.
 	PprofListen string
@@ -269,6 +273,7 @@ func (c *Config) bindFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.ReapInterval, "reap-interval", c.ReapInterval, "how often expired idempotency records are removed")
 	fs.DurationVar(&c.LeaseMargin, "lease-margin", c.LeaseMargin, "added to --upstream-timeout for the lease of a request in flight: how long a request a dead process left in flight waits before a retry may resume it and the reaper makes it outcome unknown")
 	fs.DurationVar(&c.MaxClockOffset, "max-clock-offset", c.MaxClockOffset, "with --database-url: /readyz fails while this replica's clock is further than this off the database's, by which every key is decided (0: no check)")
+	fs.BoolVar(&c.WebhookAllowPrivate, "webhook-allow-private", c.WebhookAllowPrivate, "let webhook endpoints be on loopback, private, link-local and metadata addresses (refused by default)")
 	fs.DurationVar(&c.UnsafeClockSkew, "unsafe-clock-skew", c.UnsafeClockSkew, "for tests only: shift this process's own clock (a replica whose clock is wrong)")
 	fs.StringVar(&c.PprofListen, "pprof-listen", c.PprofListen, "serve Go's profiler (/debug/pprof/) on this loopback address (default: off)")
 }

@@ -102,6 +102,7 @@ func runBinary(t *testing.T, bin string, args ...string) (int, string) {
 // restore it (no SIGBUS, no goroutine dump, no new empty vault); a meta page
 // that does not check is survived, with a warning that names the file.
 func TestServeRefusesDamagedFiles(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("builds the real binary")
 	}

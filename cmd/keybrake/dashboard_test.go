@@ -392,13 +392,13 @@ type dashboardEnv struct {
 
 // MustDashboard starts keybrake (its upstream a fake Stripe accepting secret) and a
 // browser; browser tests are skipped with -short.
-func MustDashboard(t *testing.T, secret string) *dashboardEnv {
+func MustDashboard(t *testing.T, secret string, extra ...string) *dashboardEnv {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("a browser test: -short skips it")
 	}
 	d := &dashboardEnv{b: MustBrowser(t), shots: screenshotDir(t), fake: proxytest.NewFakeStripe(t, secret), dataDir: t.TempDir()}
-	d.m = MustServe(t, d.dataDir, d.fake.URL, env{envStripeKey: d.fake.Secret})
+	d.m = MustServe(t, d.dataDir, d.fake.URL, env{envStripeKey: d.fake.Secret}, extra...)
 	match := signInLinkRE.FindStringSubmatch(d.m.stderr.String())
 	require.NotNil(t, match, "first-start banner: %s", d.m.stderr)
 	d.signInLink = match[1]

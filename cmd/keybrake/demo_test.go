@@ -33,6 +33,7 @@ func MustServeDemo(tb testing.TB, dataDir string, e env) testMain {
 // banner, the dashboard's overview and every answer say it is not Stripe, and
 // a charge is committed money, as at Stripe.
 func TestServeDemoWalkThrough(t *testing.T) {
+	t.Parallel()
 	m := MustServeDemo(t, t.TempDir(), env{})
 	banner := m.stderr.String()
 	assert.Contains(t, banner, "DEMO: the upstream is keybrake's built-in fake Stripe")
@@ -80,6 +81,7 @@ func TestServeDemoWalkThrough(t *testing.T) {
 // live one is named as such), not one in the store's upstreams; and its
 // upstream is the fake, never a --stripe-url.
 func TestServeDemoRefusesRealKeys(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	start := func(e env, args ...string) error {
 		tm := NewTestMain(e)
@@ -110,6 +112,7 @@ func TestServeDemoRefusesRealKeys(t *testing.T) {
 
 // Without --data-dir, the demo keeps its vault apart from the default one.
 func TestServeDemoHasItsOwnDataDirectory(t *testing.T) {
+	t.Parallel()
 	tm := NewTestMain(env{})
 	require.NoError(t, tm.ParseFlags(context.Background(), []string{"serve", "--demo"}))
 	assert.Equal(t, demoDataDir, tm.Config.DataDir)
@@ -121,6 +124,7 @@ func TestServeDemoHasItsOwnDataDirectory(t *testing.T) {
 // Under --demo every page of the dashboard says that the upstream is no Stripe,
 // and the upstreams page names the mode.
 func TestServeDemoDashboardSaysItIsNotStripe(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("a browser test: -short skips it")
 	}

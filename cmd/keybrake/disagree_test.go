@@ -77,6 +77,7 @@ func adminSend(t *testing.T, method, u, token, body string, header ...string) (i
 // charge above the lowered cap is refused by a third replica, and a PATCH
 // against an ETag another replica's change made stale is 412.
 func TestReplicasConcurrentPatchesLoseNothing(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("builds and runs real replicas")
 	}
@@ -144,6 +145,7 @@ func TestReplicasConcurrentPatchesLoseNothing(t *testing.T) {
 // a request and stops, and none of those secrets is in any line it logged,
 // in /metrics or in the dashboard.
 func TestNoSecretOfTheDatabaseURLInAnyLogLine(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("builds and runs a real replica")
 	}
@@ -195,6 +197,7 @@ func TestNoSecretOfTheDatabaseURLInAnyLogLine(t *testing.T) {
 // meanwhile. The frozen session ends at its idle_in_transaction timeout, and
 // the key is served again.
 func TestFrozenLockHolderCostsTheOthersLockTimeoutAnd503(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("builds and runs real replicas")
 	}
@@ -274,6 +277,7 @@ func mintAt(t *testing.T, s vault.Store, name string, mod func(p *policy.Policy)
 // at the database's clock. The skewed replicas say so on /readyz (503) and in
 // keybrake_store_clock_offset_seconds; the right one is ready.
 func TestSkewedReplicaClockDecidesNoKeyDifferently(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("builds and runs real replicas")
 	}
@@ -363,6 +367,7 @@ func metricFloat(t *testing.T, page, name string) float64 {
 // started together on an empty database print the first-start admin token
 // once between them: the one that created the schema does.
 func TestBootstrapTokenPrintedByTheReplicaThatCreatedTheSchema(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("builds and runs real replicas")
 	}

@@ -83,6 +83,7 @@ func eventually(t *testing.T, what string, cond func() bool) {
 // space is freed, the settle becomes durable by itself, /readyz is ready
 // again, and a retry of the charge is a replay that never reaches Stripe.
 func TestFullDisk(t *testing.T) {
+	t.Parallel()
 	small := MustSmallFileSystem(t, 64<<20)
 	dataDir := filepath.Join(small, "data")
 	stripe := newLargeChargeStripe(t)

@@ -24,6 +24,7 @@ const repoRoot = "../.."
 // the pages); every relative link between them, and every #anchor, must lead
 // somewhere: a file that exists, a heading that GitHub gives that anchor.
 func TestDocumentLinksResolve(t *testing.T) {
+	t.Parallel()
 	docs := []string{"README.md", "CONTRIBUTING.md", "CHANGELOG.md"}
 	err := filepath.WalkDir(filepath.Join(repoRoot, "docs"), func(path string, d fs.DirEntry, err error) error {
 		if err != nil {
@@ -195,6 +196,7 @@ func headingSlug(heading string) string {
 }
 
 func TestHeadingSlugIsGitHubs(t *testing.T) {
+	t.Parallel()
 	for heading, want := range map[string]string{
 		"Quickstart":                            "quickstart",
 		"Limits — what keybrake cannot meter":   "limits--what-keybrake-cannot-meter",
@@ -212,6 +214,7 @@ func TestHeadingSlugIsGitHubs(t *testing.T) {
 
 // The checker itself: what it must find, and what it must let through.
 func TestLinkCheckerFindsBrokenLinks(t *testing.T) {
+	t.Parallel()
 	doc := strings.Join([]string{
 		"# Title",
 		"## Caps and idempotency",
@@ -249,6 +252,7 @@ func TestLinkCheckerFindsBrokenLinks(t *testing.T) {
 // and CI runs exactly that second command (.ci/run's run_tests), so what a
 // newcomer runs is what CI proves.
 func TestQuickstartIsWhatCIRuns(t *testing.T) {
+	t.Parallel()
 	readme, err := os.ReadFile(filepath.Join(repoRoot, "README.md"))
 	require.NoError(t, err)
 	_, quickstart, ok := strings.Cut(string(readme), "\n## Quickstart\n")

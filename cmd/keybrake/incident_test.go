@@ -24,6 +24,7 @@ import (
 // filters; on a phone, pages open at their top. It signs in with the link of
 // `keybrake token --link`.
 func TestDashboardDuringAnIncidentInABrowser(t *testing.T) {
+	t.Parallel()
 	d := MustDashboard(t, "sk_test_incident")
 	b, m, fake, ui, shots := d.b, d.m, d.fake, d.ui, d.shots
 	ctx := context.Background()

@@ -29,30 +29,38 @@ import (
 	"github.com/keybrake/keybrake/vault/bolt"
 )
 
-// MustBuildBinary builds cmd/keybrake into a temporary directory (with -race when
-// the tests run with it, so the build reuses the test build's cache) and returns
-// its path.
+// envRunMain makes this test binary run keybrake's own main instead of the
+// tests: the end-to-end tests start it as their `keybrake` child.
+const envRunMain = "KEYBRAKE_TEST_RUN_MAIN"
+
+// runMainWhenAsked runs keybrake's main and exits when this test binary was
+// started as a child by MustBuildBinary's callers; otherwise it returns.
+// TestMain calls it first, before any test or server of the tests starts.
+func runMainWhenAsked() {
+	if os.Getenv(envRunMain) != "1" {
+		return
+	}
+	os.Unsetenv(envRunMain)
+	main()
+	os.Exit(exitOK)
+}
+
+// MustBuildBinary returns the path of a keybrake program for the tests to start:
+// this test binary itself, which runs main (and nothing of the tests) when its
+// environment has envRunMain, as childEnviron's does. It is built with the
+// same flags as the tests (-race when they run with it), from the same code,
+// so no test pays for a `go build` and its link; the name is kept for the
+// tests that call it.
 func MustBuildBinary(tb testing.TB) string {
 	tb.Helper()
-	// go test puts its own GOROOT/bin first on the test's PATH.
-	goBin, err := exec.LookPath("go")
-	if err != nil {
-		tb.Fatalf("find the go command: %v", err)
-	}
-	bin := filepath.Join(tb.TempDir(), "keybrake")
-	args := []string{"build", "-buildvcs=false", "-o", bin}
-	if raceEnabled {
-		args = append(args, "-race")
-	}
-	args = append(args, ".")
-	cmd := exec.Command(goBin, args...)
-	out, err := cmd.CombinedOutput()
-	require.NoError(tb, err, "go build: %s", out)
+	bin, err := os.Executable()
+	require.NoError(tb, err, "find this test binary")
 	return bin
 }
 
 // childEnviron is this process's environment without any KEYBRAKE_ or STRIPE_
-// variable, plus extra: a child's configuration is exactly what the test gives it.
+// variable, plus envRunMain (the child is this binary, running main) and extra:
+// a child's configuration is exactly what the test gives it.
 func childEnviron(extra ...string) []string {
 	var environ []string
 	for _, kv := range os.Environ() {
@@ -60,7 +68,7 @@ func childEnviron(extra ...string) []string {
 			environ = append(environ, kv)
 		}
 	}
-	return append(environ, extra...)
+	return append(append(environ, envRunMain+"=1"), extra...)
 }
 
 // child is one `keybrake serve` process.

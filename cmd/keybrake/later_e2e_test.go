@@ -19,6 +19,7 @@ import (
 // recurring price through the MCP endpoint's stripe_request, which runs the
 // same pipeline in-process. Each was forwarded before; none reaches Stripe now.
 func TestMoneyThatRecursThroughServe(t *testing.T) {
+	t.Parallel()
 	s := MustMCPServer(t)
 	id, token := s.MustMint(t, "recurring", map[string]any{"period_cap": "100.00", "operations": []string{"*"}})
 	ctx := context.Background()

@@ -606,6 +606,7 @@ func TestTokenCommand(t *testing.T) {
 // token --link prints a sign-in link for a running server's dashboard: the token
 // in the fragment, and a token the server accepts.
 func TestTokenCommandPrintsASignInLink(t *testing.T) {
+	t.Parallel()
 	fake := proxytest.NewFakeStripe(t, "sk_test_link")
 	dataDir := t.TempDir()
 	m := MustServe(t, dataDir, fake.URL, env{})

@@ -34,6 +34,7 @@ func MustAdminToken(t *testing.T, dataDir string) string {
 // slowly holds its read transaction for as long as it likes; a compaction
 // asked for meanwhile waits for it, and the charges go on while it waits.
 func TestCompactDoesNotStallBehindABackup(t *testing.T) {
+	t.Parallel()
 	fake := proxytest.NewFakeStripe(t, "sk_test_stall")
 	dataDir := t.TempDir()
 	m := MustServe(t, dataDir, fake.URL, env{envStripeKey: fake.Secret})
@@ -105,6 +106,7 @@ func TestCompactDoesNotStallBehindABackup(t *testing.T) {
 // next server starts; a killed backup's beside its --out, when the next
 // backup to it starts.
 func TestStartRemovesKilledCopies(t *testing.T) {
+	t.Parallel()
 	fake := proxytest.NewFakeStripe(t, "sk_test_leftovers")
 	dataDir := t.TempDir()
 	m := MustServe(t, dataDir, fake.URL, env{envStripeKey: fake.Secret})

@@ -145,6 +145,7 @@ func TestMigrateStoreExitCodes(t *testing.T) {
 // instead of spending its keys a second time beside the replicas; the failed
 // rename exits 1. --unmark returns the vault to serve.
 func TestMigrateStoreFailsClosed(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("builds the real binary")
 	}

@@ -23,7 +23,10 @@ import (
 	"github.com/keybrake/keybrake/vault/postgres/pgtest"
 )
 
-func TestMain(m *testing.M) { pgtest.Main(m) }
+func TestMain(m *testing.M) {
+	runMainWhenAsked()
+	pgtest.Main(m)
+}
 
 // migrated is a database with keybrake's schema, prepared once per test
 // binary, for the tests whose replicas start on a database a first replica

@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/keybrake/keybrake/api"
+	"github.com/keybrake/keybrake/api/webhooks"
 	"github.com/keybrake/keybrake/cmd/internal/loopback"
 	"github.com/keybrake/keybrake/proxy"
 	"github.com/keybrake/keybrake/proxy/logfield"
@@ -164,6 +165,8 @@ func (m *Main) runServe(ctx context.Context) error {
 		Metrics:        registry,
 		Stripe:         stripe,
 		Demo:           cfg.Demo,
+
+		WebhookAllowPrivate: cfg.WebhookAllowPrivate,
 	})
 	if cfg.Demo {
 		proxyHandler, adminHandler = demoHeaders(proxyHandler), demoHeaders(adminHandler)
@@ -328,6 +331,20 @@ func (m *Main) startServing(ctx context.Context) {
 	go func() {
 		defer m.wg.Done()
 		m.reap(reapCtx, m.logger.With(logfield.Component, "reaper"))
+	}()
+	// The deliverer of webhooks out stops with the reaper: an attempt under
+	// way finishes (15 s at most) and records its outcome.
+	deliverer := &webhooks.Deliverer{
+		Store:     m.store,
+		Log:       m.logger.With(logfield.Component, "webhooks"),
+		Client:    webhooks.NewClient(webhooks.Guard{AllowPrivate: m.Config.WebhookAllowPrivate}),
+		UserAgent: "keybrake-webhooks/" + buildVersion(),
+		Observe:   m.metrics.ObserveDelivery,
+	}
+	m.wg.Add(1)
+	go func() {
+		defer m.wg.Done()
+		deliverer.Run(reapCtx)
 	}()
 }
 

@@ -209,6 +209,7 @@ type FakeStripe struct {
 	rules      []*failRule
 	hook       func(Request)
 	failDelay  time.Duration
+	held       chan struct{} // closed by HoldDelayed's release; nil: the delay alone
 	idem       map[string]*idemEntry
 	charges    []*Charge
 	pis        []*PaymentIntent
@@ -318,6 +319,20 @@ func (f *FakeStripe) SetFailDelay(d time.Duration) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.failDelay = d
+}
+
+// HoldDelayed makes the answers that FailAfterCreateDelay and
+// FailAfterCreateResetInFlight hold wait until release is called, or the fail
+// delay passes (then a guard against a test that forgets to release), so
+// that a test decides when Stripe answers instead of hoping its next request
+// lands within a delay. release may be called more than once.
+func (f *FakeStripe) HoldDelayed() (release func()) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	held := make(chan struct{})
+	f.held = held
+	var once sync.Once
+	return func() { once.Do(func() { close(held) }) }
 }
 
 // WaitIdle blocks until no request is executing at the fake (e.g. a delayed answer
@@ -676,7 +691,7 @@ func (f *FakeStripe) serve(w http.ResponseWriter, r *http.Request) {
 			entry.done = true
 		}
 	}
-	delay := f.failDelay
+	delay, held := f.failDelay, f.held
 	if rule != FailAfterCreateDelay && rule != FailAfterCreateResetInFlight {
 		f.finishLocked(nil)
 	}
@@ -688,7 +703,12 @@ func (f *FakeStripe) serve(w http.ResponseWriter, r *http.Request) {
 		return
 	case FailAfterCreateResetInFlight:
 		resetConn(w)
-		time.Sleep(delay)
+		t := time.NewTimer(delay)
+		select {
+		case <-t.C:
+		case <-held:
+			t.Stop()
+		}
 		f.mu.Lock()
 		f.finishLocked(entry)
 		f.mu.Unlock()
@@ -697,6 +717,8 @@ func (f *FakeStripe) serve(w http.ResponseWriter, r *http.Request) {
 		t := time.NewTimer(delay)
 		select {
 		case <-t.C:
+		case <-held:
+			t.Stop()
 		case <-r.Context().Done():
 			t.Stop()
 		}

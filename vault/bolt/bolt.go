@@ -114,6 +114,42 @@ type Store struct {
 	// a test stops the committer there to see what a crash at that moment
 	// leaves on disk.
 	testGate atomic.Pointer[func()]
+
+	// The log (wal.go) and its layers over the tree (overlay.go, fold.go).
+	// writeMu is held by the committer over each batch, and by every write
+	// straight into the tree (Update, after foldAll): it orders the log's
+	// records and keeps the tree's direct writes after every record before
+	// them. It guards logw, lastLSN, recBuf and logErr, and the active
+	// layer's contents.
+	writeMu sync.Mutex
+	logw    *logWriter
+	lastLSN uint64
+	recBuf  []byte
+	logErr  error
+	// ovMu guards which layers there are (active, folding), so that a
+	// snapshot takes them and the tree's read transaction together.
+	ovMu    sync.Mutex
+	active  *layer
+	folding *layer
+	// visible is the LSN of the last record in the active layer: what a
+	// read transaction sees.
+	visible atomic.Uint64
+	// foldMu lets one fold run at a time; spareMu guards spare, the next
+	// segment created ahead; segCounter numbers the segments.
+	foldMu     sync.Mutex
+	spareMu    sync.Mutex
+	spare      *logWriter
+	segCounter atomic.Uint64
+	// segNeed is how many bytes the last full segment took: the next one
+	// is laid down with room for twice as many (segmentRoom).
+	segNeed  atomic.Int64
+	folds    atomic.Int64
+	foldKick chan struct{}
+	foldStop chan struct{}
+	foldDone chan struct{}
+	// testCrash, when set (by the crash children), is called at each step
+	// of the log and the fold.
+	testCrash atomic.Pointer[crashHook]
 }
 
 var (
@@ -141,6 +177,9 @@ func Open(path string, opts Options) (*Store, error) {
 		observe:  opts.CommitObserver,
 		ops:      make(chan *batchOp, maxBatch),
 		loopDone: make(chan struct{}),
+		foldKick: make(chan struct{}, 1),
+		foldStop: make(chan struct{}),
+		foldDone: make(chan struct{}),
 	}
 	if s.now == nil {
 		s.now = time.Now
@@ -180,6 +219,16 @@ func Open(path string, opts Options) (*Store, error) {
 		_ = db.Close()
 		return nil, fmt.Errorf("open %s: %w", path, err)
 	}
+	// What the hot path made durable in the log and the folder had not
+	// written into the tree yet goes in first.
+	last, seg, err := replayLog(db, path, s.log.Warn)
+	if err != nil {
+		_ = db.Close()
+		return nil, fmt.Errorf("open %s: %w", path, err)
+	}
+	s.lastLSN = last
+	s.visible.Store(last)
+	s.segCounter.Store(seg)
 	var recovered int
 	err = db.Update(func(btx *bbolt.Tx) error {
 		for _, b := range engine.Buckets() {
@@ -202,7 +251,13 @@ func Open(path string, opts Options) (*Store, error) {
 	if recovered > 0 {
 		s.log.Warn("recovered in-flight requests as outcome unknown", "records", recovered)
 	}
+	if s.logw, err = createSegment(path, s.segCounter.Add(1), 0); err != nil {
+		_ = db.Close()
+		return nil, fmt.Errorf("open %s: %w", path, err)
+	}
+	s.active = newLayer(s.logw.seg)
 	go s.commitLoop()
+	go s.foldLoop()
 	return s, nil
 }
 
@@ -283,6 +338,15 @@ func (s *Store) Close() error {
 	s.closeMu.Unlock()
 	s.Closing()
 	<-s.loopDone
+	close(s.foldStop)
+	<-s.foldDone
+	s.writeMu.Lock()
+	ferr := s.foldAll()
+	if ferr != nil {
+		s.log.Warn("folding the log at close failed; the next start applies it", "error", ferr)
+	}
+	s.closeLog(ferr == nil)
+	s.writeMu.Unlock()
 	s.dbMu.Lock()
 	defer s.dbMu.Unlock()
 	if s.broken {
@@ -304,14 +368,47 @@ func (s *Store) isClosed() bool {
 // backend is the Store as the engine's Backend: its transactions.
 type backend Store
 
-// Update runs fn in one bbolt write transaction with the clock read once.
+// Update runs fn in one bbolt write transaction with the clock read once,
+// straight into the tree, after folding the log into it (the admin's writes,
+// the reaper: rare, and sometimes large). The committer waits meanwhile.
 func (s *backend) Update(ctx context.Context, fn engine.TxFunc) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	st := (*Store)(s)
+	st.writeMu.Lock()
+	defer st.writeMu.Unlock()
+	if err := st.foldAll(); err != nil {
+		return translate(err)
+	}
 	return s.run(ctx, (*bbolt.DB).Update, fn)
 }
 
-// View runs fn in one bbolt read transaction with the clock read once.
+// View runs fn in one read transaction over the tree and the log's layers
+// with the clock read once.
 func (s *backend) View(ctx context.Context, fn engine.TxFunc) error {
-	return s.run(ctx, (*bbolt.DB).View, fn)
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	st := (*Store)(s)
+	db, release, err := st.useDB()
+	if err != nil {
+		return err
+	}
+	defer release()
+	t, done, err := st.snapshot(db, false)
+	if err != nil {
+		return err
+	}
+	defer done()
+	return translate(fn(t, s.now()))
+}
+
+// foldForCopy folds the log into the tree before a copy of the file.
+func (s *Store) foldForCopy() error {
+	s.writeMu.Lock()
+	defer s.writeMu.Unlock()
+	return s.foldAll()
 }
 
 // run runs fn in one transaction that txn (DB.Update or DB.View) opens on the
@@ -398,6 +495,10 @@ func (s *Store) Backup(ctx context.Context, w io.Writer) (int64, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, err
 	}
+	// The copy is of the tree: everything acknowledged before goes in first.
+	if err := s.foldForCopy(); err != nil {
+		return 0, fmt.Errorf("backup: %w", err)
+	}
 	s.copyMu.RLock()
 	defer s.copyMu.RUnlock()
 	db, release, err := s.useDB()
@@ -434,7 +535,12 @@ func (s *Store) Export(ctx context.Context, fn func(engine.Snapshot) error) erro
 		return fmt.Errorf("export: %w", err)
 	}
 	defer release()
-	return translate(db.View(func(btx *bbolt.Tx) error { return fn(newTx(btx)) }))
+	t, done, err := s.snapshot(db, false)
+	if err != nil {
+		return fmt.Errorf("export: %w", err)
+	}
+	defer done()
+	return translate(fn(t))
 }
 
 // Now is the store's clock (Options.Now, else the process's).
@@ -459,7 +565,7 @@ func translate(err error) error {
 		errors.Is(err, bolterrors.ErrIncompatibleValue), errors.Is(err, bolterrors.ErrMaxSizeReached):
 		return fmt.Errorf("%w: %s", vault.ErrStorage, err.Error())
 	}
-	if errors.Is(err, vault.ErrNoSpace) {
+	if errors.Is(err, vault.ErrNoSpace) || errors.Is(err, vault.ErrDamaged) {
 		return err
 	}
 	if errors.Is(err, syscall.ENOSPC) {

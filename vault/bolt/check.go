@@ -9,6 +9,7 @@ import (
 	"io"
 	"io/fs"
 	"log/slog"
+	"math"
 	"os"
 	"time"
 
@@ -187,7 +188,7 @@ func checkPages(btx *bbolt.Tx) (int, []string) {
 
 // pageCheck is checkPages as the engine's PageCheck.
 func pageCheck(t engine.Tx) (int, []string, error) {
-	n, problems := checkPages(t.(*tx).btx)
+	n, problems := checkPages(t.(*otx).base.btx)
 	return n, problems, nil
 }
 
@@ -249,8 +250,18 @@ func checkFile(ctx context.Context, path string, openTimeout time.Duration, log 
 		if err := checkCopy(btx); err != nil {
 			return err
 		}
-		var err error
-		rep, err = engine.CheckTx(newTx(btx), time.Now(), pageCheck)
+		// A server killed before its folder wrote the log into the tree
+		// left records beside the file: the check reads them over the tree,
+		// as the next start would apply them.
+		st, err := readLog(path, readFolded(btx))
+		if err != nil {
+			return err
+		}
+		l := newLayer(0)
+		for _, r := range st.records {
+			l.apply(r.lsn, r.w, r.size)
+		}
+		rep, err = engine.CheckTx(&otx{base: newTx(btx), layers: []*layer{l}, lsn: math.MaxUint64}, time.Now(), pageCheck)
 		return err
 	})
 	return rep, translate(err)

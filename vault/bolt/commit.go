@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"time"
 
-	bbolt "go.etcd.io/bbolt"
-
 	"github.com/keybrake/keybrake/vault"
 	"github.com/keybrake/keybrake/vault/internal/engine"
 )
@@ -160,8 +158,8 @@ func drain(ops <-chan *batchOp, batch []*batchOp) []*batchOp {
 	return batch
 }
 
-// runBatch runs batch in one write transaction (see batchOp) and returns what
-// linger needs to know of it.
+// runBatch runs batch as one record of the log (see commitOps) and returns
+// what linger needs to know of it.
 func (s *Store) runBatch(batch []*batchOp) batchStats {
 	if gate := s.testGate.Load(); gate != nil {
 		(*gate)()
@@ -172,25 +170,10 @@ func (s *Store) runBatch(batch []*batchOp) batchStats {
 			stats.waiters++
 		}
 	}
-	db, release, err := s.useDB()
-	if err != nil {
-		for _, op := range batch {
-			op.finish(err)
-		}
-		return stats
-	}
-	defer release()
+	s.writeMu.Lock()
+	defer s.writeMu.Unlock()
 	start := time.Now()
-	err = db.Update(func(btx *bbolt.Tx) error {
-		now := s.now()
-		tx := newTx(btx)
-		for _, op := range batch {
-			if err := safeRun(op, tx, now); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
+	err := s.commitOps(batch)
 	stats.took = time.Since(start)
 	s.observeCommit(len(batch), start)
 	if err == nil || len(batch) == 1 {
@@ -204,11 +187,71 @@ func (s *Store) runBatch(batch []*batchOp) batchStats {
 	s.log.Warn("group commit failed; retrying its operations one by one", "ops", len(batch), "error", err)
 	for _, op := range batch {
 		start := time.Now()
-		err := db.Update(func(btx *bbolt.Tx) error { return safeRun(op, newTx(btx), s.now()) })
+		err := s.commitOps([]*batchOp{op})
 		s.observeCommit(1, start)
 		op.finish(translate(err))
 	}
 	return stats
+}
+
+// commitOps runs ops, in order, in one transaction over the tree and the
+// layers, and makes what they wrote durable as one log record (commitWrites).
+// An op that fails rolls them all back: nothing of theirs is written. The
+// caller holds writeMu.
+func (s *Store) commitOps(ops []*batchOp) error {
+	if s.logErr != nil {
+		return s.logErr
+	}
+	db, release, err := s.useDB()
+	if err != nil {
+		return err
+	}
+	defer release()
+	t, done, err := s.snapshot(db, true)
+	if err != nil {
+		return err
+	}
+	now := s.now()
+	for _, op := range ops {
+		if err := safeRun(op, t, now); err != nil {
+			done()
+			return err
+		}
+	}
+	done()
+	return s.commitWrites(t.w)
+}
+
+// commitWrites appends w to the log as the next record, waits for its
+// fdatasync, and only then adds it to the active layer, where every read
+// after sees it: nothing is seen that a crash could take back. The caller
+// holds writeMu.
+func (s *Store) commitWrites(w *writeSet) error {
+	if w.empty() {
+		return nil // nothing to make durable
+	}
+	lsn := s.lastLSN + 1
+	s.recBuf = encodeRecord(s.recBuf[:0], s.logw.seg, lsn, w)
+	n := len(s.recBuf)
+	// The zero header after it marks the end (see wal.go).
+	s.recBuf = append(s.recBuf, make([]byte, recHeader)...)
+	if err := s.appendRecord(s.recBuf, n); err != nil {
+		return err
+	}
+	s.lastLSN = lsn
+	l := s.active
+	first := l.empty()
+	l.mu.Lock()
+	l.apply(lsn, w, int64(n))
+	l.mu.Unlock()
+	s.visible.Store(lsn)
+	if first {
+		select {
+		case s.foldKick <- struct{}{}:
+		default:
+		}
+	}
+	return nil
 }
 
 // observeCommit counts one write transaction of the committer and reports it to

@@ -79,6 +79,10 @@ func compactFile(ctx context.Context, path string, openTimeout time.Duration) (v
 	if err := checkStart(src, path); err != nil {
 		return vault.CompactResult{}, err // a walk of a damaged page would panic
 	}
+	// The copy is of the tree: the log a killed server left goes in first.
+	if _, _, err := replayLog(src, path, slog.Default().Warn); err != nil {
+		return vault.CompactResult{}, err
+	}
 	if err := translate(src.View(checkCopy)); err != nil {
 		return vault.CompactResult{}, err
 	}

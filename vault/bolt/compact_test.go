@@ -23,18 +23,20 @@ func fillAndReap(t *testing.T, s *Store, clock *vaulttest.Clock, keyID string, n
 	t.Helper()
 	ctx := context.Background()
 	body := []byte(`{"id":"ch","padding":"` + strings.Repeat("x", 3000) + `"}`)
-	var wg sync.WaitGroup
-	for w := range 16 {
-		wg.Go(func() {
-			for i := w; i < n; i += 16 {
-				idem := fmt.Sprintf("fill-%d", i)
-				vaulttest.MustReserve(t, s, vaulttest.Charge(keyID, idem, 1))
-				vaulttest.MustSettle(t, s, vault.SettleRequest{KeyID: keyID, IdempotencyKey: idem, Outcome: vault.SettleRelease,
-					Response: &vault.StoredResponse{Status: 402, Body: body}})
-			}
-		})
-	}
-	wg.Wait()
+	unsynced(t, s, func() {
+		var wg sync.WaitGroup
+		for w := range 16 {
+			wg.Go(func() {
+				for i := w; i < n; i += 16 {
+					idem := fmt.Sprintf("fill-%d", i)
+					vaulttest.MustReserve(t, s, vaulttest.Charge(keyID, idem, 1))
+					vaulttest.MustSettle(t, s, vault.SettleRequest{KeyID: keyID, IdempotencyKey: idem, Outcome: vault.SettleRelease,
+						Response: &vault.StoredResponse{Status: 402, Body: body}})
+				}
+			})
+		}
+		wg.Wait()
+	})
 	clock.Advance(vault.DefaultIdempotencyTTL + time.Hour)
 	removed, err := s.Reap(ctx)
 	require.NoError(t, err)

@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -23,6 +24,11 @@ import (
 const (
 	crashEnvPath = "KEYBRAKE_CRASH_CHILD_DB"
 	crashEnvIter = "KEYBRAKE_CRASH_CHILD_ITER"
+	// crashEnvStep names a step of the log or the fold (see Store.crash) at
+	// which the child kills itself, the crashEnvAfter-th time it gets there;
+	// at "write" it tears the record first (writes half of it).
+	crashEnvStep  = "KEYBRAKE_CRASH_CHILD_STEP"
+	crashEnvAfter = "KEYBRAKE_CRASH_CHILD_AFTER"
 )
 
 // TestCrashChild is not a test: it is the child process of TestCrashRecovery. It
@@ -49,6 +55,25 @@ func TestCrashChild(t *testing.T) {
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "open:", err)
 		os.Exit(2)
+	}
+	if step := os.Getenv(crashEnvStep); step != "" {
+		after, err := strconv.Atoi(os.Getenv(crashEnvAfter))
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "bad count:", err)
+			os.Exit(2)
+		}
+		var seen atomic.Int64
+		hook := crashHook(func(at string, tear func()) {
+			if at != step || seen.Add(1) != int64(after) {
+				return
+			}
+			if tear != nil {
+				tear()
+			}
+			_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+			select {} // the signal is on its way
+		})
+		s.testCrash.Store(&hook)
 	}
 	var outMu sync.Mutex
 	say := func(format string, args ...any) {
@@ -179,13 +204,7 @@ func TestCrashRecovery(t *testing.T) {
 	if vaulttest.Long() {
 		runs = 200
 	}
-	clock := vaulttest.NewClock(vaulttest.T0)
-	s, path := MustOpen(t, clock)
-	vaulttest.MustUpstream(t, s, "sk_test_abcdef1234")
-	for i := range 3 {
-		vaulttest.MustMint(t, s, fmt.Sprintf("crash-%d", i), vaulttest.Policy(t, "5000.00", "20000.00", ""), nil)
-	}
-	require.NoError(t, s.Close())
+	clock, path := crashStore(t)
 
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 0))
 	acknowledged := 0
@@ -194,30 +213,7 @@ func TestCrashRecovery(t *testing.T) {
 		log := parseCrashLog(lines)
 		acknowledged += log.lines
 
-		s := MustOpenPath(t, path, clock)
-		require.NoError(t, s.CheckInvariant(context.Background()), "run %d", iter)
-		assert.Zero(t, recordStates(t, s)[vault.RecordInProgress], "run %d: no in_progress record survives Open", iter)
-		holds := allHolds(t, s)
-		for idem, holdID := range log.claimed {
-			h, ok := holds[holdID]
-			if !ok {
-				assert.True(t, log.abandoning[idem], "run %d: hold %s of %s lost", iter, holdID, idem)
-				continue
-			}
-			switch log.settled[idem] {
-			case vault.SettleCommit:
-				assert.Equal(t, vault.HoldCommitted, h.State, "run %d: %s", iter, idem)
-			case vault.SettleRelease:
-				assert.Equal(t, vault.HoldReleased, h.State, "run %d: %s", iter, idem)
-			case vault.SettleUnknown, "":
-				// Unknown, or in flight when the child died: unknown now (unless the
-				// settle landed and its report did not).
-				if log.settled[idem] == vault.SettleUnknown {
-					assert.Equal(t, vault.HoldUnknown, h.State, "run %d: %s", iter, idem)
-				}
-			}
-		}
-		require.NoError(t, s.Close())
+		checkAfterCrash(t, path, clock, log, iter)
 		if t.Failed() {
 			t.Fatalf("run %d failed; the child printed %d lines", iter, log.lines)
 		}
@@ -226,12 +222,58 @@ func TestCrashRecovery(t *testing.T) {
 	assert.Positive(t, acknowledged, "the children got work done before they were killed")
 }
 
+// checkAfterCrash opens the store a killed child left and checks it against
+// what the child reported: the invariant on every window, no record left in
+// progress, every acknowledged hold there in the state its settle gave it.
+func checkAfterCrash(t *testing.T, path string, clock *vaulttest.Clock, log crashLog, iter int) {
+	t.Helper()
+	s := MustOpenPath(t, path, clock)
+	require.NoError(t, s.CheckInvariant(context.Background()), "run %d", iter)
+	assert.Zero(t, recordStates(t, s)[vault.RecordInProgress], "run %d: no in_progress record survives Open", iter)
+	holds := allHolds(t, s)
+	for idem, holdID := range log.claimed {
+		h, ok := holds[holdID]
+		if !ok {
+			assert.True(t, log.abandoning[idem], "run %d: hold %s of %s lost", iter, holdID, idem)
+			continue
+		}
+		switch log.settled[idem] {
+		case vault.SettleCommit:
+			assert.Equal(t, vault.HoldCommitted, h.State, "run %d: %s", iter, idem)
+		case vault.SettleRelease:
+			assert.Equal(t, vault.HoldReleased, h.State, "run %d: %s", iter, idem)
+		case vault.SettleUnknown, "":
+			// Unknown, or in flight when the child died: unknown now (unless the
+			// settle landed and its report did not).
+			if log.settled[idem] == vault.SettleUnknown {
+				assert.Equal(t, vault.HoldUnknown, h.State, "run %d: %s", iter, idem)
+			}
+		}
+	}
+	require.NoError(t, s.Close())
+}
+
+// crashStore makes the store the crash children work on: an upstream and
+// three keys, closed.
+func crashStore(t *testing.T) (*vaulttest.Clock, string) {
+	t.Helper()
+	clock := vaulttest.NewClock(vaulttest.T0)
+	s, path := MustOpen(t, clock)
+	vaulttest.MustUpstream(t, s, "sk_test_abcdef1234")
+	for i := range 3 {
+		vaulttest.MustMint(t, s, fmt.Sprintf("crash-%d", i), vaulttest.Policy(t, "5000.00", "20000.00", ""), nil)
+	}
+	require.NoError(t, s.Close())
+	return clock, path
+}
+
 // runCrashChild starts the child, lets it work for about d after it is ready, kills
 // it with SIGKILL and returns the complete lines it printed.
-func runCrashChild(t *testing.T, path string, iter int, d time.Duration) []string {
+func runCrashChild(t *testing.T, path string, iter int, d time.Duration, env ...string) []string {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^TestCrashChild$", "-test.count=1")
 	cmd.Env = append(os.Environ(), crashEnvPath+"="+path, crashEnvIter+"="+strconv.Itoa(iter))
+	cmd.Env = append(cmd.Env, env...)
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
 	out, err := cmd.StdoutPipe()
@@ -260,9 +302,22 @@ func runCrashChild(t *testing.T, path string, iter int, d time.Duration) []strin
 		_ = cmd.Wait()
 		t.Fatalf("child %d never got ready: %s", iter, stderr.String())
 	}
-	time.Sleep(d)
-	require.NoError(t, cmd.Process.Signal(syscall.SIGKILL))
-	lines := <-linesCh
+	var lines []string
+	if d >= 0 {
+		time.Sleep(d)
+		require.NoError(t, cmd.Process.Signal(syscall.SIGKILL))
+		lines = <-linesCh
+	} else {
+		// The child kills itself (crashEnvStep); a bound in case it never
+		// gets there.
+		select {
+		case lines = <-linesCh:
+		case <-time.After(20 * time.Second):
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+			t.Fatalf("child %d never reached its crash step: %s", iter, stderr.String())
+		}
+	}
 	err = cmd.Wait()
 	var exit *exec.ExitError
 	require.ErrorAs(t, err, &exit, "child %d: %s", iter, stderr.String())

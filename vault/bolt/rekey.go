@@ -103,6 +103,11 @@ func rekey(ctx context.Context, path string, oldKey, newKey []byte, opts RekeyOp
 	if err := checkStart(src, path); err != nil {
 		return RekeyStats{}, err // a walk of a damaged page would panic
 	}
+	// The log a killed server left holds values sealed with the old key: it
+	// goes into the tree first, and is resealed with the rest.
+	if _, _, err := replayLog(src, path, slog.Default().Warn); err != nil {
+		return RekeyStats{}, err
+	}
 	if err := translate(src.View(func(tx *bbolt.Tx) error { return checkRekeySource(tx, from) })); err != nil {
 		return RekeyStats{}, err
 	}

@@ -53,39 +53,41 @@ func MustFillForRekey(tb testing.TB, path string, n int) rekeyFixture {
 	}
 	k, _ := vaulttest.MustMint(tb, s, "rekey", vaulttest.Policy(tb, "", "100000000.00", ""), nil)
 	f.keyID = k.ID
-	for i := range n {
-		id := vaulttest.Idem(i)
-		vaulttest.MustReserve(tb, s, vaulttest.Charge(k.ID, id, 100))
-		// Every other answer is long enough to be stored compressed.
-		body := fmt.Sprintf(`{"id":"ch_%d","object":"charge","padding":%q}`, i, strings.Repeat("x", 200+2000*(i%2)))
-		resp := &vault.StoredResponse{Status: 200, Body: []byte(body)}
-		out := vault.SettleCommit
-		switch i % 5 {
-		case 1:
-			out, resp.Status = vault.SettleRelease, 402
-		case 2:
-			out, resp.Status = vault.SettleUnknown, 500
-		case 3:
-			out, resp = vault.SettleUnknown, nil // no answer at all
-		case 4:
-			continue // left in flight
+	unsynced(tb, s, func() {
+		for i := range n {
+			id := vaulttest.Idem(i)
+			vaulttest.MustReserve(tb, s, vaulttest.Charge(k.ID, id, 100))
+			// Every other answer is long enough to be stored compressed.
+			body := fmt.Sprintf(`{"id":"ch_%d","object":"charge","padding":%q}`, i, strings.Repeat("x", 200+2000*(i%2)))
+			resp := &vault.StoredResponse{Status: 200, Body: []byte(body)}
+			out := vault.SettleCommit
+			switch i % 5 {
+			case 1:
+				out, resp.Status = vault.SettleRelease, 402
+			case 2:
+				out, resp.Status = vault.SettleUnknown, 500
+			case 3:
+				out, resp = vault.SettleUnknown, nil // no answer at all
+			case 4:
+				continue // left in flight
+			}
+			vaulttest.MustSettle(tb, s, vault.SettleRequest{KeyID: k.ID, IdempotencyKey: id, Outcome: out, Amount: 100, Response: resp})
+			if resp != nil {
+				f.responses[id] = body
+			}
 		}
-		vaulttest.MustSettle(tb, s, vault.SettleRequest{KeyID: k.ID, IdempotencyKey: id, Outcome: out, Amount: 100, Response: resp})
-		if resp != nil {
-			f.responses[id] = body
+		for i := range 3 {
+			key := fmt.Sprintf("job-%d", i)
+			res, err := s.Claim(ctx, k.ID, key, "fp", time.Minute)
+			require.NoError(tb, err)
+			if i == 2 {
+				continue // in progress: nothing sealed
+			}
+			result := fmt.Sprintf(`{"done":%d}`, i)
+			require.NoError(tb, s.CompleteClaim(ctx, k.ID, key, res.Claim.FencingToken, []byte(result)))
+			f.claims[key] = result
 		}
-	}
-	for i := range 3 {
-		key := fmt.Sprintf("job-%d", i)
-		res, err := s.Claim(ctx, k.ID, key, "fp", time.Minute)
-		require.NoError(tb, err)
-		if i == 2 {
-			continue // in progress: nothing sealed
-		}
-		result := fmt.Sprintf(`{"done":%d}`, i)
-		require.NoError(tb, s.CompleteClaim(ctx, k.ID, key, res.Claim.FencingToken, []byte(result)))
-		f.claims[key] = result
-	}
+	})
 	require.NoError(tb, s.Close())
 	return f
 }

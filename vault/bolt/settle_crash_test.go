@@ -23,7 +23,7 @@ import (
 )
 
 // TestQueuedSettleLostInACrash: the proxy answers a charge while its settle is
-// still queued for the next commit. The file as it is on disk at that moment is
+// still queued for the next commit. The file and its log as they are on disk at that moment are
 // what a crash (kill -9, power loss) would leave: the claim and hold durable,
 // the settle not. Opened again, the record is outcome unknown with its hold
 // counted — nothing over the cap. The caller's retry with the same idempotency
@@ -78,7 +78,11 @@ func TestQueuedSettleLostInACrash(t *testing.T) {
 	}
 	require.NoError(t, first.err)
 	crashImage := filepath.Join(t.TempDir(), "crashed.db")
-	copyFile(t, path, crashImage)
+	// What is on disk is the file and its log; no fold runs while they are
+	// copied.
+	resume := stopFolds(s)
+	copyStore(t, path, crashImage)
+	resume()
 	close(release)
 	ch := first.ch
 	assert.Equal(t, int64(2500), ch.Amount)

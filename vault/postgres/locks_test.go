@@ -35,6 +35,7 @@ func withParams(t *testing.T, raw string, kv ...string) string {
 // store_unavailable (retryable); other keys are not held up. Once the
 // holder's session is gone its lock is free and the key works again.
 func TestFrozenLockHolderCostsOthersLockTimeout(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	dbURL := pgtest.URL(t)
 	clock := vaulttest.NewClock(vaulttest.T0)
@@ -75,6 +76,7 @@ func TestFrozenLockHolderCostsOthersLockTimeout(t *testing.T) {
 // statement_timeout and idle_in_transaction_session_timeout set, unless the
 // URL sets them.
 func TestSessionDefaults(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	dbURL := pgtest.URL(t)
 	show := func(s *Store, name string) string {

@@ -33,9 +33,18 @@
 // over on every run). Reads run at REPEATABLE READ, READ ONLY: one snapshot
 // for everything a read (a listing, the invariant check) looks at.
 //
-// Writes are buffered in the transaction and sent with its COMMIT in one round
-// trip, so a Reserve or a Settle waits on one commit only (see the round trips
-// in docs/decisions/0017-one-engine-two-stores.md).
+// # Group commit
+//
+// Reserve and Settle say ahead what they will lock and read (engine.Prefetch).
+// Each Store's committers run every such write queued while the previous
+// transaction committed in one transaction, in order: its first round trip
+// begins it, locks every key named in key order (so that replicas' batches
+// cannot deadlock), reads every entry named and the clock; the bodies find
+// them there; the writes, buffered, go with the COMMIT in one more round trip,
+// one statement per table and kind of write. One commit of the server serves
+// the batch, and a hot key's row is locked once per batch. A key another
+// session holds for longer than batchLockWait is left to a batch of its own,
+// which waits up to lock_timeout (docs/decisions/0056 and 0057).
 //
 // # Time
 //
@@ -61,6 +70,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -93,7 +103,8 @@ type Options struct {
 	// Logger; slog.Default() when nil.
 	Logger *slog.Logger
 	// CommitObserver, when set, is called after every write transaction of the
-	// hot path (Reserve, Settle, the claims API) with 1 and how long it took.
+	// hot path (Reserve, Settle, the claims API) with the number of operations
+	// it carried (a group commit carries several) and how long it took.
 	CommitObserver func(ops int, d time.Duration)
 	// ProcessNow is the process's clock, against which the database's offset
 	// is measured (time.Now when nil): Store.Now is ProcessNow plus that
@@ -144,6 +155,19 @@ type Store struct {
 
 	closeOnce sync.Once
 	closed    atomic.Bool
+	// closeMu orders the queueing of operations before Close closes ops.
+	closeMu sync.RWMutex
+
+	// ops is the queue of the group committers (batch.go); loops counts
+	// them and the batches that wait for a lock on their own, whose number
+	// patient bounds.
+	ops     chan *batchOp
+	loops   sync.WaitGroup
+	patient chan struct{}
+	// lockTimeout is the sessions' lock_timeout (lockTimeoutParam as set),
+	// the longest wait for a lock; 0 when it does not parse.
+	lockTimeout      time.Duration
+	lockTimeoutParam string
 	// roundTrips counts the round trips to the database, for the measurement
 	// of a Reserve's.
 	roundTrips atomic.Int64
@@ -197,7 +221,15 @@ func open(ctx context.Context, url string, opts Options) (*Store, error) {
 			params[name] = value
 		}
 	}
-	s := &Store{now: opts.UnsafeNow, processNow: opts.ProcessNow, observe: opts.CommitObserver}
+	s := &Store{now: opts.UnsafeNow, processNow: opts.ProcessNow, observe: opts.CommitObserver,
+		ops: make(chan *batchOp, 4*maxBatch), patient: make(chan struct{}, max(1, cfg.MaxConns/4)),
+		lockTimeoutParam: params["lock_timeout"]}
+	if d, ok := parseSetting(s.lockTimeoutParam); ok {
+		if d == 0 {
+			d = math.MaxInt64 // no limit
+		}
+		s.lockTimeout = d
+	}
 	if s.processNow == nil {
 		s.processNow = time.Now
 	}
@@ -213,8 +245,12 @@ func open(ctx context.Context, url string, opts Options) (*Store, error) {
 	if s.pool, err = pgxpool.NewWithConfig(ctx, cfg); err != nil {
 		return nil, translate(err)
 	}
+	for range committers {
+		s.loops.Add(1)
+		go (*backend)(s).commitLoop()
+	}
 	if err := s.start(ctx); err != nil {
-		s.pool.Close()
+		_ = s.Close()
 		return nil, err
 	}
 	return s, nil
@@ -272,11 +308,15 @@ func (s *Store) measure(before, db, after time.Time) {
 // one did (migrations run under an advisory lock).
 func (s *Store) CreatedSchema() bool { return s.createdSchema }
 
-// Close closes the pool; transactions under way finish first. Calls after
-// Close return ErrClosed.
+// Close closes the pool; transactions under way, and operations queued for
+// the group committers, finish first. Calls after Close return ErrClosed.
 func (s *Store) Close() error {
 	s.closeOnce.Do(func() {
+		s.closeMu.Lock()
 		s.closed.Store(true)
+		close(s.ops)
+		s.closeMu.Unlock()
+		s.loops.Wait()
 		s.pool.Close()
 	})
 	return nil

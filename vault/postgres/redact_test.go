@@ -9,6 +9,7 @@ import (
 // TestRedactURL: no secret of a database URL survives RedactURL, wherever in
 // the URL it is; what locates the database stays.
 func TestRedactURL(t *testing.T) {
+	t.Parallel()
 	for name, tc := range map[string]struct{ in, want string }{
 		"userinfo":         {"postgres://kb:s3cret@db:5432/kb", "postgres://kb:xxxxx@db:5432/kb"},
 		"query password":   {"postgres://kb@db/kb?password=s3cret&sslmode=require", "postgres://kb@db/kb?password=xxxxx&sslmode=require"},

@@ -43,17 +43,22 @@ func tableNames() []string {
 
 // SQL of each bucket, built once.
 var queries = func() (q [engine.NumBuckets]struct {
-	get, getForUpdate, getMany, put, insert, appendSeq, del, nextval, first, last, from, after, before string
+	get, getForUpdate, getMany, putMany, insertMany, appendMany, delMany, nextval, first, last, from, after, before string
 }) {
 	for _, b := range engine.Buckets() {
 		t := table(b)
 		q[b].get = "SELECT v FROM " + t + " WHERE k = $1"
 		q[b].getForUpdate = q[b].get + " FOR UPDATE"
 		q[b].getMany = "SELECT k, v FROM " + t + " WHERE k = ANY($1::bytea[])"
-		q[b].put = "INSERT INTO " + t + " (k, v) VALUES ($1, $2) ON CONFLICT (k) DO UPDATE SET v = EXCLUDED.v"
-		q[b].insert = "INSERT INTO " + t + " (k, v) VALUES ($1, $2)"
-		q[b].appendSeq = "INSERT INTO " + t + " (k, v) VALUES ($1 || int8send(nextval('" + t + "_seq')), $2)"
-		q[b].del = "DELETE FROM " + t + " WHERE k = $1"
+		// Each kind of write of a transaction is one statement per bucket,
+		// whatever the number of entries: the server parses and plans one.
+		rows := " (k, v) SELECT k, v FROM unnest($1::bytea[], $2::bytea[]) AS u(k, v)"
+		q[b].putMany = "INSERT INTO " + t + rows + " ON CONFLICT (k) DO UPDATE SET v = EXCLUDED.v"
+		q[b].insertMany = "INSERT INTO " + t + rows
+		// Appends take their sequence numbers in the order they were made.
+		q[b].appendMany = "INSERT INTO " + t + " (k, v) SELECT p || int8send(nextval('" + t + "_seq')), v FROM " +
+			"(SELECT p, v FROM unnest($1::bytea[], $2::bytea[]) WITH ORDINALITY AS u(p, v, n) ORDER BY n) AS o"
+		q[b].delMany = "DELETE FROM " + t + " WHERE k = ANY($1::bytea[])"
 		q[b].nextval = "SELECT nextval('" + t + "_seq')"
 		q[b].first = "SELECT k, v FROM " + t + " ORDER BY k LIMIT $1"
 		q[b].last = "SELECT k, v FROM " + t + " ORDER BY k DESC LIMIT $1"
@@ -81,7 +86,10 @@ func (s *backend) Update(ctx context.Context, fn engine.TxFunc) error {
 }
 
 // Submit is Update for the hot path: once begun, it goes on if ctx ends, for
-// at most submitTimeout, so that a durable write is never reported lost.
+// at most submitTimeout, so that a durable write is never reported lost. A
+// write that says nothing of what it locks (the claims API, Ping, an
+// observation) runs in a transaction of its own; Reserve and Settle say it
+// and are group committed (SubmitPrefetch).
 func (s *backend) Submit(ctx context.Context, fn engine.TxFunc) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -96,9 +104,8 @@ func (s *backend) Submit(ctx context.Context, fn engine.TxFunc) error {
 	return err
 }
 
-// Queue has no queue to put fn in: each hot-path write is a transaction of
-// its own, with its own commit, so fn runs now, as Submit, and done learns
-// its outcome before Queue returns.
+// Queue runs fn as Submit does, and done learns its outcome before Queue
+// returns.
 func (s *backend) Queue(ctx context.Context, fn engine.TxFunc, done func(error)) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -108,30 +115,39 @@ func (s *backend) Queue(ctx context.Context, fn engine.TxFunc, done func(error))
 }
 
 func (s *backend) run(ctx context.Context, write bool, fn engine.TxFunc) error {
+	return translate(s.retry(ctx, func() error {
+		return s.once(ctx, write, nil, func(t *tx, now time.Time) error { return fn(t, now) })
+	}))
+}
+
+// retry runs attempt, again after a serialization failure, a deadlock or a
+// unique violation, and returns its last error untranslated.
+func (s *backend) retry(ctx context.Context, attempt func() error) error {
 	if s.closed.Load() {
 		return vault.ErrClosed
 	}
-	for attempt := 1; ; attempt++ {
-		err := s.once(ctx, write, fn)
+	for n := 1; ; n++ {
+		err := attempt()
 		if err != nil && s.closed.Load() && !engine.IsVaultError(err) {
 			return vault.ErrClosed // the pool closed under the transaction
 		}
-		if err == nil || !retryable(err) || attempt == maxAttempts {
-			return translate(err)
+		if err == nil || !retryable(err) || n == maxAttempts {
+			return err
 		}
 		// Back off a little, at random, so that the transactions that collided
 		// do not collide again.
-		wait := time.Duration(rand.Int64N(int64(time.Millisecond) << min(attempt, 6)))
+		wait := time.Duration(rand.Int64N(int64(time.Millisecond) << min(n, 6)))
 		select {
 		case <-ctx.Done():
-			return translate(ctx.Err())
+			return ctx.Err()
 		case <-time.After(wait):
 		}
 	}
 }
 
-// once runs fn in one transaction on one connection.
-func (s *backend) once(ctx context.Context, write bool, fn engine.TxFunc) (err error) {
+// once runs body in one transaction on one connection; pl, when set, is what
+// the transaction locks and reads as it begins.
+func (s *backend) once(ctx context.Context, write bool, pl *plan, body func(t *tx, now time.Time) error) (err error) {
 	conn, err := s.pool.Acquire(ctx)
 	if err != nil {
 		return err
@@ -147,14 +163,14 @@ func (s *backend) once(ctx context.Context, write bool, fn engine.TxFunc) (err e
 		}
 		conn.Release()
 	}()
-	now, err := t.begin()
+	now, err := t.begin(pl)
 	if err != nil {
 		return err
 	}
 	if s.now != nil {
 		now = s.now()
 	}
-	if err := fn(t, now); err != nil {
+	if err := body(t, now); err != nil {
 		return err
 	}
 	if t.err != nil {
@@ -246,11 +262,19 @@ type opKey struct {
 	k string
 }
 
+// known is an entry as the transaction last read or wrote it: found false
+// when there is none.
+type known struct {
+	v     []byte
+	found bool
+}
+
 // tx is one PostgreSQL transaction as the engine sees it. Reads go to the
 // database at once (after the key's lock, they see the newest committed
-// data); writes wait in ops, which later reads of the same keys see, and go
-// with the COMMIT in one round trip — or before a cursor's query, which must
-// see them.
+// data), unless the transaction read the entry as it began (a plan) or wrote
+// it since; writes wait in ops, which later reads of the same keys see, and
+// go with the COMMIT in one round trip — or before a cursor's query, which
+// must see them.
 type tx struct {
 	ctx   context.Context
 	s     *backend
@@ -261,34 +285,63 @@ type tx struct {
 	// appends are the entries of Append, whose keys the database completes.
 	appends []appended
 	locked  map[string]bool
-	err     error // the first failure of a cursor
+	// seen holds the entries the plan read under its locks, and every entry
+	// written since (nil without a plan): no other transaction can change
+	// them before this one ends.
+	seen map[opKey]known
+	err  error // the first failure of a cursor
+	// dbErr is the first failure of a statement: the transaction is lost,
+	// whatever the engine's bodies made of it.
+	dbErr error
 }
 
-// begin starts the transaction and reads the database's clock, in one round
-// trip.
-func (t *tx) begin() (time.Time, error) {
+// failed records err, a statement's failure, and returns it.
+func (t *tx) failed(err error) error {
+	if err != nil && t.dbErr == nil {
+		t.dbErr = err
+	}
+	return err
+}
+
+// begin starts the transaction, takes the plan's locks, reads its entries
+// and the database's clock, in one round trip.
+func (t *tx) begin(pl *plan) (time.Time, error) {
 	mode := "BEGIN ISOLATION LEVEL READ COMMITTED READ WRITE"
 	if !t.write {
 		mode = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
 	}
 	b := &pgx.Batch{}
 	b.Queue(mode)
+	if pl != nil {
+		pl.queue(b)
+	}
+	// The clock last: after the locks, which may have been waited for.
 	b.Queue("SELECT clock_timestamp()")
 	before := t.s.processNow()
 	br := t.conn.SendBatch(t.ctx, b)
 	t.s.roundTrips.Add(1)
 	var now time.Time
 	_, err := br.Exec()
+	if err == nil && pl != nil {
+		err = pl.read(br, t)
+	}
 	if err == nil {
 		err = br.QueryRow().Scan(&now)
 	}
 	if cerr := br.Close(); err == nil {
 		err = cerr
 	}
-	if err == nil {
-		(*Store)(t.s).measure(before, now, t.s.processNow())
+	if err != nil {
+		return time.Time{}, t.failed(err)
 	}
-	return now.UTC(), err
+	after := t.s.processNow()
+	if pl != nil && pl.locks() {
+		// The clock was read just before the answer came back, after a lock
+		// wait of unknown length.
+		before = after
+	}
+	(*Store)(t.s).measure(before, now, after)
+	return now.UTC(), nil
 }
 
 // commit sends the buffered writes and COMMIT in one round trip.
@@ -296,7 +349,7 @@ func (t *tx) commit() error {
 	if !t.write {
 		_, err := t.conn.Exec(t.ctx, "COMMIT")
 		t.s.roundTrips.Add(1)
-		return err
+		return t.failed(err)
 	}
 	b := t.batch()
 	b.Queue("COMMIT")
@@ -317,24 +370,41 @@ func (t *tx) flush() error {
 	return t.send(t.batch())
 }
 
-// batch queues the buffered writes, in the order of their first write, and
-// forgets them.
+// batch queues the buffered writes — one statement per bucket and kind of
+// write — and forgets them.
 func (t *tx) batch() *pgx.Batch {
-	b := &pgx.Batch{}
+	type rows struct{ k, v [][]byte }
+	var writes [3][engine.NumBuckets]rows
 	for _, k := range t.order {
 		o := t.ops[k]
-		q := &queries[k.b]
-		switch o.kind {
-		case opPut:
-			b.Queue(q.put, []byte(k.k), o.v)
-		case opInsert:
-			b.Queue(q.insert, []byte(k.k), o.v)
-		case opDelete:
-			b.Queue(q.del, []byte(k.k))
+		w := &writes[o.kind][k.b]
+		w.k = append(w.k, []byte(k.k))
+		if o.kind != opDelete {
+			w.v = append(w.v, o.v)
 		}
 	}
+	b := &pgx.Batch{}
+	for bucket := range engine.NumBuckets {
+		q := &queries[bucket]
+		if w := writes[opDelete][bucket]; len(w.k) > 0 {
+			b.Queue(q.delMany, w.k)
+		}
+		if w := writes[opInsert][bucket]; len(w.k) > 0 {
+			b.Queue(q.insertMany, w.k, w.v)
+		}
+		if w := writes[opPut][bucket]; len(w.k) > 0 {
+			b.Queue(q.putMany, w.k, w.v)
+		}
+	}
+	var appends [engine.NumBuckets]rows
 	for _, a := range t.appends {
-		b.Queue(queries[a.b].appendSeq, a.prefix, a.v)
+		appends[a.b].k = append(appends[a.b].k, a.prefix)
+		appends[a.b].v = append(appends[a.b].v, a.v)
+	}
+	for bucket := range engine.NumBuckets {
+		if a := appends[bucket]; len(a.k) > 0 {
+			b.Queue(queries[bucket].appendMany, a.k, a.v)
+		}
 	}
 	t.ops, t.order, t.appends = nil, nil, nil
 	return b
@@ -353,17 +423,28 @@ func (t *tx) send(b *pgx.Batch) error {
 	if cerr := br.Close(); err == nil {
 		err = cerr
 	}
-	return err
+	return t.failed(err)
 }
 
-// buffered returns the buffered write of k in b, if any.
-func (t *tx) buffered(b engine.Bucket, k []byte) (*op, bool) {
-	o, ok := t.ops[opKey{b, string(k)}]
-	return o, ok
+// cached returns what the transaction knows of k in b without asking the
+// database: its buffered write, or the entry as the plan read it or as the
+// transaction last wrote it.
+func (t *tx) cached(b engine.Bucket, k []byte) (known, bool) {
+	if o, ok := t.ops[opKey{b, string(k)}]; ok {
+		return known{v: o.v, found: o.kind != opDelete}, true
+	}
+	e, ok := t.seen[opKey{b, string(k)}]
+	return e, ok
 }
 
 func (t *tx) buffer(b engine.Bucket, k []byte, kind int, v []byte) {
 	key := opKey{b, string(k)}
+	v = bytes.Clone(v)
+	if t.seen != nil {
+		// Written here, the entry is this transaction's until it ends: a
+		// read after a flush need not ask the database.
+		t.seen[key] = known{v: v, found: kind != opDelete}
+	}
 	if t.ops == nil {
 		t.ops = map[opKey]*op{}
 	}
@@ -373,22 +454,19 @@ func (t *tx) buffer(b engine.Bucket, k []byte, kind int, v []byte) {
 		if !(o.kind == opInsert && kind == opPut) {
 			o.kind = kind
 		}
-		o.v = bytes.Clone(v)
+		o.v = v
 		return
 	}
-	t.ops[key] = &op{kind: kind, v: bytes.Clone(v)}
+	t.ops[key] = &op{kind: kind, v: v}
 	t.order = append(t.order, key)
 }
 
 func (t *tx) Get(b engine.Bucket, k []byte) ([]byte, error) {
-	if o, ok := t.buffered(b, k); ok {
-		if o.kind == opDelete {
-			return nil, nil
-		}
-		return o.v, nil
+	if e, ok := t.cached(b, k); ok {
+		return e.v, nil
 	}
 	sql := queries[b].get
-	forUpdate := t.write && (b == engine.BucketKeys || b == engine.BucketUpstreams)
+	forUpdate := t.write && engine.LocksOnRead(b)
 	if forUpdate {
 		sql = queries[b].getForUpdate
 	}
@@ -399,7 +477,7 @@ func (t *tx) Get(b engine.Bucket, k []byte) ([]byte, error) {
 		return nil, nil
 	}
 	if err != nil {
-		return nil, err
+		return nil, t.failed(err)
 	}
 	if forUpdate && b == engine.BucketKeys {
 		t.markLocked(string(k))
@@ -411,10 +489,8 @@ func (t *tx) GetMany(b engine.Bucket, keys [][]byte) ([][]byte, error) {
 	out := make([][]byte, len(keys))
 	var missing [][]byte
 	for i, k := range keys {
-		if o, ok := t.buffered(b, k); ok {
-			if o.kind != opDelete {
-				out[i] = o.v
-			}
+		if e, ok := t.cached(b, k); ok {
+			out[i] = e.v
 			continue
 		}
 		missing = append(missing, k)
@@ -425,21 +501,24 @@ func (t *tx) GetMany(b engine.Bucket, keys [][]byte) ([][]byte, error) {
 	rows, err := t.conn.Query(t.ctx, queries[b].getMany, missing)
 	t.s.roundTrips.Add(1)
 	if err != nil {
-		return nil, err
+		return nil, t.failed(err)
 	}
 	found := map[string][]byte{}
 	for rows.Next() {
 		var k, v []byte
 		if err := rows.Scan(&k, &v); err != nil {
 			rows.Close()
-			return nil, err
+			return nil, t.failed(err)
 		}
 		found[string(k)] = v
 	}
 	if err := rows.Err(); err != nil {
-		return nil, err
+		return nil, t.failed(err)
 	}
 	for i, k := range keys {
+		if _, ok := t.cached(b, k); ok {
+			continue
+		}
 		if v, ok := found[string(k)]; ok {
 			out[i] = v
 		}
@@ -471,7 +550,7 @@ func (t *tx) NextSequence(b engine.Bucket) (uint64, error) {
 	var n int64
 	err := t.conn.QueryRow(t.ctx, queries[b].nextval).Scan(&n)
 	t.s.roundTrips.Add(1)
-	return uint64(n), err
+	return uint64(n), t.failed(err)
 }
 
 func (t *tx) LockKey(id string) error {
@@ -481,11 +560,11 @@ func (t *tx) LockKey(id string) error {
 	rows, err := t.conn.Query(t.ctx, lockKeySQL, []byte(id))
 	t.s.roundTrips.Add(1)
 	if err != nil {
-		return err
+		return t.failed(err)
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
-		return err
+		return t.failed(err)
 	}
 	t.markLocked(id)
 	return nil
@@ -575,26 +654,26 @@ func (c *cursor) load(forward bool, sql string, args ...any) ([]byte, []byte) {
 		return nil, nil
 	}
 	if err := t.flush(); err != nil {
-		t.err = err
+		t.err = t.failed(err)
 		return nil, nil
 	}
 	rows, err := t.conn.Query(t.ctx, sql, args...)
 	t.s.roundTrips.Add(1)
 	if err != nil {
-		t.err = err
+		t.err = t.failed(err)
 		return nil, nil
 	}
 	for rows.Next() {
 		var e entry
 		if err := rows.Scan(&e.k, &e.v); err != nil {
 			rows.Close()
-			t.err = err
+			t.err = t.failed(err)
 			return nil, nil
 		}
 		c.entries = append(c.entries, e)
 	}
 	if err := rows.Err(); err != nil {
-		t.err = err
+		t.err = t.failed(err)
 		return nil, nil
 	}
 	c.more = len(c.entries) == cursorChunk

@@ -7,6 +7,12 @@ var suite = []struct {
 	name string
 	test func(t *testing.T)
 }{
+	{"BudgetSharedByKeys", testBudgetSharedByKeys},
+	{"BudgetTree", testBudgetTree},
+	{"VelocityLimit", testVelocityLimit},
+	{"BudgetVelocityPerOperation", testBudgetVelocityPerOperation},
+	{"BudgetAdmin", testBudgetAdmin},
+	{"BudgetUnknownHoldResolved", testBudgetUnknownHoldResolved},
 	{"ClaimLifecycle", testClaimLifecycle},
 	{"ClaimLeaseTakeover", testClaimLeaseTakeover},
 	{"ClaimLapsedLeaseStillBelongsToItsOwner", testClaimLapsedLeaseStillBelongsToItsOwner},
@@ -87,4 +93,13 @@ var suite = []struct {
 	{"DaylightSavingDay", testDaylightSavingDay},
 	{"NoSecretOrTokenStored", testNoSecretOrTokenStored},
 	{"Backup", testBackup},
+	{"WebhookLifecycle", testWebhookLifecycle},
+	{"ThresholdOnceUnderConcurrency", testThresholdOnceUnderConcurrency},
+	{"SpendCapRefusedOnce", testSpendCapRefusedOnce},
+	{"EmitEventInItsTransaction", testEmitEventInItsTransaction},
+	{"DeliveryLeaseAndSchedule", testDeliveryLeaseAndSchedule},
+	{"KeyExpiringAndPrune", testKeyExpiringAndPrune},
+	{"UpstreamAuthFailedHourly", testUpstreamAuthFailedHourly},
+	{"HoldUnknownEvent", testHoldUnknownEvent},
+	{"BudgetEvents", testBudgetEvents},
 }

@@ -145,13 +145,23 @@ func splitNul(k []byte) (string, string, bool) {
 	return "", "", false
 }
 
-// counterKey is the counters bucket key of a key's window.
+// counterKey is the counters bucket key of a key's window. A budget's window
+// is named by its scoped id, budget id "/" window id (scopedWindowID), which
+// is its counter key whichever key's hold it is on.
 func counterKey(keyID string, windowID policy.WindowID) []byte {
+	if strings.HasPrefix(string(windowID), policy.BudgetIDPrefix) {
+		return []byte(windowID)
+	}
 	return []byte(keyID + "/" + string(windowID))
 }
 
+// scopedWindowID names a budget's window in a hold, an event or an exposure.
+func scopedWindowID(budgetID string, windowID policy.WindowID) policy.WindowID {
+	return policy.WindowID(budgetID + "/" + string(windowID))
+}
+
 // splitCounterKey splits a counters (or roll-ups) bucket key into its key id
-// and window id.
+// (or budget id) and window id.
 func splitCounterKey(k []byte) (string, policy.WindowID, bool) {
 	keyID, window, ok := strings.Cut(string(k), "/")
 	return keyID, policy.WindowID(window), ok

@@ -344,6 +344,9 @@ func encodeEvent(e *vault.Event) []byte {
 	w.ints(e.AllowanceDeltas)
 	// Last, so that an event written before it had the field decodes too.
 	w.str(e.IdempotencyKey)
+	if e.Scope != "" {
+		w.str(e.Scope) // after it, for the same reason
+	}
 	return w.b
 }
 
@@ -358,6 +361,9 @@ func decodeEventBinary(k, v []byte) (vault.Event, error) {
 	}
 	if rd.err == nil && len(rd.b) > 0 {
 		e.IdempotencyKey = rd.str()
+	}
+	if rd.err == nil && len(rd.b) > 0 {
+		e.Scope = rd.str()
 	}
 	return e, rd.done("event", k)
 }

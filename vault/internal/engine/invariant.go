@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/keybrake/keybrake/policy"
@@ -277,7 +278,9 @@ func checkInvariantTx(tx Tx, now time.Time) ([]error, int, error) {
 		return nil, records, err
 	}
 
-	keys := map[string]*keyRec{}
+	// Each scope's windows at now: a key's, or a budget's (every budget
+	// window is checked as a key's is).
+	scopes := map[string][]policy.Window{}
 	seen := map[string]bool{}
 	err = forEach(tx, BucketCounters, func(k, v []byte) error {
 		ck := string(k)
@@ -304,18 +307,15 @@ func checkInvariantTx(tx Tx, now time.Time) ([]error, int, error) {
 		if c.Committed < committedHolds[ck] {
 			bad("counter %s: committed %d but committed holds sum to %d", ck, c.Committed, committedHolds[ck])
 		}
-		keyID, windowID, _ := splitCounterKey([]byte(ck))
-		kr, ok := keys[keyID]
+		scopeID, windowID, _ := splitCounterKey([]byte(ck))
+		ws, ok := scopes[scopeID]
 		if !ok {
-			if kr, err = getKey(tx, keyID); err != nil {
+			if ws, err = scopeWindowsAt(tx, scopeID, now); err != nil {
 				return err
 			}
-			keys[keyID] = kr
+			scopes[scopeID] = ws
 		}
-		limit, capped, err := capFor(kr, windowID, now)
-		if err != nil {
-			return err
-		}
+		limit, capped := capFor(ws, windowID)
 		if c.Uncapped {
 			return nil
 		}
@@ -345,17 +345,32 @@ func checkInvariantTx(tx Tx, now time.Time) ([]error, int, error) {
 	return problems, records, nil
 }
 
-// capFor is the current cap of a key's window, by the window id's kind.
-func capFor(kr *keyRec, windowID policy.WindowID, now time.Time) (int64, bool, error) {
-	windows, err := kr.Policy.Windows(now)
-	if err != nil {
-		return 0, false, fmt.Errorf("key %s windows: %w", kr.ID, err)
+// scopeWindowsAt is the windows at now of the key or budget id; a budget
+// that was deleted has none (its counters are judged by their CapPeak).
+func scopeWindowsAt(tx Tx, id string, now time.Time) ([]policy.Window, error) {
+	if strings.HasPrefix(id, policy.BudgetIDPrefix) {
+		b, err := getBudget(tx, id)
+		if errors.Is(err, vault.ErrNotFound) {
+			return nil, nil
+		} else if err != nil {
+			return nil, err
+		}
+		return budgetWindows(tx, b, now)
 	}
+	kr, err := getKey(tx, id)
+	if err != nil {
+		return nil, err
+	}
+	return keyWindows(tx, kr, now)
+}
+
+// capFor is the current cap of a scope's window, by the window id's kind.
+func capFor(windows []policy.Window, windowID policy.WindowID) (int64, bool) {
 	kind := windowID.Kind()
 	for _, w := range windows {
 		if w.Kind == kind {
-			return w.Cap, w.HasCap, nil
+			return w.Cap, w.HasCap
 		}
 	}
-	return 0, false, nil
+	return 0, false
 }

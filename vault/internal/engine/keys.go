@@ -53,6 +53,9 @@ func (s *Engine) mintKeyTx(tx Tx, now time.Time, actor string, req vault.MintReq
 	if _, err := getUpstream(tx, upstream); err != nil {
 		return vault.Key{}, "", err
 	}
+	if err := moveKeyBudget(tx, "", &p); err != nil {
+		return vault.Key{}, "", err
+	}
 	taken, err := tx.Get(BucketNames, []byte(req.Name))
 	if err != nil {
 		return vault.Key{}, "", err
@@ -232,6 +235,9 @@ func changeKeyTx(tx Tx, now time.Time, actor string, rec *keyRec, p policy.Polic
 			{Field: "currency", Message: fmt.Sprintf("cannot be changed (the key meters %s)", rec.Policy.Currency)},
 		}})
 	}
+	if err := moveKeyBudget(tx, rec.Policy.Budget, &p); err != nil {
+		return vault.Key{}, err
+	}
 	if err := carryDailyUsage(tx, now, rec, &p); err != nil {
 		return vault.Key{}, err
 	}
@@ -260,23 +266,31 @@ func changeKeyTx(tx Tx, now time.Time, actor string, rec *keyRec, p policy.Polic
 // still sums to the counters, and a carry above the new window's cap is booked
 // as allowance (the money was spent under the old zone's window).
 func carryDailyUsage(tx Tx, now time.Time, rec *keyRec, p *policy.Policy) error {
-	from, err := rec.Policy.Windows(now)
+	return carryDay(tx, now, rec.ID, &rec.Policy, p, p.EffectiveCurrency(), func(w policy.WindowID) policy.WindowID { return w })
+}
+
+// carryDay is carryDailyUsage for the scope owner (a key, or a budget whose
+// window ids name turns scoped) going from the policy from to the policy to;
+// the carried event is in owner's ledger.
+func carryDay(tx Tx, now time.Time, owner string, from, to *policy.Policy, currency string, name func(policy.WindowID) policy.WindowID) error {
+	fw, err := from.Windows(now)
 	if err != nil {
-		return fmt.Errorf("key %s windows: %w", rec.ID, err)
+		return fmt.Errorf("%s windows: %w", owner, err)
 	}
-	to, err := p.Windows(now)
+	tw, err := to.Windows(now)
 	if err != nil {
-		return fmt.Errorf("key %s windows: %w", rec.ID, err)
+		return fmt.Errorf("%s windows: %w", owner, err)
 	}
-	oldDay, newDay := from[0], to[0] // Windows puts the daily window first
+	oldDay, newDay := fw[0], tw[0] // Windows puts the daily window first
 	if oldDay.ID == newDay.ID {
 		return nil
 	}
-	used, _, err := getCounter(tx, rec.ID, oldDay.ID)
+	oldID, newID := name(oldDay.ID), name(newDay.ID)
+	used, _, err := getCounter(tx, owner, oldID)
 	if err != nil {
 		return err
 	}
-	c, _, err := getCounter(tx, rec.ID, newDay.ID)
+	c, _, err := getCounter(tx, owner, newID)
 	if err != nil {
 		return err
 	}
@@ -293,12 +307,16 @@ func carryDailyUsage(tx Tx, now time.Time, rec *keyRec, p *policy.Policy) error 
 	} else {
 		c.Uncapped = true
 	}
-	if err := putCounter(tx, rec.ID, newDay.ID, c); err != nil {
+	if err := putCounter(tx, owner, newID, c); err != nil {
 		return err
 	}
+	op := "key.update"
+	if strings.HasPrefix(owner, policy.BudgetIDPrefix) {
+		op = "budget.update"
+	}
 	return putEvent(tx, &vault.Event{
-		Time: now, KeyID: rec.ID, Operation: "key.update", Amount: carry, Currency: p.EffectiveCurrency(),
-		Decision: vault.DecisionCarried, Reason: "timezone_changed", WindowIDs: []policy.WindowID{newDay.ID}, CommittedDelta: carry,
+		Time: now, KeyID: owner, Operation: op, Amount: carry, Currency: currency,
+		Decision: vault.DecisionCarried, Reason: "timezone_changed", WindowIDs: []policy.WindowID{newID}, CommittedDelta: carry,
 		AllowanceDeltas: []int64{excused},
 	})
 }
@@ -310,6 +328,20 @@ func revokeKeyTx(tx Tx, now time.Time, actor, id string) (vault.Key, error) {
 	}
 	if rec.Status == vault.KeyRevoked {
 		return rec.public(), nil
+	}
+	// A revoked key moves no more money: it stops counting as a key of its
+	// budget, which can then be deleted (its holds still settle there).
+	if b := rec.Policy.Budget; b != "" {
+		br, err := getBudget(tx, b)
+		if err != nil && !errors.Is(err, vault.ErrNotFound) {
+			return vault.Key{}, err
+		}
+		if br != nil {
+			br.Keys--
+			if err := putBudget(tx, br); err != nil {
+				return vault.Key{}, err
+			}
+		}
 	}
 	before := rec.view()
 	rec.Status = vault.KeyRevoked
@@ -369,9 +401,9 @@ func (s *Engine) keyUsageTx(tx Tx, now time.Time, id string) (vault.Key, []polic
 	if err != nil {
 		return vault.Key{}, nil, nil, err
 	}
-	windows, err := rec.Policy.Windows(now)
+	windows, err := keyWindows(tx, rec, now)
 	if err != nil {
-		return vault.Key{}, nil, nil, fmt.Errorf("key %s windows: %w", id, err)
+		return vault.Key{}, nil, nil, err
 	}
 	usage, err := readUsage(tx, id, windows)
 	if err != nil {

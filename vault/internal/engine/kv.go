@@ -40,6 +40,15 @@ type Bucket uint8
 //	            record the reaper will remove → empty
 //	rollups     key id "/" window id → the summed deltas of the ledger events the
 //	            retention removed (binary, 24 bytes)
+//	budgets     budget id → budgetRec (JSON); a Get in a write transaction
+//	            locks the budget, as one from keys locks the key
+//	velocity    scope id NUL velocity limit key → the times of the last holds
+//	            counted against it (unix ns, 8 bytes BE each, oldest first)
+//	webhooks, deliveries, delivery_due, delivery_done, event_marks: the
+//	            endpoints and the outbox (outbox.go)
+//
+// A budget's counters are in counters too, under budget id "/" window id; a
+// hold's window ids name them so ("bud_…/day:2026-09-14"), see counterKey.
 const (
 	BucketMeta Bucket = iota
 	BucketUpstreams
@@ -57,6 +66,13 @@ const (
 	BucketCompletions
 	BucketRollups
 	BucketRecords
+	BucketBudgets
+	BucketVelocity
+	BucketWebhooks
+	BucketDeliveries
+	BucketDeliveryDue
+	BucketDeliveryDone
+	BucketMarks
 	// NumBuckets counts the buckets.
 	NumBuckets
 )
@@ -65,6 +81,8 @@ var bucketLabels = [NumBuckets]string{
 	"meta", "upstreams", "keys", "key_tokens", "key_names", "idem",
 	"hold_index", "counters", "events", "audit", "objects", "claims",
 	"inflight", "completions", "rollups", "records",
+	"budgets", "velocity",
+	"webhooks", "deliveries", "delivery_due", "delivery_done", "event_marks",
 }
 
 // Name is the bucket's name (bbolt's bucket name).
@@ -79,6 +97,18 @@ func Buckets() []Bucket {
 	return out
 }
 
+// LocksOnRead reports whether a Get from b in a write transaction locks the
+// entry until the transaction ends, on a backend with concurrent writers: the
+// entries that a read-modify-write changes under no vault key's lock (keys and
+// upstreams, webhook endpoints, deliveries).
+func LocksOnRead(b Bucket) bool {
+	switch b {
+	case BucketKeys, BucketUpstreams, BucketBudgets, BucketWebhooks, BucketDeliveries:
+		return true
+	}
+	return false
+}
+
 // Tx is one transaction of a backend: an ordered key-value store of buckets.
 // The engine runs every rule of the vault against it, so the rules are written
 // once, whichever backend stores the bytes.
@@ -89,7 +119,7 @@ func Buckets() []Bucket {
 // as at the end of the bucket, and fails the whole transaction with it.
 type Tx interface {
 	// Get returns the value under k, nil when there is none. In a write
-	// transaction, a Get from BucketKeys or BucketUpstreams locks the entry
+	// transaction, a Get from a bucket LocksOnRead names locks the entry
 	// until the transaction ends (see LockKey).
 	Get(b Bucket, k []byte) ([]byte, error)
 	// GetMany returns the values under keys, in their order: nil where there
@@ -156,8 +186,8 @@ type Backend interface {
 	// queues fn behind every hot-path write queued before it and ahead of
 	// every one queued after, returns, and calls done with fn's outcome once
 	// its transaction is durable or has failed. done runs on the backend's
-	// committer and must return at once. A backend that commits each write
-	// in a transaction of its own (PostgreSQL) runs fn before it returns.
+	// committer and must return at once. A backend shared by replicas
+	// (PostgreSQL) waits until fn's transaction is durable before it returns.
 	// Queue returns an error, and never calls done, only when fn was not
 	// queued (a closed store, ctx ended before).
 	Queue(ctx context.Context, fn TxFunc, done func(error)) error

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/keybrake/keybrake/policy"
@@ -27,6 +28,12 @@ type reservePlan struct {
 	// hold is added to.
 	counters []counter
 	event    *vault.Event
+	// velocity are the velocity limits' new hold times to write.
+	velocity []velocityWrite
+	// key is the key the plan decided under, and chain its budgets', for
+	// the events they cause.
+	key   *keyRec
+	chain *chainPlan
 }
 
 func validateReserve(req *vault.ReserveRequest) error {
@@ -63,7 +70,10 @@ func (s *Engine) reserveTx(tx Tx, now time.Time, req *vault.ReserveRequest, pk *
 	if err != nil {
 		return txResult[vault.ReserveResult]{}, err
 	}
-	return pl.res, pl.apply(tx)
+	if err := pl.apply(tx); err != nil {
+		return txResult[vault.ReserveResult]{}, err
+	}
+	return pl.res, s.noticeReserve(tx, now, req, pl)
 }
 
 // planReserve reads everything Reserve needs in tx and decides. It writes nothing.
@@ -95,9 +105,9 @@ func (s *Engine) planReserve(tx Tx, now time.Time, req *vault.ReserveRequest, pk
 // withUsage fills res's windows at now and their counters, as read in tx (a
 // Reserve that forwards or replays reports what is left of each cap).
 func withUsage(tx Tx, now time.Time, res *vault.ReserveResult, key *keyRec) error {
-	windows, err := key.Policy.Windows(now)
+	windows, err := keyWindows(tx, key, now)
 	if err != nil {
-		return fmt.Errorf("key %s windows: %w", key.ID, err)
+		return err
 	}
 	usage, err := readUsage(tx, key.ID, windows)
 	if err != nil {
@@ -142,22 +152,42 @@ func (s *Engine) reserveFromRead(ctx context.Context, req *vault.ReserveRequest,
 // planNew decides a Reserve without an idempotency record: against the key's
 // current policy and counters.
 func (s *Engine) planNew(tx Tx, now time.Time, req *vault.ReserveRequest, res vault.ReserveResult, key *keyRec, pk *pairKeys) (*reservePlan, error) {
-	windows, err := key.Policy.Windows(now)
+	windows, err := keyWindows(tx, key, now)
 	if err != nil {
-		return nil, fmt.Errorf("key %s windows: %w", key.ID, err)
+		return nil, err
 	}
 	usage := policy.Usage{}
 	var counters []counter
+	var chain *chainPlan
 	if req.Metered {
 		// An unmetered request holds nothing, so only the non-cap rules may refuse it.
 		if counters, err = getCounters(tx, key.ID, windowIDs(windows)); err != nil {
 			return nil, err
 		}
 		usage = usageOf(windows, counters)
+		if chain, err = planChain(tx, key, now); err != nil {
+			return nil, err
+		}
 	}
-	dec := policy.DecideIn(&key.Policy, windows, usage, req.Request, now)
+	var dec policy.Decision
+	switch {
+	case chain != nil && chain.refusal != nil:
+		dec = *chain.refusal
+	case chain != nil:
+		dec = policy.DecideChain(&key.Policy, key.scope(), windows, usage, req.Request, now, chain.links)
+		if dec.Allowed {
+			if refusal, err := chain.checkVelocity(tx, req.Request.Operation, now); err != nil {
+				return nil, err
+			} else if refusal != nil {
+				dec = *refusal
+			}
+		}
+	default:
+		dec = policy.DecideIn(&key.Policy, windows, usage, req.Request, now)
+		dec.Scope = key.scope()
+	}
 	res.Decision = dec
-	pl := &reservePlan{counters: counters}
+	pl := &reservePlan{counters: counters, key: key, chain: chain}
 	if !dec.Allowed {
 		res.Outcome = vault.ReserveRefused
 		pl.res = accept(res)
@@ -165,7 +195,7 @@ func (s *Engine) planNew(tx Tx, now time.Time, req *vault.ReserveRequest, res va
 			pl.event = &vault.Event{
 				Time: now, KeyID: key.ID, Operation: req.Request.Operation, Amount: req.Request.Amount,
 				Currency: req.Request.Currency, Decision: vault.DecisionRefused, Reason: string(dec.Reason), Tool: req.Tool,
-				IdempotencyKey: req.IdempotencyKey,
+				IdempotencyKey: req.IdempotencyKey, Scope: dec.Scope.ID,
 			}
 		}
 		return pl, nil
@@ -188,17 +218,19 @@ func (s *Engine) planNew(tx Tx, now time.Time, req *vault.ReserveRequest, res va
 	pl.record, pl.claim, pl.appendOrder = r, true, s.appendRecords
 	res.Outcome = vault.ReserveClaimed
 	if req.Metered {
-		ids := make([]policy.WindowID, len(windows))
-		for i, w := range windows {
-			ids[i] = w.ID
-		}
+		// The hold is on the key's windows and on every budget's of its
+		// chain (scoped ids), all placed in this transaction.
+		all := append(slices.Clip(windows), chain.windows...)
+		pl.counters = append(slices.Clip(counters), chain.counters...)
+		pl.velocity = chain.velocityWrites
+		ids := windowIDs(all)
 		h := &holdRec{
 			ID: pk.holdID, KeyID: key.ID, IdempotencyKey: req.IdempotencyKey,
 			Operation: req.Request.Operation, Currency: req.Request.Currency, Amount: req.Request.Amount,
 			WindowIDs: ids, State: vault.HoldHeld, CreatedAt: now,
 		}
 		r.Hold = h
-		pl.newHold, pl.windows = true, windows
+		pl.newHold, pl.windows = true, all
 		res.Usage = usageWithHold(windows, usage, h.Amount)
 		decision := vault.DecisionAllowed
 		if dec.WouldRefuse {
@@ -303,6 +335,11 @@ func (pl *reservePlan) apply(tx Tx) error {
 			if err := pl.placeHold(tx); err != nil {
 				return err
 			}
+			for _, w := range pl.velocity {
+				if err := tx.Put(BucketVelocity, w.key, encodeStamps(w.stamps)); err != nil {
+					return fmt.Errorf("put velocity %q: %w", w.key, err)
+				}
+			}
 		}
 	}
 	if pl.event == nil {
@@ -346,8 +383,13 @@ func (pl *reservePlan) placeHold(tx Tx) error {
 	return nil
 }
 
-// addToWindows moves money on a hold's windows.
+// addToWindows moves money on a hold's windows. A budget's windows are
+// changed under the budget's lock, taken here in the hold's order (the key's
+// windows, then its chain's closest first) after the caller took the key's.
 func addToWindows(tx Tx, keyID string, windowIDs []policy.WindowID, heldDelta, committedDelta, allowance int64) error {
+	if err := lockBudgetsOf(tx, windowIDs); err != nil {
+		return err
+	}
 	counters, err := getCounters(tx, keyID, windowIDs)
 	if err != nil {
 		return err
@@ -463,6 +505,9 @@ func settleWrites(tx Tx, now time.Time, req *vault.SettleRequest, rec *recordRec
 		}
 		if hold != nil {
 			hold.State = vault.HoldUnknown
+			if err := noticeUnknown(tx, now, hold); err != nil {
+				return err
+			}
 		}
 	case vault.SettleAbandon:
 		if rec.Fresh {
@@ -483,6 +528,9 @@ func settleWrites(tx Tx, now time.Time, req *vault.SettleRequest, rec *recordRec
 		rec.State, rec.LeaseUntil = vault.RecordUnknown, time.Time{}
 		if hold != nil {
 			hold.State = vault.HoldUnknown
+			if err := noticeUnknown(tx, now, hold); err != nil {
+				return err
+			}
 		}
 	}
 	rec.UpdatedAt = now
@@ -674,6 +722,9 @@ func recoverRecord(tx Tx, now time.Time, r *recordRec) error {
 	r.State, r.LeaseUntil, r.Fresh, r.UpdatedAt = vault.RecordUnknown, time.Time{}, false, now
 	if r.Hold != nil {
 		r.Hold.State = vault.HoldUnknown
+		if err := noticeUnknown(tx, now, r.Hold); err != nil {
+			return err
+		}
 	}
 	return putRecord(tx, r)
 }

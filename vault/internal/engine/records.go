@@ -139,6 +139,14 @@ type cachedKey struct {
 
 const keyCacheMax = 10000
 
+// peek is the last decoded copy of key id, nil when there is none: possibly
+// stale, so only for hints (Prefetch), never for a decision.
+func (c *keyCache) peek(id string) *keyRec {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.m[id].rec
+}
+
 // get reads key id in tx, decoding it only when the cache has no entry for these
 // bytes. The result is the cached record itself, shared with every caller:
 // read it, or take public(); never modify it.

@@ -98,11 +98,12 @@ type Resealed int
 
 // Kinds of sealed values.
 const (
-	ResealedNothing     Resealed = iota // the entry holds nothing sealed
-	ResealedMasterCheck                 // the master key check
-	ResealedUpstream                    // an upstream's secret
-	ResealedResponse                    // a stored Stripe answer
-	ResealedClaimResult                 // a completed claim's result
+	ResealedNothing       Resealed = iota // the entry holds nothing sealed
+	ResealedMasterCheck                   // the master key check
+	ResealedUpstream                      // an upstream's secret
+	ResealedResponse                      // a stored Stripe answer
+	ResealedClaimResult                   // a completed claim's result
+	ResealedWebhookSecret                 // a webhook endpoint's signing secrets
 )
 
 // Reseal returns the value to write for the entry k, v of bucket b when the
@@ -161,6 +162,19 @@ func Reseal(b Bucket, k, v []byte, from, to *Sealer) ([]byte, Resealed, error) {
 		}
 		out, err := json.Marshal(&r)
 		return out, ResealedClaimResult, err
+	case b == BucketWebhooks:
+		var r webhookRec
+		if err := decodeJSON(k, v, &r); err != nil {
+			return nil, 0, err
+		}
+		for i := range r.Secrets {
+			var err error
+			if r.Secrets[i].Sealed, err = again(r.Secrets[i].Sealed, webhookAD(string(k))); err != nil {
+				return nil, 0, fmt.Errorf("webhook %s secret: %w", k, err)
+			}
+		}
+		out, err := json.Marshal(&r)
+		return out, ResealedWebhookSecret, err
 	}
 	return v, ResealedNothing, nil
 }

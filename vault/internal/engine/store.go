@@ -72,6 +72,8 @@ type Engine struct {
 	memo          *memo
 	cheapReads    bool
 	appendRecords bool
+	// webhooks is what the hot path knows of the webhook endpoints (outbox.go).
+	webhooks webhookCache
 
 	// reapBatch is the most deletions one reaper transaction makes (reapBatchSize;
 	// tests lower it).
@@ -103,6 +105,7 @@ func New(b Backend, cfg Config) (*Engine, error) {
 	}
 	if cfg.SoleWriter {
 		e.memo = &memo{}
+		e.webhooks.sole = true
 	}
 	if e.log == nil {
 		e.log = slog.Default()
@@ -213,8 +216,14 @@ func reject[T any](err error) txResult[T] { return txResult[T]{err: err} }
 // submitResult runs fn as one hot-path write and returns its result: its value
 // and its domain error, or the failure of its transaction.
 func submitResult[T any](ctx context.Context, s *Engine, fn func(tx Tx, now time.Time) (txResult[T], error)) (T, error) {
+	return submitPrefetched(ctx, s, nil, fn)
+}
+
+// submitPrefetched is submitResult with what fn will lock and read (see
+// Prefetch; nil: nothing said).
+func submitPrefetched[T any](ctx context.Context, s *Engine, p *Prefetch, fn func(tx Tx, now time.Time) (txResult[T], error)) (T, error) {
 	var r txResult[T]
-	err := s.submit(ctx, func(tx Tx, now time.Time) error {
+	err := s.submitPrefetch(ctx, p, func(tx Tx, now time.Time) error {
 		var err error
 		r, err = fn(tx, now) // a re-run starts over
 		return err
@@ -543,7 +552,7 @@ func (s *Engine) Reserve(ctx context.Context, req vault.ReserveRequest) (vault.R
 			return res, nil
 		}
 	}
-	res, err := submitResult(ctx, s, func(tx Tx, now time.Time) (txResult[vault.ReserveResult], error) {
+	res, err := submitPrefetched(ctx, s, s.keyPrefetch(req.KeyID, pk.record), func(tx Tx, now time.Time) (txResult[vault.ReserveResult], error) {
 		return s.reserveTx(tx, now, &req, &pk)
 	})
 	if err != nil {
@@ -567,7 +576,7 @@ func (s *Engine) Settle(ctx context.Context, req vault.SettleRequest) error {
 		return fmt.Errorf("settle: %w", err)
 	}
 	k := recordKey(req.KeyID, req.IdempotencyKey) // hashed before the committer
-	_, err = submitResult(ctx, s, func(tx Tx, now time.Time) (txResult[noValue], error) {
+	_, err = submitPrefetched(ctx, s, s.settlePrefetch(&req, k), func(tx Tx, now time.Time) (txResult[noValue], error) {
 		return s.settleTx(tx, now, &req, resp, k)
 	})
 	if err != nil {
@@ -589,7 +598,7 @@ func (s *Engine) SettleQueued(ctx context.Context, req vault.SettleRequest, done
 	var r txResult[noValue]
 	k := recordKey(req.KeyID, req.IdempotencyKey) // hashed before the committer
 	s.queued.add(req.KeyID)
-	err = s.b.Queue(ctx, func(tx Tx, now time.Time) error {
+	err = s.queuePrefetch(ctx, s.settlePrefetch(&req, k), func(tx Tx, now time.Time) error {
 		var err error
 		r, err = s.settleTx(tx, now, &req, resp, k) // a re-run starts over
 		return err
@@ -742,4 +751,96 @@ func (s *Engine) ListAudit(ctx context.Context, limit int, cursor string) ([]vau
 func (s *Engine) Reap(ctx context.Context) (int, error) {
 	c, err := s.reap(ctx) // the caller logs what it removed (once)
 	return c.removed, err
+}
+
+// ---- budgets ----
+
+// CreateBudget creates a budget (see vault.Store).
+func (s *Engine) CreateBudget(ctx context.Context, actor string, spec vault.BudgetSpec) (vault.Budget, error) {
+	var b vault.Budget
+	err := s.update(ctx, func(tx Tx, now time.Time) error {
+		var err error
+		b, err = s.createBudgetTx(tx, now, actor, spec)
+		return err
+	})
+	if err != nil {
+		return vault.Budget{}, fmt.Errorf("create budget: %w", err)
+	}
+	return b, nil
+}
+
+// GetBudget returns one budget (see vault.Store).
+func (s *Engine) GetBudget(ctx context.Context, id string) (vault.Budget, error) {
+	var b vault.Budget
+	err := s.view(ctx, func(tx Tx, _ time.Time) error {
+		r, err := getBudget(tx, id)
+		if err == nil {
+			b = r.public()
+		}
+		return err
+	})
+	if err != nil {
+		return vault.Budget{}, fmt.Errorf("get budget: %w", err)
+	}
+	return b, nil
+}
+
+// ListBudgets lists budgets oldest first (see vault.Store).
+func (s *Engine) ListBudgets(ctx context.Context, f vault.BudgetFilter) (budgets []vault.Budget, next string, err error) {
+	err = s.view(ctx, func(tx Tx, _ time.Time) error {
+		var err error
+		budgets, next, err = listBudgetsTx(tx, f)
+		return err
+	})
+	if err != nil {
+		return nil, "", fmt.Errorf("list budgets: %w", err)
+	}
+	return budgets, next, nil
+}
+
+// PatchBudget changes a budget under its lock (see vault.Store).
+func (s *Engine) PatchBudget(ctx context.Context, actor, id string, change vault.BudgetChange) (vault.Budget, error) {
+	if change.Apply == nil {
+		return vault.Budget{}, fmt.Errorf("patch budget: no change: %w", vault.ErrInvalid)
+	}
+	var (
+		b       vault.Budget
+		refused error
+	)
+	err := s.update(ctx, func(tx Tx, now time.Time) error {
+		var err error
+		b, refused, err = s.patchBudgetTx(tx, now, actor, id, change) // a re-run starts over
+		return err
+	})
+	switch {
+	case err != nil:
+		return vault.Budget{}, fmt.Errorf("patch budget: %w", err)
+	case refused != nil:
+		return vault.Budget{}, refused
+	}
+	return b, nil
+}
+
+// DeleteBudget deletes a budget no key or budget names (see vault.Store).
+func (s *Engine) DeleteBudget(ctx context.Context, actor, id string) error {
+	err := s.update(ctx, func(tx Tx, now time.Time) error { return deleteBudgetTx(tx, now, actor, id) })
+	if err != nil {
+		return fmt.Errorf("delete budget: %w", err)
+	}
+	return nil
+}
+
+// BudgetChain returns a budget and its ancestors with their usage (see
+// vault.Store).
+func (s *Engine) BudgetChain(ctx context.Context, id string) ([]vault.BudgetState, error) {
+	var out []vault.BudgetState
+	err := s.viewSettled(ctx, "", func(tx Tx, now time.Time) error {
+		var err error
+		out, err = budgetChainTx(tx, now, id)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("budget chain: %w", err)
+	}
+	return out, nil
 }

@@ -162,6 +162,13 @@ func ReserveInTwoTransactions(e *Engine, ctx context.Context, req vault.ReserveR
 	}
 	between()
 	err = e.submit(ctx, func(tx Tx, _ time.Time) error {
+		// The write itself takes the key's lock, as every writer of a key's
+		// counters does: the mutant's only fault is the split, not a lost
+		// update, which a concurrent settle's write could otherwise undo —
+		// hiding the very excess the model looks for.
+		if err := tx.LockKey(req.KeyID); err != nil {
+			return err
+		}
 		if pl.newHold { // the hold is added to the counters as they are now
 			var err error
 			if pl.counters, err = getCounters(tx, pl.record.KeyID, windowIDs(pl.windows)); err != nil {

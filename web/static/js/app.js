@@ -13,6 +13,7 @@ import * as mint from './views/mint.js';
 import * as holds from './views/holds.js';
 import * as upstreams from './views/upstreams.js';
 import * as audit from './views/audit.js';
+import * as webhooks from './views/webhooks.js';
 import * as signin from './views/signin.js';
 
 // REFRESH_MS is how often the open page re-reads its data.
@@ -26,6 +27,7 @@ const routes = [
   {pattern: /^\/holds$/, nav: 'holds', view: holds},
   {pattern: /^\/upstreams$/, nav: 'upstreams', view: upstreams},
   {pattern: /^\/audit$/, nav: 'audit', view: audit},
+  {pattern: /^\/webhooks$/, nav: 'webhooks', view: webhooks},
 ];
 
 const main = document.getElementById('main');

@@ -1,0 +1,372 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/keybrake/keybrake/vault"
+	"github.com/keybrake/keybrake/vault/internal/engine"
+)
+
+// Group commit. Reserve and Settle say what they will lock and read
+// (engine.Prefetch); each replica's committers take them from one queue and
+// run every one queued while the previous transaction was committing in one
+// transaction, in the order queued. The transaction begins with one round
+// trip that takes every key's lock, in key order (so that two replicas' batches
+// cannot deadlock), reads every entry named, and reads the clock; the bodies
+// then find what they read in the transaction, and their writes go with the
+// COMMIT in one more. One commit, one fsync of the server's log, serves the
+// whole batch, and a hot key's row is locked once per batch.
+const (
+	// maxBatch bounds how many operations share one transaction.
+	maxBatch = 256
+	// committers is how many batches of one replica are under way at once:
+	// while one commits, the next takes its locks and runs.
+	committers = 2
+	// batchLockWait is how long a batch waits for a key's lock before it
+	// leaves the operations of that key to a transaction of their own,
+	// which waits up to lock_timeout: a key held by a frozen replica costs
+	// the other keys of the batch this much, not lock_timeout.
+	batchLockWait = 200 * time.Millisecond
+)
+
+// lockRowSQL locks a key's row and reads it.
+const lockRowSQL = "SELECT v FROM keybrake_keys WHERE k = $1 FOR UPDATE"
+
+// batchOp is one group-committed operation: its body, what it will lock and
+// read, and where its outcome goes. run starts over on every run (a batch run
+// again after a serialization failure, or op by op after a failure).
+type batchOp struct {
+	run  engine.TxFunc
+	pf   *engine.Prefetch
+	done chan error
+}
+
+// SubmitPrefetch is Submit for a write that says what it locks and reads:
+// it is group committed with the other such writes of this replica. Once
+// queued, it waits for its outcome even if ctx ends.
+func (s *backend) SubmitPrefetch(ctx context.Context, p *engine.Prefetch, fn engine.TxFunc) error {
+	op := &batchOp{run: fn, pf: p, done: make(chan error, 1)}
+	if err := s.enqueue(ctx, op); err != nil {
+		return err
+	}
+	return <-op.done
+}
+
+// QueuePrefetch is SubmitPrefetch, after which done learns the outcome,
+// before QueuePrefetch returns: a settle is durable before the proxy answers.
+func (s *backend) QueuePrefetch(ctx context.Context, p *engine.Prefetch, fn engine.TxFunc, done func(error)) error {
+	op := &batchOp{run: fn, pf: p, done: make(chan error, 1)}
+	if err := s.enqueue(ctx, op); err != nil {
+		return err
+	}
+	done(<-op.done)
+	return nil
+}
+
+// enqueue hands op to the committers, or says why it cannot.
+func (s *backend) enqueue(ctx context.Context, op *batchOp) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	s.closeMu.RLock()
+	defer s.closeMu.RUnlock()
+	if s.closed.Load() {
+		return vault.ErrClosed
+	}
+	s.ops <- op
+	return nil
+}
+
+// commitLoop is one committer. It exits when ops is closed and drained.
+func (s *backend) commitLoop() {
+	defer s.loops.Done()
+	batch := make([]*batchOp, 0, maxBatch)
+	for op := range s.ops {
+		batch = append(batch[:0], op)
+	more:
+		for len(batch) < maxBatch {
+			select {
+			case next, ok := <-s.ops:
+				if !ok {
+					break more
+				}
+				batch = append(batch, next)
+			default:
+				break more
+			}
+		}
+		s.runBatch(slices.Clone(batch), false)
+		clear(batch)
+	}
+}
+
+// lockBusy says that a batch's key stayed locked beyond batchLockWait.
+type lockBusy struct {
+	key string
+	err error
+}
+
+func (e *lockBusy) Error() string { return "key " + e.key + " is locked: " + e.err.Error() }
+func (e *lockBusy) Unwrap() error { return e.err }
+
+// opFailed is the failure of one operation's body, not of the database.
+type opFailed struct{ err error }
+
+func (e *opFailed) Error() string { return e.err.Error() }
+func (e *opFailed) Unwrap() error { return e.err }
+
+// runBatch runs batch in one transaction and gives each operation its
+// outcome. patient batches wait up to lock_timeout for their locks.
+func (s *backend) runBatch(batch []*batchOp, patient bool) {
+	ctx, cancel := context.WithTimeout(context.Background(), submitTimeout)
+	defer cancel()
+	start := time.Now()
+	err := s.runOps(ctx, batch, patient)
+	if err == nil {
+		if s.observe != nil {
+			s.observe(len(batch), time.Since(start))
+		}
+		for _, op := range batch {
+			op.done <- nil
+		}
+		return
+	}
+	var busy *lockBusy
+	var failed *opFailed
+	switch {
+	case errors.As(err, &busy) && !patient:
+		// Leave the key's operations to wait for it on their own; run the
+		// others again at once.
+		var waiting, rest []*batchOp
+		for _, op := range batch {
+			if slices.Contains(op.pf.Keys, busy.key) {
+				waiting = append(waiting, op)
+			} else {
+				rest = append(rest, op)
+			}
+		}
+		s.runPatient(waiting)
+		if len(rest) > 0 {
+			s.runBatch(rest, false)
+		}
+	case errors.As(err, &failed) && len(batch) > 1:
+		// One body failed and rolled the whole batch back: run each alone,
+		// so that only the one that fails sees its failure.
+		s.log.Warn("group commit failed; retrying its operations one by one", "ops", len(batch), "error", failed.err)
+		for _, op := range batch {
+			start := time.Now()
+			err := s.runOps(ctx, []*batchOp{op}, true)
+			if err == nil && s.observe != nil {
+				s.observe(1, time.Since(start))
+			}
+			op.done <- translate(unwrapOp(err))
+		}
+	default:
+		err = translate(unwrapOp(err))
+		for _, op := range batch {
+			op.done <- err
+		}
+	}
+}
+
+// unwrapOp is err without its opFailed.
+func unwrapOp(err error) error {
+	var failed *opFailed
+	if errors.As(err, &failed) {
+		return failed.err
+	}
+	return err
+}
+
+// runPatient runs ops, whose key stayed locked, in a batch of their own that
+// waits up to lock_timeout: on a goroutine of its own while fewer such
+// batches wait than the pool can spare, else on the calling committer, which
+// then takes no new batch until it is done — a wait for a lock is not a
+// failure until lock_timeout says so.
+func (s *backend) runPatient(ops []*batchOp) {
+	select {
+	case s.patient <- struct{}{}:
+		s.loops.Add(1)
+		go func() {
+			defer s.loops.Done()
+			defer func() { <-s.patient }()
+			s.runBatch(ops, true)
+		}()
+	default:
+		s.runBatch(ops, true)
+	}
+}
+
+// runOps runs the bodies of ops in one transaction, again from the start
+// after a serialization failure, a deadlock or a unique violation.
+func (s *backend) runOps(ctx context.Context, ops []*batchOp, patient bool) error {
+	pl := s.planOf(ops, patient)
+	return s.retry(ctx, func() error {
+		return s.once(ctx, true, pl, func(t *tx, now time.Time) error {
+			for _, op := range ops {
+				if err := safeRun(op, t, now); err != nil {
+					if t.dbErr != nil {
+						return t.dbErr
+					}
+					return &opFailed{err: err}
+				}
+			}
+			return nil
+		})
+	})
+}
+
+// safeRun runs one op, turning a panic into an error so that a bug in one op
+// can neither kill a committer (and hang every caller) nor commit half an op.
+func safeRun(op *batchOp, t *tx, now time.Time) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("panic in store operation: %v", r)
+		}
+	}()
+	return op.run(t, now)
+}
+
+// plan is what a batch's transaction locks and reads as it begins.
+type plan struct {
+	keys  []string // in key order, each once
+	reads [engine.NumBuckets][][]byte
+	// lockWait, when set, bounds the wait for the keys' locks (SET LOCAL),
+	// and restore is the session's lock_timeout, set again after them.
+	lockWait, restore string
+}
+
+// planOf is the plan of ops' transaction.
+func (s *backend) planOf(ops []*batchOp, patient bool) *plan {
+	pl := &plan{}
+	if !patient && s.lockTimeout > 2*batchLockWait {
+		pl.lockWait, pl.restore = batchLockWait.String(), s.lockTimeoutParam
+	}
+	now := (*Store)(s).Now()
+	seen := map[opKey]bool{}
+	for _, op := range ops {
+		pl.keys = append(pl.keys, op.pf.Keys...)
+		if op.pf.Reads == nil {
+			continue
+		}
+		for _, r := range op.pf.Reads(now) {
+			if k := (opKey{r.Bucket, string(r.Key)}); !seen[k] {
+				seen[k] = true
+				pl.reads[r.Bucket] = append(pl.reads[r.Bucket], r.Key)
+			}
+		}
+	}
+	slices.Sort(pl.keys)
+	pl.keys = slices.Compact(pl.keys)
+	return pl
+}
+
+// locks reports whether the plan takes locks.
+func (pl *plan) locks() bool { return len(pl.keys) > 0 }
+
+const setLockTimeoutSQL = "SELECT set_config('lock_timeout', $1, true)"
+
+// queue queues the plan's statements.
+func (pl *plan) queue(b *pgx.Batch) {
+	if pl.lockWait != "" && pl.locks() {
+		b.Queue(setLockTimeoutSQL, pl.lockWait)
+	}
+	for _, k := range pl.keys {
+		b.Queue(lockRowSQL, []byte(k))
+	}
+	if pl.lockWait != "" && pl.locks() {
+		b.Queue(setLockTimeoutSQL, pl.restore)
+	}
+	for bucket, keys := range pl.reads {
+		if len(keys) > 0 {
+			b.Queue(queries[bucket].getMany, keys)
+		}
+	}
+}
+
+// read reads the answers to the plan's statements into t.
+func (pl *plan) read(br pgx.BatchResults, t *tx) error {
+	t.seen = map[opKey]known{}
+	if pl.lockWait != "" && pl.locks() {
+		if _, err := br.Exec(); err != nil {
+			return err
+		}
+	}
+	for _, k := range pl.keys {
+		var v []byte
+		err := br.QueryRow().Scan(&v)
+		switch {
+		case errors.Is(err, pgx.ErrNoRows):
+			t.seen[opKey{engine.BucketKeys, k}] = known{}
+		case err != nil:
+			var pgErr *pgconn.PgError
+			if errors.As(err, &pgErr) && pgErr.Code == "55P03" && pl.lockWait != "" {
+				return &lockBusy{key: k, err: err}
+			}
+			return err
+		default:
+			t.seen[opKey{engine.BucketKeys, k}] = known{v: v, found: true}
+			t.markLocked(k)
+		}
+	}
+	if pl.lockWait != "" && pl.locks() {
+		if _, err := br.Exec(); err != nil {
+			return err
+		}
+	}
+	for bucket, keys := range pl.reads {
+		if len(keys) == 0 {
+			continue
+		}
+		rows, err := br.Query()
+		if err != nil {
+			return err
+		}
+		for _, k := range keys {
+			t.seen[opKey{engine.Bucket(bucket), string(k)}] = known{}
+		}
+		for rows.Next() {
+			var k, v []byte
+			if err := rows.Scan(&k, &v); err != nil {
+				rows.Close()
+				return err
+			}
+			t.seen[opKey{engine.Bucket(bucket), string(k)}] = known{v: v, found: true}
+		}
+		if err := rows.Err(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// parseSetting reads a PostgreSQL time setting (lock_timeout's "10s",
+// "250ms", "1min", a bare number of milliseconds); ok is false when it does
+// not parse. 0 means no limit.
+func parseSetting(v string) (d time.Duration, ok bool) {
+	v = strings.TrimSpace(v)
+	i := strings.IndexFunc(v, func(r rune) bool { return (r < '0' || r > '9') && r != '.' })
+	num, unit := v, "ms"
+	if i >= 0 {
+		num, unit = v[:i], strings.TrimSpace(v[i:])
+	}
+	n, err := strconv.ParseFloat(num, 64)
+	if err != nil || n < 0 {
+		return 0, false
+	}
+	scale := map[string]time.Duration{"us": time.Microsecond, "ms": time.Millisecond, "s": time.Second,
+		"min": time.Minute, "h": time.Hour, "d": 24 * time.Hour}[unit]
+	if scale == 0 {
+		return 0, false
+	}
+	return time.Duration(n * float64(scale)), true
+}

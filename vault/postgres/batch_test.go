@@ -1,0 +1,244 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/keybrake/keybrake/vault"
+	"github.com/keybrake/keybrake/vault/internal/engine"
+	"github.com/keybrake/keybrake/vault/vaulttest"
+)
+
+// parkCommitters holds every committer of s inside a transaction of its own,
+// so that what is submitted meanwhile queues; it returns once all of them
+// are parked. release frees them one after the other, so that the first one
+// freed takes everything queued in one batch. The parked bodies lock nothing.
+func parkCommitters(t *testing.T, s *Store) (release func()) {
+	t.Helper()
+	var parked sync.WaitGroup
+	chans := make([]chan struct{}, committers)
+	dones := make([]chan struct{}, committers)
+	for i := range chans {
+		chans[i], dones[i] = make(chan struct{}), make(chan struct{})
+		parked.Add(1)
+		go func() {
+			defer close(dones[i])
+			var once sync.Once
+			assert.NoError(t, (*backend)(s).SubmitPrefetch(context.Background(), &engine.Prefetch{}, func(engine.Tx, time.Time) error {
+				once.Do(parked.Done)
+				<-chans[i]
+				return nil
+			}))
+		}()
+		parked.Wait() // one at a time: each on a committer of its own
+	}
+	return func() {
+		for i := range chans {
+			close(chans[i])
+			<-dones[i]
+		}
+	}
+}
+
+// TestGroupCommitSharesTransactions: concurrent Reserves and Settles of one
+// key on one replica share transactions — one commit, and one lock of the
+// key's row, for many — and each counts once.
+func TestGroupCommitSharesTransactions(t *testing.T) {
+	t.Parallel()
+	clock := vaulttest.NewClock(vaulttest.T0)
+	s := mustOpenURL(t, migrated.URL(t), vaulttest.Options{MasterKey: vaulttest.MasterKey, Now: clock.Now})
+	vaulttest.MustUpstream(t, s, "sk_test_abcdef1234")
+	k, _ := vaulttest.MustMint(t, s, "hot", vaulttest.Policy(t, "", "1000000", ""), nil)
+	var commits, ops atomic.Int64
+	s.observe = func(n int, _ time.Duration) { commits.Add(1); ops.Add(int64(n)) }
+	const workers, each = 32, 4
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Go(func() {
+			for i := range each {
+				idem := vaulttest.Idem(w*each + i)
+				res := vaulttest.MustReserve(t, s, vaulttest.Charge(k.ID, idem, 1))
+				assert.Equal(t, vault.ReserveClaimed, res.Outcome)
+				vaulttest.MustSettle(t, s, vault.SettleRequest{KeyID: k.ID, IdempotencyKey: idem, Outcome: vault.SettleCommit, Amount: 1})
+			}
+		})
+	}
+	wg.Wait()
+	t.Logf("%d operations in %d transactions", ops.Load(), commits.Load())
+	assert.Equal(t, int64(2*workers*each), ops.Load(), "every operation committed once")
+	assert.Less(t, commits.Load(), ops.Load(), "concurrent operations share transactions")
+	_, windows, usage, err := s.KeyUsage(context.Background(), k.ID)
+	require.NoError(t, err)
+	assert.Equal(t, int64(workers*each), usage[windows[0].ID].Committed)
+	assert.Zero(t, usage[windows[0].ID].Held)
+	require.NoError(t, s.CheckInvariant(context.Background()))
+}
+
+// TestGroupCommitIsolatesFailures: Reserves batched with a body that writes
+// and then fails, and with one that panics: the batch rolls back and runs
+// again op by op, so each Reserve counts once and only the bad ones fail.
+func TestGroupCommitIsolatesFailures(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	clock := vaulttest.NewClock(vaulttest.T0)
+	s := mustOpenURL(t, migrated.URL(t), vaulttest.Options{MasterKey: vaulttest.MasterKey, Now: clock.Now})
+	vaulttest.MustUpstream(t, s, "sk_test_abcdef1234")
+	k, _ := vaulttest.MustMint(t, s, "k", vaulttest.Policy(t, "1000.00", "", ""), nil)
+
+	release := parkCommitters(t, s)
+	const n = 10
+	results := make([]vault.ReserveResult, n)
+	errs := make([]error, n)
+	var badErr, panicErr error
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() { results[i], errs[i] = s.Reserve(ctx, vaulttest.Charge(k.ID, vaulttest.Idem(i), 100)) })
+	}
+	bad := &engine.Prefetch{Keys: []string{k.ID}}
+	wg.Go(func() {
+		badErr = (*backend)(s).SubmitPrefetch(ctx, bad, func(tx engine.Tx, _ time.Time) error {
+			// Writes something, then fails: the write must not survive.
+			if err := tx.Put(engine.BucketMeta, []byte("junk"), []byte("x")); err != nil {
+				return err
+			}
+			return errors.New("boom")
+		})
+	})
+	wg.Go(func() {
+		panicErr = (*backend)(s).SubmitPrefetch(ctx, bad, func(engine.Tx, time.Time) error { panic("bug") })
+	})
+	require.Eventually(t, func() bool { return len(s.ops) == n+2 }, 10*time.Second, time.Millisecond, "all queued")
+	release()
+	wg.Wait()
+
+	for i := range n {
+		require.NoError(t, errs[i])
+		assert.Equal(t, vault.ReserveClaimed, results[i].Outcome, "op %d", i)
+	}
+	assert.ErrorIs(t, badErr, vault.ErrStorage, "an unknown error is a storage failure to the caller")
+	assert.ErrorContains(t, badErr, "boom")
+	assert.ErrorContains(t, panicErr, "panic in store operation")
+	var junk int
+	require.NoError(t, s.pool.QueryRow(ctx, "SELECT count(*) FROM keybrake_meta WHERE k = 'junk'").Scan(&junk))
+	assert.Zero(t, junk, "the failed body's write was rolled back")
+	_, windows, usage, err := s.KeyUsage(ctx, k.ID)
+	require.NoError(t, err)
+	assert.Equal(t, int64(n*100), usage[windows[0].ID].Held, "each Reserve counted once despite the re-run")
+	require.NoError(t, s.CheckInvariant(ctx))
+}
+
+// TestBatchLeavesALockedKeyToWaitAlone: a batch that meets a key another
+// session holds (a frozen replica) does not make the batch's other keys wait:
+// they commit, while the held key's Reserve waits for the lock on its own —
+// and succeeds once the holder lets go, within lock_timeout.
+func TestBatchLeavesALockedKeyToWaitAlone(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := migrated.URL(t)
+	clock := vaulttest.NewClock(vaulttest.T0)
+	s := mustOpenURL(t, url, vaulttest.Options{MasterKey: vaulttest.MasterKey, Now: clock.Now}) // lock_timeout 10s
+	vaulttest.MustUpstream(t, s, "sk_test_abcdef1234")
+	held, _ := vaulttest.MustMint(t, s, "held", vaulttest.Policy(t, "50.00", "", ""), nil)
+	free, _ := vaulttest.MustMint(t, s, "free", vaulttest.Policy(t, "50.00", "", ""), nil)
+
+	holder, err := pgx.Connect(ctx, url)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = holder.Close(context.Background()) })
+	_, err = holder.Exec(ctx, "BEGIN")
+	require.NoError(t, err)
+	_, err = holder.Exec(ctx, lockKeySQL, []byte(held.ID))
+	require.NoError(t, err)
+
+	release := parkCommitters(t, s)
+	heldDone, freeDone := make(chan error, 1), make(chan error, 1)
+	go func() {
+		_, err := s.Reserve(ctx, vaulttest.Charge(held.ID, "while-held", 100))
+		heldDone <- err
+	}()
+	require.Eventually(t, func() bool { return len(s.ops) == 1 }, 10*time.Second, time.Millisecond)
+	go func() {
+		_, err := s.Reserve(ctx, vaulttest.Charge(free.ID, "other-key", 100))
+		freeDone <- err
+	}()
+	require.Eventually(t, func() bool { return len(s.ops) == 2 }, 10*time.Second, time.Millisecond, "one batch for both")
+	release()
+
+	select {
+	case err := <-freeDone:
+		require.NoError(t, err, "the other key commits")
+	case err := <-heldDone:
+		t.Fatalf("the held key's Reserve ended (%v) before the other key's", err)
+	}
+	select {
+	case err := <-heldDone:
+		t.Fatalf("the held key's Reserve ended (%v) while its key was held", err)
+	default:
+	}
+	require.NoError(t, holder.Close(ctx)) // the frozen session ends
+	require.NoError(t, <-heldDone, "the held key's Reserve got its lock")
+	_, windows, usage, err := s.KeyUsage(ctx, held.ID)
+	require.NoError(t, err)
+	assert.Equal(t, int64(100), usage[windows[0].ID].Held)
+	require.NoError(t, s.CheckInvariant(ctx))
+}
+
+// TestReplicasBatchManyKeys: three replicas whose batches lock overlapping
+// sets of keys take the locks in one order — no deadlock — and meter every
+// charge once.
+func TestReplicasBatchManyKeys(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	rs := replicas(t, 3, vaulttest.NewClock(vaulttest.T0))
+	vaulttest.MustUpstream(t, rs[0], "sk_test_abcdef1234")
+	const nKeys, workers, each = 8, 24, 8
+	keys := make([]vault.Key, nKeys)
+	for i := range keys {
+		keys[i], _ = vaulttest.MustMint(t, rs[0], vaulttest.Idem(i), vaulttest.Policy(t, "1000.00", "", ""), nil)
+	}
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Go(func() {
+			s := rs[w%len(rs)]
+			for i := range each {
+				k := keys[(w*7+i*3)%nKeys]
+				idem := vaulttest.Idem(w*each + i)
+				res := vaulttest.MustReserve(t, s, vaulttest.Charge(k.ID, idem, 1))
+				assert.Equal(t, vault.ReserveClaimed, res.Outcome)
+				vaulttest.MustSettle(t, s, vault.SettleRequest{KeyID: k.ID, IdempotencyKey: idem, Outcome: vault.SettleCommit, Amount: 1})
+			}
+		})
+	}
+	wg.Wait()
+	var total int64
+	for _, k := range keys {
+		_, windows, usage, err := rs[1].KeyUsage(ctx, k.ID)
+		require.NoError(t, err)
+		total += usage[windows[0].ID].Committed
+		assert.Zero(t, usage[windows[0].ID].Held)
+	}
+	assert.Equal(t, int64(workers*each), total)
+}
+
+// TestParseSetting reads lock_timeout as PostgreSQL writes it.
+func TestParseSetting(t *testing.T) {
+	t.Parallel()
+	for in, want := range map[string]time.Duration{
+		"10s": 10 * time.Second, "250ms": 250 * time.Millisecond, "1min": time.Minute, "500": 500 * time.Millisecond, "0": 0,
+	} {
+		got, ok := parseSetting(in)
+		assert.True(t, ok, in)
+		assert.Equal(t, want, got, in)
+	}
+	for _, in := range []string{"", "fast", "-1s", "10 parsecs"} {
+		_, ok := parseSetting(in)
+		assert.False(t, ok, in)
+	}
+}
