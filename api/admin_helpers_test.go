@@ -90,6 +90,7 @@ type adminEnv struct {
 	// made through keybrake there, and refreshed through the admin API.
 	fake        *proxytest.FakeStripe
 	proxyURL    string
+	stripe      *proxy.Proxy     // the proxy behind proxyURL
 	upstreamSrv *httptest.Server // adminEnvOptions.upstream's server
 
 	router routers.Router
@@ -145,6 +146,7 @@ func MustAdminEnv(tb testing.TB, opts ...adminEnvOptions) *adminEnv {
 	proxySrv := httptest.NewServer(api.NewProxyListener(api.ProxyConfig{Store: store, Logger: logger, Stripe: stripeProxy, Now: env.clock.Now}))
 	tb.Cleanup(proxySrv.Close)
 	env.proxyURL = proxySrv.URL
+	env.stripe = stripeProxy
 
 	env.handler = api.NewAdmin(api.AdminConfig{
 		Store:     store,

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/url"
@@ -35,6 +36,9 @@ func (p *Proxy) resolveAmount(ctx context.Context, c *call) error {
 		return err
 	}
 	if err := p.checkPayees(ctx, c); err != nil {
+		return err
+	}
+	if err := p.checkNoPendingItems(ctx, c); err != nil {
 		return err
 	}
 	if c.currency, err = c.moneyCurrency(pricesCurrency, multi); err != nil {
@@ -305,4 +309,42 @@ func (p *Proxy) priceTotal(ctx context.Context, c *call) (total int64, currency 
 		}
 	}
 	return total, currency, multi, nil
+}
+
+// checkNoPendingItems refuses a request that draws the customer's pending
+// invoice items into its invoice (Classification.NoPendingItems) when the
+// customer has any: keybrake cannot tell those it metered from those made
+// outside it, and cannot bound the latter. A customer keybrake cannot name is
+// refused too.
+func (p *Proxy) checkNoPendingItems(ctx context.Context, c *call) error {
+	if !c.cls.NoPendingItems {
+		return nil
+	}
+	op := c.cls.Operation
+	if c.cls.Customer == "" {
+		return refuse(CodeAmountUnknown, "This %s request cannot be metered: it draws the customer's pending invoice items into its first invoice, "+
+			"and keybrake reads them only for a customer named by the customer parameter.", op)
+	}
+	body, err := p.fetch(ctx, c, "/v1/invoiceitems", url.Values{"customer": {c.cls.Customer}, "pending": {"true"}, "limit": {"1"}})
+	var rf *refusal
+	if errors.As(err, &rf) {
+		return rf // Stripe refused keybrake's secret or gave no answer
+	}
+	if err != nil {
+		rf = refuse(CodeAmountUnknown, "This %s request cannot be metered: keybrake could not read the customer's pending invoice items from Stripe.", op)
+		rf.cause = err
+		return rf
+	}
+	var list struct {
+		Data []json.RawMessage `json:"data"`
+	}
+	if err := json.Unmarshal(body, &list); err != nil {
+		return refuse(CodeAmountUnknown, "This %s request cannot be metered: Stripe's list of the customer's pending invoice items is unreadable.", op)
+	}
+	if len(list.Data) > 0 {
+		return refuse(CodeAmountUnknown, "This %s request cannot be metered: customer %s has pending invoice items, which Stripe would add to the "+
+			"subscription's first invoice by an amount keybrake cannot bound. Invoice or delete them first, "+
+			"or pass one-time charges as add_invoice_items.", op, stripeapi.Clip(c.cls.Customer))
+	}
+	return nil
 }

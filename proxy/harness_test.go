@@ -63,6 +63,7 @@ type envOptions struct {
 	ownStoreChecks  bool   // the test closes the store itself and checks what it needs
 	storeNow        func() time.Time
 	proxyNow        func() time.Time
+	wrapStore       func(vault.Store) vault.Store // what the proxy sees of the real store
 }
 
 // MustEnv starts a vault, a fake Stripe and the proxy. Its cleanup re-checks the
@@ -101,9 +102,13 @@ func MustEnv(tb testing.TB, opts ...func(*envOptions)) *env {
 	upURL, err := url.Parse(up)
 	require.NoError(tb, err)
 	e.Metrics = prometheus.NewRegistry()
+	var proxyStore vault.Store = store
+	if o.wrapStore != nil {
+		proxyStore = o.wrapStore(store)
+	}
 	p, err := proxy.New(proxy.Config{
 		Registerer:      e.Metrics,
-		Store:           store,
+		Store:           proxyStore,
 		Upstream:        upURL,
 		UpstreamTimeout: o.upstreamTimeout,
 		Now:             o.proxyNow,

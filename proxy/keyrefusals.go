@@ -19,6 +19,24 @@ import (
 // survive a restart and every replica sees them; a token that is no key's is
 // counted in this process only, since writing for every such request would let
 // anyone with network access make the store write.
+//
+// A revoked token's holder must not make the store write at will either: a
+// key's refusals are added up in memory and written at most once per key per
+// refusalFlushInterval in each process (one RecordKeyRefusal carrying the
+// count and the last request), and whatever is pending is written by Shutdown.
+
+// refusalFlushInterval is how often at most a key's refusals are written.
+const refusalFlushInterval = time.Second
+
+// pendingRefusals adds up revoked or expired keys' refusals between writes.
+type pendingRefusals struct {
+	mu       sync.Mutex
+	interval time.Duration
+	byKey    map[string]vault.KeyRefusal
+	timer    *time.Timer // armed while byKey is not empty
+	armed    uint64      // counts the timers, so that a stopped one that fired anyway does nothing
+	flushMu  sync.Mutex  // one flush at a time, so a key's writes keep their order
+}
 
 // UnknownKeyRefusals counts this process's refusals of a credential that is no
 // vault key's (unknown, malformed, missing, a Stripe secret key), with the last one.
@@ -63,11 +81,54 @@ func (p *Proxy) noteKeyRefusal(ctx context.Context, r *http.Request, c *call, kr
 		p.unknown.mu.Unlock()
 		return
 	}
-	err := p.store.RecordKeyRefusal(ctx, c.key.ID, vault.KeyRefusal{Code: string(kr.Code), RemoteAddr: addr, Path: path})
-	if err != nil {
-		p.log.LogAttrs(ctx, slog.LevelWarn, "cannot count the refusal of a revoked or expired vault key",
-			slog.String(logfield.RequestID, c.requestID), slog.String(logfield.KeyID, c.key.ID), slog.Any(logfield.Error, err))
+	pr := &p.refusals
+	pr.mu.Lock()
+	defer pr.mu.Unlock()
+	n := pr.byKey[c.key.ID].Count
+	pr.byKey[c.key.ID] = vault.KeyRefusal{Code: string(kr.Code), RemoteAddr: addr, Path: path, Count: n + 1}
+	if pr.timer == nil {
+		pr.armed++
+		armed := pr.armed
+		pr.timer = time.AfterFunc(pr.interval, func() {
+			pr.mu.Lock()
+			current := pr.armed == armed && pr.timer != nil
+			pr.mu.Unlock()
+			if current {
+				p.FlushKeyRefusals(context.Background())
+			}
+		})
 	}
+}
+
+// FlushKeyRefusals writes the refusals of revoked or expired keys counted
+// since the last write, one RecordKeyRefusal per key. It runs on its own a
+// second after a refusal, and Shutdown runs it. A store that fails to count is
+// logged, never retried: the refusals stood either way.
+func (p *Proxy) FlushKeyRefusals(ctx context.Context) {
+	pr := &p.refusals
+	pr.flushMu.Lock()
+	defer pr.flushMu.Unlock()
+	pr.mu.Lock()
+	batch := pr.byKey
+	pr.byKey = map[string]vault.KeyRefusal{}
+	if pr.timer != nil {
+		pr.timer.Stop()
+		pr.timer = nil
+	}
+	pr.mu.Unlock()
+	for id, r := range batch {
+		if err := p.store.RecordKeyRefusal(ctx, id, r); err != nil {
+			p.log.LogAttrs(ctx, slog.LevelWarn, "cannot count the refusals of a revoked or expired vault key",
+				slog.String(logfield.KeyID, id), slog.Int64("refusals", r.Count), slog.Any(logfield.Error, err))
+		}
+	}
+}
+
+// Shutdown writes the pending refusals of revoked or expired keys
+// (FlushKeyRefusals). Call it after the server stopped serving the proxy and
+// before the store is closed; the Proxy keeps working after it.
+func (p *Proxy) Shutdown(ctx context.Context) {
+	p.FlushKeyRefusals(ctx)
 }
 
 // remoteHost is the host of a request's RemoteAddr, without its port.

@@ -3,11 +3,16 @@ package proxy_test
 import (
 	"context"
 	"net/http"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/keybrake/keybrake/proxy"
+	"github.com/keybrake/keybrake/vault"
 )
 
 // A request with a revoked key is refused with a log line that names the path
@@ -40,6 +45,7 @@ func TestRefusedKeysAreLoggedAndCounted(t *testing.T) {
 	assert.Equal(t, key.Name, refused[0]["key_name"])
 	assert.Equal(t, "127.0.0.1", refused[0]["remote_addr"])
 
+	e.Proxy.FlushKeyRefusals(ctx)
 	got, err := e.Store.GetKey(ctx, key.ID)
 	require.NoError(t, err)
 	assert.Equal(t, int64(4), got.Refused.Count)
@@ -103,4 +109,56 @@ func TestUnknownKeyRefusalFollowsTheStoreClock(t *testing.T) {
 	assert.Equal(t, int64(1), u.Count)
 	assert.False(t, u.Last.Before(before), "stamped at the store's now")
 	assert.True(t, u.Last.Before(before.Add(24*time.Hour)), "not at the process's clock, two days fast: %s", u.Last)
+}
+
+// refusalWrites counts the proxy's RecordKeyRefusal calls on the real store.
+type refusalWrites struct {
+	vault.Store
+	n atomic.Int64
+}
+
+func (s *refusalWrites) RecordKeyRefusal(ctx context.Context, id string, r vault.KeyRefusal) error {
+	s.n.Add(1)
+	return s.Store.RecordKeyRefusal(ctx, id, r)
+}
+
+// A holder of a revoked token cannot make the store write at will: a burst of
+// refusals is added up in memory and written once, and the key's count is
+// exact after the write.
+func TestRevokedKeyBurstWritesTheStoreOnce(t *testing.T) {
+	t.Parallel()
+	writes := &refusalWrites{}
+	e := MustEnv(t, func(o *envOptions) {
+		o.wrapStore = func(s vault.Store) vault.Store { writes.Store = s; return writes }
+	})
+	proxy.SetRefusalFlushInterval(e.Proxy, time.Hour) // only Shutdown writes, however slow the burst
+	ctx := context.Background()
+	tok, key := e.MustKey(t, Policy("99.00"))
+	_, err := e.Store.RevokeKey(ctx, "test", key.ID)
+	require.NoError(t, err)
+
+	const burst = 200
+	var wg sync.WaitGroup
+	for i := range burst {
+		wg.Go(func() {
+			path := "/v1/balance"
+			if i == 0 {
+				path = "/v1/charges"
+			}
+			resp := e.MustSend(t, http.MethodGet, path, tok, nil, "")
+			assert.Equal(t, http.StatusUnauthorized, resp.Status)
+		})
+	}
+	wg.Wait()
+	assert.Zero(t, writes.n.Load(), "nothing written before the flush")
+	e.Proxy.Shutdown(ctx)
+	assert.Equal(t, int64(1), writes.n.Load(), "store writes for %d refusals", burst)
+	got, err := e.Store.GetKey(ctx, key.ID)
+	require.NoError(t, err)
+	assert.Equal(t, int64(burst), got.Refused.Count)
+	assert.Equal(t, "vault_key_revoked", got.Refused.Code)
+	assert.Equal(t, "127.0.0.1", got.Refused.RemoteAddr)
+
+	e.Proxy.Shutdown(ctx)
+	assert.Equal(t, int64(1), writes.n.Load(), "nothing pending, nothing written")
 }

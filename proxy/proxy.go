@@ -139,6 +139,7 @@ type Proxy struct {
 	unknown     unknownRefusals
 	// approvalPoll: see Config.ApprovalPoll.
 	approvalPoll time.Duration
+	refusals     pendingRefusals
 }
 
 var _ http.Handler = (*Proxy)(nil)
@@ -191,6 +192,7 @@ func New(cfg Config) (*Proxy, error) {
 	}
 	p.approvalPoll = cmp.Or(cfg.ApprovalPoll, DefaultApprovalPoll)
 	p.unknown.Since = p.now()
+	p.refusals.interval, p.refusals.byKey = refusalFlushInterval, map[string]vault.KeyRefusal{}
 	transport := cfg.Transport
 	if transport == nil {
 		transport = newTransport(cfg.UpstreamTimeout)

@@ -1,11 +1,15 @@
 package proxy_test
 
 import (
+	"context"
 	"net/http"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"github.com/stripe/stripe-go/v84"
+
+	"github.com/keybrake/keybrake/proxy/proxytest"
 )
 
 // Hole: subscriptions.create, subscriptions.update with immediate invoicing,
@@ -62,4 +66,47 @@ func TestMoneyThatMovesLaterIsMeteredOrRefused(t *testing.T) {
 	r = e.Post(t, "/v1/payment_links", tok, "link", link)
 	require.Equal(t, http.StatusOK, r.Status, "%s", r.Raw)
 	assert.EqualValues(t, 12200, committed(), "paid at most 3 times: 3 × 10.00")
+}
+
+// Stripe draws a customer's pending invoice items into a new subscription's
+// first invoice, under every API version. Items made outside keybrake were
+// never metered: subscriptions.create is refused while the customer has any,
+// and goes through (metered for its own items) once they are gone.
+func TestSubscriptionCreateIsRefusedWhileTheCustomerHasPendingItems(t *testing.T) {
+	t.Parallel()
+	e := MustEnv(t)
+	ctx := context.Background()
+	tok, key := e.MustKey(t, Policy("150.00", everything))
+	monthly := e.Fake.AddRecurringPrice(3000, "usd")
+	cus := e.Fake.AddCustomer("usd")
+	item := e.Fake.AddPendingItem("usd", cus, 90000)
+	sc := e.Client(tok, 0)
+	params := func() *stripe.SubscriptionCreateParams {
+		return &stripe.SubscriptionCreateParams{Customer: stripe.String(cus),
+			Items: []*stripe.SubscriptionCreateItemParams{{Price: stripe.String(monthly), Quantity: stripe.Int64(1)}}}
+	}
+	created := func() int {
+		return e.Fake.CountWhere(func(r proxytest.Request) bool {
+			return r.Method == http.MethodPost && r.Path == "/v1/subscriptions"
+		})
+	}
+
+	_, err := sc.V1Subscriptions.Create(ctx, params())
+	var serr *stripe.Error
+	require.ErrorAs(t, err, &serr)
+	assert.Equal(t, http.StatusForbidden, serr.HTTPStatusCode)
+	assert.Equal(t, "amount_unknown", string(serr.Code))
+	assert.Contains(t, serr.Msg, "pending invoice items")
+	assert.Zero(t, created(), "nothing reached Stripe")
+	c, h := usage(t, e, key.ID)
+	assert.Zero(t, c+h)
+
+	_, err = sc.V1InvoiceItems.Delete(ctx, item, nil)
+	require.NoError(t, err)
+	sub, err := sc.V1Subscriptions.Create(ctx, params())
+	require.NoError(t, err)
+	assert.NotEmpty(t, sub.ID)
+	assert.Equal(t, 1, created())
+	c, _ = usage(t, e, key.ID)
+	assert.EqualValues(t, 3000, c, "one period of its own item")
 }

@@ -84,7 +84,8 @@ type Store interface {
 	// had expired, keeping the last one's code, remote address and path
 	// (Key.Refused; the caller bounds their length). It is a hot-path write
 	// that changes nothing else: no audit entry, no ledger event, no change to
-	// the key's UpdatedAt. Errors: ErrNotFound, ErrInvalid (an empty code).
+	// the key's UpdatedAt. r.Count refusals are added (1 when 0). Errors:
+	// ErrNotFound, ErrInvalid (an empty code, a negative count).
 	RecordKeyRefusal(ctx context.Context, id string, r KeyRefusal) error
 
 	// PatchKey changes the key's policy and labels as change.Apply says, given

@@ -138,11 +138,13 @@ type KeyRefusals struct {
 }
 
 // KeyRefusal is one request refused for its key's status, as RecordKeyRefusal
-// takes it.
+// takes it, or Count of them with the last one's code, address and path (the
+// proxy aggregates a burst in memory and writes it once).
 type KeyRefusal struct {
 	Code       string
 	RemoteAddr string
 	Path       string
+	Count      int64 // refusals this record stands for; 0 means 1
 }
 
 // StatusAt returns KeyExpired when the key is active but its policy expired at now.

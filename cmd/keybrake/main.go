@@ -22,6 +22,7 @@ import (
 	_ "time/tzdata"
 
 	"github.com/keybrake/keybrake/api"
+	"github.com/keybrake/keybrake/proxy"
 	"github.com/keybrake/keybrake/proxy/fakestripe"
 	"github.com/keybrake/keybrake/vault"
 )
@@ -128,6 +129,7 @@ type Main struct {
 	proxyTLS   *certReloader // nil without --tls-cert
 	adminTLS   *certReloader // nil without --admin-tls-cert
 	proxySrv   *http.Server
+	stripe     *proxy.Proxy // flushed on shutdown
 	adminSrv   *http.Server
 	pprofLn    net.Listener
 	pprofSrv   *http.Server

@@ -109,6 +109,7 @@ func (m *Main) runServe(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("build proxy: %w", err)
 	}
+	m.stripe = stripe
 
 	if cfg.TLSCert != "" {
 		if m.proxyTLS, err = newCertReloader("proxy", cfg.TLSCert, cfg.TLSKey, cfg.TLSReloadCheck, log); err != nil {
@@ -541,6 +542,12 @@ func (m *Main) close() error {
 		errs = append(errs, errors.New("handlers still running after shutdown"))
 	}
 
+	if m.stripe != nil {
+		// The refusals of revoked keys counted since the last write.
+		flushCtx, cancel := context.WithTimeout(context.Background(), forcedCloseGrace)
+		m.stripe.Shutdown(flushCtx)
+		cancel()
+	}
 	if m.pprofSrv != nil {
 		_ = m.pprofSrv.Close() // a profile being taken is cut short
 	}

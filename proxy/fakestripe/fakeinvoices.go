@@ -108,6 +108,20 @@ func (f *FakeStripe) invoice(id string) *Invoice {
 	return nil
 }
 
+// listItems answers GET /v1/invoiceitems with the customer and pending filters
+// (one page: every match).
+func (f *FakeStripe) listItems(p url.Values) answer {
+	data := []any{}
+	for _, it := range f.items {
+		if it.Deleted || (p.Get("customer") != "" && it.Customer != p.Get("customer")) ||
+			(p.Get("pending") == "true" && it.Invoice != "") {
+			continue
+		}
+		data = append(data, itemJSON(it, "invoiceitem"))
+	}
+	return okJSON(map[string]any{"object": "list", "url": "/v1/invoiceitems", "has_more": false, "data": data})
+}
+
 func (f *FakeStripe) item(id string) *InvoiceItem {
 	for _, it := range f.items {
 		if it.ID == id || "il_"+strings.TrimPrefix(it.ID, "ii_") == id {
@@ -179,6 +193,8 @@ func (f *FakeStripe) routeInvoicing(method, res string, rest []string, p url.Val
 		return f.invoiceAction(method, inv, rest[1:], p), true
 	case res == "invoiceitems" && len(rest) == 0 && method == http.MethodPost:
 		return f.createItem(p), true
+	case res == "invoiceitems" && len(rest) == 0 && method == http.MethodGet:
+		return f.listItems(p), true
 	case res == "invoiceitems" && len(rest) == 1:
 		it := f.item(rest[0])
 		if it == nil || it.Deleted {

@@ -152,6 +152,12 @@ type Classification struct {
 	// classification does not count, and the request must be refused
 	// (amount_unknown, with Unknown). See VersionAtLeast.
 	MinVersion string
+	// NoPendingItems: the request draws the customer's pending invoice items
+	// into an invoice it makes (subscriptions.create's first invoice), by an
+	// amount keybrake did not meter if they were made outside it. The proxy
+	// asks Stripe for the customer's pending items before forwarding and
+	// refuses the request (amount_unknown) when there are any.
+	NoPendingItems bool
 	// Customer is the customer the request names: the "customer" parameter, or the
 	// id in a /v1/customers/{id}/… path ("" when none is named). For requests on an
 	// existing object (capture, confirm, refund) the customer lives at Stripe.

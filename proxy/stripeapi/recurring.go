@@ -21,6 +21,9 @@ import (
 // full one at the anchor: two periods where one is counted), billing schedules
 // (billed in advance for a duration), an interval that invoices pending items,
 // and items keybrake cannot price (tiered or metered prices, legacy plans).
+// Stripe draws the customer's pending invoice items into the first invoice,
+// under every API version and with no parameter to leave them out: the proxy
+// refuses the request when the customer has any (NoPendingItems).
 func subscriptionCreate(r *catRequest, c *Classification) error {
 	p := r.params
 	lines, err := requestLines(p, "items", "add_invoice_items")
@@ -44,6 +47,7 @@ func subscriptionCreate(r *catRequest, c *Classification) error {
 		unknownBecause(c, "every item needs a per-unit price (a stored price or price_data) and a whole quantity, and no tax rates")
 	default:
 		c.Amount, c.AmountKnown, c.Prices = lines.amount, true, lines.prices
+		c.NoPendingItems = true
 	}
 	return nil
 }

@@ -325,6 +325,15 @@ func testRecordKeyRefusalCountsARevokedKeysUse(t *testing.T) {
 
 	assert.ErrorIs(t, f.s.RecordKeyRefusal(ctx, "key_nope", vault.KeyRefusal{Code: "vault_key_revoked"}), vault.ErrNotFound)
 	assert.ErrorIs(t, f.s.RecordKeyRefusal(ctx, f.key.ID, vault.KeyRefusal{}), vault.ErrInvalid)
+	assert.ErrorIs(t, f.s.RecordKeyRefusal(ctx, f.key.ID, vault.KeyRefusal{Code: "vault_key_revoked", Count: -1}), vault.ErrInvalid)
+
+	// A burst the proxy aggregated is one write of its count.
+	require.NoError(t, f.s.RecordKeyRefusal(ctx, f.key.ID, vault.KeyRefusal{Code: "vault_key_expired", Path: "/v1/balance", Count: 198}))
+	k, err = f.s.GetKey(ctx, f.key.ID)
+	require.NoError(t, err)
+	assert.Equal(t, int64(200), k.Refused.Count)
+	assert.Equal(t, "vault_key_expired", k.Refused.Code)
+	assert.Equal(t, "/v1/balance", k.Refused.Path)
 }
 
 // Each event about a request names the caller's idempotency key, so that an

@@ -465,6 +465,9 @@ func (s *Engine) RecordKeyRefusal(ctx context.Context, id string, r vault.KeyRef
 	if r.Code == "" {
 		return fmt.Errorf("record key refusal: no code: %w", vault.ErrInvalid)
 	}
+	if r.Count < 0 {
+		return fmt.Errorf("record key refusal: negative count %d: %w", r.Count, vault.ErrInvalid)
+	}
 	_, err := submitResult(ctx, s, func(tx Tx, now time.Time) (txResult[noValue], error) {
 		rec, err := getKey(tx, id)
 		if errors.Is(err, vault.ErrNotFound) {
@@ -478,7 +481,7 @@ func (s *Engine) RecordKeyRefusal(ctx context.Context, id string, r vault.KeyRef
 			f = &refusedRec{First: now}
 			rec.Refused = f
 		}
-		f.Count++
+		f.Count += max(r.Count, 1)
 		f.Code, f.Last = r.Code, now
 		f.RemoteAddr, f.Path = r.RemoteAddr, r.Path
 		return accept(noValue{}), putJSON(tx, BucketKeys, []byte(id), rec)
