@@ -108,6 +108,7 @@ var suite = []struct {
 	{"EndRaiseEarly", testEndRaiseEarly},
 	{"RaiseRequests", testRaiseRequests},
 	{"RaiseRequestDecidedOnce", testRaiseRequestDecidedOnce},
+	{"RaiseRequestEventsInTheirTransactions", testRaiseRequestEventsInTheirTransactions},
 	{"RaisesAndHoldsConcurrently", testRaisesAndHoldsConcurrently},
 	{"ABudgetRaiseThatEnds", testABudgetRaiseThatEnds},
 	// Approvals (approvals.go).

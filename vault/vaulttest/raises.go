@@ -2,6 +2,7 @@ package vaulttest
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"sync"
 	"testing"
@@ -405,4 +406,48 @@ func testABudgetRaiseThatEnds(t *testing.T) {
 	assert.ErrorIs(t, err, vault.ErrConflict, "it has ended already")
 	_, err = s.ListRaises(ctx, vault.RaiseScope{Kind: policy.ScopeBudget, ID: "bud_nope"})
 	assert.ErrorIs(t, err, vault.ErrNotFound)
+}
+
+// testRaiseRequestEventsInTheirTransactions: asking for a raise and deciding
+// on it each write their event into the outbox in the same transaction, one
+// event per change, with the request's amount and the decision.
+func testRaiseRequestEventsInTheirTransactions(t *testing.T) {
+	ctx := context.Background()
+	f := newMeteringFixture(t)
+	MustWebhook(t, f.s, []string{vault.EventRaiseRequestCreated, vault.EventRaiseRequestDecided}, nil)
+	ask := vault.NewRaise{Window: policy.WindowDaily, Amount: 2500, Until: T0.Add(2 * time.Hour), Reason: "batch run"}
+	a, err := f.s.RequestRaise(ctx, f.key.ID, ask)
+	require.NoError(t, err)
+	b, err := f.s.RequestRaise(ctx, f.key.ID, ask)
+	require.NoError(t, err)
+	_, err = f.s.DecideRaiseRequest(ctx, "alice", a.ID, true, "ok for today")
+	require.NoError(t, err)
+	_, err = f.s.DecideRaiseRequest(ctx, "bob", b.ID, false, "no")
+	require.NoError(t, err)
+	_, err = f.s.DecideRaiseRequest(ctx, "bob", a.ID, false, "")
+	require.ErrorIs(t, err, vault.ErrConflict, "a refused decision emits nothing")
+
+	type ev struct{ typ, id, state, by, amount, scope string }
+	var got []ev
+	for _, j := range claimAll(t, f.s) {
+		var body struct {
+			Type string `json:"type"`
+			Data struct {
+				ID        string       `json:"raise_request_id"`
+				Scope     policy.Scope `json:"scope"`
+				Amount    string       `json:"amount"`
+				State     string       `json:"state"`
+				DecidedBy string       `json:"decided_by"`
+			} `json:"data"`
+		}
+		require.NoError(t, json.Unmarshal(j.Body, &body))
+		got = append(got, ev{body.Type, body.Data.ID, body.Data.State, body.Data.DecidedBy, body.Data.Amount, body.Data.Scope.ID})
+	}
+	id := f.key.ID
+	assert.ElementsMatch(t, []ev{
+		{vault.EventRaiseRequestCreated, a.ID, "", "", "25.00", id},
+		{vault.EventRaiseRequestCreated, b.ID, "", "", "25.00", id},
+		{vault.EventRaiseRequestDecided, a.ID, "approved", "alice", "25.00", id},
+		{vault.EventRaiseRequestDecided, b.ID, "declined", "bob", "25.00", id},
+	}, got)
 }

@@ -120,7 +120,39 @@ func requestRaiseTx(tx Tx, now time.Time, keyID string, nr vault.NewRaise) (vaul
 	if err := putAudit(tx, now, keyActor(keyID), "raise_request.create", id, nil, r); err != nil {
 		return vault.RaiseRequest{}, err
 	}
+	if err := emitRaiseRequest(tx, now, vault.EventRaiseRequestCreated, r); err != nil {
+		return vault.RaiseRequest{}, err
+	}
 	return r.public(), nil
+}
+
+// raiseRequestEventData is the data of the raise_request.created and
+// raise_request.decided events (docs/webhooks.md).
+type raiseRequestEventData struct {
+	ID        string            `json:"raise_request_id"`
+	Scope     Scope             `json:"scope"`
+	Window    policy.WindowKind `json:"window"`
+	Amount    string            `json:"amount"`
+	Currency  string            `json:"currency"`
+	Until     time.Time         `json:"until"`
+	Reason    string            `json:"reason"`
+	State     string            `json:"state,omitempty"`
+	DecidedBy string            `json:"decided_by,omitempty"`
+	Note      string            `json:"note,omitempty"`
+}
+
+// emitRaiseRequest writes the event typ about r into the outbox of tx, the
+// transaction that made the change it reports.
+func emitRaiseRequest(tx Tx, now time.Time, typ string, r *raiseRequestRec) error {
+	d := raiseRequestEventData{
+		ID: r.ID, Scope: Scope{Kind: policy.ScopeKey, ID: r.KeyID, Name: r.KeyName}, Window: r.Window,
+		Amount: policy.FormatMinor(r.Currency, r.Amount), Currency: r.Currency, Until: r.Until, Reason: r.Reason,
+	}
+	if typ == vault.EventRaiseRequestDecided {
+		d.State, d.DecidedBy, d.Note = string(r.State), r.DecidedBy, r.Note
+	}
+	_, err := EmitEvent(tx, now, typ, d)
+	return err
 }
 
 func (s *Engine) decideRaiseRequestTx(tx Tx, now time.Time, actor, id string, approve bool, note string) (vault.RaiseRequest, error) {
@@ -161,6 +193,9 @@ func (s *Engine) decideRaiseRequestTx(tx Tx, now time.Time, actor, id string, ap
 		return vault.RaiseRequest{}, fmt.Errorf("unindex pending raise request: %w", err)
 	}
 	if err := putAudit(tx, now, actor, action, id, &before, r); err != nil {
+		return vault.RaiseRequest{}, err
+	}
+	if err := emitRaiseRequest(tx, now, vault.EventRaiseRequestDecided, r); err != nil {
 		return vault.RaiseRequest{}, err
 	}
 	return r.public(), nil
