@@ -155,9 +155,9 @@ func TestMCPToolsFollowThePolicy(t *testing.T) {
 	}
 	assert.Equal(t, []string{"create_payment_link", "create_price", "create_product", "get_budget", "list_coupons",
 		"list_customers", "list_disputes", "list_invoices", "list_payment_intents", "list_prices", "list_products",
-		"list_subscriptions", "retrieve_balance", "stripe_request"}, names(l))
-	assert.Equal(t, []string{"create_payment_intent", "create_refund", "get_budget", "stripe_request"}, names(p))
-	assert.Equal(t, []string{"create_payment_intent", "get_budget", "stripe_request"}, names(d))
+		"list_subscriptions", "request_budget_raise", "retrieve_balance", "stripe_request"}, names(l))
+	assert.Equal(t, []string{"create_payment_intent", "create_refund", "get_budget", "request_budget_raise", "stripe_request"}, names(p))
+	assert.Equal(t, []string{"create_payment_intent", "get_budget", "request_budget_raise", "stripe_request"}, names(d))
 
 	// Reads are read-only; money-moving tools are destructive, idempotent under
 	// their key, and demand one unless the key derives it.

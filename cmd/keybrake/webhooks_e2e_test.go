@@ -123,6 +123,9 @@ type deliveryList struct {
 		EventType string `json:"event_type"`
 		State     string `json:"state"`
 		Attempts  int    `json:"attempts"`
+		// LastStatus is set when an attempt's outcome is recorded; until
+		// then the delivery is pending under the attempt's lease.
+		LastStatus int `json:"last_status"`
 	} `json:"deliveries"`
 }
 
@@ -273,7 +276,8 @@ func TestWebhookDeliverySurvivesKill9(t *testing.T) {
 	var list deliveryList
 	waitFor(t, 20*time.Second, "the failure recorded", func() bool {
 		adminDo(t, http.MethodGet, admin+"/webhooks/"+hookID+"/deliveries", token, nil, &list)
-		return len(list.Deliveries) == 1 && list.Deliveries[0].Attempts == 1 && list.Deliveries[0].State == "pending"
+		return len(list.Deliveries) == 1 && list.Deliveries[0].Attempts == 1 && list.Deliveries[0].State == "pending" &&
+			list.Deliveries[0].LastStatus == http.StatusServiceUnavailable
 	})
 	kill()
 
