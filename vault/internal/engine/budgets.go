@@ -388,16 +388,7 @@ func listBudgetsTx(tx Tx, f vault.BudgetFilter) ([]vault.Budget, string, error) 
 	limit := clampLimit(f.Limit)
 	out := []vault.Budget{}
 	c := tx.Cursor(BucketBudgets)
-	var k, v []byte
-	if after == "" {
-		k, v = c.First()
-	} else {
-		k, v = c.Seek([]byte(after))
-		if k != nil && string(k) == after {
-			k, v = c.Next()
-		}
-	}
-	for ; k != nil; k, v = c.Next() {
+	for k, v := firstAfter(c, after); k != nil; k, v = c.Next() {
 		var r budgetRec
 		if err := decodeJSON(k, v, &r); err != nil {
 			return nil, "", err

@@ -141,16 +141,7 @@ func listKeysTx(tx Tx, now time.Time, f vault.KeyFilter) ([]vault.Key, string, e
 	limit := clampLimit(f.Limit)
 	out := []vault.Key{}
 	c := tx.Cursor(BucketKeys)
-	var k, v []byte
-	if after == "" {
-		k, v = c.First()
-	} else {
-		k, v = c.Seek([]byte(after))
-		if k != nil && string(k) == after {
-			k, v = c.Next()
-		}
-	}
-	for ; k != nil; k, v = c.Next() {
+	for k, v := firstAfter(c, after); k != nil; k, v = c.Next() {
 		var rec keyRec
 		if err := decodeJSON(k, v, &rec); err != nil {
 			return nil, "", err

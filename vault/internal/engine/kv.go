@@ -164,6 +164,19 @@ type Tx interface {
 	LockKey(id string) error
 }
 
+// firstAfter moves c to the first key after after ("": the first key), where
+// a page of a cursored list starts.
+func firstAfter(c Cursor, after string) (k, v []byte) {
+	if after == "" {
+		return c.First()
+	}
+	k, v = c.Seek([]byte(after))
+	if k != nil && string(k) == after {
+		k, v = c.Next()
+	}
+	return k, v
+}
+
 // Cursor walks a bucket in key order. Each method returns the entry it moves
 // to, or nil at either end.
 type Cursor interface {
