@@ -32,6 +32,7 @@ const (
 	fieldMode             = "mode"
 	fieldBudget           = "budget"
 	fieldVelocity         = "velocity"
+	fieldRenewals         = "renewals"
 	fieldLegacyDaily      = "daily_usd_cap"
 	fieldLegacyPeriod     = "period_usd_cap"
 	fieldLegacyPerRequest = "per_request_usd_cap"
@@ -45,7 +46,7 @@ const (
 var policyFields = []string{
 	fieldVendor, fieldCurrency, fieldDailyCap, fieldPeriodCap, fieldPerRequestCap,
 	fieldPeriodStart, fieldExpiresAt, fieldTimezone, fieldOperations, fieldCustomers,
-	fieldStripeAccounts, fieldIdempotency, fieldMode, fieldBudget, fieldVelocity, fieldApproval,
+	fieldStripeAccounts, fieldIdempotency, fieldMode, fieldBudget, fieldVelocity, fieldApproval, fieldRenewals,
 	fieldLegacyDaily, fieldLegacyPeriod, fieldLegacyPerRequest,
 }
 
@@ -76,6 +77,7 @@ type wirePolicy struct {
 	Budget         string           `json:"budget,omitempty"`
 	Velocity       []Velocity       `json:"velocity,omitempty"`
 	Approval       *wireApproval    `json:"approval,omitempty"`
+	Renewals       RenewalsMode     `json:"renewals,omitempty"`
 }
 
 type wireIdempotency struct {
@@ -105,6 +107,7 @@ func (p Policy) MarshalJSON() ([]byte, error) {
 		Budget:         p.Budget,
 		Velocity:       p.Velocity,
 		Approval:       p.Approval.wire(cur),
+		Renewals:       p.Renewals,
 	}
 	if p.DailyCap != nil {
 		w.DailyCap = formatMajor(cur, *p.DailyCap)
@@ -186,6 +189,9 @@ func (p *Policy) UnmarshalJSON(data []byte) error {
 	str(fieldMode, &mode)
 	out.Mode = Mode(mode)
 	str(fieldBudget, &out.Budget)
+	var renewals string
+	str(fieldRenewals, &renewals)
+	out.Renewals = RenewalsMode(renewals)
 	if raw, ok := present(fields, fieldVelocity); ok {
 		out.Velocity = DecodeVelocity(&v, fieldVelocity, raw)
 	}

@@ -456,3 +456,22 @@ func FuzzPolicyJSON(f *testing.F) {
 		}
 	})
 }
+
+func TestRenewalsModeRoundTripsAndIsValidated(t *testing.T) {
+	var p Policy
+	require.NoError(t, json.Unmarshal([]byte(`{"vendor":"stripe","daily_cap":"10.00","renewals":"count"}`), &p))
+	assert.Equal(t, RenewalsCount, p.Renewals)
+	out, err := json.Marshal(p)
+	require.NoError(t, err)
+	assert.Contains(t, string(out), `"renewals":"count"`)
+	assert.NoError(t, p.Validate())
+
+	var q Policy
+	require.NoError(t, json.Unmarshal([]byte(`{"vendor":"stripe","daily_cap":"10.00"}`), &q))
+	assert.Equal(t, RenewalsPauseOverCap, q.EffectiveRenewals(), "pause_over_cap is the default")
+
+	q.Renewals = "sometimes"
+	var ve *ValidationError
+	require.ErrorAs(t, q.Validate(), &ve)
+	assert.Equal(t, "renewals", ve.Errors[0].Field)
+}

@@ -61,6 +61,20 @@ import (
 	"github.com/shopspring/decimal"
 )
 
+// RenewalsMode says what keybrake does with a renewal of a subscription the
+// key started that would exceed a cap (docs/renewals.md).
+type RenewalsMode string
+
+// Renewals modes.
+const (
+	// RenewalsPauseOverCap sets auto_advance=false on the renewal's draft
+	// invoice at Stripe and holds nothing (default).
+	RenewalsPauseOverCap RenewalsMode = "pause_over_cap"
+	// RenewalsCount holds the renewal even over the cap (the excess booked
+	// as an allowance) and alerts; the invoice is never touched.
+	RenewalsCount RenewalsMode = "count"
+)
+
 // Vendor names accepted in a policy.
 const VendorStripe = "stripe"
 
@@ -120,6 +134,8 @@ type Policy struct {
 	// Approval, when set, makes a person decide on the money requests it
 	// names before they are forwarded (see NeedsApproval).
 	Approval *Approval `json:"approval,omitempty"`
+	// Renewals says what an over-cap renewal does ("" is pause_over_cap).
+	Renewals RenewalsMode `json:"renewals,omitempty"`
 }
 
 // DefaultCurrency, DefaultTimezone are what Normalize fills in when a policy names none.
@@ -229,6 +245,15 @@ func (p *Policy) EffectiveCurrency() string {
 		return DefaultCurrency
 	}
 	return p.Currency
+}
+
+// EffectiveRenewals returns the policy's renewals mode, or pause_over_cap
+// when it names none.
+func (p *Policy) EffectiveRenewals() RenewalsMode {
+	if p.Renewals == "" {
+		return RenewalsPauseOverCap
+	}
+	return p.Renewals
 }
 
 // EffectiveMode returns the policy's mode, or enforce when it names none.
@@ -372,6 +397,12 @@ func (p *Policy) validate(v *ValidationError) {
 	}
 	validateVelocity(v, "velocity", p.Velocity)
 	p.validateApproval(v)
+
+	switch p.Renewals {
+	case "", RenewalsPauseOverCap, RenewalsCount:
+	default:
+		v.add("renewals", "unknown mode %q: must be %q or %q", p.Renewals, RenewalsPauseOverCap, RenewalsCount)
+	}
 
 	switch p.Mode {
 	case "", ModeEnforce, ModeReport:
