@@ -459,7 +459,7 @@ func FuzzPolicyJSON(f *testing.F) {
 
 func TestRenewalsModeRoundTripsAndIsValidated(t *testing.T) {
 	var p Policy
-	require.NoError(t, json.Unmarshal([]byte(`{"vendor":"stripe","daily_cap":"10.00","renewals":"count"}`), &p))
+	require.NoError(t, json.Unmarshal([]byte(`{"vendor":"stripe","daily_cap":"10.00","expires_at":"2027-01-01T00:00:00Z","renewals":"count"}`), &p))
 	assert.Equal(t, RenewalsCount, p.Renewals)
 	out, err := json.Marshal(p)
 	require.NoError(t, err)

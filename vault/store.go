@@ -25,6 +25,8 @@ import (
 type Store interface {
 	// WebhookStore: the webhook endpoints, their outbox and delivery log.
 	WebhookStore
+	// RenewalStore: objects keys created indirectly, and their renewals.
+	RenewalStore
 	// ---- upstreams ----
 
 	// PutUpstream registers or replaces the upstream name with a sealed

@@ -55,6 +55,14 @@ type Bucket uint8
 //	approvals   approval id ("apr_…", sortable by creation) → vault.Approval (JSON)
 //	approvals_open approval id of each pending or approved approval → its
 //	            expiry (unix ns, 8 bytes BE) + key id: what the reaper expires
+//
+// Renewals (renewals.go):
+//
+//	object_links   upstream NUL Stripe object id → vault.ObjectLink (JSON): the
+//	            objects a key created indirectly (subscriptions, their renewal
+//	            invoices), removed ObjectRetention after they end
+//	renewal_pauses upstream NUL invoice id → vault.RenewalPause (JSON): the
+//	            auto_advance=false calls owed to Stripe
 const (
 	BucketMeta Bucket = iota
 	BucketUpstreams
@@ -84,6 +92,9 @@ const (
 	// Approvals (approvals.go).
 	BucketApprovals
 	BucketApprovalsOpen
+	// Renewals (renewals.go).
+	BucketLinks
+	BucketRenewalPauses
 	// NumBuckets counts the buckets.
 	NumBuckets
 )
@@ -96,6 +107,7 @@ var bucketLabels = [NumBuckets]string{
 	"webhooks", "deliveries", "delivery_due", "delivery_done", "event_marks",
 	"raise_requests", "raise_pending",
 	"approvals", "approvals_open",
+	"object_links", "renewal_pauses",
 }
 
 // Name is the bucket's name (bbolt's bucket name).

@@ -61,6 +61,7 @@ func (s *Engine) reap(ctx context.Context) (reapCount, error) {
 		{bucket: BucketEvents, judge: s.judgeEvent},           // retention.go
 		{bucket: BucketRollups, judge: judgeRollup},           // retention.go
 		{bucket: BucketApprovalsOpen, judge: s.judgeApproval}, // approvals.go
+		{bucket: BucketLinks, judge: judgeLink},               // renewals.go
 	})
 }
 
