@@ -467,7 +467,7 @@ func TestRenewalsModeRoundTripsAndIsValidated(t *testing.T) {
 	assert.NoError(t, p.Validate())
 
 	var q Policy
-	require.NoError(t, json.Unmarshal([]byte(`{"vendor":"stripe","daily_cap":"10.00"}`), &q))
+	require.NoError(t, json.Unmarshal([]byte(`{"vendor":"stripe","daily_cap":"10.00","expires_at":"2027-01-01T00:00:00Z"}`), &q))
 	assert.Equal(t, RenewalsPauseOverCap, q.EffectiveRenewals(), "pause_over_cap is the default")
 
 	q.Renewals = "sometimes"
