@@ -115,7 +115,9 @@ func (c *call) bodyShapeOf(status int, body []byte) (bodyShape, stripeapi.Object
 // the object it shows: money it moved is committed, a terminal state releases the
 // rest. A failure is logged: the exposure then simply stays counted.
 func (p *Proxy) observe(ctx context.Context, c *call, body []byte) {
-	m, ok := stripeapi.ReadMoneyObject(stripeapi.DecodeObject(body), c.key.Policy.EffectiveCurrency())
+	o := stripeapi.DecodeObject(body)
+	p.linkSeen(ctx, c.key.Upstream, c.account, "", o)
+	m, ok := stripeapi.ReadMoneyObject(o, c.key.Policy.EffectiveCurrency())
 	if !ok {
 		return
 	}

@@ -122,6 +122,7 @@ func (p *Proxy) modifyResponse(resp *http.Response) error {
 			slog.String(logfield.ObjectID, sr.ObjectID), slog.Int64(logfield.Overrun, overrun))
 	}
 	if d == settleCommit {
+		p.linkCreated(ctx, c, body)
 		if sr.Object == (vault.ObjectSettle{}) {
 			p.observe(ctx, c, body)
 		}

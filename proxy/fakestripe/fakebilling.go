@@ -70,6 +70,40 @@ func (f *FakeStripe) SetSubscriptionDestination(sub, acct string) {
 	f.subs[sub].Destination = acct
 }
 
+// RenewSubscription starts the subscription's next billing period as Stripe
+// does: a draft invoice of one period (billing_reason subscription_cycle,
+// auto_advance true), which Stripe finalises and collects about an hour
+// later (AdvanceInvoices) unless auto_advance was set false on it meanwhile.
+// It returns the invoice's id; nothing moves yet.
+func (f *FakeStripe) RenewSubscription(sub string) string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	s := f.subs[sub]
+	f.seq++
+	inv := &Invoice{ID: fmt.Sprintf("in_fake%06d", f.seq), Customer: s.Customer, Currency: s.Currency, Status: "draft",
+		Subscription: sub, BillingReason: "subscription_cycle", AutoAdvance: true}
+	f.invoices = append(f.invoices, inv)
+	f.newItemLocked(inv, s.Customer, s.Currency, f.periodTotal(s), 1, true)
+	return inv.ID
+}
+
+// AdvanceInvoices is Stripe's automatic collection an hour after a
+// subscription's invoice was created: every draft subscription invoice whose
+// auto_advance is still true is finalised and paid. It returns the ids of
+// the invoices it collected.
+func (f *FakeStripe) AdvanceInvoices() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []string
+	for _, inv := range f.invoices {
+		if inv.Subscription != "" && inv.Status == "draft" && inv.AutoAdvance {
+			f.collectLocked(inv)
+			out = append(out, inv.ID)
+		}
+	}
+	return out
+}
+
 // periodTotal is what one billing period of the subscription charges.
 func (f *FakeStripe) periodTotal(sub *Subscription) int64 {
 	var n int64

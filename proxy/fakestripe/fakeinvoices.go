@@ -24,6 +24,13 @@ type Invoice struct {
 	AmountPaid int64
 	Items      []string // invoice item ids, in order
 	Shipping   int64    // shipping_cost: added to what the invoice collects
+	// Subscription is the subscription that issued it ("" for none), and
+	// BillingReason why (subscription_cycle for a renewal).
+	Subscription  string
+	BillingReason string
+	// AutoAdvance says Stripe finalises and collects the draft by itself
+	// (AdvanceInvoices) unless auto_advance=false is set on it.
+	AutoAdvance bool
 	// counted is what TotalMoved already holds for its lines made through the API.
 	counted int64
 }
@@ -391,6 +398,9 @@ func (f *FakeStripe) invoiceSettingsLocked(inv *Invoice, p url.Values) *answer {
 		}
 		inv.Shipping = n
 	}
+	if p.Get("auto_advance") == "false" {
+		inv.AutoAdvance = false
+	}
 	if p.Get("auto_advance") == "true" || p.Get("automatically_finalizes_at") != "" {
 		f.collectLocked(inv)
 	}
@@ -526,9 +536,28 @@ func (f *FakeStripe) invoiceJSON(inv *Invoice) map[string]any {
 	if inv.Status == "void" || inv.Status == "paid" {
 		remaining = 0
 	}
-	return map[string]any{"id": inv.ID, "object": "invoice", "currency": inv.Currency, "customer": nullable(inv.Customer),
+	m := map[string]any{"id": inv.ID, "object": "invoice", "currency": inv.Currency, "customer": nullable(inv.Customer),
 		"status": inv.Status, "amount_due": due, "amount_paid": inv.AmountPaid, "amount_remaining": remaining,
-		"livemode": false, "metadata": map[string]any{}}
+		"livemode": false, "metadata": map[string]any{}, "auto_advance": inv.AutoAdvance,
+		"billing_reason": nullable(inv.BillingReason), "parent": nil}
+	if inv.Subscription != "" {
+		// API 2025-03-31.basil and later: the subscription under parent.
+		m["parent"] = map[string]any{"type": "subscription_details", "quote_details": nil,
+			"subscription_details": map[string]any{"subscription": inv.Subscription, "metadata": map[string]any{}}}
+	}
+	return m
+}
+
+// InvoiceObject is the invoice id as Stripe shows it (an event's data.object),
+// nil when there is none.
+func (f *FakeStripe) InvoiceObject(id string) map[string]any {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	inv := f.invoice(id)
+	if inv == nil {
+		return nil
+	}
+	return f.invoiceJSON(inv)
 }
 
 // itemJSON is an invoice item (object "invoiceitem") or an invoice line (object
