@@ -1,7 +1,6 @@
 package engine
 
 import (
-
 	"context"
 	"fmt"
 	"slices"
@@ -471,5 +470,3 @@ func (s *Engine) PauseFailed(ctx context.Context, upstream, invoiceID string, re
 	}
 	return nil
 }
-
-
