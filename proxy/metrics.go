@@ -214,7 +214,9 @@ func (t *timedTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 var _ http.RoundTripper = (*timedTransport)(nil)
 
 // stripeEventAccepted counts one accepted Stripe event by its outcome.
-func (m *metrics) stripeEventAccepted(o vault.StripeEventOutcome) { m.events.WithLabelValues(string(o)).Inc() }
+func (m *metrics) stripeEventAccepted(o vault.StripeEventOutcome) {
+	m.events.WithLabelValues(string(o)).Inc()
+}
 
 // stripeEventRejected counts one delivery turned down.
 func (m *metrics) stripeEventRejected(r StripeEventRejection) {
