@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -156,6 +157,21 @@ func (p *Proxy) RenewalEvent(ctx context.Context, upstream, eventID, typ, accoun
 		}
 	}
 	return true, nil
+}
+
+// renewalEventOf is RenewalEvent for an event's payload, verified.
+func (p *Proxy) renewalEventOf(ctx context.Context, upstream, id, typ string, payload []byte) error {
+	var ev struct {
+		Account string `json:"account"`
+		Data    struct {
+			Object json.RawMessage `json:"object"`
+		} `json:"data"`
+	}
+	if json.Unmarshal(payload, &ev) != nil || len(ev.Data.Object) == 0 {
+		return nil
+	}
+	_, err := p.RenewalEvent(ctx, upstream, id, typ, ev.Account, stripeapi.DecodeObject(ev.Data.Object))
+	return err
 }
 
 // pauseRetry is how long after a failed pause the next attempt is made:

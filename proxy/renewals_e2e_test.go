@@ -2,7 +2,6 @@ package proxy_test
 
 import (
 	"context"
-	"encoding/json"
 	"net/http"
 	"testing"
 	"time"
@@ -13,7 +12,6 @@ import (
 
 	"github.com/keybrake/keybrake/policy"
 	"github.com/keybrake/keybrake/proxy/proxytest"
-	"github.com/keybrake/keybrake/proxy/stripeapi"
 	"github.com/keybrake/keybrake/vault"
 )
 
@@ -25,12 +23,14 @@ type renewalEnv struct {
 	sc      *stripe.Client
 	monthly string
 	cus     string
+	url     string // the events endpoint
 }
 
 func newRenewalEnv(t *testing.T, daily string, mods ...func(*policy.Policy)) *renewalEnv {
 	e := MustEnv(t)
 	tok, key := e.MustKey(t, Policy(daily, append([]func(*policy.Policy){everything}, mods...)...))
-	return &renewalEnv{e: e, key: key, sc: e.Client(tok, 0), monthly: e.Fake.AddRecurringPrice(3000, "usd"), cus: e.Fake.AddCustomer("usd")}
+	return &renewalEnv{e: e, key: key, sc: e.Client(tok, 0), monthly: e.Fake.AddRecurringPrice(3000, "usd"), cus: e.Fake.AddCustomer("usd"),
+		url: e.MustEventsURL(t)}
 }
 
 // subscribe creates, through keybrake with stripe-go, a subscription of one
@@ -43,15 +43,11 @@ func (r *renewalEnv) subscribe(t *testing.T) string {
 	return sub.ID
 }
 
-// event hands keybrake Stripe's event of type typ about the invoice as the
-// fake shows it now.
-func (r *renewalEnv) event(t *testing.T, id, typ, invoice string) {
+// send delivers ev, signed as Stripe signs it, to the events endpoint.
+func (r *renewalEnv) send(t *testing.T, ev proxytest.Event) {
 	t.Helper()
-	raw, err := json.Marshal(r.e.Fake.InvoiceObject(invoice))
-	require.NoError(t, err)
-	handled, err := r.e.Proxy.RenewalEvent(context.Background(), r.key.Upstream, id, typ, "", stripeapi.DecodeObject(raw))
-	require.NoError(t, err)
-	require.True(t, handled, "the invoice of a subscription the key created is the key's")
+	status, body := deliver(t, r.e, r.url, ev)
+	require.Equal(t, http.StatusOK, status, body)
 }
 
 func (r *renewalEnv) invoice(t *testing.T, id string) proxytest.Invoice {
@@ -77,15 +73,16 @@ func TestRenewalUnderTheCapIsHeldThenCommitted(t *testing.T) {
 	require.Zero(t, h)
 
 	inv := r.e.Fake.RenewSubscription(sub)
-	r.event(t, "evt_1", "invoice.created", inv)
-	r.event(t, "evt_1", "invoice.created", inv)
+	created := r.e.Fake.Event("invoice.created", inv)
+	r.send(t, created)
+	r.send(t, created)
 	c, h = usage(t, r.e, r.key.ID)
 	assert.EqualValues(t, 3000, c)
 	assert.EqualValues(t, 3000, h, "the renewal held once")
 
 	require.Equal(t, []string{inv}, r.e.Fake.AdvanceInvoices(), "Stripe collects it an hour later")
-	r.event(t, "evt_2", "invoice.paid", inv)
-	r.event(t, "evt_1", "invoice.created", inv) // late and again
+	r.send(t, r.e.Fake.Event("invoice.paid", inv))
+	r.send(t, created) // late and again
 	c, h = usage(t, r.e, r.key.ID)
 	assert.EqualValues(t, 6000, c, "invoice.paid commits it")
 	assert.Zero(t, h)
@@ -104,7 +101,7 @@ func TestRenewalOverTheCapIsPausedAndNeverCollected(t *testing.T) {
 	require.NoError(t, err)
 	sub := r.subscribe(t)
 	inv := r.e.Fake.RenewSubscription(sub)
-	r.event(t, "evt_1", "invoice.created", inv)
+	r.send(t, r.e.Fake.Event("invoice.created", inv))
 	c, h := usage(t, r.e, r.key.ID)
 	assert.EqualValues(t, 3000, c)
 	assert.Zero(t, h, "nothing held")
@@ -149,7 +146,7 @@ func TestCountedRenewalNeverTouchesTheInvoiceAndVoidReleases(t *testing.T) {
 	r := newRenewalEnv(t, "50.00", func(p *policy.Policy) { p.Renewals = policy.RenewalsCount })
 	sub := r.subscribe(t)
 	inv := r.e.Fake.RenewSubscription(sub)
-	r.event(t, "evt_1", "invoice.created", inv)
+	r.send(t, r.e.Fake.Event("invoice.created", inv))
 	c, h := usage(t, r.e, r.key.ID)
 	assert.EqualValues(t, 3000, c)
 	assert.EqualValues(t, 3000, h, "held over the cap")
@@ -163,7 +160,7 @@ func TestCountedRenewalNeverTouchesTheInvoiceAndVoidReleases(t *testing.T) {
 	require.NoError(t, err)
 	_, err = r.sc.V1Invoices.VoidInvoice(context.Background(), inv, nil)
 	require.NoError(t, err)
-	r.event(t, "evt_2", "invoice.voided", inv)
+	r.send(t, r.e.Fake.Event("invoice.voided", inv))
 	c, h = usage(t, r.e, r.key.ID)
 	assert.EqualValues(t, 3000, c)
 	assert.Zero(t, h, "invoice.voided releases it")

@@ -330,6 +330,9 @@ func (s *Engine) holdRenewalTx(tx Tx, now time.Time, key *keyRec, r vault.Renewa
 	if err := putObject(tx, key.ID, r.InvoiceID, o); err != nil {
 		return err
 	}
+	if err := indexObject(tx, key.ID, r.InvoiceID); err != nil {
+		return err
+	}
 	decision, reason := vault.DecisionAllowed, "renewal"
 	if excused != nil || dec.WouldRefuse || !dec.Allowed {
 		decision, reason = vault.DecisionWouldRefuse, string(dec.Reason)
