@@ -346,6 +346,14 @@ func (m *Main) startServing(ctx context.Context) {
 		defer m.wg.Done()
 		deliverer.Run(reapCtx)
 	}()
+	// The renewal pauses owed to Stripe (auto_advance=false on a renewal
+	// over a cap), queued in the transaction that decided each: a restart
+	// resumes them.
+	m.wg.Add(1)
+	go func() {
+		defer m.wg.Done()
+		m.stripe.RunPauses(reapCtx, 10*time.Second)
+	}()
 }
 
 // newServer returns the server of one listener: h, tracked for Close, with the
