@@ -165,3 +165,55 @@ func TestCountedRenewalNeverTouchesTheInvoiceAndVoidReleases(t *testing.T) {
 	assert.EqualValues(t, 3000, c)
 	assert.Zero(t, h, "invoice.voided releases it")
 }
+
+// Out of order: invoice.paid before its invoice.created decides the renewal
+// and commits it at once; the late invoice.created changes nothing.
+func TestRenewalPaidBeforeCreatedAppliesOnce(t *testing.T) {
+	t.Parallel()
+	r := newRenewalEnv(t, "100.00")
+	sub := r.subscribe(t)
+	inv := r.e.Fake.RenewSubscription(sub)
+	created := r.e.Fake.Event("invoice.created", inv)
+	r.e.Fake.AdvanceInvoices()
+	paid := r.e.Fake.Event("invoice.paid", inv)
+	r.send(t, paid)
+	r.send(t, created)
+	r.send(t, paid)
+	c, h := usage(t, r.e, r.key.ID)
+	assert.EqualValues(t, 6000, c, "the first period and the renewal, once")
+	assert.Zero(t, h)
+}
+
+// A subscription that a Checkout Session created through the key started is
+// linked from checkout.session.completed, and its renewal counted.
+func TestSubscriptionStartedByTheKeysSessionIsLinked(t *testing.T) {
+	t.Parallel()
+	r := newRenewalEnv(t, "100.00")
+	cs, err := r.sc.V1CheckoutSessions.Create(context.Background(), &stripe.CheckoutSessionCreateParams{
+		Mode: stripe.String("payment"), SuccessURL: stripe.String("https://example.com/ok"),
+		LineItems: []*stripe.CheckoutSessionCreateLineItemParams{{Quantity: stripe.Int64(1),
+			PriceData: &stripe.CheckoutSessionCreateLineItemPriceDataParams{Currency: stripe.String("usd"),
+				Product: stripe.String("prod_1"), UnitAmount: stripe.Int64(1000)}}}})
+	require.NoError(t, err)
+	// The customer completes it in a browser; Stripe starts the subscription
+	// and says so in the session's event.
+	sub, _ := r.e.Fake.AddSubscription(r.cus, r.monthly, 1, "active")
+	r.send(t, r.e.Fake.EventOf("checkout.session.completed", map[string]any{
+		"id": cs.ID, "object": "checkout.session", "mode": "subscription", "status": "complete",
+		"payment_status": "paid", "currency": "usd", "amount_total": 1000, "subscription": sub}))
+	link, err := r.e.Store.GetLink(context.Background(), r.key.Upstream, sub)
+	require.NoError(t, err)
+	assert.Equal(t, r.key.ID, link.KeyID)
+	assert.Equal(t, cs.ID, link.Via)
+
+	_, before := usage(t, r.e, r.key.ID)
+	inv := r.e.Fake.RenewSubscription(sub)
+	r.send(t, r.e.Fake.Event("invoice.created", inv))
+	_, h := usage(t, r.e, r.key.ID)
+	assert.EqualValues(t, before+3000, h, "its renewal is the key's")
+
+	other, _ := r.e.Fake.AddSubscription(r.cus, r.monthly, 1, "active")
+	r.send(t, r.e.Fake.Event("invoice.created", r.e.Fake.RenewSubscription(other)))
+	_, h2 := usage(t, r.e, r.key.ID)
+	assert.Equal(t, h, h2, "a subscription started outside keybrake is nobody's")
+}
