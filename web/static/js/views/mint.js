@@ -51,6 +51,9 @@ export function mount(main, ctx) {
     mode: h('select', {name: 'mode'},
       h('option', {value: 'enforce'}, 'enforce'),
       h('option', {value: 'report'}, 'report (dry run)')),
+    renewals: h('select', {name: 'renewals'},
+      h('option', {value: 'pause_over_cap'}, 'pause a renewal over a cap at Stripe'),
+      h('option', {value: 'count'}, 'count it and alert, never touch the invoice')),
   };
   const zones = h('datalist', {id: 'kb-zones'}, (Intl.supportedValuesOf ? Intl.supportedValuesOf('timeZone') : ['UTC']).map((z) => h('option', {value: z})));
   const idemFieldsField = field({name: 'policy.idempotency.fields', label: 'Derive from fields', control: c.idemFields,
@@ -84,7 +87,9 @@ export function mount(main, ctx) {
         hint: 'Require: money-moving requests must carry an Idempotency-Key. Derive: keybrake computes it from fields of the request, ignoring the caller\'s.'}),
       idemFieldsField,
       field({name: 'policy.mode', label: 'Mode', control: c.mode,
-        hint: 'Report lets through what the policy would refuse and logs it as would_refuse (caps still count).'})),
+        hint: 'Report lets through what the policy would refuse and logs it as would_refuse (caps still count).'}),
+      field({name: 'policy.renewals', label: 'Renewals', control: c.renewals,
+        hint: 'What a renewal of a subscription this key started does when it would exceed a cap.'})),
     h('div', {class: 'actions'}, submit, h('a', {class: 'button link', href: '#/keys'}, 'Cancel')));
 
   form.addEventListener('submit', async (ev) => {
@@ -117,6 +122,7 @@ export function mount(main, ctx) {
         stripe_accounts: list(c.accounts),
         idempotency: {mode: c.idemMode.value, fields: c.idemMode.value === 'derive' ? list(c.idemFields) : undefined},
         mode: c.mode.value,
+        renewals: c.renewals.value,
       },
     };
     if (badLabels.length) {
