@@ -111,6 +111,14 @@ func testStripeEventMovesOnlyForward(t *testing.T) {
 	assert.False(t, changed)
 	day, _ = usageOf(t, f.s, id)
 	assert.Equal(t, policy.Counter{Committed: 6000, Held: 3000}, day)
+
+	// A request's answer settled after a newer event (the answer shows 500
+	// moved, the event 1000) does not set what the object moved back: the
+	// next event counts only what moved since.
+	settleOn(t, f.s, id, "update-2", 0, 0, "pi_2", vault.ObjectSettle{Expose: true, MovedKnown: true, Moved: 500})
+	assert.Equal(t, vault.StripeEventUnchanged, mustApply(t, f.s, stripeEvent(f, "evt_3", "pi_2", 1000, false)).Outcome)
+	day, _ = usageOf(t, f.s, id)
+	assert.Equal(t, policy.Counter{Committed: 6000, Held: 3000}, day, "nothing counted twice")
 	require.NoError(t, f.s.CheckInvariant(context.Background()))
 }
 
