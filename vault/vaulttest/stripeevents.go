@@ -119,6 +119,17 @@ func testStripeEventMovesOnlyForward(t *testing.T) {
 	assert.Equal(t, vault.StripeEventUnchanged, mustApply(t, f.s, stripeEvent(f, "evt_3", "pi_2", 1000, false)).Outcome)
 	day, _ = usageOf(t, f.s, id)
 	assert.Equal(t, policy.Counter{Committed: 6000, Held: 3000}, day, "nothing counted twice")
+
+	// A confirmation through keybrake in flight while Stripe's event of its
+	// payment is applied: the confirmation's answer shows the same money the
+	// event committed, and it is counted once.
+	settleOn(t, f.s, id, "create-3", 1000, 0, "pi_3", vault.ObjectSettle{Created: true, Expose: true, MovedKnown: true})
+	require.Equal(t, vault.ReserveClaimed, MustReserve(t, f.s, Charge(id, "confirm-3", 0)).Outcome)
+	assert.Equal(t, vault.StripeEventApplied, mustApply(t, f.s, stripeEvent(f, "evt_4", "pi_3", 1000, true)).Outcome)
+	MustSettle(t, f.s, vault.SettleRequest{KeyID: id, IdempotencyKey: "confirm-3", Outcome: vault.SettleCommit, Amount: 1000, AllowOverrun: true,
+		ObjectID: "pi_3", Object: vault.ObjectSettle{Expose: true, MovedKnown: true, Moved: 1000, Terminal: true}, Response: &vault.StoredResponse{Status: 200}})
+	day, _ = usageOf(t, f.s, id)
+	assert.Equal(t, policy.Counter{Committed: 7000, Held: 3000}, day, "the confirmation's 10.00 counted once")
 	require.NoError(t, f.s.CheckInvariant(context.Background()))
 }
 
