@@ -1,14 +1,17 @@
 package proxy_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -17,6 +20,7 @@ import (
 	"github.com/stripe/stripe-go/v84"
 	"github.com/stripe/stripe-go/v84/webhook"
 
+	"github.com/keybrake/keybrake/policy"
 	"github.com/keybrake/keybrake/proxy"
 	"github.com/keybrake/keybrake/proxy/fakestripe"
 	"github.com/keybrake/keybrake/proxy/proxytest"
@@ -329,4 +333,53 @@ func TestStripeEventSecretRotation(t *testing.T) {
 		require.NoError(t, err)
 		assert.Equal(t, http.StatusOK, status, "%s: %s", name, body)
 	}
+}
+
+// BenchmarkStripeEvents measures deliveries of Stripe's events through the
+// events endpoint from parallel senders: HTTP, the signature, the event read,
+// and one durable write transaction that records the id and commits what the
+// object moved from its exposure. Run it with
+// go test -run '^$' -bench BenchmarkStripeEvents ./proxy/
+func BenchmarkStripeEvents(b *testing.B) {
+	ctx := context.Background()
+	e := MustEnv(b)
+	url := e.MustEventsURL(b)
+	_, key := e.MustKey(b, Policy("100000000.00"))
+	const objects = 64
+	for i := range objects {
+		idem := fmt.Sprintf("seed-%d", i)
+		res, err := e.Store.Reserve(ctx, vault.ReserveRequest{KeyID: key.ID, IdempotencyKey: idem, Fingerprint: idem, Metered: true,
+			Request: policy.Request{Operation: "payment_intents.create", Amount: 1_000_000, Currency: "usd"}})
+		require.NoError(b, err)
+		require.Equal(b, vault.ReserveClaimed, res.Outcome)
+		require.NoError(b, e.Store.Settle(ctx, vault.SettleRequest{KeyID: key.ID, IdempotencyKey: idem, Outcome: vault.SettleCommit,
+			ObjectID: fmt.Sprintf("pi_bench%d", i), Object: vault.ObjectSettle{Created: true, Expose: true, MovedKnown: true},
+			Response: &vault.StoredResponse{Status: 200}}))
+	}
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}}
+	var n, applied atomic.Int64
+	b.SetParallelism(8)
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			i := n.Add(1)
+			payload := fmt.Appendf(nil, `{"id":"evt_bench%d","object":"event","type":"payment_intent.amount_capturable_updated",`+
+				`"data":{"object":{"id":"pi_bench%d","object":"payment_intent","amount":1000000,"amount_received":%d,"currency":"usd","status":"processing"}},"request":null}`,
+				i, i%objects, i/objects+1)
+			req, err := http.NewRequest(http.MethodPost, url, bytes.NewReader(payload))
+			require.NoError(b, err)
+			req.Header.Set("Stripe-Signature", stripeSignature(time.Now(), payload, whsec))
+			r := MustDo(b, client, req)
+			if r.Status != http.StatusOK {
+				b.Fatalf("status %d: %s", r.Status, r.Raw)
+			}
+			if string(r.Raw) == "applied" {
+				applied.Add(1)
+			}
+		}
+	})
+	b.StopTimer()
+	b.ReportMetric(float64(n.Load())/b.Elapsed().Seconds(), "events/s")
+	b.ReportMetric(float64(applied.Load())/float64(max(1, n.Load())), "applied/event")
 }

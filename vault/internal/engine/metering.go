@@ -592,6 +592,12 @@ func settleWritesAs(tx Tx, now time.Time, req *vault.SettleRequest, rec *recordR
 // released. It fills ev, the settle event of the request's hold.
 func commitObject(tx Tx, now time.Time, req *vault.SettleRequest, hold *holdRec, obj *objectRec, ev *vault.Event) error {
 	amount, ch := req.Amount, req.Object
+	if ch.MovedKnown && obj.MovedSeen {
+		// What moved since the key last saw the object, as of this transaction:
+		// a Stripe event applied while the request was in flight has committed
+		// its share already (the request measured from an older sight of it).
+		amount = min(amount, max(0, ch.Moved-obj.Moved))
+	}
 	fromParts := min(amount, obj.held())
 	changes := obj.commit(fromParts)
 	held := hold.Amount
