@@ -21,7 +21,8 @@ import (
 // indirectly are linked to the key — the subscription it created, the
 // Checkout Session or Payment Link that starts one, the subscription such a
 // session started, the invoices the subscription issues — and a renewal
-// invoice is metered against the key once (vault.Store.ApplyRenewal). A
+// invoice is metered against the key once, in the transaction of the Stripe
+// event's id (vault.IndirectEvent). A
 // renewal over a cap is paused at Stripe by setting auto_advance=false on
 // its draft: the pause is queued durably in the transaction that decided
 // it, and SendPauses sends it, again until Stripe accepts.
@@ -84,83 +85,10 @@ func (p *Proxy) link(ctx context.Context, l vault.ObjectLink) {
 	}
 }
 
-// RenewalEvent applies what one of Stripe's events (eventID of type typ,
-// received for upstream, under the connected account, "" for the
-// platform) shows about objects keys created indirectly: a session that
-// started a subscription links it; an invoice of a linked subscription is
-// linked too and, a renewal, metered (ApplyRenewal), and what it moved is
-// then applied to the key's exposure on it as any read is; a subscription
-// deleted ends its link. handled reports whether the event concerned a
-// linked object. Errors are the store's: the event should then be answered
-// with a failure, for Stripe to send it again.
-func (p *Proxy) RenewalEvent(ctx context.Context, upstream, eventID, typ, account string, obj stripeapi.Object) (handled bool, err error) {
-	switch obj.Get("object") {
-	case "checkout.session":
-		p.linkSeen(ctx, upstream, account, eventID, obj)
-		return true, nil
-	case "subscription":
-		if typ == "customer.subscription.deleted" {
-			err := p.store.EndLink(ctx, upstream, obj.Get("id"))
-			if errors.Is(err, vault.ErrNotFound) {
-				return false, nil
-			}
-			return err == nil, err
-		}
-		return false, nil
-	case "invoice":
-	default:
-		return false, nil
-	}
-	inv, ok := stripeapi.ReadSubscriptionInvoice(obj)
-	if !ok {
-		return false, nil
-	}
-	sub, err := p.store.GetLink(ctx, upstream, inv.Subscription)
-	if errors.Is(err, vault.ErrNotFound) {
-		return false, nil
-	}
-	if err != nil {
-		return false, fmt.Errorf("renewal event %s: %w", eventID, err)
-	}
-	if !inv.Renews() {
-		// The first period, committed when the subscription was created:
-		// linked, never counted again.
-		_, _, err := p.store.LinkObject(ctx, vault.ObjectLink{Upstream: upstream, ObjectID: inv.ID, KeyID: sub.KeyID,
-			StripeAccount: account, Via: inv.Subscription, EventID: eventID})
-		return true, err
-	}
-	res, err := p.store.ApplyRenewal(ctx, vault.Renewal{
-		Upstream: upstream, InvoiceID: inv.ID, SubscriptionID: inv.Subscription, Customer: inv.Customer,
-		StripeAccount: account, AmountDue: inv.AmountDue, Currency: inv.Currency, Draft: inv.Status == "draft", EventID: eventID,
-	})
-	if err != nil {
-		return false, fmt.Errorf("renewal event %s: %w", eventID, err)
-	}
-	if res.Applied {
-		p.log.LogAttrs(ctx, slog.LevelInfo, "renewal metered", slog.String(logfield.KeyID, sub.KeyID),
-			slog.String(logfield.ObjectID, inv.ID), slog.String("renewal", string(res.Link.Renewal)), slog.String("why", res.Message))
-	}
-	if res.Link.Renewal == vault.RenewalPaused {
-		return true, nil
-	}
-	// What the invoice moved, as a read of it through keybrake would apply
-	// it: an invoice.paid before its invoice.created is committed at once.
-	key, err := p.store.GetKey(ctx, sub.KeyID)
-	if err != nil {
-		return true, fmt.Errorf("renewal event %s: %w", eventID, err)
-	}
-	if m, ok := stripeapi.ReadMoneyObject(obj, key.Policy.EffectiveCurrency()); ok {
-		if _, err := p.store.ObserveObject(ctx, key.ID, m.ID, vault.Observation{
-			Operation: "stripe_event", Moved: m.Moved, MovedKnown: m.MovedKnown, Terminal: m.Terminal,
-		}); err != nil {
-			return true, fmt.Errorf("renewal event %s: %w", eventID, err)
-		}
-	}
-	return true, nil
-}
-
-// renewalEventOf is RenewalEvent for an event's payload, verified.
-func (p *Proxy) renewalEventOf(ctx context.Context, upstream, id, typ string, payload []byte) error {
+// indirectOf reads what an event's payload (verified) says about objects
+// keys created indirectly, for the store to apply in the transaction of the
+// event's id (vault.IndirectEvent); nil for nothing.
+func indirectOf(typ string, payload []byte) *vault.IndirectEvent {
 	var ev struct {
 		Account string `json:"account"`
 		Data    struct {
@@ -170,8 +98,35 @@ func (p *Proxy) renewalEventOf(ctx context.Context, upstream, id, typ string, pa
 	if json.Unmarshal(payload, &ev) != nil || len(ev.Data.Object) == 0 {
 		return nil
 	}
-	_, err := p.RenewalEvent(ctx, upstream, id, typ, ev.Account, stripeapi.DecodeObject(ev.Data.Object))
-	return err
+	obj := stripeapi.DecodeObject(ev.Data.Object)
+	in := &vault.IndirectEvent{Account: ev.Account}
+	switch obj.Get("object") {
+	case "checkout.session":
+		cs, sub, plink, ok := stripeapi.StartedSubscription(obj)
+		if !ok {
+			return nil
+		}
+		in.SessionID, in.Started, in.PaymentLinkID = cs, sub, plink
+	case "subscription":
+		if typ != "customer.subscription.deleted" || !stripeapi.IsID(obj.Get("id")) {
+			return nil
+		}
+		in.Ended = obj.Get("id")
+	case "invoice":
+		inv, ok := stripeapi.ReadSubscriptionInvoice(obj)
+		if !ok {
+			return nil
+		}
+		if !inv.Renews() {
+			in.InvoiceID, in.SubscriptionID = inv.ID, inv.Subscription
+			break
+		}
+		in.Renewal = &vault.Renewal{InvoiceID: inv.ID, SubscriptionID: inv.Subscription, Customer: inv.Customer,
+			AmountDue: inv.AmountDue, Currency: inv.Currency, Draft: inv.Status == "draft"}
+	default:
+		return nil
+	}
+	return in
 }
 
 // pauseRetry is how long after a failed pause the next attempt is made:

@@ -118,6 +118,7 @@ func (p *Proxy) receiveStripeEvent(ctx context.Context, upstream, signature stri
 		return vault.StripeEventResult{}, err
 	}
 	ev.Upstream, ev.SignedAt = upstream, signedAt
+	ev.Indirect = indirectOf(ev.Type, payload) // renewals.go
 	res, err := p.store.ApplyStripeEvent(ctx, ev)
 	if err != nil {
 		return vault.StripeEventResult{}, fmt.Errorf("stripe event: %w", err)
@@ -125,12 +126,6 @@ func (p *Proxy) receiveStripeEvent(ctx context.Context, upstream, signature stri
 	if res.Outcome == vault.StripeEventTooOld {
 		return res, &StripeEventError{Reason: EventTooOld,
 			Message: fmt.Sprintf("the signature's timestamp is more than %s from keybrake's clock (a replayed delivery?)", vault.StripeEventTolerance)}
-	}
-	// Renewals and links (renewals.go): after the event's id is recorded and
-	// before the 200, on duplicates too — each is applied once per object,
-	// so a delivery whose effect a crash cut short completes on the retry.
-	if err := p.renewalEventOf(ctx, upstream, ev.ID, ev.Type, payload); err != nil {
-		return vault.StripeEventResult{}, fmt.Errorf("stripe event: %w", err)
 	}
 	p.log.LogAttrs(ctx, slog.LevelInfo, "stripe event", slog.String(logfield.Upstream, upstream),
 		slog.String(logfield.ObjectID, ev.ObjectID), slog.String(logfield.EventID, ev.ID), slog.String(logfield.EventType, ev.Type),

@@ -85,6 +85,25 @@ type RenewalResult struct {
 	Message string
 }
 
+// IndirectEvent is what one of Stripe's events says about objects keys
+// created indirectly; ApplyStripeEvent applies it in the transaction that
+// records the event's id. Each part applies only to objects linked to a key.
+type IndirectEvent struct {
+	// Account is the event's connected account ("" for the platform).
+	Account string
+	// Renewal is a renewal invoice, metered as ApplyRenewal does when its
+	// subscription is linked.
+	Renewal *Renewal
+	// InvoiceID, of SubscriptionID, is an invoice of a subscription that is
+	// no renewal (its first): linked, never counted again.
+	InvoiceID, SubscriptionID string
+	// SessionID (from PaymentLinkID, "" for none) started the subscription
+	// Started: linked to the key of the session or the link.
+	SessionID, PaymentLinkID, Started string
+	// Ended is a subscription Stripe ended: its link goes with retention.
+	Ended string
+}
+
 // RenewalPause is a pending call to Stripe: auto_advance=false on a renewal
 // invoice over a cap. It is written in the transaction that decided the
 // pause and removed once Stripe accepted the call.
@@ -105,7 +124,8 @@ type RenewalStore interface {
 	// LinkObject links l.ObjectID (of l.Upstream) to l.KeyID. The first link
 	// of an object stands: linking it again, to any key, changes nothing and
 	// returns the link that stands (created false). Errors: ErrInvalid (an
-	// empty upstream, object or key id), ErrNotFound (no such key).
+	// empty upstream, object or key id, a key of another upstream),
+	// ErrNotFound (no such key).
 	LinkObject(ctx context.Context, l ObjectLink) (link ObjectLink, created bool, err error)
 	// GetLink returns the link of objectID of upstream. Errors: ErrNotFound.
 	GetLink(ctx context.Context, upstream, objectID string) (ObjectLink, error)

@@ -36,6 +36,10 @@ type StripeEvent struct {
 	// when it is none keybrake reads in that currency. It runs inside the
 	// store's transaction and may run more than once: a pure function.
 	Read func(currency string) (ob Observation, ok bool)
+	// Indirect is what the event says about objects a key created
+	// indirectly (a renewal, a subscription a session started), nil for
+	// nothing: applied in the same transaction (see RenewalStore).
+	Indirect *IndirectEvent
 }
 
 // StripeEventOutcome is what the store did with a Stripe event.
@@ -65,4 +69,8 @@ type StripeEventResult struct {
 	Keys []string
 	// Resolved are the unknown holds the event settled.
 	Resolved []string
+	// Linked are the objects the event linked to a key or metered as a
+	// renewal (IndirectEvent), and Renewal what the renewal decided.
+	Linked  []string
+	Renewal RenewalOutcome
 }

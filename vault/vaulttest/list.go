@@ -52,6 +52,7 @@ var suite = []struct {
 	{"RenewalFinalisedIsCounted", testRenewalFinalisedIsCounted},
 	{"RenewalOverBudgetCapPaused", testRenewalOverBudgetCapPaused},
 	{"LinksAndTheirRetention", testLinksAndTheirRetention},
+	{"RenewalInTheEventsTransaction", testRenewalInTheEventsTransaction},
 	{"ReserveClaimsAndHolds", testReserveClaimsAndHolds},
 	{"ReserveOutcomes", testReserveOutcomes},
 	{"ReserveReportsUsage", testReserveReportsUsage},

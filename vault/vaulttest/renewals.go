@@ -16,7 +16,7 @@ import (
 
 // renewalOf is a draft renewal invoice of amount on subscription sub.
 func renewalOf(sub, invoice string, amount int64) vault.Renewal {
-	return vault.Renewal{Upstream: "stripe", InvoiceID: invoice, SubscriptionID: sub, AmountDue: amount, Currency: "usd",
+	return vault.Renewal{Upstream: "default", InvoiceID: invoice, SubscriptionID: sub, AmountDue: amount, Currency: "usd",
 		Draft: true, EventID: "evt_" + invoice}
 }
 
@@ -31,7 +31,7 @@ func renewalPolicy(tb testing.TB) policy.Policy {
 // mustLink links the subscription sub to keyID.
 func mustLink(tb testing.TB, s vault.Store, keyID, sub string) {
 	tb.Helper()
-	_, created, err := s.LinkObject(context.Background(), vault.ObjectLink{Upstream: "stripe", ObjectID: sub, KeyID: keyID})
+	_, created, err := s.LinkObject(context.Background(), vault.ObjectLink{Upstream: "default", ObjectID: sub, KeyID: keyID})
 	require.NoError(tb, err)
 	require.True(tb, created)
 }
@@ -63,7 +63,7 @@ func testRenewalHeldThenPaid(t *testing.T) {
 	require.NoError(t, err)
 	daily, _ = usageOf(t, f.s, id)
 	assert.Equal(t, policy.Counter{Committed: 4000}, daily, "invoice.paid commits the renewal")
-	link, err := f.s.GetLink(ctx, "stripe", "in_r1")
+	link, err := f.s.GetLink(ctx, "default", "in_r1")
 	require.NoError(t, err)
 	assert.Equal(t, vault.RenewalHeld, link.Renewal, "the invoice is linked to the key")
 
@@ -102,7 +102,7 @@ func testRenewalOverCapPaused(t *testing.T) {
 	due, err := f.s.DuePauses(ctx, 10)
 	require.NoError(t, err)
 	require.Len(t, due, 1)
-	assert.Equal(t, vault.RenewalPause{Upstream: "stripe", InvoiceID: "in_r1", KeyID: id, NextAt: T0, CreatedAt: T0}, due[0])
+	assert.Equal(t, vault.RenewalPause{Upstream: "default", InvoiceID: "in_r1", KeyID: id, NextAt: T0, CreatedAt: T0}, due[0])
 
 	jobs := claimAll(t, f.s)
 	require.Len(t, jobs, 1)
@@ -123,7 +123,7 @@ func testRenewalOverCapPaused(t *testing.T) {
 	assert.False(t, again.Applied)
 	assert.Empty(t, claimAll(t, f.s), "renewal.paused once")
 
-	require.NoError(t, f.s.PauseFailed(ctx, "stripe", "in_r1", T0.Add(time.Minute), "stripe unavailable"))
+	require.NoError(t, f.s.PauseFailed(ctx, "default", "in_r1", T0.Add(time.Minute), "stripe unavailable"))
 	due, err = f.s.DuePauses(ctx, 10)
 	require.NoError(t, err)
 	assert.Empty(t, due, "not before its retry")
@@ -133,7 +133,7 @@ func testRenewalOverCapPaused(t *testing.T) {
 	require.Len(t, due, 1)
 	assert.Equal(t, 1, due[0].Attempts)
 	assert.Equal(t, "stripe unavailable", due[0].LastError)
-	require.NoError(t, f.s.PauseSent(ctx, "stripe", "in_r1", ""))
+	require.NoError(t, f.s.PauseSent(ctx, "default", "in_r1", ""))
 	due, err = f.s.DuePauses(ctx, 10)
 	require.NoError(t, err)
 	assert.Empty(t, due)
@@ -216,7 +216,7 @@ func testLinksAndTheirRetention(t *testing.T) {
 	id := f.key.ID
 	other, _ := MustMint(t, f.s, "other", Policy(t, "100.00", "150.00", ""), nil)
 	mustLink(t, f.s, id, "sub_1")
-	l, created, err := f.s.LinkObject(ctx, vault.ObjectLink{Upstream: "stripe", ObjectID: "sub_1", KeyID: other.ID})
+	l, created, err := f.s.LinkObject(ctx, vault.ObjectLink{Upstream: "default", ObjectID: "sub_1", KeyID: other.ID})
 	require.NoError(t, err)
 	assert.False(t, created)
 	assert.Equal(t, id, l.KeyID, "the first link stands")
@@ -224,29 +224,67 @@ func testLinksAndTheirRetention(t *testing.T) {
 	_, err = f.s.ApplyRenewal(ctx, renewalOf("sub_nobody", "in_r1", 4000))
 	assert.ErrorIs(t, err, vault.ErrNotFound)
 	for name, r := range map[string]vault.Renewal{
-		"no invoice":      {Upstream: "stripe", SubscriptionID: "sub_1", AmountDue: 1, Currency: "usd"},
-		"negative amount": {Upstream: "stripe", InvoiceID: "in_1", SubscriptionID: "sub_1", AmountDue: -1, Currency: "usd"},
-		"no currency":     {Upstream: "stripe", InvoiceID: "in_1", SubscriptionID: "sub_1", AmountDue: 1},
+		"no invoice":      {Upstream: "default", SubscriptionID: "sub_1", AmountDue: 1, Currency: "usd"},
+		"negative amount": {Upstream: "default", InvoiceID: "in_1", SubscriptionID: "sub_1", AmountDue: -1, Currency: "usd"},
+		"no currency":     {Upstream: "default", InvoiceID: "in_1", SubscriptionID: "sub_1", AmountDue: 1},
 	} {
 		_, err := f.s.ApplyRenewal(ctx, r)
 		assert.ErrorIs(t, err, vault.ErrInvalid, name)
 	}
-	_, _, err = f.s.LinkObject(ctx, vault.ObjectLink{Upstream: "stripe", ObjectID: "", KeyID: id})
+	_, _, err = f.s.LinkObject(ctx, vault.ObjectLink{Upstream: "default", ObjectID: "", KeyID: id})
 	assert.ErrorIs(t, err, vault.ErrInvalid)
-	_, _, err = f.s.LinkObject(ctx, vault.ObjectLink{Upstream: "stripe", ObjectID: "sub_2", KeyID: "key_nope"})
+	_, _, err = f.s.LinkObject(ctx, vault.ObjectLink{Upstream: "default", ObjectID: "sub_2", KeyID: "key_nope"})
 	assert.ErrorIs(t, err, vault.ErrNotFound)
 	daily, _ := usageOf(t, f.s, id)
 	assert.Equal(t, policy.Counter{}, daily)
 
-	require.NoError(t, f.s.EndLink(ctx, "stripe", "sub_1"))
+	require.NoError(t, f.s.EndLink(ctx, "default", "sub_1"))
 	f.clock.Advance(vault.ObjectRetention - time.Hour)
 	_, err = f.s.Reap(ctx)
 	require.NoError(t, err)
-	_, err = f.s.GetLink(ctx, "stripe", "sub_1")
+	_, err = f.s.GetLink(ctx, "default", "sub_1")
 	require.NoError(t, err, "kept within the retention")
 	f.clock.Advance(2 * time.Hour)
 	_, err = f.s.Reap(ctx)
 	require.NoError(t, err)
-	_, err = f.s.GetLink(ctx, "stripe", "sub_1")
+	_, err = f.s.GetLink(ctx, "default", "sub_1")
 	assert.ErrorIs(t, err, vault.ErrNotFound)
+}
+
+// A renewal carried by a Stripe event is metered in the transaction that
+// records the event's id: a duplicate delivery changes nothing, and the
+// invoice's later event is applied to its exposure like any object's.
+func testRenewalInTheEventsTransaction(t *testing.T) {
+	ctx := context.Background()
+	f := newFixtureWith(t, "k", renewalPolicy(t))
+	id := f.key.ID
+	mustLink(t, f.s, id, "sub_1")
+	event := func(evID string, moved int64, terminal bool, in *vault.IndirectEvent) vault.StripeEventResult {
+		t.Helper()
+		res, err := f.s.ApplyStripeEvent(ctx, vault.StripeEvent{ID: evID, Type: "invoice.updated", Upstream: "default", SignedAt: f.clock.Now(),
+			ObjectID: in.Renewal.InvoiceID, Indirect: in, Read: func(string) (vault.Observation, bool) {
+				return vault.Observation{Moved: moved, MovedKnown: true, Terminal: terminal}, true
+			}})
+		require.NoError(t, err)
+		return res
+	}
+	created := &vault.IndirectEvent{Renewal: &vault.Renewal{InvoiceID: "in_r1", SubscriptionID: "sub_1", AmountDue: 4000,
+		Currency: "usd", Draft: true}}
+	res := event("evt_1", 0, false, created)
+	assert.Equal(t, vault.StripeEventApplied, res.Outcome)
+	assert.Equal(t, vault.RenewalHeld, res.Renewal)
+	assert.Equal(t, []string{"in_r1"}, res.Linked)
+	assert.Equal(t, vault.StripeEventDuplicate, event("evt_1", 0, false, created).Outcome)
+	daily, _ := usageOf(t, f.s, id)
+	assert.Equal(t, policy.Counter{Held: 4000}, daily)
+
+	paid := &vault.IndirectEvent{Renewal: &vault.Renewal{InvoiceID: "in_r1", SubscriptionID: "sub_1", AmountDue: 4000, Currency: "usd"}}
+	res = event("evt_2", 4000, true, paid)
+	assert.Equal(t, vault.StripeEventApplied, res.Outcome)
+	assert.Empty(t, res.Linked, "decided once, by the first event")
+	daily, _ = usageOf(t, f.s, id)
+	assert.Equal(t, policy.Counter{Committed: 4000}, daily, "invoice.paid commits it")
+
+	other := &vault.IndirectEvent{Renewal: &vault.Renewal{InvoiceID: "in_x", SubscriptionID: "sub_nobody", AmountDue: 4000, Currency: "usd", Draft: true}}
+	assert.Equal(t, vault.StripeEventDropped, event("evt_3", 0, false, other).Outcome, "a subscription no key started")
 }

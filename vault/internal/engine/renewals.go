@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -66,8 +67,12 @@ func linkObjectTx(tx Tx, now time.Time, l vault.ObjectLink) (vault.ObjectLink, b
 	if err := tx.LockKey(l.KeyID); err != nil {
 		return vault.ObjectLink{}, false, err
 	}
-	if _, err := getKey(tx, l.KeyID); err != nil {
+	key, err := getKey(tx, l.KeyID)
+	if err != nil {
 		return vault.ObjectLink{}, false, err
+	}
+	if key.Upstream != l.Upstream {
+		return vault.ObjectLink{}, false, fmt.Errorf("key %s spends through upstream %q, not %q: %w", key.ID, key.Upstream, l.Upstream, vault.ErrInvalid)
 	}
 	old, err := getLink(tx, l.Upstream, l.ObjectID)
 	if err != nil {
@@ -472,4 +477,79 @@ func (s *Engine) PauseFailed(ctx context.Context, upstream, invoiceID string, re
 		return fmt.Errorf("pause failed: %w", err)
 	}
 	return nil
+}
+
+// applyIndirectTx applies ev.Indirect in the transaction of the event's id:
+// what it links is added to res.Linked, a renewal's decision to res.Renewal.
+// known says the event concerned an object linked to a key. An object
+// linked to no key (or to a key since deleted) is skipped.
+func (s *Engine) applyIndirectTx(tx Tx, now time.Time, ev vault.StripeEvent, res *vault.StripeEventResult) (known bool, err error) {
+	in := ev.Indirect
+	if in == nil {
+		return false, nil
+	}
+	link := func(l vault.ObjectLink) error {
+		_, created, err := linkObjectTx(tx, now, l)
+		if isNotFound(err) || errors.Is(err, vault.ErrInvalid) {
+			return nil // a key deleted, or of another upstream: nobody's
+		}
+		if created {
+			res.Linked = append(res.Linked, l.ObjectID)
+		}
+		known = known || err == nil
+		return err
+	}
+	if r := in.Renewal; r != nil {
+		r.Upstream, r.EventID, r.StripeAccount = ev.Upstream, ev.ID, in.Account
+		if err := validateRenewal(r); err != nil {
+			return false, nil // nothing keybrake can meter: the event says too little
+		}
+		rr, err := s.applyRenewalTx(tx, now, *r)
+		if isNotFound(err) {
+			return false, nil
+		}
+		if err != nil {
+			return false, err
+		}
+		if rr.Applied {
+			res.Linked = append(res.Linked, r.InvoiceID)
+		}
+		res.Renewal = rr.Link.Renewal
+		return true, nil
+	}
+	if in.InvoiceID != "" && validLinkID(in.InvoiceID) && validLinkID(in.SubscriptionID) {
+		sub, err := getLink(tx, ev.Upstream, in.SubscriptionID)
+		if err != nil || sub == nil {
+			return false, err
+		}
+		return known, link(vault.ObjectLink{Upstream: ev.Upstream, ObjectID: in.InvoiceID, KeyID: sub.KeyID,
+			StripeAccount: in.Account, Via: in.SubscriptionID, EventID: ev.ID})
+	}
+	if in.Started != "" && validLinkID(in.Started) && validLinkID(in.SessionID) {
+		via := in.SessionID
+		from, err := getLink(tx, ev.Upstream, via)
+		if err == nil && from == nil && validLinkID(in.PaymentLinkID) {
+			via = in.PaymentLinkID
+			from, err = getLink(tx, ev.Upstream, via)
+		}
+		if err != nil || from == nil {
+			return false, err
+		}
+		return known, link(vault.ObjectLink{Upstream: ev.Upstream, ObjectID: in.Started, KeyID: from.KeyID,
+			StripeAccount: in.Account, Via: via, EventID: ev.ID})
+	}
+	if in.Ended != "" && validLinkID(in.Ended) {
+		l, err := getLink(tx, ev.Upstream, in.Ended)
+		if err != nil || l == nil {
+			return false, err
+		}
+		if l.EndedAt.IsZero() {
+			l.EndedAt = now
+			if err := putJSON(tx, BucketLinks, linkKey(ev.Upstream, in.Ended), l); err != nil {
+				return false, err
+			}
+		}
+		return true, nil
+	}
+	return false, nil
 }

@@ -37,7 +37,7 @@ func (s *Engine) ApplyStripeEvent(ctx context.Context, ev vault.StripeEvent) (va
 	var res vault.StripeEventResult
 	err := s.submit(ctx, func(tx Tx, now time.Time) error {
 		var err error
-		res, err = applyStripeEventTx(tx, now, ev) // a re-run starts over
+		res, err = s.applyStripeEventTx(tx, now, ev) // a re-run starts over
 		return err
 	})
 	if err != nil {
@@ -46,7 +46,7 @@ func (s *Engine) ApplyStripeEvent(ctx context.Context, ev vault.StripeEvent) (va
 	return res, nil
 }
 
-func applyStripeEventTx(tx Tx, now time.Time, ev vault.StripeEvent) (vault.StripeEventResult, error) {
+func (s *Engine) applyStripeEventTx(tx Tx, now time.Time, ev vault.StripeEvent) (vault.StripeEventResult, error) {
 	res := vault.StripeEventResult{}
 	if d := now.Sub(ev.SignedAt); d > vault.StripeEventTolerance || d < -vault.StripeEventTolerance {
 		res.Outcome = vault.StripeEventTooOld
@@ -66,7 +66,13 @@ func applyStripeEventTx(tx Tx, now time.Time, ev vault.StripeEvent) (vault.Strip
 			res.Resolved = append(res.Resolved, holdID)
 		}
 	}
-	known := false
+	// Objects keys created indirectly (renewals.go): a renewal held here is
+	// then observed below like any exposure.
+	indirect, err := s.applyIndirectTx(tx, now, ev, &res)
+	if err != nil {
+		return res, err
+	}
+	known := indirect
 	if ev.ObjectID != "" {
 		keys, err := objectKeysTx(tx, ev.ObjectID)
 		if err != nil {
@@ -84,7 +90,7 @@ func applyStripeEventTx(tx Tx, now time.Time, ev vault.StripeEvent) (vault.Strip
 		}
 	}
 	switch {
-	case len(res.Keys) > 0 || len(res.Resolved) > 0:
+	case len(res.Keys) > 0 || len(res.Resolved) > 0 || len(res.Linked) > 0:
 		res.Outcome = vault.StripeEventApplied
 	case known:
 		res.Outcome = vault.StripeEventUnchanged
