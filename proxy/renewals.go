@@ -33,24 +33,22 @@ var linkOperations = map[string]bool{
 	"subscriptions.create": true, "checkout.sessions.create": true, "payment_links.create": true,
 }
 
-// linkCreated links to the key the object a 2xx answer to c created, when it
-// is (or will start) a subscription. A failure is logged: the object's
-// renewals are then not metered, as before.
-func (p *Proxy) linkCreated(ctx context.Context, c *call, body []byte) {
+// createdLink is the link of the object a 2xx answer to c created, when it
+// is (or will start) a subscription, for the settle to write in its
+// transaction (vault.SettleRequest.Link); nil for none.
+func (c *call) createdLink(o stripeapi.Object) *vault.ObjectLink {
 	if !linkOperations[c.cls.Operation] || c.cls.Target != "" || c.cls.ObjectID != "" {
-		return
+		return nil
 	}
-	o := stripeapi.DecodeObject(body)
-	id := o.Get("id")
 	switch o.Get("object") {
 	case "subscription", "checkout.session", "payment_link":
 	default:
-		return
+		return nil
 	}
-	if !stripeapi.IsID(id) {
-		return
+	if !stripeapi.IsID(o.Get("id")) {
+		return nil
 	}
-	p.link(ctx, vault.ObjectLink{Upstream: c.key.Upstream, ObjectID: id, KeyID: c.key.ID, StripeAccount: c.account})
+	return &vault.ObjectLink{ObjectID: o.Get("id"), StripeAccount: c.account}
 }
 
 // linkSeen links the subscription a Checkout Session linked to a key

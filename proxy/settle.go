@@ -115,6 +115,9 @@ func (p *Proxy) modifyResponse(resp *http.Response) error {
 	case d == settleKeepCreated:
 		overrun = c.settleAnswer(&sr, created)
 	}
+	if d == settleCommit && c.metered() {
+		sr.Link = c.createdLink(stripeapi.DecodeObject(body)) // renewals.go
+	}
 	p.settle(ctx, c, sr, "")
 	if overrun > 0 {
 		p.log.LogAttrs(ctx, slog.LevelWarn, "Stripe moved more than keybrake held: the object changed at Stripe between the lookup and the request",
@@ -122,7 +125,6 @@ func (p *Proxy) modifyResponse(resp *http.Response) error {
 			slog.String(logfield.ObjectID, sr.ObjectID), slog.Int64(logfield.Overrun, overrun))
 	}
 	if d == settleCommit {
-		p.linkCreated(ctx, c, body)
 		if sr.Object == (vault.ObjectSettle{}) {
 			p.observe(ctx, c, body)
 		}

@@ -638,6 +638,11 @@ type SettleRequest struct {
 	// allowance and recorded in the settle event. Without it such a commit is
 	// ErrInvalid.
 	AllowOverrun bool
+	// Link, on a commit, links the object the request created (a
+	// subscription, a Checkout Session, a Payment Link) to the key in the
+	// settle's transaction, as RenewalStore.LinkObject does; the store fills
+	// in the upstream and the key. Nil for none.
+	Link *ObjectLink
 }
 
 // ObjectSettle says how a commit changes the money object ObjectID.

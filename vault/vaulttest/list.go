@@ -53,6 +53,7 @@ var suite = []struct {
 	{"RenewalOverBudgetCapPaused", testRenewalOverBudgetCapPaused},
 	{"LinksAndTheirRetention", testLinksAndTheirRetention},
 	{"RenewalInTheEventsTransaction", testRenewalInTheEventsTransaction},
+	{"SettleLinksWhatItCreated", testSettleLinksWhatItCreated},
 	{"ReserveClaimsAndHolds", testReserveClaimsAndHolds},
 	{"ReserveOutcomes", testReserveOutcomes},
 	{"ReserveReportsUsage", testReserveReportsUsage},

@@ -288,3 +288,28 @@ func testRenewalInTheEventsTransaction(t *testing.T) {
 	other := &vault.IndirectEvent{Renewal: &vault.Renewal{InvoiceID: "in_x", SubscriptionID: "sub_nobody", AmountDue: 4000, Currency: "usd", Draft: true}}
 	assert.Equal(t, vault.StripeEventDropped, event("evt_3", 0, false, other).Outcome, "a subscription no key started")
 }
+
+// A commit links what its request created in the settle's transaction; a
+// release links nothing.
+func testSettleLinksWhatItCreated(t *testing.T) {
+	ctx := context.Background()
+	f := newFixtureWith(t, "k", renewalPolicy(t))
+	id := f.key.ID
+	for _, c := range []struct {
+		idem, sub string
+		outcome   vault.SettleOutcome
+	}{{"created", "sub_9", vault.SettleCommit}, {"declined", "sub_10", vault.SettleRelease}} {
+		MustReserve(t, f.s, Charge(id, c.idem, 3000))
+		amount := int64(3000)
+		if c.outcome != vault.SettleCommit {
+			amount = 0
+		}
+		MustSettle(t, f.s, vault.SettleRequest{KeyID: id, IdempotencyKey: c.idem, Outcome: c.outcome, Amount: amount,
+			Link: &vault.ObjectLink{ObjectID: c.sub}})
+	}
+	l, err := f.s.GetLink(ctx, "default", "sub_9")
+	require.NoError(t, err)
+	assert.Equal(t, id, l.KeyID)
+	_, err = f.s.GetLink(ctx, "default", "sub_10")
+	assert.ErrorIs(t, err, vault.ErrNotFound)
+}

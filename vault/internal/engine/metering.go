@@ -492,7 +492,10 @@ func (s *Engine) settleTx(tx Tx, now time.Time, req *vault.SettleRequest, resp *
 	}
 
 	// From here on, only writes.
-	return accept(noValue{}), settleWrites(tx, now, req, rec, obj, resp)
+	if err := settleWrites(tx, now, req, rec, obj, resp); err != nil {
+		return txResult[noValue]{}, err
+	}
+	return accept(noValue{}), settleLink(tx, now, req)
 }
 
 // settleWrites writes what a Settle does to rec (and to the money object obj of

@@ -553,3 +553,19 @@ func (s *Engine) applyIndirectTx(tx Tx, now time.Time, ev vault.StripeEvent, res
 	}
 	return false, nil
 }
+
+// settleLink writes a committed Settle's link (SettleRequest.Link) to the
+// key, of the key's upstream; an id that cannot be linked is left unlinked.
+func settleLink(tx Tx, now time.Time, req *vault.SettleRequest) error {
+	if req.Link == nil || req.Outcome != vault.SettleCommit || !validLinkID(req.Link.ObjectID) {
+		return nil
+	}
+	key, err := getKey(tx, req.KeyID)
+	if err != nil {
+		return err
+	}
+	l := *req.Link
+	l.Upstream, l.KeyID = key.Upstream, key.ID
+	_, _, err = linkObjectTx(tx, now, l)
+	return err
+}
