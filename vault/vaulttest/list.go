@@ -50,6 +50,7 @@ var suite = []struct {
 	{"RenewalOverCapPaused", testRenewalOverCapPaused},
 	{"RenewalCountedOverCap", testRenewalCountedOverCap},
 	{"RenewalFinalisedIsCounted", testRenewalFinalisedIsCounted},
+	{"RenewalInReportModeIsCounted", testRenewalInReportModeIsCounted},
 	{"RenewalOverBudgetCapPaused", testRenewalOverBudgetCapPaused},
 	{"LinksAndTheirRetention", testLinksAndTheirRetention},
 	{"RenewalInTheEventsTransaction", testRenewalInTheEventsTransaction},

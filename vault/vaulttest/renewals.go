@@ -190,6 +190,23 @@ func testRenewalFinalisedIsCounted(t *testing.T) {
 	assert.Empty(t, due)
 }
 
+// A key in report mode enforces nothing: its renewal over the cap is counted,
+// not paused.
+func testRenewalInReportModeIsCounted(t *testing.T) {
+	ctx := context.Background()
+	p := renewalPolicy(t)
+	p.Mode = policy.ModeReport
+	f := newFixtureWith(t, "k", p)
+	MustCommit(t, f.s, f.key.ID, "spent", 9000)
+	mustLink(t, f.s, f.key.ID, "sub_1")
+	res, err := f.s.ApplyRenewal(ctx, renewalOf("sub_1", "in_r1", 4000))
+	require.NoError(t, err)
+	assert.Equal(t, vault.RenewalCounted, res.Link.Renewal)
+	due, err := f.s.DuePauses(ctx, 10)
+	require.NoError(t, err)
+	assert.Empty(t, due)
+}
+
 // A renewal over a budget's cap is paused like one over the key's: the one
 // comparison, closest scope first.
 func testRenewalOverBudgetCapPaused(t *testing.T) {

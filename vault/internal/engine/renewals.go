@@ -266,7 +266,9 @@ func (s *Engine) applyRenewalTx(tx Tx, now time.Time, r vault.Renewal) (vault.Re
 		if res.Message == "" {
 			res.Message = fmt.Sprintf("the renewal is in %s; the key counts %s", r.Currency, cur)
 		}
-	case over && mode == policy.RenewalsPauseOverCap && r.Draft:
+	case over && mode == policy.RenewalsPauseOverCap && r.Draft && !dec.Allowed:
+		// (Allowed with WouldRefuse is report mode: nothing is enforced, so
+		// nothing is paused either; it is counted as report mode counts.)
 		link.Renewal = vault.RenewalPaused
 	case over:
 		link.Renewal = vault.RenewalCounted
