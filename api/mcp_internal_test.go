@@ -58,6 +58,12 @@ func TestMCPToolOperations(t *testing.T) {
 		"stripe_request":        {"", false},
 		"get_budget":            {"", false},
 		"request_budget_raise":  {"", false},
+
+		"stripe_api_read":                 {"", false},
+		"stripe_api_write":                {"", false},
+		"stripe_api_search":               {"", false},
+		"stripe_api_details":              {"", false},
+		"list_available_accounts_or_orgs": {"", false},
 	}
 	require.Len(t, mcpTools, len(want))
 	for _, tool := range mcpTools {
@@ -79,7 +85,7 @@ func TestMCPToolOperations(t *testing.T) {
 			require.NotNil(t, def.Annotations, tool.name)
 			ann := def.Annotations
 			switch {
-			case tool.method == http.MethodGet || tool.name == toolGetBudget:
+			case tool.method == http.MethodGet || tool.name == toolGetBudget || tool.name == toolAPIRead || tool.describes():
 				assert.True(t, ann.ReadOnlyHint, tool.name)
 			case tool.money:
 				assert.True(t, *ann.DestructiveHint, tool.name)
@@ -89,13 +95,16 @@ func TestMCPToolOperations(t *testing.T) {
 			}
 		}
 		if tool.money {
-			assert.Contains(t, tool.defs[0].InputSchema.(map[string]any)["required"], idempotencyArg, tool.name)
+			// Without an idempotency_key keybrake derives one: no money tool requires it.
+			assert.NotContains(t, tool.defs[0].InputSchema.(map[string]any)["required"], idempotencyArg, tool.name)
 			assert.NotContains(t, tool.defs[1].InputSchema.(map[string]any)["required"], idempotencyArg, tool.name)
 		}
 	}
 	assert.False(t, *mcpTool(t, "create_customer").defs[0].Annotations.DestructiveHint)
 	assert.True(t, *mcpTool(t, "cancel_subscription").defs[0].Annotations.DestructiveHint)
 	assert.True(t, *mcpTool(t, "stripe_request").defs[0].Annotations.DestructiveHint)
+	assert.True(t, *mcpTool(t, "stripe_api_write").defs[0].Annotations.DestructiveHint)
+	assert.True(t, mcpTool(t, "stripe_api_read").defs[0].Annotations.ReadOnlyHint)
 }
 
 func TestMCPToolsForAPolicy(t *testing.T) {
@@ -118,7 +127,8 @@ func TestMCPToolsForAPolicy(t *testing.T) {
 	assert.NotContains(t, def, "cancel_subscription")
 
 	only := names(policy.Policy{Operations: []string{"refunds.create"}})
-	assert.Equal(t, []string{"create_refund", "stripe_request", "get_budget", "request_budget_raise"}, only)
+	assert.Equal(t, []string{"create_refund", "stripe_request", "stripe_api_read", "stripe_api_write", "stripe_api_search",
+		"stripe_api_details", "list_available_accounts_or_orgs", "get_budget", "request_budget_raise"}, only)
 
 	// Report mode forwards what the policy would refuse: every tool is usable.
 	report := names(policy.Policy{Operations: []string{"refunds.create"}, Mode: policy.ModeReport})
@@ -248,7 +258,7 @@ func TestMCPErrorResults(t *testing.T) {
 		"message": "per-request cap of 10.00 usd would be exceeded: 12.00 requested", "reason": "spend_cap_exceeded",
 		"cap": "per_request", "limit": "10.00", "remaining": "10.00", "requested": "12.00", "currency": "usd",
 		"request_id": "req_kb_1", "status": 402, "source": "keybrake"}, flat(perRequest))
-	assert.Equal(t, "keybrake refused this call (spend_cap_exceeded): per-request cap of 10.00 usd would be exceeded: "+
+	assert.Equal(t, "Stripe API error: keybrake refused this call (spend_cap_exceeded): per-request cap of 10.00 usd would be exceeded: "+
 		"12.00 requested. "+perRequestAdvice, text(perRequest))
 
 	declined := errorResult(http.StatusPaymentRequired, []byte(`{"error": {"type": "card_error", "code": "card_declined",
@@ -257,7 +267,7 @@ func TestMCPErrorResults(t *testing.T) {
 	assert.Equal(t, "stripe", flat(declined)["source"])
 	assert.Equal(t, "generic_decline", flat(declined)["decline_code"])
 	assert.Equal(t, json.Number("1099"), flat(declined)["payment_intent"].(map[string]any)["amount"])
-	assert.Equal(t, "Stripe answered 402 card_error (card_declined): Your card was declined.", text(declined))
+	assert.Equal(t, "Stripe API error: Your card was declined. (Stripe answered 402 card_error, code card_declined)", text(declined))
 
 	derived := errorResult(http.StatusBadRequest, []byte(`{"error": {"type": "idempotency_error",
 		"code": "idempotency_key_required", "param": "customer", "message": "This vault key derives idempotency keys `+
@@ -269,7 +279,7 @@ func TestMCPErrorResults(t *testing.T) {
 
 	garbage := errorResult(http.StatusBadGateway, []byte("<html>bad gateway</html>"))
 	assert.Equal(t, "stripe", flat(garbage)["source"])
-	assert.Equal(t, "Stripe answered 502: <html>bad gateway</html>", text(garbage))
+	assert.Equal(t, "Stripe API error: Stripe answered 502: <html>bad gateway</html>", text(garbage))
 
 	in := &answerRecorder{header: http.Header{}, limit: 8}
 	in.WriteHeader(http.StatusOK)
