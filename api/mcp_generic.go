@@ -311,7 +311,10 @@ func searchSpecs(p *policy.Policy, query string) []stripeapi.SpecOperation {
 		if hits[i].score != hits[j].score {
 			return hits[i].score > hits[j].score
 		}
-		return len(hits[i].op.Path) < len(hits[j].op.Path)
+		if len(hits[i].op.Path) != len(hits[j].op.Path) {
+			return len(hits[i].op.Path) < len(hits[j].op.Path)
+		}
+		return hits[i].op.ID < hits[j].op.ID
 	})
 	out := make([]stripeapi.SpecOperation, len(hits))
 	for i, h := range hits {

@@ -290,3 +290,78 @@ func TestMCPErrorResults(t *testing.T) {
 	assert.True(t, tooLarge.IsError)
 	assert.Equal(t, codeAnswerTooLarge, flat(tooLarge)["code"])
 }
+
+// TestMCPGenericRequests: stripe_api_read and stripe_api_write resolve the
+// operationId to Stripe's method and path, take the path parameters out of
+// parameters and encode the rest as Stripe reads forms.
+func TestMCPGenericRequests(t *testing.T) {
+	t.Parallel()
+	m := &mcpEndpoint{}
+	build := func(tool string, args map[string]any) (toolCall, error) {
+		raw, err := json.Marshal(args)
+		require.NoError(t, err)
+		spec := mcpTool(t, tool)
+		call, err := spec.request(raw)
+		if err != nil {
+			return call, err
+		}
+		err = m.genericRequest(t.Context(), tool == toolAPIWrite, &mcp.CallToolRequest{Params: &mcp.CallToolParamsRaw{Arguments: raw}}, &call)
+		return call, err
+	}
+	call, err := build(toolAPIWrite, map[string]any{"stripe_api_operation_id": "PostPaymentIntentsIntentCapture",
+		"parameters": map[string]any{"intent": "pi_1", "amount_to_capture": 500, "metadata": map[string]any{"b": "2", "a": "1"},
+			"expand": []any{"latest_charge"}}, "stripe_context": "acct_1", "idempotency_key": "cap-1", "reason": "order shipped"})
+	require.NoError(t, err)
+	assert.Equal(t, http.MethodPost, call.method)
+	assert.Equal(t, "/v1/payment_intents/pi_1/capture", call.path)
+	assert.Equal(t, "amount_to_capture=500&expand%5B0%5D=latest_charge&metadata%5Ba%5D=1&metadata%5Bb%5D=2", call.params.Encode())
+	assert.Equal(t, "acct_1", call.stripeAccount)
+	assert.Equal(t, "cap-1", call.idempotencyKey)
+	assert.Equal(t, "order shipped", call.approvalReason)
+
+	call, err = build(toolAPIRead, map[string]any{"stripe_api_operation_id": "GetCustomers", "parameters": map[string]any{"limit": 3}})
+	require.NoError(t, err)
+	assert.Equal(t, "GET /v1/customers limit=3", call.method+" "+call.path+" "+call.params.Encode())
+
+	for name, tc := range map[string]struct {
+		tool string
+		args map[string]any
+		want string
+	}{
+		"read to write":     {toolAPIWrite, map[string]any{"stripe_api_operation_id": "GetCustomers"}, "GetCustomers is a read (GET /v1/customers): call stripe_api_read"},
+		"write to read":     {toolAPIRead, map[string]any{"stripe_api_operation_id": "PostRefunds"}, "PostRefunds is a write (POST /v1/refunds)"},
+		"delete to read":    {toolAPIRead, map[string]any{"stripe_api_operation_id": "DeleteCustomersCustomer"}, "stripe_api_read only reads"},
+		"unknown":           {toolAPIWrite, map[string]any{"stripe_api_operation_id": "PostFreeMoney"}, "call stripe_api_search"},
+		"path parameter":    {toolAPIRead, map[string]any{"stripe_api_operation_id": "GetCustomersCustomer"}, "parameters.customer is required"},
+		"path id":           {toolAPIRead, map[string]any{"stripe_api_operation_id": "GetCustomersCustomer", "parameters": map[string]any{"customer": "../balance"}}, "must be an id"},
+		"delete params":     {toolAPIWrite, map[string]any{"stripe_api_operation_id": "DeleteCustomersCustomer", "parameters": map[string]any{"customer": "cus_1", "x": "y"}}, "takes no parameters"},
+		"read takes no key": {toolAPIRead, map[string]any{"stripe_api_operation_id": "GetCustomers", "idempotency_key": "k"}, `unknown argument "idempotency_key"`},
+	} {
+		_, err := build(tc.tool, tc.args)
+		var bad *argError
+		require.ErrorAs(t, err, &bad, name)
+		assert.Contains(t, bad.msg, tc.want, name)
+	}
+}
+
+// TestMCPSearchSpecs: the search finds by words among what the policy allows.
+func TestMCPSearchSpecs(t *testing.T) {
+	t.Parallel()
+	ids := func(p policy.Policy, q string) []string {
+		var out []string
+		for _, op := range searchSpecs(&p, q) {
+			out = append(out, op.ID)
+		}
+		return out
+	}
+	refunds := policy.Policy{Operations: []string{"refunds.*"}}
+	got := ids(refunds, "refund")
+	require.Greater(t, len(got), 2)
+	assert.Contains(t, got[:2], "PostRefunds", "the plain create and list rank first")
+	assert.Contains(t, got, "GetRefundsRefund")
+	assert.Empty(t, ids(policy.Policy{Operations: []string{"charges.create"}}, "refund"))
+	assert.Contains(t, ids(policy.Policy{Operations: []string{"charges.create"}, Mode: policy.ModeReport}, "refund"), "PostRefunds",
+		"report mode forwards what the policy would refuse")
+	assert.Equal(t, []string{"PostCustomers"}, ids(policy.Policy{Operations: []string{"customers.create"}}, "create a customer"))
+	assert.Empty(t, ids(refunds, "refund zebra"), "every word must match")
+}
