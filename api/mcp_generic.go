@@ -274,7 +274,8 @@ func searchWords(q string) []string {
 // searchSpecs returns the operations policy p allows that match every word of
 // query (in the operationId, the path, the policy operation or the summary;
 // a word matches its plural and singular alike), best first: matches in the
-// operationId and path count more than those in the summary.
+// operationId and path count more than those in the summary, then the shorter
+// path (the plain create or list before nested operations) wins.
 func searchSpecs(p *policy.Policy, query string) []stripeapi.SpecOperation {
 	words := searchWords(query)
 	type hit struct {
@@ -291,20 +292,20 @@ func searchSpecs(p *policy.Policy, query string) []stripeapi.SpecOperation {
 		score := 0
 		for _, w := range words {
 			stem := strings.TrimSuffix(w, "s")
-			switch {
-			case len(stem) > 0 && strings.Contains(name, stem):
-				score += 3
-			case len(stem) > 0 && strings.Contains(summary, stem):
-				score++
-			default:
-				score = -1
+			if stem == "" {
+				continue
 			}
-			if score < 0 {
+			if strings.Contains(name, stem) {
+				score += 3
+			} else if strings.Contains(summary, stem) {
+				score++
+			} else {
+				score = 0
 				break
 			}
 		}
 		if score > 0 {
-			hits = append(hits, hit{op, score - len(op.Path)/100})
+			hits = append(hits, hit{op, score})
 		}
 	}
 	sort.SliceStable(hits, func(i, j int) bool {
