@@ -139,6 +139,21 @@ func TestStripeEventExpiredCheckoutSessionFreesItsBudget(t *testing.T) {
 	c, h := usage(t, e, key.ID)
 	assert.Zero(t, c)
 	assert.Zero(t, h, "the expired session moves nothing: its budget is free")
+
+	// Another session, paid in the browser: committed from checkout.session.completed.
+	r = e.Post(t, "/v1/checkout/sessions", tok, "cs-2", form("mode", "payment",
+		"success_url", "https://example.test/ok", "line_items[0][quantity]", "1",
+		"line_items[0][price_data][currency]", "usd", "line_items[0][price_data][unit_amount]", "3000",
+		"line_items[0][price_data][product_data][name]", "Order 43"))
+	require.Equal(t, http.StatusOK, r.Status, "%s", r.Raw)
+	id = r.Body["id"].(string)
+	e.Fake.PayCheckoutSession(id)
+	status, out = deliver(t, e, url, e.Fake.Event("checkout.session.completed", id))
+	require.Equal(t, http.StatusOK, status, out)
+	assert.Equal(t, "applied", out)
+	c, h = usage(t, e, key.ID)
+	assert.EqualValues(t, 3000, c, "the paid session is committed")
+	assert.Zero(t, h)
 }
 
 // A delivery that is not Stripe's changes nothing: a bad or missing

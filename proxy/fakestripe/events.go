@@ -155,3 +155,15 @@ func (f *FakeStripe) ExpireCheckoutSession(id string) {
 		f.moved[cs.Currency] -= cs.Amount
 	}
 }
+
+// PayCheckoutSession completes the open Checkout Session id as a customer
+// paying it in a browser does: status complete, payment_status paid.
+func (f *FakeStripe) PayCheckoutSession(id string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	i := slices.IndexFunc(f.sessions, func(cs *CheckoutSession) bool { return cs.ID == id })
+	if i < 0 || f.sessions[i].Status != "open" {
+		panic("fakestripe: no open Checkout Session " + id)
+	}
+	f.sessions[i].Status, f.sessions[i].Paid = "complete", true
+}
