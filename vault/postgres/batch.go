@@ -38,8 +38,11 @@ const (
 	batchLockWait = 200 * time.Millisecond
 )
 
-// lockRowSQL locks a key's row and reads it.
-const lockRowSQL = "SELECT v FROM keybrake_keys WHERE k = $1 FOR UPDATE"
+// lockRowSQL locks a key's row and reads it; lockBudgetSQL a budget's.
+const (
+	lockRowSQL    = "SELECT v FROM keybrake_keys WHERE k = $1 FOR UPDATE"
+	lockBudgetSQL = "SELECT v FROM keybrake_budgets WHERE k = $1 FOR UPDATE"
+)
 
 // batchOp is one group-committed operation: its body, what it will lock and
 // read, and where its outcome goes. run starts over on every run (a batch run
@@ -109,13 +112,29 @@ func (s *backend) commitLoop() {
 	}
 }
 
-// lockBusy says that a batch's key stayed locked beyond batchLockWait.
+// lockBusy says that a batch's key (or budget) stayed locked beyond
+// batchLockWait.
 type lockBusy struct {
-	key string
-	err error
+	key    string
+	budget bool
+	err    error
 }
 
-func (e *lockBusy) Error() string { return "key " + e.key + " is locked: " + e.err.Error() }
+func (e *lockBusy) Error() string {
+	what := "key "
+	if e.budget {
+		what = "budget "
+	}
+	return what + e.key + " is locked: " + e.err.Error()
+}
+
+// names reports whether op locks what stayed locked.
+func (e *lockBusy) names(op *batchOp) bool {
+	if e.budget {
+		return slices.Contains(op.pf.Budgets, e.key)
+	}
+	return slices.Contains(op.pf.Keys, e.key)
+}
 func (e *lockBusy) Unwrap() error { return e.err }
 
 // opFailed is the failure of one operation's body, not of the database.
@@ -148,7 +167,7 @@ func (s *backend) runBatch(batch []*batchOp, patient bool) {
 		// others again at once.
 		var waiting, rest []*batchOp
 		for _, op := range batch {
-			if slices.Contains(op.pf.Keys, busy.key) {
+			if busy.names(op) {
 				waiting = append(waiting, op)
 			} else {
 				rest = append(rest, op)
@@ -236,10 +255,18 @@ func safeRun(op *batchOp, t *tx, now time.Time) (err error) {
 	return op.run(t, now)
 }
 
-// plan is what a batch's transaction locks and reads as it begins.
+// plan is what a batch's transaction locks and reads as it begins. Every
+// batch takes its locks in one order — its keys' rows by id, then its
+// budgets' rows by id — so two batches (of one replica or of two) never wait
+// for each other in a circle. A lock taken later by a body (a budget the hint
+// did not name: a chain changed since) or by a transaction outside the
+// batches (which takes a key, then its budgets closest first) can still close
+// a circle; the server then aborts one of them (deadlock_detected) and it
+// runs again from the start (retry).
 type plan struct {
-	keys  []string // in key order, each once
-	reads [engine.NumBuckets][][]byte
+	keys    []string // in key order, each once
+	budgets []string // in id order, each once
+	reads   [engine.NumBuckets][][]byte
 	// lockWait, when set, bounds the wait for the keys' locks (SET LOCAL),
 	// and restore is the session's lock_timeout, set again after them.
 	lockWait, restore string
@@ -255,6 +282,7 @@ func (s *backend) planOf(ops []*batchOp, patient bool) *plan {
 	seen := map[opKey]bool{}
 	for _, op := range ops {
 		pl.keys = append(pl.keys, op.pf.Keys...)
+		pl.budgets = append(pl.budgets, op.pf.Budgets...)
 		if op.pf.Reads == nil {
 			continue
 		}
@@ -267,11 +295,13 @@ func (s *backend) planOf(ops []*batchOp, patient bool) *plan {
 	}
 	slices.Sort(pl.keys)
 	pl.keys = slices.Compact(pl.keys)
+	slices.Sort(pl.budgets)
+	pl.budgets = slices.Compact(pl.budgets)
 	return pl
 }
 
 // locks reports whether the plan takes locks.
-func (pl *plan) locks() bool { return len(pl.keys) > 0 }
+func (pl *plan) locks() bool { return len(pl.keys)+len(pl.budgets) > 0 }
 
 const setLockTimeoutSQL = "SELECT set_config('lock_timeout', $1, true)"
 
@@ -282,6 +312,9 @@ func (pl *plan) queue(b *pgx.Batch) {
 	}
 	for _, k := range pl.keys {
 		b.Queue(lockRowSQL, []byte(k))
+	}
+	for _, id := range pl.budgets {
+		b.Queue(lockBudgetSQL, []byte(id))
 	}
 	if pl.lockWait != "" && pl.locks() {
 		b.Queue(setLockTimeoutSQL, pl.restore)
@@ -302,20 +335,17 @@ func (pl *plan) read(br pgx.BatchResults, t *tx) error {
 		}
 	}
 	for _, k := range pl.keys {
-		var v []byte
-		err := br.QueryRow().Scan(&v)
-		switch {
-		case errors.Is(err, pgx.ErrNoRows):
-			t.seen[opKey{engine.BucketKeys, k}] = known{}
-		case err != nil:
-			var pgErr *pgconn.PgError
-			if errors.As(err, &pgErr) && pgErr.Code == "55P03" && pl.lockWait != "" {
-				return &lockBusy{key: k, err: err}
-			}
+		found, err := pl.readLocked(br, t, engine.BucketKeys, k)
+		if err != nil {
 			return err
-		default:
-			t.seen[opKey{engine.BucketKeys, k}] = known{v: v, found: true}
+		}
+		if found {
 			t.markLocked(k)
+		}
+	}
+	for _, id := range pl.budgets {
+		if _, err := pl.readLocked(br, t, engine.BucketBudgets, id); err != nil {
+			return err
 		}
 	}
 	if pl.lockWait != "" && pl.locks() {
@@ -347,6 +377,26 @@ func (pl *plan) read(br pgx.BatchResults, t *tx) error {
 		}
 	}
 	return nil
+}
+
+// readLocked reads the answer to one lock statement, of k in b, into t, and
+// reports whether the row exists (and is now locked).
+func (pl *plan) readLocked(br pgx.BatchResults, t *tx, b engine.Bucket, k string) (bool, error) {
+	var v []byte
+	err := br.QueryRow().Scan(&v)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		t.seen[opKey{b, k}] = known{}
+		return false, nil
+	case err != nil:
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "55P03" && pl.lockWait != "" {
+			return false, &lockBusy{key: k, budget: b == engine.BucketBudgets, err: err}
+		}
+		return false, err
+	}
+	t.seen[opKey{b, k}] = known{v: v, found: true}
+	return true, nil
 }
 
 // parseSetting reads a PostgreSQL time setting (lock_timeout's "10s",

@@ -171,6 +171,9 @@ type Store struct {
 	// roundTrips counts the round trips to the database, for the measurement
 	// of a Reserve's.
 	roundTrips atomic.Int64
+	// deadlocks counts the transactions the server aborted to break a
+	// deadlock (run again by retry), for the tests.
+	deadlocks atomic.Int64
 }
 
 var (
