@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -90,26 +91,142 @@ func (s *backend) enqueue(ctx context.Context, op *batchOp) error {
 }
 
 // commitLoop is one committer. It exits when ops is closed and drained.
+//
+// A batch that locks a key or a budget the replica's other batch under way
+// holds would only wait for that row lock on the server, its transaction
+// open, while what is queued meanwhile forms a third batch waiting behind it:
+// on one hot key a replica's requests were split into ever smaller batches
+// (two operations a commit at 16 connections on three replicas). So such a
+// batch waits here, until the other one ends, and takes in what is queued
+// meanwhile: everything that came during a commit shares the next one.
 func (s *backend) commitLoop() {
 	defer s.loops.Done()
 	batch := make([]*batchOp, 0, maxBatch)
 	for op := range s.ops {
 		batch = append(batch[:0], op)
-	more:
-		for len(batch) < maxBatch {
-			select {
-			case next, ok := <-s.ops:
-				if !ok {
-					break more
+		batch = drainOps(s.ops, batch)
+		ran, busy := s.running.start(batch)
+		if busy != nil {
+			// Bounded: a batch under way that waits for a lock held
+			// elsewhere (decision 57) must not hold this one up for longer
+			// than it holds up its own other keys.
+			timeout := time.NewTimer(batchLockWait)
+			for busy != nil {
+				var expired bool
+				if batch, expired = gatherUntil(s.ops, batch, busy, timeout.C); expired {
+					ran = s.running.add(batch)
+					break
 				}
-				batch = append(batch, next)
-			default:
-				break more
+				ran, busy = s.running.start(batch)
 			}
+			timeout.Stop()
 		}
 		s.runBatch(slices.Clone(batch), false)
+		s.running.remove(ran)
 		clear(batch)
 	}
+}
+
+// drainOps appends whatever is queued, without waiting, up to maxBatch.
+func drainOps(ops <-chan *batchOp, batch []*batchOp) []*batchOp {
+	for len(batch) < maxBatch {
+		select {
+		case next, ok := <-ops:
+			if !ok {
+				return batch
+			}
+			batch = append(batch, next)
+		default:
+			return batch
+		}
+	}
+	return batch
+}
+
+// gatherUntil appends what is queued until done closes, up to maxBatch, or
+// until timeout fires (expired).
+func gatherUntil(ops <-chan *batchOp, batch []*batchOp, done <-chan struct{}, timeout <-chan time.Time) (_ []*batchOp, expired bool) {
+	for {
+		var next <-chan *batchOp
+		if len(batch) < maxBatch {
+			next = ops
+		}
+		select {
+		case op, ok := <-next:
+			if !ok {
+				select {
+				case <-done:
+					return batch, false
+				case <-timeout:
+					return batch, true
+				}
+			}
+			batch = append(batch, op)
+		case <-done:
+			return batch, false
+		case <-timeout:
+			return batch, true
+		}
+	}
+}
+
+// runningBatches is what the replica's batches under way lock.
+type runningBatches struct {
+	mu      sync.Mutex
+	batches []*runningBatch
+}
+
+type runningBatch struct {
+	locks map[string]bool // "k" or "b" and the key's or budget's id
+	done  chan struct{}
+}
+
+// locksOf is what ops lock, as runningBatch.locks names it.
+func locksOf(ops []*batchOp, into map[string]bool) {
+	for _, op := range ops {
+		for _, k := range op.pf.Keys {
+			into["k"+k] = true
+		}
+		for _, b := range op.pf.Budgets {
+			into["b"+b] = true
+		}
+	}
+}
+
+// start says that batch is under way, unless a batch under way locks
+// something batch locks: then it returns that batch's end instead.
+func (r *runningBatches) start(batch []*batchOp) (*runningBatch, <-chan struct{}) {
+	rb := &runningBatch{locks: map[string]bool{}, done: make(chan struct{})}
+	locksOf(batch, rb.locks)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, b := range r.batches {
+		for l := range rb.locks {
+			if b.locks[l] {
+				return nil, b.done
+			}
+		}
+	}
+	r.batches = append(r.batches, rb)
+	return rb, nil
+}
+
+// add says that batch is under way, whatever else is.
+func (r *runningBatches) add(batch []*batchOp) *runningBatch {
+	rb := &runningBatch{locks: map[string]bool{}, done: make(chan struct{})}
+	locksOf(batch, rb.locks)
+	r.mu.Lock()
+	r.batches = append(r.batches, rb)
+	r.mu.Unlock()
+	return rb
+}
+
+// remove says that rb has ended, and wakes the batch waiting for it.
+func (r *runningBatches) remove(rb *runningBatch) {
+	r.mu.Lock()
+	r.batches = slices.DeleteFunc(r.batches, func(b *runningBatch) bool { return b == rb })
+	r.mu.Unlock()
+	close(rb.done)
 }
 
 // lockBusy says that a batch's key (or budget) stayed locked beyond

@@ -164,6 +164,8 @@ type Store struct {
 	ops     chan *batchOp
 	loops   sync.WaitGroup
 	patient chan struct{}
+	// running is what the batches under way lock (batch.go).
+	running runningBatches
 	// lockTimeout is the sessions' lock_timeout (lockTimeoutParam as set),
 	// the longest wait for a lock; 0 when it does not parse.
 	lockTimeout      time.Duration
