@@ -172,6 +172,7 @@ func (s *Engine) planNew(tx Tx, now time.Time, req *vault.ReserveRequest, res va
 		if chain, err = planChain(tx, key, now); err != nil {
 			return nil, err
 		}
+		s.budgetHints.note(chain.budgets)
 	}
 	var dec policy.Decision
 	switch {
