@@ -138,8 +138,8 @@ func pauseRetry(attempts int) time.Duration {
 // SendPauses sends every pause that is due: auto_advance=false on the draft
 // renewal invoice, with the secret of the key's upstream and the invoice's
 // connected account. Stripe's 2xx removes the pause; an answer that says the
-// invoice can no longer be changed (a 4xx: already finalised, deleted)
-// removes it with the reason in the ledger; no answer, a 429 or 5xx, or a
+// invoice can no longer be changed (a 4xx: already finalised) removes it and
+// counts the renewal over the cap (vault.RenewalStore.PauseSent); no answer, a 429 or 5xx, or a
 // secret refused keeps it for a later attempt. It returns how many pauses
 // Stripe accepted.
 func (p *Proxy) SendPauses(ctx context.Context) (int, error) {
@@ -157,7 +157,7 @@ func (p *Proxy) SendPauses(ctx context.Context) (int, error) {
 			serr = p.store.PauseSent(ctx, pz.Upstream, pz.InvoiceID, "")
 		case err == nil && status >= 400 && status < 500 && status != http.StatusTooManyRequests &&
 			status != http.StatusUnauthorized && status != http.StatusForbidden:
-			p.log.LogAttrs(ctx, slog.LevelWarn, "Stripe refused to pause a renewal invoice over a cap; it may be collected",
+			p.log.LogAttrs(ctx, slog.LevelWarn, "Stripe refused to pause a renewal invoice over a cap; it is counted, over the cap",
 				slog.String(logfield.KeyID, pz.KeyID), slog.String(logfield.ObjectID, pz.InvoiceID), slog.Int("status", status))
 			serr = p.store.PauseSent(ctx, pz.Upstream, pz.InvoiceID, fmt.Sprintf("Stripe answered %d", status))
 		default:

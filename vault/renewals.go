@@ -146,8 +146,9 @@ type RenewalStore interface {
 	// DuePauses returns up to limit pending pauses whose NextAt has come,
 	// oldest first.
 	DuePauses(ctx context.Context, limit int) ([]RenewalPause, error)
-	// PauseSent removes a pending pause once Stripe accepted it (or the
-	// invoice can no longer be paused: lastError says why, for the ledger).
+	// PauseSent removes a pending pause once Stripe accepted it; with
+	// lastError (Stripe will not pause the invoice: it was finalised), the
+	// renewal is counted instead, over the cap, as RenewalCounted.
 	PauseSent(ctx context.Context, upstream, invoiceID, lastError string) error
 	// PauseFailed records a failed attempt and when to try again.
 	PauseFailed(ctx context.Context, upstream, invoiceID string, retryAt time.Time, lastError string) error

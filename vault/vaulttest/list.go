@@ -49,6 +49,7 @@ var suite = []struct {
 	{"RenewalHeldThenPaid", testRenewalHeldThenPaid},
 	{"RenewalOverCapPaused", testRenewalOverCapPaused},
 	{"RenewalCountedOverCap", testRenewalCountedOverCap},
+	{"RenewalStripeWouldNotPauseIsCounted", testRenewalStripeWouldNotPauseIsCounted},
 	{"RenewalFinalisedIsCounted", testRenewalFinalisedIsCounted},
 	{"RenewalInReportModeIsCounted", testRenewalInReportModeIsCounted},
 	{"RenewalOverBudgetCapPaused", testRenewalOverBudgetCapPaused},

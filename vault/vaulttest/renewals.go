@@ -139,6 +139,28 @@ func testRenewalOverCapPaused(t *testing.T) {
 	assert.Empty(t, due)
 }
 
+// A pause Stripe refuses for good (the draft was finalised meanwhile) counts
+// the renewal after all: the money Stripe collects is committed from it.
+func testRenewalStripeWouldNotPauseIsCounted(t *testing.T) {
+	ctx := context.Background()
+	f := newFixtureWith(t, "k", renewalPolicy(t))
+	id := f.key.ID
+	MustCommit(t, f.s, id, "spent", 9000)
+	mustLink(t, f.s, id, "sub_1")
+	_, err := f.s.ApplyRenewal(ctx, renewalOf("sub_1", "in_r1", 4000))
+	require.NoError(t, err)
+	require.NoError(t, f.s.PauseSent(ctx, "default", "in_r1", "Stripe answered 400"))
+	daily, _ := usageOf(t, f.s, id)
+	assert.Equal(t, policy.Counter{Committed: 9000, Held: 4000}, daily)
+	link, err := f.s.GetLink(ctx, "default", "in_r1")
+	require.NoError(t, err)
+	assert.Equal(t, vault.RenewalCounted, link.Renewal)
+	_, err = f.s.ObserveObject(ctx, id, "in_r1", vault.Observation{Operation: "stripe_event", Moved: 4000, MovedKnown: true, Terminal: true})
+	require.NoError(t, err)
+	daily, _ = usageOf(t, f.s, id)
+	assert.Equal(t, policy.Counter{Committed: 13000}, daily, "what Stripe collected is counted")
+}
+
 // Under renewals "count" a renewal over a cap is held anyway, the excess
 // excused as an allowance (the invariant holds), and never paused; voided,
 // it is released.

@@ -445,12 +445,15 @@ func (s *Engine) PauseSent(ctx context.Context, upstream, invoiceID, lastError s
 		if err := tx.LockKey(p.KeyID); err != nil {
 			return err
 		}
-		reason := "auto_advance_false"
 		if lastError != "" {
-			reason = "not_paused"
+			// Stripe will collect it: counted after all, so its payment is.
+			if err := s.countUnpausedTx(tx, now, p); err != nil {
+				return err
+			}
+			return tx.Delete(BucketRenewalPauses, k)
 		}
 		ev := &vault.Event{Time: now, KeyID: p.KeyID, Operation: RenewalOperation, Decision: vault.DecisionRefused,
-			Reason: reason, ObjectID: invoiceID}
+			Reason: "auto_advance_false", ObjectID: invoiceID}
 		if err := putEvent(tx, ev); err != nil {
 			return err
 		}
@@ -460,6 +463,48 @@ func (s *Engine) PauseSent(ctx context.Context, upstream, invoiceID, lastError s
 		return fmt.Errorf("pause sent: %w", err)
 	}
 	return nil
+}
+
+// countUnpausedTx counts a renewal whose pause Stripe refused for good (the
+// draft was finalised meanwhile): it is held as a counted renewal, the excess
+// over the caps as an allowance, so that the money Stripe collects is
+// committed from it.
+func (s *Engine) countUnpausedTx(tx Tx, now time.Time, p vault.RenewalPause) error {
+	l, err := getLink(tx, p.Upstream, p.InvoiceID)
+	if err != nil || l == nil || l.Renewal != vault.RenewalPaused {
+		return err
+	}
+	key, err := getKey(tx, p.KeyID)
+	if isNotFound(err) {
+		return nil
+	} else if err != nil {
+		return err
+	}
+	if l.Currency != key.Policy.EffectiveCurrency() {
+		return nil // it cannot be counted in the key's currency
+	}
+	windows, err := keyWindows(tx, key, now)
+	if err != nil {
+		return err
+	}
+	counters, err := getCounters(tx, key.ID, windowIDs(windows))
+	if err != nil {
+		return err
+	}
+	chain, err := planChain(tx, key, now)
+	if err != nil {
+		return err
+	}
+	all := append(slices.Clip(windows), chain.windows...)
+	cs := append(slices.Clip(counters), chain.counters...)
+	r := vault.Renewal{Upstream: p.Upstream, InvoiceID: p.InvoiceID, SubscriptionID: l.Via, StripeAccount: l.StripeAccount,
+		AmountDue: l.Amount, Currency: l.Currency, EventID: l.EventID}
+	dec := policy.Decision{Allowed: true, WouldRefuse: true, Reason: policy.ReasonCapExceeded}
+	if err := s.holdRenewalTx(tx, now, key, r, all, cs, len(windows), chain.links, dec); err != nil {
+		return err
+	}
+	l.Renewal = vault.RenewalCounted
+	return putJSON(tx, BucketLinks, linkKey(p.Upstream, p.InvoiceID), l)
 }
 
 // PauseFailed records a failed attempt at a pause (vault.RenewalStore).
