@@ -46,7 +46,7 @@ var policyFields = []string{
 	fieldVendor, fieldCurrency, fieldDailyCap, fieldPeriodCap, fieldPerRequestCap,
 	fieldPeriodStart, fieldExpiresAt, fieldTimezone, fieldOperations, fieldCustomers,
 	fieldStripeAccounts, fieldIdempotency, fieldMode, fieldBudget, fieldVelocity, fieldApproval,
-	fieldLegacyDaily, fieldLegacyPeriod, fieldLegacyPerRequest,
+	fieldObjects, fieldLegacyDaily, fieldLegacyPeriod, fieldLegacyPerRequest,
 }
 
 var idempotencyFields = []string{fieldIdemMode, fieldIdemFields}
@@ -76,6 +76,7 @@ type wirePolicy struct {
 	Budget         string           `json:"budget,omitempty"`
 	Velocity       []Velocity       `json:"velocity,omitempty"`
 	Approval       *wireApproval    `json:"approval,omitempty"`
+	Objects        *wireObjects     `json:"objects,omitempty"`
 }
 
 type wireIdempotency struct {
@@ -105,6 +106,7 @@ func (p Policy) MarshalJSON() ([]byte, error) {
 		Budget:         p.Budget,
 		Velocity:       p.Velocity,
 		Approval:       p.Approval.wire(cur),
+		Objects:        p.Objects.wire(),
 	}
 	if p.DailyCap != nil {
 		w.DailyCap = formatMajor(cur, *p.DailyCap)
@@ -279,6 +281,9 @@ func (p *Policy) UnmarshalJSON(data []byte) error {
 
 	if raw, ok := present(fields, fieldApproval); ok {
 		parseApproval(&v, raw, &out)
+	}
+	if raw, ok := present(fields, fieldObjects); ok {
+		parseObjects(&v, raw, &out)
 	}
 
 	if err := v.err(); err != nil {

@@ -120,6 +120,9 @@ type Policy struct {
 	// Approval, when set, makes a person decide on the money requests it
 	// names before they are forwarded (see NeedsApproval).
 	Approval *Approval `json:"approval,omitempty"`
+	// Objects says what keybrake does about the money objects the key created
+	// after the request (see Objects).
+	Objects *Objects `json:"objects,omitempty"`
 }
 
 // DefaultCurrency, DefaultTimezone are what Normalize fills in when a policy names none.
@@ -372,6 +375,7 @@ func (p *Policy) validate(v *ValidationError) {
 	}
 	validateVelocity(v, "velocity", p.Velocity)
 	p.validateApproval(v)
+	p.validateObjects(v)
 
 	switch p.Mode {
 	case "", ModeEnforce, ModeReport:
