@@ -290,6 +290,20 @@ type Store interface {
 	// in the same write transaction. Errors: ErrInvalid and ErrNotFound (as
 	// RefreshExposure), ErrConflict (no exposure is left on the object).
 	ReleaseExposure(ctx context.Context, actor, keyID, objectID string) (ExposureChange, error)
+	// StaleExposures lists, oldest first, up to limit (default 50, max 500)
+	// money objects of any key with live exposure untouched for olderThan at
+	// the store clock: their record unchanged, and not claimed by
+	// ClaimStaleExposure, since then. One read of an ordered range, kept in
+	// the objects' own transactions. Errors: ErrInvalid (olderThan ≤ 0).
+	StaleExposures(ctx context.Context, olderThan time.Duration, limit int) ([]StaleExposure, error)
+	// ClaimStaleExposure claims keyID's exposure on objectID for one lookup
+	// at Stripe by the background refresher: in one write transaction under
+	// the key's lock, when the object still has live exposure untouched for
+	// olderThan, it is marked touched now and claimed is true; otherwise
+	// (settled, or touched since — by a request, an event, or another
+	// replica's claim) nothing changes and claimed is false. Errors:
+	// ErrInvalid (an empty key or object id, olderThan ≤ 0).
+	ClaimStaleExposure(ctx context.Context, keyID, objectID string, olderThan time.Duration) (exp ExposedObject, claimed bool, err error)
 
 	// ---- ledger and audit ----
 

@@ -45,6 +45,8 @@ var suite = []struct {
 	{"ListExposures", testListExposures},
 	{"RefreshExposure", testRefreshExposure},
 	{"ReleaseExposure", testReleaseExposure},
+	{"StaleExposures", testStaleExposures},
+	{"StaleExposureClaimedOnce", testStaleExposureClaimedOnce},
 	{"ExposureKeepsItsAccount", testExposureKeepsItsAccount},
 	{"ReserveClaimsAndHolds", testReserveClaimsAndHolds},
 	{"ReserveOutcomes", testReserveOutcomes},

@@ -399,6 +399,7 @@ func encodeObject(o *objectRec) []byte {
 	w.str(o.StripeAccount)
 	w.str(o.StripeContext)
 	w.time(o.CreatedAt)
+	w.time(o.Touched)
 	return w.b
 }
 
@@ -420,5 +421,8 @@ func decodeObject(k, v []byte) (*objectRec, error) {
 	o.Moved, o.MovedSeen, o.Own, o.Closed = rd.int(), rd.bool(), rd.bool(), rd.bool()
 	o.Currency, o.UpdatedAt = rd.str(), rd.time()
 	o.StripeAccount, o.StripeContext, o.CreatedAt = rd.str(), rd.str(), rd.time()
+	if rd.err == nil && len(rd.b) > 0 {
+		o.Touched = rd.time() // written since the stale list is kept
+	}
 	return o, rd.done("object", k)
 }
