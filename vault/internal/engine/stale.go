@@ -74,7 +74,7 @@ func (s *Engine) StaleExposures(ctx context.Context, olderThan time.Duration, li
 	}
 	limit = clampLimit(limit)
 	var out []vault.StaleExposure
-	err := s.view(ctx, func(tx Tx, now time.Time) error {
+	err := s.viewSettled(ctx, "", func(tx Tx, now time.Time) error {
 		out = nil // a re-run starts over
 		before := now.Add(-olderThan)
 		end := touchedKey(before, nil)
