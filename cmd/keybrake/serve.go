@@ -346,6 +346,15 @@ func (m *Main) startServing(ctx context.Context) {
 		defer m.wg.Done()
 		deliverer.Run(reapCtx)
 	}()
+	// The refresher of stale exposure stops with the reaper too.
+	if after := m.Config.ExposureRefreshAfter; after > 0 {
+		refresher := m.stripe.NewRefresher(proxy.RefresherConfig{After: after, Now: m.processNow})
+		m.wg.Add(1)
+		go func() {
+			defer m.wg.Done()
+			refresher.Run(reapCtx, nil)
+		}()
+	}
 }
 
 // newServer returns the server of one listener: h, tracked for Close, with the
