@@ -3,6 +3,7 @@ package vault
 import (
 	"context"
 	"io"
+	"net/http"
 	"time"
 
 	"github.com/keybrake/keybrake/policy"
@@ -229,6 +230,12 @@ type Store interface {
 	// (IdempotencyRecord.Resolved). Errors: ErrNotFound, ErrConflict (the
 	// hold is in another state), ErrInvalid (another outcome).
 	ResolveHold(ctx context.Context, actor, holdID string, outcome HoldState) (Hold, error)
+	// UnknownRequest returns the idempotency record of an unknown hold and the
+	// request it was forwarded with, unsealed (Settle's Request). Errors:
+	// ErrNotFound (no such hold), ErrConflict (the hold is not unknown, or
+	// its request was not kept: the outcome became unknown in a crash, or
+	// before keybrake kept requests).
+	UnknownRequest(ctx context.Context, holdID string) (IdempotencyRecord, StoredRequest, error)
 	// ListApprovals lists the approvals f selects, newest first. Errors:
 	// ErrInvalid (an unknown state, a malformed cursor).
 	ListApprovals(ctx context.Context, f ApprovalFilter) ([]Approval, string, error)
@@ -631,6 +638,22 @@ type SettleRequest struct {
 	// allowance and recorded in the settle event. Without it such a commit is
 	// ErrInvalid.
 	AllowOverrun bool
+	// Request is the request as it was forwarded, kept (sealed) with an
+	// unknown outcome only, so that an operator can have it sent again under
+	// the same upstream idempotency key (UnknownRequest); ignored by every
+	// other outcome, and dropped when the record leaves unknown.
+	Request *StoredRequest
+}
+
+// StoredRequest is a request as keybrake forwarded it to Stripe: what a retry
+// of it sends again. Target is the escaped path with its query; Header holds
+// the Stripe headers that change what Stripe does (Stripe-Account,
+// Stripe-Context, Stripe-Version) and Content-Type.
+type StoredRequest struct {
+	Method string
+	Target string
+	Header http.Header
+	Body   []byte
 }
 
 // ObjectSettle says how a commit changes the money object ObjectID.

@@ -47,6 +47,7 @@ var suite = []struct {
 	{"ReleaseExposure", testReleaseExposure},
 	{"StaleExposures", testStaleExposures},
 	{"StaleExposureClaimedOnce", testStaleExposureClaimedOnce},
+	{"UnknownRequestIsKept", testUnknownRequestIsKept},
 	{"ExposureKeepsItsAccount", testExposureKeepsItsAccount},
 	{"ReserveClaimsAndHolds", testReserveClaimsAndHolds},
 	{"ReserveOutcomes", testReserveOutcomes},

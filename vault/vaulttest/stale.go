@@ -2,6 +2,7 @@ package vaulttest
 
 import (
 	"context"
+	"net/http"
 	"sync"
 	"testing"
 	"time"
@@ -117,4 +118,43 @@ func testStaleExposureClaimedOnce(t *testing.T) {
 	}
 	wg.Wait()
 	assert.Equal(t, map[string]int{"pi_a": 1, "pi_b": 1, "pi_other": 1}, wins)
+}
+
+// testUnknownRequestIsKept: the request of an unknown outcome is kept, sealed,
+// for as long as the record is unknown, and is given back whole; a hold in any
+// other state, or one whose request was not kept, has none to give.
+func testUnknownRequestIsKept(t *testing.T) {
+	ctx := context.Background()
+	f := newMeteringFixture(t)
+	id := f.key.ID
+	sent := &vault.StoredRequest{Method: "POST", Target: "/v1/charges?expand%5B%5D=customer",
+		Header: http.Header{"Stripe-Account": {"acct_1"}, "Content-Type": {"application/x-www-form-urlencoded"}},
+		Body:   []byte("amount=1000&currency=usd&source=tok_visa")}
+	for _, k := range []string{"kept", "bare", "live"} {
+		MustReserve(t, f.s, Charge(id, k, 1000))
+	}
+	MustSettle(t, f.s, vault.SettleRequest{KeyID: id, IdempotencyKey: "kept", Outcome: vault.SettleUnknown, Request: sent})
+	MustSettle(t, f.s, vault.SettleRequest{KeyID: id, IdempotencyKey: "bare", Outcome: vault.SettleUnknown})
+
+	rec, got, err := f.s.UnknownRequest(ctx, vault.HoldID(id, "kept"))
+	require.NoError(t, err)
+	assert.Equal(t, *sent, got)
+	assert.Equal(t, "kept", rec.IdempotencyKey)
+	assert.NotEmpty(t, rec.UpstreamKey, "what the request is sent again under")
+
+	_, _, err = f.s.UnknownRequest(ctx, vault.HoldID(id, "bare"))
+	assert.ErrorIs(t, err, vault.ErrConflict, "not kept")
+	_, _, err = f.s.UnknownRequest(ctx, vault.HoldID(id, "live"))
+	assert.ErrorIs(t, err, vault.ErrConflict, "in flight, not unknown")
+	_, _, err = f.s.UnknownRequest(ctx, "hold_nope")
+	assert.ErrorIs(t, err, vault.ErrNotFound)
+
+	// A retry resumes it and settles it: the request is dropped with the
+	// unknown state.
+	res := MustReserve(t, f.s, Charge(id, "kept", 1000))
+	require.Equal(t, vault.ReserveResume, res.Outcome)
+	MustSettle(t, f.s, vault.SettleRequest{KeyID: id, IdempotencyKey: "kept", Outcome: vault.SettleCommit, Amount: 1000,
+		Response: &vault.StoredResponse{Status: 200}})
+	_, _, err = f.s.UnknownRequest(ctx, vault.HoldID(id, "kept"))
+	assert.ErrorIs(t, err, vault.ErrConflict, "committed")
 }

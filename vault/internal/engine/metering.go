@@ -444,7 +444,7 @@ func addToWindows(tx Tx, keyID string, windowIDs []policy.WindowID, heldDelta, c
 
 // settleTx applies a Settle to the record under k, recordKey(req.KeyID,
 // req.IdempotencyKey). Every reason to turn it down is found before any write.
-func (s *Engine) settleTx(tx Tx, now time.Time, req *vault.SettleRequest, resp *responseRec, k []byte) (txResult[noValue], error) {
+func (s *Engine) settleTx(tx Tx, now time.Time, req *vault.SettleRequest, sealed settleSealed, k []byte) (txResult[noValue], error) {
 	switch req.Outcome {
 	case vault.SettleCommit, vault.SettleRelease, vault.SettleUnknown, vault.SettleAbandon:
 	default:
@@ -492,14 +492,14 @@ func (s *Engine) settleTx(tx Tx, now time.Time, req *vault.SettleRequest, resp *
 	}
 
 	// From here on, only writes.
-	return accept(noValue{}), settleWrites(tx, now, req, rec, obj, resp)
+	return accept(noValue{}), settleWrites(tx, now, req, rec, obj, sealed)
 }
 
 // settleWrites writes what a Settle does to rec (and to the money object obj of
 // a commit, if any), and its ledger events; resp is the answer to store,
 // sealed.
-func settleWrites(tx Tx, now time.Time, req *vault.SettleRequest, rec *recordRec, obj *objectRec, resp *responseRec) error {
-	hold := rec.Hold
+func settleWrites(tx Tx, now time.Time, req *vault.SettleRequest, rec *recordRec, obj *objectRec, sealed settleSealed) error {
+	hold, resp := rec.Hold, sealed.resp
 	ev := &vault.Event{
 		Time: now, KeyID: req.KeyID, Decision: vault.DecisionSettled, Reason: string(req.Outcome),
 		UpstreamStatus: req.UpstreamStatus, StripeRequestID: req.StripeRequestID, ObjectID: req.ObjectID,
@@ -536,6 +536,9 @@ func settleWrites(tx Tx, now time.Time, req *vault.SettleRequest, rec *recordRec
 		}
 	case vault.SettleUnknown:
 		rec.State, rec.LeaseUntil, rec.Fresh = vault.RecordUnknown, time.Time{}, false
+		if sealed.request != nil {
+			rec.SealedRequest = sealed.request
+		}
 		if resp != nil {
 			rec.Response, rec.RequestID = resp, req.StripeRequestID
 		}
