@@ -230,4 +230,3 @@ func TestUnconfirmedPaymentIntentIsCancelled(t *testing.T) {
 	got, _ = e.Fake.PaymentIntent(oID)
 	assert.Equal(t, "requires_payment_method", got.Status)
 }
-
