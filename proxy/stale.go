@@ -207,7 +207,7 @@ func (p *Proxy) cancelUnconfirmed(ctx context.Context, read moneyObjectRead, obj
 		read, err = p.readMoneyAnswer(ctx, c, read.kind, objectID, body)
 	}
 	if err == nil && !read.money.Terminal {
-		err = errors.New("Stripe's answer to the cancel is not a cancelled PaymentIntent")
+		err = errors.New("the answer to the cancel is not a cancelled PaymentIntent")
 	}
 	if err != nil {
 		p.log.LogAttrs(ctx, slog.LevelWarn, "cancelling an unconfirmed PaymentIntent at Stripe failed; its exposure stays counted",
