@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"net/http/httptest"
 	"time"
 
 	"github.com/keybrake/keybrake/vault"
@@ -95,7 +94,7 @@ func (p *Proxy) AskStripe(ctx context.Context, holdID string) (AskResult, error)
 		key: key, asked: true}
 	defer p.logCall(c)
 	r = r.WithContext(withCall(r.Context(), c))
-	w := httptest.NewRecorder()
+	w := &askRecorder{header: http.Header{}}
 	if err := p.prepare(r.Context(), w, r, c); err != nil {
 		p.writeRefusal(w, c, err)
 		return AskResult{}, &AskError{Status: http.StatusConflict, cause: err,
@@ -106,8 +105,7 @@ func (p *Proxy) AskStripe(ctx context.Context, holdID string) (AskResult, error)
 			Message: "the hold was settled meanwhile (by the caller's retry, an event or an operator); nothing was sent"}
 	}
 	p.forward(w, r, c)
-	res := w.Result()
-	out := AskResult{HoldID: holdID, KeyID: key.ID, Replayed: res.Header.Get("Idempotent-Replayed") == "true",
+	out := AskResult{HoldID: holdID, KeyID: key.ID, Replayed: w.header.Get("Idempotent-Replayed") == "true",
 		Outcome: c.settleOutcome, Status: c.upstreamStatus, StripeRequestID: c.stripeRequestID}
 	if c.upstreamStatus == 0 {
 		return out, &AskError{Status: http.StatusBadGateway,
@@ -154,4 +152,24 @@ func (c *call) storedRequest() *vault.StoredRequest {
 		}
 	}
 	return &vault.StoredRequest{Method: c.method, Target: target, Header: h, Body: c.body}
+}
+
+// askRecorder is the answer an ask writes to nobody: its headers tell whether
+// Stripe replayed; the body was stored by the settle, for the caller's retry.
+type askRecorder struct {
+	header http.Header
+	status int
+}
+
+func (w *askRecorder) Header() http.Header { return w.header }
+
+func (w *askRecorder) WriteHeader(status int) {
+	if w.status == 0 {
+		w.status = status
+	}
+}
+
+func (w *askRecorder) Write(b []byte) (int, error) {
+	w.WriteHeader(http.StatusOK)
+	return len(b), nil
 }
