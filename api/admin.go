@@ -92,6 +92,7 @@ var adminRoutes = []adminRoute{
 
 	{method: http.MethodGet, path: "/api/v1/holds", handler: (*admin).listHolds},
 	{method: http.MethodPost, path: "/api/v1/holds/:id/resolve", handler: (*admin).resolveHold},
+	{method: http.MethodPost, path: "/api/v1/holds/:id/ask-stripe", handler: (*admin).askStripe},
 
 	{method: http.MethodPost, path: "/api/v1/keys/:id/raises", handler: (*admin).addKeyRaise},
 	{method: http.MethodGet, path: "/api/v1/keys/:id/raises", handler: (*admin).listKeyRaises},

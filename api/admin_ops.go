@@ -95,6 +95,50 @@ func (a *admin) resolveHold(c echo.Context) error {
 	return c.JSON(http.StatusOK, newHoldView(h))
 }
 
+// askStripeView is the answer of POST /api/v1/holds/{id}/ask-stripe.
+type askStripeView struct {
+	HoldID string `json:"hold_id"`
+	KeyID  string `json:"key_id"`
+	// Stripe is "replayed" (Stripe answered with what it did the first time:
+	// the request had executed) or "executed" (it executed it now).
+	Stripe string `json:"stripe"`
+	// Outcome is the hold's state after Stripe's answer: committed, released,
+	// or unknown (the answer still left it unknown).
+	Outcome         string `json:"outcome"`
+	Status          int    `json:"status"`
+	StripeRequestID string `json:"stripe_request_id,omitempty"`
+}
+
+// askStripe handles POST /api/v1/holds/{id}/ask-stripe: the request of an
+// unknown hold is sent again under its upstream idempotency key, as the
+// caller's retry would be, and the hold settled from Stripe's answer.
+func (a *admin) askStripe(c echo.Context) error {
+	id, err := pathParam(c, "id")
+	if err != nil {
+		return err
+	}
+	if a.stripe == nil {
+		return newProblem(http.StatusServiceUnavailable, "this admin API has no Stripe upstream to ask")
+	}
+	res, err := a.stripe.AskStripe(c.Request().Context(), id)
+	if err != nil {
+		return fmt.Errorf("ask stripe about hold %s: %w", id, err)
+	}
+	v := askStripeView{HoldID: res.HoldID, KeyID: res.KeyID, Stripe: "executed", Status: res.Status, StripeRequestID: res.StripeRequestID}
+	if res.Replayed {
+		v.Stripe = "replayed"
+	}
+	switch res.Outcome {
+	case vault.SettleCommit:
+		v.Outcome = string(vault.HoldCommitted)
+	case vault.SettleRelease:
+		v.Outcome = string(vault.HoldReleased)
+	default:
+		v.Outcome = string(vault.HoldUnknown)
+	}
+	return c.JSON(http.StatusOK, v)
+}
+
 // auditListView is the answer of GET /api/v1/audit.
 type auditListView struct {
 	Entries []auditView `json:"entries"`

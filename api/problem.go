@@ -154,6 +154,7 @@ func problemFor(err error) (p *Problem, internal bool) {
 		herr *echo.HTTPError
 		merr *http.MaxBytesError
 		rerr *proxy.RefreshError
+		aerr *proxy.AskError
 	)
 	switch {
 	case errors.As(err, &prob):
@@ -164,6 +165,12 @@ func problemFor(err error) (p *Problem, internal bool) {
 			m = refreshProblems[proxy.RefreshUnreadable]
 		}
 		return &Problem{Type: m.typ, Title: http.StatusText(m.status), Status: m.status, Detail: rerr.Message}, false
+	case errors.As(err, &aerr):
+		p := newProblem(aerr.Status, aerr.Message)
+		if aerr.Status == http.StatusBadGateway {
+			p.Type = ProblemUpstreamUnavailable
+		}
+		return p, false
 	case errors.As(err, &verr):
 		return validationProblem("the request is not valid", verr.Errors...), false
 	case errors.As(err, &merr):

@@ -46,8 +46,8 @@ const (
 var policyFields = []string{
 	fieldVendor, fieldCurrency, fieldDailyCap, fieldPeriodCap, fieldPerRequestCap,
 	fieldPeriodStart, fieldExpiresAt, fieldTimezone, fieldOperations, fieldCustomers,
-	fieldStripeAccounts, fieldIdempotency, fieldMode, fieldBudget, fieldVelocity, fieldApproval, fieldRenewals,
-	fieldLegacyDaily, fieldLegacyPeriod, fieldLegacyPerRequest,
+	fieldStripeAccounts, fieldIdempotency, fieldMode, fieldBudget, fieldVelocity, fieldApproval,
+	fieldObjects, fieldRenewals, fieldLegacyDaily, fieldLegacyPeriod, fieldLegacyPerRequest,
 }
 
 var idempotencyFields = []string{fieldIdemMode, fieldIdemFields}
@@ -77,6 +77,7 @@ type wirePolicy struct {
 	Budget         string           `json:"budget,omitempty"`
 	Velocity       []Velocity       `json:"velocity,omitempty"`
 	Approval       *wireApproval    `json:"approval,omitempty"`
+	Objects        *wireObjects     `json:"objects,omitempty"`
 	Renewals       RenewalsMode     `json:"renewals,omitempty"`
 }
 
@@ -107,6 +108,7 @@ func (p Policy) MarshalJSON() ([]byte, error) {
 		Budget:         p.Budget,
 		Velocity:       p.Velocity,
 		Approval:       p.Approval.wire(cur),
+		Objects:        p.Objects.wire(),
 		Renewals:       p.Renewals,
 	}
 	if p.DailyCap != nil {
@@ -285,6 +287,9 @@ func (p *Policy) UnmarshalJSON(data []byte) error {
 
 	if raw, ok := present(fields, fieldApproval); ok {
 		parseApproval(&v, raw, &out)
+	}
+	if raw, ok := present(fields, fieldObjects); ok {
+		parseObjects(&v, raw, &out)
 	}
 
 	if err := v.err(); err != nil {

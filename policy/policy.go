@@ -134,6 +134,9 @@ type Policy struct {
 	// Approval, when set, makes a person decide on the money requests it
 	// names before they are forwarded (see NeedsApproval).
 	Approval *Approval `json:"approval,omitempty"`
+	// Objects says what keybrake does about the money objects the key created
+	// after the request (see Objects).
+	Objects *Objects `json:"objects,omitempty"`
 	// Renewals says what an over-cap renewal does ("" is pause_over_cap).
 	Renewals RenewalsMode `json:"renewals,omitempty"`
 }
@@ -397,6 +400,7 @@ func (p *Policy) validate(v *ValidationError) {
 	}
 	validateVelocity(v, "velocity", p.Velocity)
 	p.validateApproval(v)
+	p.validateObjects(v)
 
 	switch p.Renewals {
 	case "", RenewalsPauseOverCap, RenewalsCount:

@@ -30,6 +30,9 @@ type call struct {
 	key        vault.Key
 	keyRefused bool
 	remoteAddr string
+	// asked is set when an operator's ask (askstripe.go) sends a kept
+	// request again: the key is the hold's, checked there, not a token's.
+	asked bool
 
 	// Step 2, readRequest (request.go): the request exactly as Stripe reads it.
 	path          string // exact escaped path the client sent
@@ -87,6 +90,7 @@ type call struct {
 	upstreamStatus  int
 	stripeRequestID string
 	settled         bool
+	settleOutcome   vault.SettleOutcome
 
 	// The outcome, for the log line and the metrics: written by authorise
 	// (report mode), reserve, settle and the answers (answer.go).

@@ -36,6 +36,14 @@ func (p *Proxy) lookup(ctx context.Context, c *call, l stripeapi.Lookup) (stripe
 // Stripe-Context and Stripe-Version, with query (expansions, a list's filter),
 // and returns the body of a 200.
 func (p *Proxy) fetch(ctx context.Context, c *call, path string, query url.Values) ([]byte, error) {
+	return p.send(ctx, c, http.MethodGet, path, query, nil, "")
+}
+
+// send is fetch for any method: a POST carries form as its
+// application/x-www-form-urlencoded body and idem as its Idempotency-Key (a
+// request keybrake makes by itself, such as the background refresher's
+// cancel of an unconfirmed PaymentIntent).
+func (p *Proxy) send(ctx context.Context, c *call, method, path string, query, form url.Values, idem string) ([]byte, error) {
 	if !strings.HasPrefix(path, "/v1/") || strings.ContainsAny(path, "?#%") || strings.Contains(path, "..") {
 		return nil, fmt.Errorf("lookup path %q refused", path)
 	}
@@ -47,9 +55,19 @@ func (p *Proxy) fetch(ctx context.Context, c *call, path string, query url.Value
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.timeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.String(), nil)
+	var reqBody io.Reader
+	if form != nil {
+		reqBody = strings.NewReader(form.Encode())
+	}
+	req, err := http.NewRequestWithContext(ctx, method, u.String(), reqBody)
 	if err != nil {
 		return nil, fmt.Errorf("lookup request: %w", err)
+	}
+	if form != nil {
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	}
+	if idem != "" {
+		req.Header.Set(headerIdempotencyKey, idem)
 	}
 	req.Header.Set("Authorization", "Bearer "+c.secret)
 	if c.account != "" {

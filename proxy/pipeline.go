@@ -31,8 +31,10 @@ import (
 // or answers itself; the answers keybrake writes and the canonical log line
 // (11) are in answer.go. call (call.go) holds what each step wrote.
 func (p *Proxy) prepare(ctx context.Context, w http.ResponseWriter, r *http.Request, c *call) error {
-	if err := p.authenticate(ctx, r, c); err != nil {
-		return err
+	if !c.asked {
+		if err := p.authenticate(ctx, r, c); err != nil {
+			return err
+		}
 	}
 	if err := p.readRequest(w, r, c); err != nil {
 		return err

@@ -87,33 +87,74 @@ func (p *Proxy) RefreshExposure(ctx context.Context, actor, keyID, objectID stri
 	if !ok {
 		return vault.ExposureChange{}, fmt.Errorf("refresh exposure: key %s has counted no money object %q: %w", keyID, objectID, vault.ErrNotFound)
 	}
+	read, err := p.lookUpMoneyObject(ctx, key, objectID, exp)
+	if err != nil {
+		return vault.ExposureChange{}, err
+	}
+	return p.store.RefreshExposure(ctx, actor, keyID, objectID, read.observation(""))
+}
+
+// moneyObjectRead is Stripe's answer about a money object, as a refresh reads
+// it.
+type moneyObjectRead struct {
+	kind   string // "payment_intent", "checkout.session", …
+	object stripeapi.Object
+	money  stripeapi.MoneyObject
+	c      *call // the lookup's call: the key, secret, account and context
+}
+
+// observation is what the answer shows, for the ledger under operation.
+func (m moneyObjectRead) observation(operation string) vault.Observation {
+	return vault.Observation{Operation: operation, Moved: m.money.Moved, MovedKnown: m.money.MovedKnown, Terminal: m.money.Terminal}
+}
+
+// lookUpMoneyObject looks the money object objectID up at Stripe with the
+// secret of key's upstream and the Stripe-Account and Stripe-Context of its
+// exposure exp, and reads the answer: the one code path of an operator's
+// refresh and of the background refresher (stale.go). Errors as
+// RefreshExposure's; nothing is written.
+func (p *Proxy) lookUpMoneyObject(ctx context.Context, key vault.Key, objectID string, exp vault.Exposure) (moneyObjectRead, error) {
 	kind, path, known := stripeapi.MoneyObjectOf(objectID)
 	if !known {
-		return vault.ExposureChange{}, &RefreshError{Failure: RefreshUnreadable,
+		return moneyObjectRead{}, &RefreshError{Failure: RefreshUnreadable,
 			Message: fmt.Sprintf("keybrake cannot tell what kind of Stripe object %s is, so it cannot look it up; nothing changed", objectID)}
 	}
-	secret, err := p.upstreamSecret(ctx, key)
-	if errors.Is(err, vault.ErrNotFound) {
-		return vault.ExposureChange{}, fmt.Errorf("refresh exposure: the key's upstream %q is not registered: %w", key.Upstream, vault.ErrConflict)
-	}
+	c, err := p.objectCall(ctx, key, exp)
 	if err != nil {
-		return vault.ExposureChange{}, fmt.Errorf("refresh exposure: %w", err)
+		return moneyObjectRead{}, err
 	}
-	c := &call{requestID: newRequestID(), key: key, secret: secret, account: exp.StripeAccount, stripeContext: exp.StripeContext,
-		cls: stripeapi.Classification{Operation: refreshOperation}}
 	body, err := p.fetch(ctx, c, path, nil)
 	if err != nil {
-		return vault.ExposureChange{}, p.refreshFailed(ctx, c, objectID, err)
+		return moneyObjectRead{}, p.refreshFailed(ctx, c, objectID, err)
 	}
+	return p.readMoneyAnswer(ctx, c, kind, objectID, body)
+}
+
+// objectCall is the call of a request keybrake makes by itself about a money
+// object of key's: its upstream's secret, the exposure's account and context.
+func (p *Proxy) objectCall(ctx context.Context, key vault.Key, exp vault.Exposure) (*call, error) {
+	secret, err := p.upstreamSecret(ctx, key)
+	if errors.Is(err, vault.ErrNotFound) {
+		return nil, fmt.Errorf("refresh exposure: the key's upstream %q is not registered: %w", key.Upstream, vault.ErrConflict)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("refresh exposure: %w", err)
+	}
+	return &call{requestID: newRequestID(), key: key, secret: secret, account: exp.StripeAccount, stripeContext: exp.StripeContext,
+		cls: stripeapi.Classification{Operation: refreshOperation}}, nil
+}
+
+// readMoneyAnswer reads Stripe's answer body about objectID, which must be a
+// kind in the key's currency.
+func (p *Proxy) readMoneyAnswer(ctx context.Context, c *call, kind, objectID string, body []byte) (moneyObjectRead, error) {
 	o := stripeapi.DecodeObject(body)
-	m, read := stripeapi.ReadMoneyObject(o, key.Policy.EffectiveCurrency())
+	m, read := stripeapi.ReadMoneyObject(o, c.key.Policy.EffectiveCurrency())
 	if !read || m.ID != objectID || o.Get("object") != kind {
-		return vault.ExposureChange{}, p.refreshFailed(ctx, c, objectID, &RefreshError{Failure: RefreshUnreadable,
+		return moneyObjectRead{}, p.refreshFailed(ctx, c, objectID, &RefreshError{Failure: RefreshUnreadable,
 			Message: fmt.Sprintf("Stripe's answer about %s is not a %s in %s that keybrake can read; nothing changed",
-				objectID, kind, key.Policy.EffectiveCurrency())})
+				objectID, kind, c.key.Policy.EffectiveCurrency())})
 	}
-	return p.store.RefreshExposure(ctx, actor, keyID, objectID,
-		vault.Observation{Moved: m.Moved, MovedKnown: m.MovedKnown, Terminal: m.Terminal})
+	return moneyObjectRead{kind: kind, object: o, money: m, c: c}, nil
 }
 
 // refreshFailed turns a failed lookup into the RefreshError the operator gets,

@@ -234,8 +234,11 @@ func (p *Proxy) writeUpstreamFailure(w http.ResponseWriter, c *call, rf *refusal
 // ignored: the record stays in_progress until it is recovered as unknown
 // (fail closed), as after a crash before the commit.
 func (p *Proxy) settle(ctx context.Context, c *call, sr vault.SettleRequest, note string) {
-	c.settled = true
+	c.settled, c.settleOutcome = true, sr.Outcome
 	sr.KeyID, sr.IdempotencyKey = c.key.ID, c.idemKey
+	if sr.Outcome == vault.SettleUnknown {
+		sr.Request = c.storedRequest() // what an operator's ask sends again (askstripe.go)
+	}
 	sr.UpstreamStatus, sr.Tool = c.upstreamStatus, c.tool
 	if sr.StripeRequestID == "" {
 		sr.StripeRequestID = c.stripeRequestID

@@ -38,3 +38,12 @@ type ExposureChange struct {
 	Committed int64
 	Released  int64
 }
+
+// StaleExposure is a money object with live exposure that nobody touched for
+// a while (StaleExposures): its record did not change, and no refresher
+// claimed it, since Touched.
+type StaleExposure struct {
+	KeyID    string
+	ObjectID string
+	Touched  time.Time
+}

@@ -3,6 +3,7 @@ package vault
 import (
 	"context"
 	"io"
+	"net/http"
 	"time"
 
 	"github.com/keybrake/keybrake/policy"
@@ -239,6 +240,12 @@ type Store interface {
 	// (IdempotencyRecord.Resolved). Errors: ErrNotFound, ErrConflict (the
 	// hold is in another state), ErrInvalid (another outcome).
 	ResolveHold(ctx context.Context, actor, holdID string, outcome HoldState) (Hold, error)
+	// UnknownRequest returns the idempotency record of an unknown hold and the
+	// request it was forwarded with, unsealed (Settle's Request). Errors:
+	// ErrNotFound (no such hold), ErrConflict (the hold is not unknown, or
+	// its request was not kept: the outcome became unknown in a crash, or
+	// before keybrake kept requests).
+	UnknownRequest(ctx context.Context, holdID string) (IdempotencyRecord, StoredRequest, error)
 	// ListApprovals lists the approvals f selects, newest first. Errors:
 	// ErrInvalid (an unknown state, a malformed cursor).
 	ListApprovals(ctx context.Context, f ApprovalFilter) ([]Approval, string, error)
@@ -300,6 +307,20 @@ type Store interface {
 	// in the same write transaction. Errors: ErrInvalid and ErrNotFound (as
 	// RefreshExposure), ErrConflict (no exposure is left on the object).
 	ReleaseExposure(ctx context.Context, actor, keyID, objectID string) (ExposureChange, error)
+	// StaleExposures lists, oldest first, up to limit (default 50, max 500)
+	// money objects of any key with live exposure untouched for olderThan at
+	// the store clock: their record unchanged, and not claimed by
+	// ClaimStaleExposure, since then. One read of an ordered range, kept in
+	// the objects' own transactions. Errors: ErrInvalid (olderThan ≤ 0).
+	StaleExposures(ctx context.Context, olderThan time.Duration, limit int) ([]StaleExposure, error)
+	// ClaimStaleExposure claims keyID's exposure on objectID for one lookup
+	// at Stripe by the background refresher: in one write transaction under
+	// the key's lock, when the object still has live exposure untouched for
+	// olderThan, it is marked touched now and claimed is true; otherwise
+	// (settled, or touched since — by a request, an event, or another
+	// replica's claim) nothing changes and claimed is false. Errors:
+	// ErrInvalid (an empty key or object id, olderThan ≤ 0).
+	ClaimStaleExposure(ctx context.Context, keyID, objectID string, olderThan time.Duration) (exp ExposedObject, claimed bool, err error)
 	// ApplyStripeEvent applies one of Stripe's events, its signature verified,
 	// in one write transaction that also records its id, so that the event is
 	// applied once (a later delivery of the id: StripeEventDuplicate, nothing
@@ -643,6 +664,22 @@ type SettleRequest struct {
 	// settle's transaction, as RenewalStore.LinkObject does; the store fills
 	// in the upstream and the key. Nil for none.
 	Link *ObjectLink
+	// Request is the request as it was forwarded, kept (sealed) with an
+	// unknown outcome only, so that an operator can have it sent again under
+	// the same upstream idempotency key (UnknownRequest); ignored by every
+	// other outcome, and dropped when the record leaves unknown.
+	Request *StoredRequest
+}
+
+// StoredRequest is a request as keybrake forwarded it to Stripe: what a retry
+// of it sends again. Target is the escaped path with its query; Header holds
+// the Stripe headers that change what Stripe does (Stripe-Account,
+// Stripe-Context, Stripe-Version) and Content-Type.
+type StoredRequest struct {
+	Method string
+	Target string
+	Header http.Header
+	Body   []byte
 }
 
 // ObjectSettle says how a commit changes the money object ObjectID.

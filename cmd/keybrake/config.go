@@ -82,6 +82,10 @@ type Config struct {
 	// MaxClockOffset is how far this process's clock may be off the
 	// database's (PostgreSQL) before /readyz fails; 0 checks nothing.
 	MaxClockOffset time.Duration
+	// ExposureRefreshAfter is how long a money object's exposure stays
+	// untouched before the background refresher looks it up at Stripe (0:
+	// never).
+	ExposureRefreshAfter time.Duration
 	// UnsafeClockSkew shifts this process's own clock, for tests of a replica
 	// whose clock is wrong: nothing decides a key by it, which is what the
 	// tests show. Never set it in production.
@@ -98,26 +102,27 @@ type Config struct {
 // DefaultConfig returns the defaults docs/configuration.md documents.
 func DefaultConfig() Config {
 	return Config{
-		DataDir:           "./keybrake-data",
-		Listen:            ":8080",
-		AdminListen:       "127.0.0.1:8081",
-		StripeURL:         "https://api.stripe.com",
-		UpstreamTimeout:   80 * time.Second,
-		IdempotencyTTL:    24 * time.Hour,
-		LedgerRetention:   vault.DefaultLedgerRetention,
-		LogLevel:          "info",
-		LogFormat:         "json",
-		ShutdownTimeout:   90 * time.Second,
-		ReapInterval:      5 * time.Minute,
-		LeaseMargin:       30 * time.Second,
-		OpenTimeout:       500 * time.Millisecond,
-		ReadHeaderTimeout: 10 * time.Second,
-		ReadTimeout:       60 * time.Second,
-		AdminWriteTimeout: 5 * time.Minute,
-		IdleTimeout:       120 * time.Second,
-		BootstrapTokenTTL: time.Hour,
-		TLSReloadCheck:    5 * time.Second,
-		MaxClockOffset:    2 * time.Second,
+		DataDir:              "./keybrake-data",
+		Listen:               ":8080",
+		AdminListen:          "127.0.0.1:8081",
+		StripeURL:            "https://api.stripe.com",
+		UpstreamTimeout:      80 * time.Second,
+		IdempotencyTTL:       24 * time.Hour,
+		LedgerRetention:      vault.DefaultLedgerRetention,
+		LogLevel:             "info",
+		LogFormat:            "json",
+		ShutdownTimeout:      90 * time.Second,
+		ReapInterval:         5 * time.Minute,
+		LeaseMargin:          30 * time.Second,
+		OpenTimeout:          500 * time.Millisecond,
+		ReadHeaderTimeout:    10 * time.Second,
+		ReadTimeout:          60 * time.Second,
+		AdminWriteTimeout:    5 * time.Minute,
+		IdleTimeout:          120 * time.Second,
+		BootstrapTokenTTL:    time.Hour,
+		TLSReloadCheck:       5 * time.Second,
+		MaxClockOffset:       2 * time.Second,
+		ExposureRefreshAfter: time.Hour,
 	}
 }
 
@@ -177,6 +182,9 @@ func (c Config) Validate() error {
 	}
 	if c.MaxClockOffset < 0 {
 		errs = append(errs, fmt.Errorf("max-clock-offset: must not be negative, got %s", c.MaxClockOffset))
+	}
+	if c.ExposureRefreshAfter < 0 {
+		errs = append(errs, fmt.Errorf("exposure-refresh-after: must not be negative, got %s", c.ExposureRefreshAfter))
 	}
 	if c.LogFormat != "json" && c.LogFormat != "text" {
 		errs = append(errs, fmt.Errorf("log-format: %q is not json or text", c.LogFormat))
@@ -276,6 +284,7 @@ func (c *Config) bindFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.ReapInterval, "reap-interval", c.ReapInterval, "how often expired idempotency records are removed")
 	fs.DurationVar(&c.LeaseMargin, "lease-margin", c.LeaseMargin, "added to --upstream-timeout for the lease of a request in flight: how long a request a dead process left in flight waits before a retry may resume it and the reaper makes it outcome unknown")
 	fs.DurationVar(&c.MaxClockOffset, "max-clock-offset", c.MaxClockOffset, "with --database-url: /readyz fails while this replica's clock is further than this off the database's, by which every key is decided (0: no check)")
+	fs.DurationVar(&c.ExposureRefreshAfter, "exposure-refresh-after", c.ExposureRefreshAfter, "look a money object's exposure up at Stripe in the background once nobody touched it for this long, at most 5 lookups a second per upstream (0: never)")
 	fs.BoolVar(&c.WebhookAllowPrivate, "webhook-allow-private", c.WebhookAllowPrivate, "let webhook endpoints be on loopback, private, link-local and metadata addresses (refused by default)")
 	fs.DurationVar(&c.UnsafeClockSkew, "unsafe-clock-skew", c.UnsafeClockSkew, "for tests only: shift this process's own clock (a replica whose clock is wrong)")
 	fs.StringVar(&c.PprofListen, "pprof-listen", c.PprofListen, "serve Go's profiler (/debug/pprof/) on this loopback address (default: off)")

@@ -490,6 +490,7 @@ func TestParseFlagsRefuses(t *testing.T) {
 		"pprof on every interface":  {args: []string{"serve", "--pprof-listen", ":6060"}, wantMsg: "pprof-listen"},
 		"pprof on a public address": {env: env{"KEYBRAKE_PPROF_LISTEN": "192.0.2.1:6060"}, args: []string{"serve"}, wantMsg: "pprof-listen"},
 		"bad duration in the env":   {env: env{"KEYBRAKE_UPSTREAM_TIMEOUT": "soon"}, args: []string{"serve"}, wantMsg: "KEYBRAKE_UPSTREAM_TIMEOUT"},
+		"negative refresh after":    {env: env{"KEYBRAKE_EXPOSURE_REFRESH_AFTER": "-1h"}, args: []string{"serve"}, wantMsg: "exposure-refresh-after"},
 		"token with a bad role":     {args: []string{"token", "--role", "root"}, wantMsg: "role"},
 		"token with a negative ttl": {args: []string{"token", "--ttl", "-1h"}, wantMsg: "ttl"},
 		"token over 30 days":        {args: []string{"token", "--ttl", "721h"}, wantMsg: "pass --allow-long-ttl"},

@@ -347,6 +347,15 @@ func (m *Main) startServing(ctx context.Context) {
 		defer m.wg.Done()
 		deliverer.Run(reapCtx)
 	}()
+	// The refresher of stale exposure stops with the reaper too.
+	if after := m.Config.ExposureRefreshAfter; after > 0 {
+		refresher := m.stripe.NewRefresher(proxy.RefresherConfig{After: after, Now: m.processNow})
+		m.wg.Add(1)
+		go func() {
+			defer m.wg.Done()
+			refresher.Run(reapCtx, nil)
+		}()
+	}
 	// The renewal pauses owed to Stripe (auto_advance=false on a renewal
 	// over a cap), queued in the transaction that decided each: a restart
 	// resumes them.

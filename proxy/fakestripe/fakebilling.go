@@ -440,6 +440,24 @@ func (f *FakeStripe) routeCheckout(method string, rest []string, p url.Values) (
 	return answer{}, false
 }
 
+// ExpireSession expires an open Checkout Session as Stripe does by itself
+// when nobody pays it by its expires_at, with no request; false when there is
+// no such open session.
+func (f *FakeStripe) ExpireSession(id string) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	i := slices.IndexFunc(f.sessions, func(cs *CheckoutSession) bool { return cs.ID == id })
+	if i < 0 || f.sessions[i].Status != "open" {
+		return false
+	}
+	cs := f.sessions[i]
+	cs.Status = "expired"
+	if !cs.Recovery {
+		f.moved[cs.Currency] -= cs.Amount // it can never be paid now
+	}
+	return true
+}
+
 func (f *FakeStripe) sessionJSON(cs *CheckoutSession) map[string]any {
 	paymentStatus := "unpaid"
 	if cs.Paid {

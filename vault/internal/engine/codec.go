@@ -230,6 +230,7 @@ const (
 	recHold
 	recResponse
 	recApproval // the approval id follows the response
+	recRequest  // the sealed request of an unknown outcome follows
 )
 
 // encodeRecord is the binary encoding of r.
@@ -262,6 +263,10 @@ func encodeRecord(r *recordRec) []byte {
 	if r.ApprovalID != "" {
 		flags |= recApproval
 	}
+	keepRequest := r.State == vault.RecordUnknown && len(r.SealedRequest) > 0
+	if keepRequest {
+		flags |= recRequest
+	}
 	w.byte(flags)
 	if h := r.Hold; h != nil {
 		w.str(h.Operation)
@@ -284,6 +289,9 @@ func encodeRecord(r *recordRec) []byte {
 	}
 	if r.ApprovalID != "" {
 		w.str(r.ApprovalID)
+	}
+	if keepRequest {
+		w.bytes(r.SealedRequest)
 	}
 	return w.b
 }
@@ -326,6 +334,9 @@ func decodeRecordBinary(k, v []byte) (*recordRec, error) {
 	}
 	if flags&recApproval != 0 {
 		r.ApprovalID = rd.str()
+	}
+	if flags&recRequest != 0 {
+		r.SealedRequest = rd.bytes()
 	}
 	return r, rd.done("record", k)
 }
@@ -399,6 +410,7 @@ func encodeObject(o *objectRec) []byte {
 	w.str(o.StripeAccount)
 	w.str(o.StripeContext)
 	w.time(o.CreatedAt)
+	w.time(o.Touched)
 	return w.b
 }
 
@@ -420,5 +432,8 @@ func decodeObject(k, v []byte) (*objectRec, error) {
 	o.Moved, o.MovedSeen, o.Own, o.Closed = rd.int(), rd.bool(), rd.bool(), rd.bool()
 	o.Currency, o.UpdatedAt = rd.str(), rd.time()
 	o.StripeAccount, o.StripeContext, o.CreatedAt = rd.str(), rd.str(), rd.time()
+	if rd.err == nil && len(rd.b) > 0 {
+		o.Touched = rd.time() // written since the stale list is kept
+	}
 	return o, rd.done("object", k)
 }

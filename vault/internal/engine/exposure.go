@@ -43,6 +43,11 @@ type objectRec struct {
 	// written before it was kept).
 	CreatedAt time.Time `json:"created_at,omitzero"`
 	UpdatedAt time.Time `json:"updated_at"`
+	// Touched is the time the object is listed under in the stale list
+	// (stale.go): the later of UpdatedAt and the background refresher's last
+	// claim; zero when it is not listed (no live exposure, or a record written
+	// before the list was kept).
+	Touched time.Time `json:"touched,omitzero"`
 }
 
 // exposurePart is exposure placed by one hold, on that hold's windows.
@@ -125,11 +130,10 @@ func getObject(tx Tx, keyID, objectID string) (*objectRec, bool, error) {
 	return o, err == nil, err
 }
 
+// putObject writes a money object's record, and its entry of the stale list
+// (putObjectTouched).
 func putObject(tx Tx, keyID, objectID string, o *objectRec) error {
-	if err := tx.Put(BucketObjects, idemKey(keyID, objectID), encodeObject(o)); err != nil {
-		return fmt.Errorf("put object %s: %w", objectID, err)
-	}
-	return nil
+	return putObjectTouched(tx, keyID, objectID, o, time.Time{})
 }
 
 // applyPartChanges books part changes on their windows and writes one ledger

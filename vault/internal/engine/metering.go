@@ -445,7 +445,7 @@ func addToWindows(tx Tx, keyID string, windowIDs []policy.WindowID, heldDelta, c
 
 // settleTx applies a Settle to the record under k, recordKey(req.KeyID,
 // req.IdempotencyKey). Every reason to turn it down is found before any write.
-func (s *Engine) settleTx(tx Tx, now time.Time, req *vault.SettleRequest, resp *responseRec, k []byte) (txResult[noValue], error) {
+func (s *Engine) settleTx(tx Tx, now time.Time, req *vault.SettleRequest, sealed settleSealed, k []byte) (txResult[noValue], error) {
 	switch req.Outcome {
 	case vault.SettleCommit, vault.SettleRelease, vault.SettleUnknown, vault.SettleAbandon:
 	default:
@@ -493,7 +493,7 @@ func (s *Engine) settleTx(tx Tx, now time.Time, req *vault.SettleRequest, resp *
 	}
 
 	// From here on, only writes.
-	if err := settleWrites(tx, now, req, rec, obj, resp); err != nil {
+	if err := settleWrites(tx, now, req, rec, obj, sealed); err != nil {
 		return txResult[noValue]{}, err
 	}
 	return accept(noValue{}), settleLink(tx, now, req)
@@ -502,19 +502,19 @@ func (s *Engine) settleTx(tx Tx, now time.Time, req *vault.SettleRequest, resp *
 // settleWrites writes what a Settle does to rec (and to the money object obj of
 // a commit, if any), and its ledger events; resp is the answer to store,
 // sealed.
-func settleWrites(tx Tx, now time.Time, req *vault.SettleRequest, rec *recordRec, obj *objectRec, resp *responseRec) error {
+func settleWrites(tx Tx, now time.Time, req *vault.SettleRequest, rec *recordRec, obj *objectRec, sealed settleSealed) error {
 	ev := &vault.Event{
 		Time: now, KeyID: req.KeyID, Decision: vault.DecisionSettled, Reason: string(req.Outcome),
 		UpstreamStatus: req.UpstreamStatus, StripeRequestID: req.StripeRequestID, ObjectID: req.ObjectID,
 		Tool: req.Tool, IdempotencyKey: req.IdempotencyKey,
 	}
-	return settleWritesAs(tx, now, req, rec, obj, resp, ev)
+	return settleWritesAs(tx, now, req, rec, obj, sealed, ev)
 }
 
 // settleWritesAs is settleWrites with the ledger event of the hold's settle
 // begun as ev (a hold settled by Stripe's event says so).
-func settleWritesAs(tx Tx, now time.Time, req *vault.SettleRequest, rec *recordRec, obj *objectRec, resp *responseRec, ev *vault.Event) error {
-	hold := rec.Hold
+func settleWritesAs(tx Tx, now time.Time, req *vault.SettleRequest, rec *recordRec, obj *objectRec, sealed settleSealed, ev *vault.Event) error {
+	hold, resp := rec.Hold, sealed.resp
 	if hold != nil {
 		ev.Operation, ev.Currency, ev.HoldID, ev.WindowIDs = hold.Operation, hold.Currency, hold.ID, hold.WindowIDs
 		ev.Amount = hold.Amount
@@ -546,6 +546,9 @@ func settleWritesAs(tx Tx, now time.Time, req *vault.SettleRequest, rec *recordR
 		}
 	case vault.SettleUnknown:
 		rec.State, rec.LeaseUntil, rec.Fresh = vault.RecordUnknown, time.Time{}, false
+		if sealed.request != nil {
+			rec.SealedRequest = sealed.request
+		}
 		if resp != nil {
 			rec.Response, rec.RequestID = resp, req.StripeRequestID
 		}

@@ -233,6 +233,10 @@ type recordRec struct {
 	Resolved bool `json:"resolved,omitempty"`
 	// ApprovalID is the approval the request waits for, or waited for.
 	ApprovalID string `json:"apr,omitempty"`
+	// SealedRequest is the request as it was forwarded (vault.StoredRequest,
+	// JSON, sealed), kept while the record is unknown only: encodeRecord
+	// drops it in any other state.
+	SealedRequest []byte `json:"req,omitempty"`
 
 	// seq is the records bucket key the record lives under, 0 when it lives
 	// in the idem bucket under its hash. Not stored in the record.
@@ -551,6 +555,32 @@ func (s *Engine) sealResponse(keyID, idem string, resp *vault.StoredResponse) (*
 			return nil, err
 		}
 		out.SealedBody, out.Codec = sealed, codec
+	}
+	return out, nil
+}
+
+// sealRequest seals a request kept with an unknown outcome, bound to its
+// record.
+func (s *Engine) sealRequest(keyID, idem string, req *vault.StoredRequest) ([]byte, error) {
+	if req == nil {
+		return nil, nil
+	}
+	pt, err := json.Marshal(req)
+	if err != nil {
+		return nil, err
+	}
+	return s.seal.seal(pt, requestAD(keyID, idem))
+}
+
+// openRequest unseals a request sealRequest sealed.
+func (s *Engine) openRequest(r *recordRec) (vault.StoredRequest, error) {
+	pt, err := s.seal.open(r.SealedRequest, requestAD(r.KeyID, r.Idem))
+	if err != nil {
+		return vault.StoredRequest{}, err
+	}
+	var out vault.StoredRequest
+	if err := json.Unmarshal(pt, &out); err != nil {
+		return vault.StoredRequest{}, fmt.Errorf("stored request: %w", vault.ErrStorage)
 	}
 	return out, nil
 }

@@ -36,7 +36,7 @@ const (
 // pendingSettle is one settle kept for a retry.
 type pendingSettle struct {
 	req  vault.SettleRequest
-	resp *responseRec
+	resp settleSealed
 	k    []byte
 	done func(error)
 }

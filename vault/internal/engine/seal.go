@@ -81,6 +81,11 @@ func responseAD(keyID, idemKey string, codec byte) []byte {
 	return []byte(kind + "\x00" + keyID + "\x00" + idemKey)
 }
 
+// requestAD binds a request kept with an unknown outcome to its record.
+func requestAD(keyID, idemKey string) []byte {
+	return []byte("keybrake/request\x00" + keyID + "\x00" + idemKey)
+}
+
 // checkAD binds the master-key check value in the meta bucket.
 var checkAD = []byte("keybrake/master-key-check")
 
@@ -150,11 +155,18 @@ func Reseal(b Bucket, k, v []byte, from, to *Sealer) ([]byte, Resealed, error) {
 		if err != nil {
 			return nil, 0, err
 		}
-		if r.Response == nil || r.Response.SealedBody == nil {
+		if (r.Response == nil || r.Response.SealedBody == nil) && r.SealedRequest == nil {
 			return v, ResealedNothing, nil
 		}
-		if r.Response.SealedBody, err = again(r.Response.SealedBody, responseAD(r.KeyID, r.Idem, r.Response.Codec)); err != nil {
-			return nil, 0, fmt.Errorf("stored response of %s: %w", r.KeyID, err)
+		if r.Response != nil && r.Response.SealedBody != nil {
+			if r.Response.SealedBody, err = again(r.Response.SealedBody, responseAD(r.KeyID, r.Idem, r.Response.Codec)); err != nil {
+				return nil, 0, fmt.Errorf("stored response of %s: %w", r.KeyID, err)
+			}
+		}
+		if r.SealedRequest != nil {
+			if r.SealedRequest, err = again(r.SealedRequest, requestAD(r.KeyID, r.Idem)); err != nil {
+				return nil, 0, fmt.Errorf("stored request of %s: %w", r.KeyID, err)
+			}
 		}
 		return encodeRecord(r), ResealedResponse, nil
 	case b == BucketClaims:

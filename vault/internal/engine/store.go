@@ -639,13 +639,29 @@ func (s *Engine) settled(ctx context.Context, keyID string) error {
 	return s.queued.wait(ctx, keyID)
 }
 
-// settleResponse seals the answer a settle stores, before its transaction:
-// the committer's time is the scarce one.
-func (s *Engine) settleResponse(req *vault.SettleRequest) (*responseRec, error) {
-	if req.Response == nil || req.Outcome == vault.SettleAbandon {
-		return nil, nil
+// settleSealed is what a settle stores sealed: the answer, and the request
+// of an unknown outcome.
+type settleSealed struct {
+	resp    *responseRec
+	request []byte
+}
+
+// settleResponse seals what a settle stores, before its transaction: the
+// committer's time is the scarce one.
+func (s *Engine) settleResponse(req *vault.SettleRequest) (settleSealed, error) {
+	var out settleSealed
+	if req.Outcome == vault.SettleUnknown && req.Request != nil {
+		var err error
+		if out.request, err = s.sealRequest(req.KeyID, req.IdempotencyKey, req.Request); err != nil {
+			return settleSealed{}, err
+		}
 	}
-	return s.sealResponse(req.KeyID, req.IdempotencyKey, req.Response)
+	if req.Response == nil || req.Outcome == vault.SettleAbandon {
+		return out, nil
+	}
+	var err error
+	out.resp, err = s.sealResponse(req.KeyID, req.IdempotencyKey, req.Response)
+	return out, err
 }
 
 // ListHolds lists holds in the given state ("" for all), newest first (by creation).
@@ -847,4 +863,34 @@ func (s *Engine) BudgetChain(ctx context.Context, id string) ([]vault.BudgetStat
 		return nil, fmt.Errorf("budget chain: %w", err)
 	}
 	return out, nil
+}
+
+// UnknownRequest returns the record of an unknown hold and the request it was
+// forwarded with (see vault.Store).
+func (s *Engine) UnknownRequest(ctx context.Context, holdID string) (vault.IdempotencyRecord, vault.StoredRequest, error) {
+	var rec *recordRec
+	err := s.viewSettled(ctx, "", func(tx Tx, now time.Time) error {
+		var err error
+		rec, err = getRecordByHold(tx, holdID)
+		return err
+	})
+	if err != nil {
+		return vault.IdempotencyRecord{}, vault.StoredRequest{}, fmt.Errorf("unknown request: %w", err)
+	}
+	if rec.Hold.State != vault.HoldUnknown || rec.State != vault.RecordUnknown {
+		return vault.IdempotencyRecord{}, vault.StoredRequest{}, fmt.Errorf("hold %s is %s, not unknown: %w", holdID, rec.Hold.State, vault.ErrConflict)
+	}
+	if rec.SealedRequest == nil {
+		return vault.IdempotencyRecord{}, vault.StoredRequest{}, fmt.Errorf(
+			"the request of hold %s was not kept (its outcome became unknown in a crash, or before keybrake kept requests): %w", holdID, vault.ErrConflict)
+	}
+	req, err := s.openRequest(rec)
+	if err != nil {
+		return vault.IdempotencyRecord{}, vault.StoredRequest{}, fmt.Errorf("unknown request of hold %s: %w", holdID, err)
+	}
+	pub, err := s.publicRecord(rec)
+	if err != nil {
+		return vault.IdempotencyRecord{}, vault.StoredRequest{}, fmt.Errorf("unknown request: %w", err)
+	}
+	return pub, req, nil
 }

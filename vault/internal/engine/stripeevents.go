@@ -201,7 +201,7 @@ func resolveByEventTx(tx Tx, now time.Time, ev vault.StripeEvent) (string, error
 	// No answer is stored: keybrake never saw Stripe's. A retry is told the
 	// hold was resolved, as after an operator's resolve.
 	rec.Resolved = true
-	if err := settleWritesAs(tx, now, req, rec, obj, nil, le); err != nil {
+	if err := settleWritesAs(tx, now, req, rec, obj, settleSealed{}, le); err != nil {
 		return "", err
 	}
 	if err := tx.Delete(BucketUnknownKeys, uk); err != nil {

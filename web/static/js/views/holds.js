@@ -1,5 +1,6 @@
 // Holds whose outcome is unknown, oldest first: what to look up at Stripe, and
-// (for admins) buttons that resolve each as committed or released.
+// (for admins) a button that asks Stripe by sending the request again under the
+// same idempotency key, and buttons that resolve each as committed or released.
 
 import {get, post, query, pathId} from '../api.js';
 import {h, replace, table, timeEl, money, ago, announce, keepFocus, changes, keyLink, opCode, idWithCopy} from '../dom.js';
@@ -58,11 +59,37 @@ export function mount(main, ctx) {
           {label: 'Stripe Idempotency-Key', cell: (hd) => idWithCopy(hd.upstream_idempotency_key, 'Stripe Idempotency-Key')},
           {label: "Caller's idempotency key", cell: (hd) => idWithCopy(hd.idempotency_key, 'idempotency key')},
           ctx.isAdmin ? {label: 'Resolve', cell: (hd) => h('div', {class: 'actions'},
+            h('button', {type: 'button', class: 'button small', 'data-action': 'ask-stripe', 'data-focus-id': `ask:${hd.id}`, onclick: () => askStripe(hd)}, 'Ask Stripe'),
             h('button', {type: 'button', class: 'button secondary small', 'data-action': 'commit', 'data-focus-id': `commit:${hd.id}`, onclick: () => resolve(hd, 'committed')}, 'Committed'),
             h('button', {type: 'button', class: 'button secondary small', 'data-action': 'release', 'data-focus-id': `release:${hd.id}`, onclick: () => resolve(hd, 'released')}, 'Released'))} : null,
         ].filter(Boolean),
         rows: holds,
       })));
+  }
+
+  async function askStripe(hold) {
+    const ok = await confirm({
+      title: 'Ask Stripe?',
+      content: [
+        h('p', null, `keybrake sends this request to Stripe again, with the same Stripe Idempotency-Key, as the caller's own retry would be. If Stripe executed it the first time, it answers with that execution and no money moves again; if it never did, it executes it now and ${money(hold.amount, hold.currency)} may move on ${hold.key_name}.`),
+        h('p', null, 'The hold is then settled from Stripe\'s answer, and you are told which of the two happened.'),
+      ],
+      action: 'Send it to Stripe again',
+    });
+    if (!ok) return;
+    try {
+      const res = await post(`/holds/${pathId(hold.id)}/ask-stripe`, {});
+      const what = res.stripe === 'replayed'
+        ? 'Stripe had executed it: it replayed its first answer, and no money moved again.'
+        : 'Stripe had not executed it: it executed it now.';
+      const kind = res.outcome === 'unknown' ? 'warn' : 'success';
+      replace(notice, message(kind, h('p', {'data-ask-result': res.stripe}, what, ' ',
+        res.outcome === 'unknown' ? 'Its answer still leaves the outcome unknown.' : `The hold of ${money(hold.amount, hold.currency)} is ${res.outcome}.`)));
+      announce(`Asked Stripe: ${res.stripe}, ${res.outcome}.`);
+    } catch (err) {
+      replace(notice, errorBox(err, 'Stripe was not asked'));
+    }
+    await load();
   }
 
   async function resolve(hold, outcome) {
