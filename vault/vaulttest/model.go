@@ -50,8 +50,8 @@ type modelRun struct {
 	s *Store
 	// split, when set, makes every Reserve of the run the broken one of
 	// splitReserve, with split called between its two transactions.
-	split   func()
-	keys    []vault.Key
+	split func()
+	keys  []vault.Key
 	// budgets are the budgets the keys draw from (a key's chain: the key, its
 	// budget, that budget's ancestors).
 	budgets map[string]vault.Budget
