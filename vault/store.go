@@ -574,7 +574,9 @@ type ReserveResult struct {
 	// Windows and Usage are the key's windows at the store clock and their
 	// counters as the Reserve left them (its own hold included), for the
 	// outcomes that forward or replay (ReserveClaimed, ReserveResume,
-	// ReserveReplay): what is left of each cap, without another read.
+	// ReserveReplay): what is left of each cap, without another read. For a
+	// key under a budget they include every budget window of its chain,
+	// under their scoped ids ("bud_…/day:…"), for a metered request.
 	Windows []policy.Window
 	Usage   policy.Usage
 }
