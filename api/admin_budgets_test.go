@@ -34,6 +34,11 @@ func TestAdminBudgetsLifecycle(t *testing.T) {
 	require.Equal(t, http.StatusCreated, r.Status, "body: %s", r.Body)
 	teamID := r.JSON(t)["id"].(string)
 
+	// A name is unique among siblings: 409.
+	r = env.Do(http.MethodPost, "/api/v1/budgets", env.adminToken, map[string]any{"name": "team", "parent": orgID, "currency": "usd", "daily_cap": "1.00"})
+	assert.Equal(t, http.StatusConflict, r.Status, "body: %s", r.Body)
+	assert.Contains(t, string(r.Body), `budget name \"team\" is taken under budget `+orgID)
+
 	// Currency must match the parent's; unknown fields and bad limits are 422.
 	r = env.Do(http.MethodPost, "/api/v1/budgets", env.adminToken, map[string]any{"name": "eur", "parent": orgID, "currency": "eur", "daily_cap": "1.00"})
 	assert.Equal(t, http.StatusUnprocessableEntity, r.Status)

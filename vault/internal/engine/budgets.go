@@ -278,6 +278,9 @@ func (s *Engine) createBudgetTx(tx Tx, now time.Time, actor string, spec vault.B
 	if err := insertJSON(tx, BucketBudgets, []byte(r.ID), r); err != nil {
 		return vault.Budget{}, err
 	}
+	if err := claimBudgetName(tx, r.Parent, r.Name, r.ID); err != nil {
+		return vault.Budget{}, err
+	}
 	if err := putAudit(tx, now, actor, "budget.create", r.ID, nil, r.view()); err != nil {
 		return vault.Budget{}, err
 	}
@@ -315,6 +318,14 @@ func (s *Engine) patchBudgetTx(tx Tx, now time.Time, actor, id string, change va
 	if err := putBudget(tx, &next); err != nil {
 		return vault.Budget{}, nil, err
 	}
+	if next.Name != r.Name {
+		if err := releaseBudgetName(tx, r.Parent, r.Name, r.ID); err != nil {
+			return vault.Budget{}, nil, err
+		}
+		if err := claimBudgetName(tx, r.Parent, next.Name, r.ID); err != nil {
+			return vault.Budget{}, nil, err
+		}
+	}
 	if err := putAudit(tx, now, actor, "budget.update", r.ID, r.view(), next.view()); err != nil {
 		return vault.Budget{}, nil, err
 	}
@@ -344,7 +355,53 @@ func deleteBudgetTx(tx Tx, now time.Time, actor, id string) error {
 	if err := tx.Delete(BucketBudgets, []byte(id)); err != nil {
 		return fmt.Errorf("delete budget %s: %w", id, err)
 	}
+	if err := releaseBudgetName(tx, r.Parent, r.Name, r.ID); err != nil {
+		return err
+	}
 	return putAudit(tx, now, actor, "budget.delete", id, r.view(), nil)
+}
+
+// budgetNameKey is the key_names entry of a budget's name among the budgets
+// of parent ("" for the roots): a name is unique among siblings, so a
+// refusal's or the dashboard's "team-a" under one organisation is one budget,
+// while two organisations may each have a "team-a".
+func budgetNameKey(parent, name string) []byte {
+	return []byte("\x00budget\x00" + parent + "\x00" + name)
+}
+
+// claimBudgetName takes name among parent's budgets for budget id, or
+// refuses with ErrConflict when a sibling has it. The entry is an insert: two
+// transactions that both found it free cannot both commit (on PostgreSQL the
+// loser runs again and finds it taken).
+func claimBudgetName(tx Tx, parent, name, id string) error {
+	k := budgetNameKey(parent, name)
+	taken, err := tx.Get(BucketNames, k)
+	switch {
+	case err != nil:
+		return err
+	case taken != nil && string(taken) == id:
+		return nil
+	case taken != nil:
+		where := "among the root budgets"
+		if parent != "" {
+			where = "under budget " + parent
+		}
+		return fmt.Errorf("budget name %q is taken %s (by %s): %w", name, where, taken, vault.ErrConflict)
+	}
+	if err := tx.Insert(BucketNames, k, []byte(id)); err != nil {
+		return fmt.Errorf("index budget name: %w", err)
+	}
+	return nil
+}
+
+// releaseBudgetName drops budget id's entry for name, if it is id's.
+func releaseBudgetName(tx Tx, parent, name, id string) error {
+	k := budgetNameKey(parent, name)
+	v, err := tx.Get(BucketNames, k)
+	if err != nil || string(v) != id {
+		return err
+	}
+	return tx.Delete(BucketNames, k)
 }
 
 // moveKeyBudget keeps the budgets' key counts right when a key's budget
