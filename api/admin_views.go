@@ -130,15 +130,15 @@ type keyWithTokenView struct {
 // effective cap (the policy's plus the raises active now); BaseCap is the
 // policy's, present only while a raise adds to it.
 type windowView struct {
-	Start     time.Time `json:"start"`
+	Start time.Time `json:"start"`
 	// End and ResetAt are null for a window that never ends: the period of
 	// a budget without expires_at.
 	End       *time.Time `json:"end"`
-	Cap       *string   `json:"cap"`
-	BaseCap   *string   `json:"base_cap,omitempty"`
-	Committed string    `json:"committed"`
-	Held      string    `json:"held"`
-	Remaining *string   `json:"remaining"`
+	Cap       *string    `json:"cap"`
+	BaseCap   *string    `json:"base_cap,omitempty"`
+	Committed string     `json:"committed"`
+	Held      string     `json:"held"`
+	Remaining *string    `json:"remaining"`
 	ResetAt   *time.Time `json:"reset_at"`
 }
 

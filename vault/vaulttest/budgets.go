@@ -381,7 +381,7 @@ func testBudgetNamesUniqueAmongSiblings(t *testing.T) {
 	_, err = s.CreateBudget(ctx, "tester", spec("org", ""))
 	assert.ErrorIs(t, err, vault.ErrConflict, "a root has the name")
 	MustBudget(t, s, "team-a", other.ID, "10.00", "") // another parent's
-	MustBudget(t, s, "Team-A", org.ID, "10.00", "")  // names compare exactly
+	MustBudget(t, s, "Team-A", org.ID, "10.00", "")   // names compare exactly
 
 	rename := func(id, name string) error {
 		_, err := s.PatchBudget(ctx, "tester", id, vault.BudgetChange{Apply: func(b vault.Budget, _ time.Time) (vault.BudgetSpec, error) {
