@@ -1,11 +1,13 @@
 package engine
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"maps"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/shopspring/decimal"
@@ -79,16 +81,62 @@ func (r *budgetRec) view() budgetView {
 }
 
 // getBudget reads the budget id; in a write transaction the read locks it.
-// Errors: ErrNotFound.
+// The result is the caller's own copy, to change and put. Errors:
+// ErrNotFound.
 func getBudget(tx Tx, id string) (*budgetRec, error) {
-	var r budgetRec
-	ok, err := getJSON(tx, BucketBudgets, []byte(id), &r)
+	raw, err := tx.Get(BucketBudgets, []byte(id))
 	if err != nil {
 		return nil, err
 	}
-	if !ok {
+	if raw == nil {
 		return nil, fmt.Errorf("budget %s: %w", id, vault.ErrNotFound)
 	}
+	return budgetDecodes.decode(id, raw)
+}
+
+// budgetDecodes memoises the decoding of budget records by their bytes. A
+// budget that a fleet of keys draws from is read by every money request of
+// every one of them, and decoding its JSON each time was a large share of
+// what a shared budget cost bbolt's single committer. An entry serves only
+// the very bytes it was decoded from, so it is never stale, whichever store
+// or transaction read them.
+var budgetDecodes budgetDecodeCache
+
+type budgetDecodeCache struct {
+	mu sync.Mutex
+	m  map[string]cachedBudget
+}
+
+type cachedBudget struct {
+	raw []byte
+	rec *budgetRec // never modified once cached: decode hands out copies
+}
+
+const budgetCacheMax = 10000
+
+// decode returns a copy of the record raw encodes, decoding it only when the
+// cache holds no decoding of these bytes for id.
+func (c *budgetDecodeCache) decode(id string, raw []byte) (*budgetRec, error) {
+	c.mu.Lock()
+	e, ok := c.m[id]
+	c.mu.Unlock()
+	if !ok || !bytes.Equal(e.raw, raw) {
+		rec := &budgetRec{}
+		if err := decodeJSON([]byte(id), raw, rec); err != nil {
+			return nil, err
+		}
+		e = cachedBudget{raw: bytes.Clone(raw), rec: rec}
+		c.mu.Lock()
+		if c.m == nil || len(c.m) >= budgetCacheMax {
+			c.m = make(map[string]cachedBudget)
+		}
+		c.m[id] = e
+		c.mu.Unlock()
+	}
+	// The caller's copy: what it changes (counts, raises appended, labels)
+	// is its own.
+	r := *e.rec
+	r.Velocity, r.Labels, r.Raises, r.limits = slices.Clone(r.Velocity), maps.Clone(r.Labels), slices.Clone(r.Raises), nil
 	return &r, nil
 }
 
