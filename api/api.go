@@ -64,6 +64,10 @@ type ProxyConfig struct {
 	AgentMaxBodyBytes int64
 	// Version is the build's version, which the MCP endpoint reports to clients.
 	Version string
+	// IdempotencyTTL is how long the store replays a completed idempotency
+	// record (vault.DefaultIdempotencyTTL when zero): for that long an MCP call
+	// repeated without an idempotency_key is a retry, as its result says.
+	IdempotencyTTL time.Duration
 }
 
 // Roles a JWT may carry.

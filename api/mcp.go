@@ -34,7 +34,9 @@ import (
 //     from the store on every call, so a policy change shows at once).
 //   - A tool call becomes an in-process HTTP request — the vault key's own
 //     Authorization, the arguments as a form body or query, idempotency_key as the
-//     Idempotency-Key header — that runs through the proxy's own http.Handler:
+//     Idempotency-Key header (without one, the proxy derives it for a call that
+//     moves money: proxy.NewContextDerivingIdempotency) — that runs through the
+//     proxy's own http.Handler:
 //     the same classification, policy, claim + hold, forwarding and settling as a
 //     request from a Stripe SDK, and the same ledger (each event names the tool).
 //     Stripe's 2xx answer is the result; a refusal (keybrake's or Stripe's) is a
@@ -56,15 +58,17 @@ const (
 const (
 	codeInvalidArguments = "invalid_arguments" // the arguments do not fit the tool: nothing was sent
 	codeAnswerTooLarge   = "answer_too_large"  // the request went through; its answer is too large to return
+	// codeLivemodeMismatch (mcp_generic.go): livemode is not the mode of the key's Stripe key.
 )
 
 // mcpInstructions is what the server tells the agent when it connects.
 const mcpInstructions = `This MCP server is keybrake, a spend-cap vault in front of the Stripe API. ` +
 	`Every tool that moves money counts against this vault key's caps (daily, period, per request); ` +
 	`keybrake refuses a call before it reaches Stripe when a cap would be exceeded, with isError and the ` +
-	`code spend_cap_exceeded. Give each payment an idempotency_key naming the unit of work and send the ` +
-	`same key when you retry: the retry gets the first answer and moves no money. Call get_budget to see ` +
-	`what is left.`
+	`code spend_cap_exceeded. A payment without an idempotency_key gets one derived from the call, so the ` +
+	`same call repeated moves money once; give your own idempotency_key to make a deliberate second, identical ` +
+	`payment. Call get_budget to see what is left, stripe_api_search to find an operation for stripe_api_read ` +
+	`and stripe_api_write.`
 
 // mcpEndpoint serves the MCP endpoint.
 type mcpEndpoint struct {
@@ -73,12 +77,17 @@ type mcpEndpoint struct {
 	log     *slog.Logger
 	now     func() time.Time
 	handler http.Handler
+	idemTTL time.Duration // how long a derived idempotency key replays
 }
 
 // newMCP builds the MCP endpoint of cfg: its tools run through cfg.Stripe.
 func newMCP(cfg ProxyConfig, logger *slog.Logger) *mcpEndpoint {
 	now := cfg.Store.Now // every decision about a key is made at the store's clock
-	m := &mcpEndpoint{store: cfg.Store, stripe: cfg.Stripe, log: logger.With(logfield.Component, "mcp"), now: now}
+	m := &mcpEndpoint{store: cfg.Store, stripe: cfg.Stripe, log: logger.With(logfield.Component, "mcp"), now: now,
+		idemTTL: cfg.IdempotencyTTL}
+	if m.idemTTL <= 0 {
+		m.idemTTL = vault.DefaultIdempotencyTTL
+	}
 	version := cfg.Version
 	if version == "" {
 		version = "dev"
@@ -212,6 +221,14 @@ func (m *mcpEndpoint) toolHandler(t *toolSpec) mcp.ToolHandler {
 			return m.getBudget(ctx, req.Extra)
 		case toolRequestRaise:
 			return m.requestRaise(ctx, req)
+		case toolAPIRead, toolAPIWrite:
+			return m.genericCall(ctx, t, req)
+		case toolAPISearch:
+			return m.search(ctx, t, req)
+		case toolAPIDetails:
+			return m.details(ctx, t, req)
+		case toolAPIAccounts:
+			return m.listAccounts(ctx, req)
 		}
 		call, err := t.request(req.Params.Arguments)
 		var bad *argError
@@ -229,8 +246,11 @@ func (m *mcpEndpoint) toolHandler(t *toolSpec) mcp.ToolHandler {
 }
 
 // run sends the tool's request through the proxy in process and turns its
-// answer into the tool's result.
+// answer into the tool's result. A call that moves money without an
+// idempotency_key gets a derived one, and the result says so.
 func (m *mcpEndpoint) run(ctx context.Context, tool string, call toolCall, h http.Header) *mcp.CallToolResult {
+	var derived proxy.DerivedIdempotency
+	ctx = proxy.NewContextDerivingIdempotency(ctx, &derived)
 	target, body, contentType := call.path, []byte(nil), ""
 	switch {
 	case call.jsonBody != nil:
@@ -259,7 +279,14 @@ func (m *mcpEndpoint) run(ctx context.Context, tool string, call toolCall, h htt
 	}
 	rec := &answerRecorder{header: http.Header{}, limit: mcpMaxAnswerBytes}
 	m.stripe.ServeHTTP(rec, r)
-	return rec.result()
+	res := rec.result()
+	if derived.Key != "" {
+		if flat, ok := res.StructuredContent.(map[string]any); ok && res.IsError {
+			flat["idempotency_key"] = derived.Key
+		}
+		res.Content = append(res.Content, &mcp.TextContent{Text: derivedNote(derived.Key, m.idemTTL)})
+	}
+	return res
 }
 
 // getBudget answers get_budget: what GET /keybrake/v1/me says.
@@ -440,10 +467,12 @@ func refusalResult(status int, source, code, msg string, stripeErr map[string]an
 		flat["code"] = code
 	}
 	flat["message"], flat["status"], flat["source"] = msg, status, source
-	var text string
+	// Every refusal starts as Stripe's own MCP server writes an error, so an
+	// agent written against it recognises one.
+	text := "Stripe API error: "
 	switch {
 	case source == sourceKeybrake:
-		text = fmt.Sprintf("keybrake refused this call (%s): %s", code, strings.TrimSuffix(msg, "."))
+		text += fmt.Sprintf("keybrake refused this call (%s): %s", code, strings.TrimSuffix(msg, "."))
 		advice := refusalAdvice[proxy.ErrorCode(code)]
 		switch {
 		case proxy.ErrorCode(code) == proxy.CodeSpendCapExceeded && flat["cap"] == string(policy.WindowPerRequest):
@@ -458,9 +487,9 @@ func refusalResult(status int, source, code, msg string, stripeErr map[string]an
 		}
 	case code != "":
 		typ, _ := flat["type"].(string)
-		text = fmt.Sprintf("Stripe answered %d %s (%s): %s", status, typ, code, msg)
+		text += fmt.Sprintf("%s (Stripe answered %d %s, code %s)", msg, status, typ, code)
 	default:
-		text = msg
+		text += msg
 	}
 	return &mcp.CallToolResult{IsError: true, Content: []mcp.Content{&mcp.TextContent{Text: text}}, StructuredContent: flat}
 }
@@ -481,6 +510,7 @@ var refusalAdvice = map[proxy.ErrorCode]string{
 	proxy.CodeCurrencyNotAllowed:  "Nothing reached Stripe: this vault key's policy does not allow it, so a retry cannot help.",
 	proxy.CodeAmountUnknown:       "Nothing reached Stripe: keybrake must know the amount before money can move; name it.",
 	proxy.CodeIdemKeyRequired:     "Pass an idempotency_key argument naming this unit of work (e.g. order-42), and the same one if you retry.",
+	codeLivemodeMismatch:          "Nothing reached Stripe.",
 	proxy.CodeIdemKeyInvalid:      "The idempotency_key must be 1 to 255 printable ASCII characters.",
 	proxy.CodeIdemKeyReused: "This idempotency_key was used for a different call: repeat that call's exact arguments, " +
 		"or use a new key for a new payment.",

@@ -58,6 +58,12 @@ func TestMCPToolOperations(t *testing.T) {
 		"stripe_request":        {"", false},
 		"get_budget":            {"", false},
 		"request_budget_raise":  {"", false},
+
+		"stripe_api_read":                 {"", false},
+		"stripe_api_write":                {"", false},
+		"stripe_api_search":               {"", false},
+		"stripe_api_details":              {"", false},
+		"list_available_accounts_or_orgs": {"", false},
 	}
 	require.Len(t, mcpTools, len(want))
 	for _, tool := range mcpTools {
@@ -79,7 +85,7 @@ func TestMCPToolOperations(t *testing.T) {
 			require.NotNil(t, def.Annotations, tool.name)
 			ann := def.Annotations
 			switch {
-			case tool.method == http.MethodGet || tool.name == toolGetBudget:
+			case tool.method == http.MethodGet || tool.name == toolGetBudget || tool.name == toolAPIRead || tool.describes():
 				assert.True(t, ann.ReadOnlyHint, tool.name)
 			case tool.money:
 				assert.True(t, *ann.DestructiveHint, tool.name)
@@ -89,13 +95,16 @@ func TestMCPToolOperations(t *testing.T) {
 			}
 		}
 		if tool.money {
-			assert.Contains(t, tool.defs[0].InputSchema.(map[string]any)["required"], idempotencyArg, tool.name)
+			// Without an idempotency_key keybrake derives one: no money tool requires it.
+			assert.NotContains(t, tool.defs[0].InputSchema.(map[string]any)["required"], idempotencyArg, tool.name)
 			assert.NotContains(t, tool.defs[1].InputSchema.(map[string]any)["required"], idempotencyArg, tool.name)
 		}
 	}
 	assert.False(t, *mcpTool(t, "create_customer").defs[0].Annotations.DestructiveHint)
 	assert.True(t, *mcpTool(t, "cancel_subscription").defs[0].Annotations.DestructiveHint)
 	assert.True(t, *mcpTool(t, "stripe_request").defs[0].Annotations.DestructiveHint)
+	assert.True(t, *mcpTool(t, "stripe_api_write").defs[0].Annotations.DestructiveHint)
+	assert.True(t, mcpTool(t, "stripe_api_read").defs[0].Annotations.ReadOnlyHint)
 }
 
 func TestMCPToolsForAPolicy(t *testing.T) {
@@ -118,7 +127,8 @@ func TestMCPToolsForAPolicy(t *testing.T) {
 	assert.NotContains(t, def, "cancel_subscription")
 
 	only := names(policy.Policy{Operations: []string{"refunds.create"}})
-	assert.Equal(t, []string{"create_refund", "stripe_request", "get_budget", "request_budget_raise"}, only)
+	assert.Equal(t, []string{"create_refund", "stripe_request", "stripe_api_read", "stripe_api_write", "stripe_api_search",
+		"stripe_api_details", "list_available_accounts_or_orgs", "get_budget", "request_budget_raise"}, only)
 
 	// Report mode forwards what the policy would refuse: every tool is usable.
 	report := names(policy.Policy{Operations: []string{"refunds.create"}, Mode: policy.ModeReport})
@@ -248,7 +258,7 @@ func TestMCPErrorResults(t *testing.T) {
 		"message": "per-request cap of 10.00 usd would be exceeded: 12.00 requested", "reason": "spend_cap_exceeded",
 		"cap": "per_request", "limit": "10.00", "remaining": "10.00", "requested": "12.00", "currency": "usd",
 		"request_id": "req_kb_1", "status": 402, "source": "keybrake"}, flat(perRequest))
-	assert.Equal(t, "keybrake refused this call (spend_cap_exceeded): per-request cap of 10.00 usd would be exceeded: "+
+	assert.Equal(t, "Stripe API error: keybrake refused this call (spend_cap_exceeded): per-request cap of 10.00 usd would be exceeded: "+
 		"12.00 requested. "+perRequestAdvice, text(perRequest))
 
 	declined := errorResult(http.StatusPaymentRequired, []byte(`{"error": {"type": "card_error", "code": "card_declined",
@@ -257,7 +267,7 @@ func TestMCPErrorResults(t *testing.T) {
 	assert.Equal(t, "stripe", flat(declined)["source"])
 	assert.Equal(t, "generic_decline", flat(declined)["decline_code"])
 	assert.Equal(t, json.Number("1099"), flat(declined)["payment_intent"].(map[string]any)["amount"])
-	assert.Equal(t, "Stripe answered 402 card_error (card_declined): Your card was declined.", text(declined))
+	assert.Equal(t, "Stripe API error: Your card was declined. (Stripe answered 402 card_error, code card_declined)", text(declined))
 
 	derived := errorResult(http.StatusBadRequest, []byte(`{"error": {"type": "idempotency_error",
 		"code": "idempotency_key_required", "param": "customer", "message": "This vault key derives idempotency keys `+
@@ -269,7 +279,7 @@ func TestMCPErrorResults(t *testing.T) {
 
 	garbage := errorResult(http.StatusBadGateway, []byte("<html>bad gateway</html>"))
 	assert.Equal(t, "stripe", flat(garbage)["source"])
-	assert.Equal(t, "Stripe answered 502: <html>bad gateway</html>", text(garbage))
+	assert.Equal(t, "Stripe API error: Stripe answered 502: <html>bad gateway</html>", text(garbage))
 
 	in := &answerRecorder{header: http.Header{}, limit: 8}
 	in.WriteHeader(http.StatusOK)
@@ -279,4 +289,79 @@ func TestMCPErrorResults(t *testing.T) {
 	tooLarge := in.result()
 	assert.True(t, tooLarge.IsError)
 	assert.Equal(t, codeAnswerTooLarge, flat(tooLarge)["code"])
+}
+
+// TestMCPGenericRequests: stripe_api_read and stripe_api_write resolve the
+// operationId to Stripe's method and path, take the path parameters out of
+// parameters and encode the rest as Stripe reads forms.
+func TestMCPGenericRequests(t *testing.T) {
+	t.Parallel()
+	m := &mcpEndpoint{}
+	build := func(tool string, args map[string]any) (toolCall, error) {
+		raw, err := json.Marshal(args)
+		require.NoError(t, err)
+		spec := mcpTool(t, tool)
+		call, err := spec.request(raw)
+		if err != nil {
+			return call, err
+		}
+		err = m.genericRequest(t.Context(), tool == toolAPIWrite, &mcp.CallToolRequest{Params: &mcp.CallToolParamsRaw{Arguments: raw}}, &call)
+		return call, err
+	}
+	call, err := build(toolAPIWrite, map[string]any{"stripe_api_operation_id": "PostPaymentIntentsIntentCapture",
+		"parameters": map[string]any{"intent": "pi_1", "amount_to_capture": 500, "metadata": map[string]any{"b": "2", "a": "1"},
+			"expand": []any{"latest_charge"}}, "stripe_context": "acct_1", "idempotency_key": "cap-1", "reason": "order shipped"})
+	require.NoError(t, err)
+	assert.Equal(t, http.MethodPost, call.method)
+	assert.Equal(t, "/v1/payment_intents/pi_1/capture", call.path)
+	assert.Equal(t, "amount_to_capture=500&expand%5B0%5D=latest_charge&metadata%5Ba%5D=1&metadata%5Bb%5D=2", call.params.Encode())
+	assert.Equal(t, "acct_1", call.stripeAccount)
+	assert.Equal(t, "cap-1", call.idempotencyKey)
+	assert.Equal(t, "order shipped", call.approvalReason)
+
+	call, err = build(toolAPIRead, map[string]any{"stripe_api_operation_id": "GetCustomers", "parameters": map[string]any{"limit": 3}})
+	require.NoError(t, err)
+	assert.Equal(t, "GET /v1/customers limit=3", call.method+" "+call.path+" "+call.params.Encode())
+
+	for name, tc := range map[string]struct {
+		tool string
+		args map[string]any
+		want string
+	}{
+		"read to write":     {toolAPIWrite, map[string]any{"stripe_api_operation_id": "GetCustomers"}, "GetCustomers is a read (GET /v1/customers): call stripe_api_read"},
+		"write to read":     {toolAPIRead, map[string]any{"stripe_api_operation_id": "PostRefunds"}, "PostRefunds is a write (POST /v1/refunds)"},
+		"delete to read":    {toolAPIRead, map[string]any{"stripe_api_operation_id": "DeleteCustomersCustomer"}, "stripe_api_read only reads"},
+		"unknown":           {toolAPIWrite, map[string]any{"stripe_api_operation_id": "PostFreeMoney"}, "call stripe_api_search"},
+		"path parameter":    {toolAPIRead, map[string]any{"stripe_api_operation_id": "GetCustomersCustomer"}, "parameters.customer is required"},
+		"path id":           {toolAPIRead, map[string]any{"stripe_api_operation_id": "GetCustomersCustomer", "parameters": map[string]any{"customer": "../balance"}}, "must be an id"},
+		"delete params":     {toolAPIWrite, map[string]any{"stripe_api_operation_id": "DeleteCustomersCustomer", "parameters": map[string]any{"customer": "cus_1", "x": "y"}}, "takes no parameters"},
+		"read takes no key": {toolAPIRead, map[string]any{"stripe_api_operation_id": "GetCustomers", "idempotency_key": "k"}, `unknown argument "idempotency_key"`},
+	} {
+		_, err := build(tc.tool, tc.args)
+		var bad *argError
+		require.ErrorAs(t, err, &bad, name)
+		assert.Contains(t, bad.msg, tc.want, name)
+	}
+}
+
+// TestMCPSearchSpecs: the search finds by words among what the policy allows.
+func TestMCPSearchSpecs(t *testing.T) {
+	t.Parallel()
+	ids := func(p policy.Policy, q string) []string {
+		var out []string
+		for _, op := range searchSpecs(&p, q) {
+			out = append(out, op.ID)
+		}
+		return out
+	}
+	refunds := policy.Policy{Operations: []string{"refunds.*"}}
+	got := ids(refunds, "refund")
+	require.Greater(t, len(got), 2)
+	assert.Contains(t, got[:2], "PostRefunds", "the plain create and list rank first")
+	assert.Contains(t, got, "GetRefundsRefund")
+	assert.Empty(t, ids(policy.Policy{Operations: []string{"charges.create"}}, "refund"))
+	assert.Contains(t, ids(policy.Policy{Operations: []string{"charges.create"}, Mode: policy.ModeReport}, "refund"), "PostRefunds",
+		"report mode forwards what the policy would refuse")
+	assert.Equal(t, []string{"PostCustomers"}, ids(policy.Policy{Operations: []string{"customers.create"}}, "create a customer"))
+	assert.Empty(t, ids(refunds, "refund zebra"), "every word must match")
 }

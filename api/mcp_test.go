@@ -69,7 +69,8 @@ func TestMCPOverPlainHTTP(t *testing.T) {
 	assert.Contains(t, init["instructions"], "spend_cap_exceeded")
 
 	tools := rpc("tools/list", map[string]any{})["tools"].([]any)
-	assert.Len(t, tools, 13, "the reads, create_payment_intent, stripe_request, get_budget and request_budget_raise")
+	assert.Len(t, tools, 18, "the reads, create_payment_intent, stripe_request, the five generic tools, get_budget "+
+		"and request_budget_raise")
 
 	res := rpc("tools/call", map[string]any{"name": "create_payment_intent",
 		"arguments": map[string]any{"amount": 1500, "currency": "usd", "idempotency_key": "curl-1"}})

@@ -260,7 +260,8 @@ var mcpTools = mustTools([]*toolSpec{
 		"policy allows, e.g. {\"method\": \"POST\", \"path\": \"/v1/charges\", \"params\": {\"amount\": 2500, " +
 		"\"currency\": \"usd\", \"source\": \"tok_visa\"}, \"idempotency_key\": \"order-42\"}. params are Stripe's " +
 		"parameters as nested JSON (sent as a form body for POST, as the query for GET). A request that moves money " +
-		"counts against the caps and needs an idempotency_key unless the key derives them.",
+		"counts against the caps; without an idempotency_key it gets one derived from the call, so a retry of the " +
+		"same call moves money once.",
 		args: []toolArg{
 			{name: "method", kind: argString, required: true, control: true,
 				enum: []string{http.MethodGet, http.MethodPost, http.MethodDelete}, desc: "The HTTP method."},
@@ -271,6 +272,7 @@ var mcpTools = mustTools([]*toolSpec{
 			{name: "stripe_account", kind: argID, control: true,
 				desc: "A connected account to act on (Stripe-Account); the policy must allow it."},
 		}},
+	apiReadTool, apiWriteTool, apiSearchTool, apiDetailsTool, apiAccountsTool,
 	{name: toolGetBudget, title: "Get budget", desc: "Read this vault key's policy and what is left of its budget: " +
 		"per cap window (daily, period) the cap, what is committed, what is held by requests in flight or whose " +
 		"outcome is unknown, what remains and when the window resets; and the per-request cap. Call it before a " +
@@ -301,10 +303,10 @@ func mustTools(specs []*toolSpec) []*toolSpec {
 			}
 			t.op, t.money = cls.Operation, cls.MovesMoney
 		}
-		if t.method == http.MethodPost || t.name == toolStripeRequest {
+		if t.method == http.MethodPost || t.name == toolStripeRequest || t.name == toolAPIWrite {
 			t.args = append(t.args, toolArg{name: idempotencyArg, kind: argString})
 		}
-		if t.money || t.name == toolStripeRequest {
+		if t.money || t.name == toolStripeRequest || t.name == toolAPIWrite {
 			t.args = append(t.args, t.approvalReasonArg())
 		}
 		t.defs = [2]*mcp.Tool{t.listed(false), t.listed(true)}
@@ -348,9 +350,6 @@ func (t *toolSpec) listed(derive bool) *mcp.Tool {
 		s := a.jsonSchema()
 		if a.name == idempotencyArg {
 			s["description"] = t.idempotencyText(derive)
-			if t.money && !derive {
-				required = append(required, a.name)
-			}
 		}
 		props[a.name] = s
 		if a.required {
@@ -368,7 +367,7 @@ func (t *toolSpec) listed(derive bool) *mcp.Tool {
 	}
 	ann := &mcp.ToolAnnotations{Title: t.title}
 	switch {
-	case t.method == http.MethodGet || t.name == toolGetBudget:
+	case t.method == http.MethodGet || t.name == toolGetBudget || t.name == toolAPIRead || t.describes():
 		ann.ReadOnlyHint, ann.IdempotentHint = true, true
 	case t.name == toolRequestRaise:
 		ann.DestructiveHint = ptr(false) // it only asks
@@ -382,24 +381,40 @@ func (t *toolSpec) listed(derive bool) *mcp.Tool {
 		additive := t.method == http.MethodPost && !strings.Contains(t.path, "{") && t.name != toolStripeRequest
 		ann.DestructiveHint = ptr(!additive)
 	}
-	if t.name == toolGetBudget || t.name == toolRequestRaise {
+	if t.name == toolGetBudget || t.name == toolRequestRaise || t.describes() {
 		ann.OpenWorldHint = ptr(false)
 	}
 	return &mcp.Tool{Name: t.name, Title: t.title, Description: desc, InputSchema: schema, Annotations: ann}
 }
 
+// describes reports whether the tool only describes (the operations, the
+// accounts) and sends nothing to Stripe.
+func (t *toolSpec) describes() bool {
+	return t.name == toolAPISearch || t.name == toolAPIDetails || t.name == toolAPIAccounts
+}
+
+// derivedKeyText is what a money tool's idempotency_key says of the key
+// keybrake derives when it is omitted.
+const derivedKeyText = "Optional: 1-255 printable characters naming this unit of work (e.g. order-42). Without it, " +
+	"keybrake derives one from this vault key, the operation and its parameters, so the same call repeated within " +
+	"the idempotency TTL (24 h by default) moves money once. Give your own key to make a deliberate second, " +
+	"identical payment; a retry with the same key gets the first call's answer and moves no money."
+
 // idempotencyText describes the idempotency_key argument of the tool.
 func (t *toolSpec) idempotencyText(derive bool) string {
+	general := t.name == toolStripeRequest || t.name == toolAPIWrite
 	switch {
-	case derive && (t.money || t.name == toolStripeRequest):
+	case derive && (t.money || general):
 		return "Ignored when the request moves money: this vault key derives the idempotency key from the " +
 			"request's own fields, so a retry of the same payment is the same payment."
 	case t.money:
-		return "Required: 1-255 printable characters naming this unit of work (e.g. order-42). Send the same " +
-			"key when you retry: the retry gets the first call's answer and moves no money. A new key is a new payment."
-	case t.name == toolStripeRequest:
-		return "Required when the request moves money (else optional): 1-255 printable characters naming this " +
-			"unit of work. A retry with the same key gets the first call's answer and moves no money."
+		return derivedKeyText
+	case general:
+		return "Optional: 1-255 printable characters naming this unit of work (e.g. order-42); a retry with the same " +
+			"key gets the first call's answer instead of running again. A request that moves money and has none gets " +
+			"one derived from this vault key, the operation and its parameters, so the same call repeated within the " +
+			"idempotency TTL (24 h by default) moves money once; give your own key to make a deliberate second, " +
+			"identical payment."
 	default:
 		return "Optional: a retry with the same key gets the first call's answer instead of running again."
 	}

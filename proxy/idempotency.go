@@ -108,6 +108,21 @@ func DeriveIdempotencyKey(operation string, fields []string, get func(string) (s
 	return "kbd_" + hex.EncodeToString(h.Sum(nil)), nil
 }
 
+// DeriveCallIdempotencyKey is the idempotency key of a money-moving MCP call
+// made without one: the SHA-256 over the vault key's id, the operation and the
+// request's fingerprint (method, exact path, accounts, canonical parameters), so
+// the same call repeated is the same payment for as long as the record lives
+// (the idempotency TTL, 24 h by default), and any other call is another. The
+// result is "kbm_" and 64 hex characters.
+func DeriveCallIdempotencyKey(keyID, operation, fingerprint string) string {
+	h := sha256.New()
+	writeField(h, "keybrake-mcp-derive-v1")
+	writeField(h, keyID)
+	writeField(h, operation)
+	writeField(h, fingerprint)
+	return "kbm_" + hex.EncodeToString(h.Sum(nil))
+}
+
 // Fingerprint is the SHA-256 (hex) over the method, the exact path, the
 // Stripe-Account and Stripe-Context values and the canonical parameters: two
 // requests with the same fingerprint are the same request to Stripe.

@@ -15,7 +15,8 @@ import (
 
 // idempotency takes the request's idempotency key (step 5): only a POST has one;
 // a derive-mode key computes it from the request's fields (the outcome is then
-// idemDerived), and a request that moves money must carry a valid one. A POST
+// idemDerived), and a request that moves money must carry a valid one — or,
+// from the MCP endpoint (NewContextDerivingIdempotency), gets one derived. A POST
 // that moves no money keeps a record only when it carries a key. "" is no key.
 func (p *Proxy) idempotency(r *http.Request, c *call) (string, idemOutcome, error) {
 	if c.method != http.MethodPost {
@@ -42,6 +43,11 @@ func (p *Proxy) idempotency(r *http.Request, c *call) (string, idemOutcome, erro
 			return "", "", rf
 		}
 		if !present {
+			if d := derivationFrom(r.Context()); d != nil && c.metered() {
+				d.Key = DeriveCallIdempotencyKey(c.key.ID, c.cls.Operation,
+					Fingerprint(c.method, c.path, c.account, c.stripeContext, c.params.Canonical()))
+				return d.Key, idemDerived, nil
+			}
 			return "", "", refuse(CodeIdemKeyRequired, "An Idempotency-Key header is required on requests that move money.")
 		}
 		return callerKey, "", nil

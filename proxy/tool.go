@@ -19,3 +19,29 @@ func ToolFromContext(ctx context.Context) string {
 	tool, _ := ctx.Value(toolKey{}).(string)
 	return tool
 }
+
+// DerivedIdempotency is what the proxy says back to an in-process caller that
+// lets it derive a missing idempotency key (NewContextDerivingIdempotency).
+type DerivedIdempotency struct {
+	// Key is the idempotency key the proxy derived for the request, or "" when
+	// it derived none (the caller gave one, or the request moves no money).
+	Key string
+}
+
+// derivationKey is the context key of NewContextDerivingIdempotency.
+type derivationKey struct{}
+
+// NewContextDerivingIdempotency returns ctx under which a money-moving POST that
+// carries no Idempotency-Key is not refused: the proxy derives its key from the
+// vault key, the operation and the request's fingerprint (DeriveCallIdempotencyKey)
+// and writes it to d. The MCP endpoint sets it, because agents retry tool calls
+// without thinking of keys; a request from the network never carries it.
+func NewContextDerivingIdempotency(ctx context.Context, d *DerivedIdempotency) context.Context {
+	return context.WithValue(ctx, derivationKey{}, d)
+}
+
+// derivationFrom returns the DerivedIdempotency of ctx, nil for none.
+func derivationFrom(ctx context.Context) *DerivedIdempotency {
+	d, _ := ctx.Value(derivationKey{}).(*DerivedIdempotency)
+	return d
+}

@@ -132,6 +132,28 @@ type nodeAnswer struct {
 	} `json:"result"`
 }
 
+// MustRunNodeClient runs client.mjs once: a fresh connection that lists the
+// tools and calls tool with the JSON arguments args.
+func MustRunNodeClient(tb testing.TB, node, dir, url, token, tool, args string) nodeAnswer {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, node, filepath.Join(dir, "client.mjs"))
+	cmd.Env = append(os.Environ(),
+		"KEYBRAKE_MCP_URL="+url+"/mcp",
+		"KEYBRAKE_VAULT_KEY="+token,
+		"KEYBRAKE_MCP_TOOL="+tool,
+		"KEYBRAKE_MCP_ARGS="+args,
+	)
+	var stderr proxytest.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	require.NoError(tb, err, "client.mjs: %s", stderr.String())
+	var got nodeAnswer
+	require.NoError(tb, json.Unmarshal(out, &got), "%s", out)
+	return got
+}
+
 func TestMCPNodeClient(t *testing.T) {
 	t.Parallel()
 	node, dir := MustNodeMCPClient(t)
@@ -139,22 +161,8 @@ func TestMCPNodeClient(t *testing.T) {
 	_, token := s.MustMint(t, "node-agent", map[string]any{"daily_cap": "50.00",
 		"operations": []string{"payment_intents.create", "*.read"}})
 
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, node, filepath.Join(dir, "client.mjs"))
-	cmd.Env = append(os.Environ(),
-		"KEYBRAKE_MCP_URL="+s.ProxyURL()+"/mcp",
-		"KEYBRAKE_VAULT_KEY="+token,
-		"KEYBRAKE_MCP_TOOL=create_payment_intent",
-		`KEYBRAKE_MCP_ARGS={"amount": 1200, "currency": "usd", "customer": "cus_node", "idempotency_key": "node-1"}`,
-	)
-	var stderr proxytest.Buffer
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	require.NoError(t, err, "client.mjs: %s", stderr.String())
-
-	var got nodeAnswer
-	require.NoError(t, json.Unmarshal(out, &got), "%s", out)
+	got := MustRunNodeClient(t, node, dir, s.ProxyURL(), token, "create_payment_intent",
+		`{"amount": 1200, "currency": "usd", "customer": "cus_node", "idempotency_key": "node-1"}`)
 	assert.Equal(t, "keybrake", got.Server.Name)
 	tools := map[string]int{}
 	for i, tool := range got.Tools {
@@ -165,7 +173,7 @@ func TestMCPNodeClient(t *testing.T) {
 	assert.NotContains(t, tools, "create_refund", "the policy does not allow refunds")
 	pay := got.Tools[tools["create_payment_intent"]]
 	assert.Equal(t, true, pay.Annotations["destructiveHint"])
-	assert.Contains(t, pay.Required, "idempotency_key")
+	assert.ElementsMatch(t, []string{"amount", "currency"}, pay.Required, "keybrake derives a missing idempotency key")
 	assert.Equal(t, true, got.Tools[tools["list_customers"]].Annotations["readOnlyHint"])
 
 	require.False(t, got.Result.IsError, "%+v", got.Result.Content)
@@ -174,4 +182,39 @@ func TestMCPNodeClient(t *testing.T) {
 	pis := s.fake.CountWhere(func(r proxytest.Request) bool { return r.Path == "/v1/payment_intents" })
 	assert.Equal(t, 1, pis, "the call reached Stripe once")
 	assert.Equal(t, int64(1200), s.fake.TotalMoved("usd"))
+}
+
+// TestMCPNodeGenericTools: an agent written against Stripe's hosted server,
+// through the TypeScript SDK. It retries blindly — a second process sends the
+// same stripe_api_write again, with no idempotency_key — and the money moves
+// once; a refusal reads as Stripe's server writes errors.
+func TestMCPNodeGenericTools(t *testing.T) {
+	t.Parallel()
+	node, dir := MustNodeMCPClient(t)
+	s := MustMCPServer(t)
+	_, token := s.MustMint(t, "node-generic", map[string]any{"daily_cap": "50.00", "operations": []string{"charges.create"}})
+
+	const charge = `{"stripe_api_operation_id": "PostCharges", "parameters": {"amount": 900, "currency": "usd", "source": "tok_visa"}}`
+	first := MustRunNodeClient(t, node, dir, s.ProxyURL(), token, "stripe_api_write", charge)
+	require.False(t, first.Result.IsError, "%+v", first.Result.Content)
+	again := MustRunNodeClient(t, node, dir, s.ProxyURL(), token, "stripe_api_write", charge)
+	require.False(t, again.Result.IsError, "%+v", again.Result.Content)
+	assert.Equal(t, first.Result.StructuredContent["id"], again.Result.StructuredContent["id"])
+	assert.Len(t, s.fake.Charges(), 1, "the blind retry moved no money")
+	assert.Equal(t, int64(900), s.fake.TotalMoved("usd"))
+	var notes []string
+	for _, c := range again.Result.Content {
+		notes = append(notes, c.Text)
+	}
+	assert.Contains(t, fmt.Sprint(notes), "stored answer of the first call")
+
+	refund := MustRunNodeClient(t, node, dir, s.ProxyURL(), token, "stripe_api_write",
+		`{"stripe_api_operation_id": "PostRefunds", "parameters": {"charge": "ch_1"}}`)
+	require.True(t, refund.Result.IsError)
+	require.NotEmpty(t, refund.Result.Content)
+	assert.Regexp(t, `^Stripe API error: keybrake refused this call \(operation_not_allowed\): operation "refunds.create"`,
+		refund.Result.Content[0].Text)
+	assert.Equal(t, "operation_not_allowed", refund.Result.StructuredContent["code"])
+	assert.Equal(t, "keybrake", refund.Result.StructuredContent["source"])
+	assert.Len(t, s.fake.Requests(), 1, "the refusal reached no Stripe")
 }

@@ -154,6 +154,7 @@ func (m *Main) runServe(ctx context.Context) error {
 		Logger:         logger,
 		Stripe:         stripe,
 		Version:        buildVersion(),
+		IdempotencyTTL: cfg.IdempotencyTTL,
 	})
 	adminHandler := api.NewAdmin(api.AdminConfig{
 		Now:            m.processNow,
