@@ -65,6 +65,7 @@ var adminRoutes = []adminRoute{
 
 	{method: http.MethodPost, path: "/api/v1/upstreams", handler: (*admin).putUpstream},
 	{method: http.MethodGet, path: "/api/v1/upstreams", handler: (*admin).listUpstreams},
+	{method: http.MethodPatch, path: "/api/v1/upstreams/:name", handler: (*admin).patchUpstream},
 	{method: http.MethodDelete, path: "/api/v1/upstreams/:name", handler: (*admin).deleteUpstream},
 
 	{method: http.MethodPost, path: "/api/v1/keys", handler: (*admin).mintKey},

@@ -17,6 +17,61 @@ type putUpstreamRequest struct {
 	Name   string `json:"name"`
 	Vendor string `json:"vendor"`
 	Secret string `json:"secret"`
+	// WebhookSecrets, when given, replace the upstream's webhook secrets.
+	WebhookSecrets *[]string `json:"webhook_secrets"`
+}
+
+// patchUpstreamRequest is the body of PATCH /api/v1/upstreams/{name}.
+type patchUpstreamRequest struct {
+	WebhookSecrets *[]string `json:"webhook_secrets"`
+}
+
+// checkWebhookSecrets validates webhook_secrets: at most two (the current one
+// and, during a rotation, the one before), each a whsec_ secret.
+func checkWebhookSecrets(secrets []string) []policy.FieldError {
+	if len(secrets) > vault.MaxWebhookSecrets {
+		return []policy.FieldError{fieldError("webhook_secrets", fmt.Sprintf("at most %d (the current secret and, while rotating, the one before)", vault.MaxWebhookSecrets))}
+	}
+	var errs []policy.FieldError
+	for i, s := range secrets {
+		field := fmt.Sprintf("webhook_secrets[%d]", i)
+		switch {
+		case !strings.HasPrefix(s, "whsec_") || len(s) <= len("whsec_"):
+			errs = append(errs, fieldError(field, "must be a Stripe webhook signing secret (whsec_…)"))
+		case len(s) > 255 || strings.ContainsFunc(s, func(r rune) bool { return r <= ' ' || r > '~' }):
+			errs = append(errs, fieldError(field, "must be at most 255 printable characters without spaces"))
+		}
+	}
+	return errs
+}
+
+// patchUpstream handles PATCH /api/v1/upstreams/{name}: replace the upstream's
+// webhook secrets (sealed, never returned; [] removes them).
+func (a *admin) patchUpstream(c echo.Context) error {
+	name, err := pathParam(c, "name")
+	if err != nil {
+		return err
+	}
+	var req patchUpstreamRequest
+	if err := bindJSON(c, DefaultMaxBodyBytes, &req); err != nil {
+		return err
+	}
+	if req.WebhookSecrets == nil {
+		return validationProblem("nothing to change", fieldError("webhook_secrets", "required"))
+	}
+	if errs := checkWebhookSecrets(*req.WebhookSecrets); len(errs) > 0 {
+		return validationProblem("the webhook secrets cannot be set", errs...)
+	}
+	ctx := c.Request().Context()
+	u, err := a.store.SetUpstreamWebhookSecrets(ctx, actor(c), name, *req.WebhookSecrets)
+	if err != nil {
+		return fmt.Errorf("patch upstream %q: %w", name, err)
+	}
+	secret, err := a.store.UpstreamSecret(ctx, u.Name)
+	if err != nil {
+		return fmt.Errorf("patch upstream %q: %w", name, err)
+	}
+	return c.JSON(http.StatusOK, newUpstreamView(u, a.upstreamMode(secret), a.upstreamURL()))
 }
 
 // upstreamListView is the answer of GET /api/v1/upstreams.
@@ -49,6 +104,9 @@ func (a *admin) putUpstream(c echo.Context) error {
 	case strings.ContainsFunc(req.Secret, func(r rune) bool { return r <= ' ' || r > '~' }):
 		errs = append(errs, fieldError("secret", "must not contain spaces or control characters"))
 	}
+	if req.WebhookSecrets != nil {
+		errs = append(errs, checkWebhookSecrets(*req.WebhookSecrets)...)
+	}
 	if len(errs) > 0 {
 		return validationProblem("the upstream cannot be registered", errs...)
 	}
@@ -59,6 +117,11 @@ func (a *admin) putUpstream(c echo.Context) error {
 	u, created, err := a.store.PutUpstream(ctx, actor(c), req.Name, req.Vendor, req.Secret)
 	if err != nil {
 		return fmt.Errorf("put upstream %q: %w", req.Name, err)
+	}
+	if req.WebhookSecrets != nil {
+		if u, err = a.store.SetUpstreamWebhookSecrets(ctx, actor(c), req.Name, *req.WebhookSecrets); err != nil {
+			return fmt.Errorf("put upstream %q: %w", req.Name, err)
+		}
 	}
 	status := http.StatusOK
 	if created {

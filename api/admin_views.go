@@ -26,20 +26,24 @@ type upstreamView struct {
 	// Mode is "test" or "live" from the secret's prefix ("" when it has neither).
 	Mode string `json:"mode"`
 	// BaseURL is where keybrake sends the upstream's requests (--stripe-url).
-	BaseURL   string    `json:"base_url"`
-	CreatedAt time.Time `json:"created_at"`
-	UpdatedAt time.Time `json:"updated_at"`
+	BaseURL string `json:"base_url"`
+	// WebhookSecretsLast4 are the last 4 characters of each webhook secret
+	// Stripe signs the upstream's events with (never the secrets).
+	WebhookSecretsLast4 []string  `json:"webhook_secrets_last4"`
+	CreatedAt           time.Time `json:"created_at"`
+	UpdatedAt           time.Time `json:"updated_at"`
 }
 
 func newUpstreamView(u vault.Upstream, mode, baseURL string) upstreamView {
 	return upstreamView{
-		Name:        u.Name,
-		Vendor:      u.Vendor,
-		SecretLast4: u.SecretLast4,
-		Mode:        mode,
-		BaseURL:     baseURL,
-		CreatedAt:   u.CreatedAt.UTC(),
-		UpdatedAt:   u.UpdatedAt.UTC(),
+		Name:                u.Name,
+		Vendor:              u.Vendor,
+		SecretLast4:         u.SecretLast4,
+		Mode:                mode,
+		BaseURL:             baseURL,
+		WebhookSecretsLast4: append([]string{}, u.WebhookSecretsLast4...),
+		CreatedAt:           u.CreatedAt.UTC(),
+		UpdatedAt:           u.UpdatedAt.UTC(),
 	}
 }
 

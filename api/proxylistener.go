@@ -38,6 +38,9 @@ func NewProxyListener(cfg ProxyConfig) http.Handler {
 	if cfg.Store != nil {
 		ag = newAgent(cfg, base)
 		ag.register(e)
+		if rcv, ok := cfg.Stripe.(stripeEventReceiver); ok {
+			registerStripeEvents(e, rcv, ag)
+		}
 	}
 	e.HTTPErrorHandler = func(err error, c echo.Context) {
 		if ag != nil && isAgentPath(c.Request()) {

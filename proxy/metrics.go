@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/keybrake/keybrake/proxy/stripeapi"
+	"github.com/keybrake/keybrake/vault"
 )
 
 // The proxy's Prometheus collectors. Every label takes its values from a fixed,
@@ -62,6 +63,8 @@ type metrics struct {
 	added        prometheus.Histogram     // duration minus the time spent waiting on Stripe
 	upstream     *prometheus.HistogramVec // kind, status_class
 	authFailures prometheus.Counter
+	events       *prometheus.CounterVec // outcome
+	eventsDenied *prometheus.CounterVec // reason
 }
 
 // newMetrics builds the proxy's collectors and registers them on reg; with a nil
@@ -96,6 +99,20 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Stripe rejected keybrake's own upstream secret (401 or 403 to a forwarded request): the registered secret is wrong, revoked or lacks a permission.",
 		}),
 	}
+	m.events = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "keybrake_stripe_events_total",
+		Help: "Stripe events accepted at the events endpoint, by outcome (applied: changed what a key counts; unchanged: a known object, nothing new; dropped: no key knows the object; duplicate: the event id was applied before).",
+	}, []string{"outcome"})
+	m.eventsDenied = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "keybrake_stripe_events_rejected_total",
+		Help: "Deliveries to the Stripe events endpoint turned down with a 400 or 413, nothing changed, by reason.",
+	}, []string{"reason"})
+	for _, o := range stripeEventOutcomes {
+		m.events.WithLabelValues(string(o))
+	}
+	for _, r := range stripeEventRejections {
+		m.eventsDenied.WithLabelValues(string(r))
+	}
 	// Zero series for the label values an alert or a dashboard expects to find.
 	for _, kind := range []string{upstreamForward, upstreamLookup} {
 		for _, class := range []string{"2xx", "4xx", "5xx", "error"} {
@@ -103,7 +120,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.requests, m.refusals, m.duration, m.added, m.upstream, m.authFailures} {
+		for _, c := range []prometheus.Collector{m.requests, m.refusals, m.duration, m.added, m.upstream, m.authFailures, m.events, m.eventsDenied} {
 			if err := reg.Register(c); err != nil {
 				return nil, err
 			}
@@ -195,3 +212,13 @@ func (t *timedTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 }
 
 var _ http.RoundTripper = (*timedTransport)(nil)
+
+// stripeEventAccepted counts one accepted Stripe event by its outcome.
+func (m *metrics) stripeEventAccepted(o vault.StripeEventOutcome) {
+	m.events.WithLabelValues(string(o)).Inc()
+}
+
+// stripeEventRejected counts one delivery turned down.
+func (m *metrics) stripeEventRejected(r StripeEventRejection) {
+	m.eventsDenied.WithLabelValues(string(r)).Inc()
+}

@@ -45,6 +45,14 @@ type Store interface {
 	// UpstreamSecret unseals the upstream's secret. Errors: ErrNotFound,
 	// ErrSealed.
 	UpstreamSecret(ctx context.Context, name string) (string, error)
+	// SetUpstreamWebhookSecrets replaces the secrets (whsec_…, at most
+	// MaxWebhookSecrets, for a rotation) that Stripe signs the upstream's
+	// events with, sealed, with an audit entry; none removes them. Errors:
+	// ErrNotFound, ErrInvalid (too many, an empty one).
+	SetUpstreamWebhookSecrets(ctx context.Context, actor, name string, secrets []string) (Upstream, error)
+	// UpstreamWebhookSecrets unseals the upstream's webhook secrets (none
+	// when it has none). Errors: ErrNotFound, ErrSealed.
+	UpstreamWebhookSecrets(ctx context.Context, name string) ([]string, error)
 	// SyncEnvUpstream registers secret, given to the process at start (the
 	// STRIPE_SECRET_KEY of serve), as the upstream name only when it is new:
 	// when there is no such upstream, or when the value changed since the last
@@ -290,6 +298,17 @@ type Store interface {
 	// in the same write transaction. Errors: ErrInvalid and ErrNotFound (as
 	// RefreshExposure), ErrConflict (no exposure is left on the object).
 	ReleaseExposure(ctx context.Context, actor, keyID, objectID string) (ExposureChange, error)
+	// ApplyStripeEvent applies one of Stripe's events, its signature verified,
+	// in one write transaction that also records its id, so that the event is
+	// applied once (a later delivery of the id: StripeEventDuplicate, nothing
+	// changed). A signature timestamp outside StripeEventTolerance of the
+	// store's clock is StripeEventTooOld and changes nothing. An
+	// IdempotencyKey that is the upstream key of an unknown hold of a key of
+	// ev.Upstream settles that hold from the event's object; then every key of
+	// ev.Upstream that counts the object has the object applied to its
+	// exposure as ObserveObject would. Only the id, type, upstream, time and
+	// outcome are recorded. Errors: ErrInvalid (no id or upstream).
+	ApplyStripeEvent(ctx context.Context, ev StripeEvent) (StripeEventResult, error)
 
 	// ---- ledger and audit ----
 

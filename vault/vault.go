@@ -167,7 +167,15 @@ type Upstream struct {
 	// cache of the unsealed secret keyed on (Name, Version) is never stale.
 	// It is not a count; it is never 0.
 	Version uint64
+	// WebhookSecretsLast4 are the last 4 characters of each secret Stripe signs
+	// the upstream's events with (Store.SetUpstreamWebhookSecrets); the
+	// secrets themselves are only readable through Store.UpstreamWebhookSecrets.
+	WebhookSecretsLast4 []string
 }
+
+// MaxWebhookSecrets is how many webhook secrets an upstream has at most: the
+// current one and, during a rotation, the one before.
+const MaxWebhookSecrets = 2
 
 // HoldState is the state of a hold (and of the idempotency record it belongs to).
 type HoldState string

@@ -332,7 +332,9 @@ type CheckoutSession struct {
 	ID       string
 	Amount   int64
 	Currency string
-	Status   string // open, expired
+	Status   string // open, expired, complete
+	// Paid: the customer paid it (PayCheckoutSession): payment_status paid.
+	Paid bool
 	// Recovery: after_expiration[recovery][enabled]. Once the session expires,
 	// its recovery URL creates a new session, a copy of it, that the customer
 	// can still pay.
@@ -405,8 +407,12 @@ func (f *FakeStripe) routeCheckout(method string, rest []string, p url.Values) (
 }
 
 func (f *FakeStripe) sessionJSON(cs *CheckoutSession) map[string]any {
+	paymentStatus := "unpaid"
+	if cs.Paid {
+		paymentStatus = "paid"
+	}
 	m := map[string]any{"id": cs.ID, "object": "checkout.session", "mode": "payment", "status": cs.Status,
-		"payment_status": "unpaid", "amount_total": cs.Amount, "currency": cs.Currency, "livemode": false,
+		"payment_status": paymentStatus, "amount_total": cs.Amount, "currency": cs.Currency, "livemode": false,
 		"url": "https://checkout.stripe.com/c/pay/" + cs.ID, "after_expiration": nil}
 	if cs.Recovery {
 		rec := map[string]any{"enabled": true, "allow_promotion_codes": false, "url": nil, "expires_at": nil}

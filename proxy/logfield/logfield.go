@@ -46,6 +46,8 @@ const (
 	SecretLast4     = "secret_last4"      // the last four characters of the upstream secret, never more
 	Kind            = "kind"              // forward or lookup: which upstream request
 	Note            = "note"              // why a settle happened where it did
+	EventID         = "event_id"          // a Stripe event's id (evt_…)
+	EventType       = "event_type"        // a Stripe event's type
 )
 
 // Attributes of the admin access line.

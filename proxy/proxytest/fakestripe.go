@@ -23,6 +23,7 @@ type (
 	CheckoutSession  = fakestripe.CheckoutSession
 	Invoice          = fakestripe.Invoice
 	InvoiceItem      = fakestripe.InvoiceItem
+	Event            = fakestripe.Event
 )
 
 // The fake's failure modes (see fakestripe.FailMode).

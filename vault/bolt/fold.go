@@ -13,11 +13,15 @@ import (
 // foldDelay is how long the folder lets the active layer grow after its first
 // record before it folds it: the longer, the more of the hot path's writes to
 // the same pages (a key's counters, the last page of an appended bucket) one
-// fold writes once. The records are durable in the log meanwhile; the delay
-// bounds only the memory the layer takes and how much Open replays. At 20 ms
-// a fold carried hardly more requests than a batch on a loaded machine, and
-// cost as much; see decision 59.
-const foldDelay = 100 * time.Millisecond
+// fold writes once, and the fewer bbolt commits (spill, page writes, two
+// fdatasyncs) compete with the requests for the CPU and the disk. The records
+// are durable in the log meanwhile; the delay bounds only the memory the
+// layer takes and how much Open replays. At 20 ms a fold carried hardly more
+// requests than a batch on a loaded machine, and cost as much (decision 59);
+// at 100 ms the folds were still a third of the store's CPU in
+// BenchmarkReserveManyKeys, and 400 ms took 4–13 % off the whole benchmark's
+// CPU (decision 107).
+const foldDelay = 400 * time.Millisecond
 
 // crashHook is called by the log and the folder at each step (tests: the
 // crash children end the process there). tear, at "write", writes the first

@@ -51,6 +51,8 @@ func MustFillForRekey(tb testing.TB, path string, n int) rekeyFixture {
 		require.NoError(tb, err)
 		f.upstreams[name] = secret
 	}
+	_, err := s.SetUpstreamWebhookSecrets(ctx, "tester", "eu", []string{"whsec_rekey_new", "whsec_rekey_old"})
+	require.NoError(tb, err)
 	k, _ := vaulttest.MustMint(tb, s, "rekey", vaulttest.Policy(tb, "", "100000000.00", ""), nil)
 	f.keyID = k.ID
 	unsynced(tb, s, func() {
@@ -113,6 +115,9 @@ func AssertRekeyed(tb testing.TB, path string, masterKey []byte, f rekeyFixture)
 		require.NoError(tb, err, name)
 		assert.Equal(tb, secret, got, name)
 	}
+	whsecs, err := s.UpstreamWebhookSecrets(ctx, "eu")
+	require.NoError(tb, err)
+	assert.Equal(tb, []string{"whsec_rekey_new", "whsec_rekey_old"}, whsecs, "the webhook secrets are resealed too")
 	for id, body := range f.responses {
 		resp, err := engine.StoredResponse(s.Engine, ctx, f.keyID, id)
 		require.NoError(tb, err, id)

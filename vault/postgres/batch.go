@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -38,8 +39,11 @@ const (
 	batchLockWait = 200 * time.Millisecond
 )
 
-// lockRowSQL locks a key's row and reads it.
-const lockRowSQL = "SELECT v FROM keybrake_keys WHERE k = $1 FOR UPDATE"
+// lockRowSQL locks a key's row and reads it; lockBudgetSQL a budget's.
+const (
+	lockRowSQL    = "SELECT v FROM keybrake_keys WHERE k = $1 FOR UPDATE"
+	lockBudgetSQL = "SELECT v FROM keybrake_budgets WHERE k = $1 FOR UPDATE"
+)
 
 // batchOp is one group-committed operation: its body, what it will lock and
 // read, and where its outcome goes. run starts over on every run (a batch run
@@ -87,35 +91,167 @@ func (s *backend) enqueue(ctx context.Context, op *batchOp) error {
 }
 
 // commitLoop is one committer. It exits when ops is closed and drained.
+//
+// A batch that locks a key or a budget the replica's other batch under way
+// holds would only wait for that row lock on the server, its transaction
+// open, while what is queued meanwhile forms a third batch waiting behind it:
+// on one hot key a replica's requests were split into ever smaller batches
+// (two operations a commit at 16 connections on three replicas). So such a
+// batch waits here, until the other one ends, and takes in what is queued
+// meanwhile: everything that came during a commit shares the next one.
 func (s *backend) commitLoop() {
 	defer s.loops.Done()
 	batch := make([]*batchOp, 0, maxBatch)
 	for op := range s.ops {
 		batch = append(batch[:0], op)
-	more:
-		for len(batch) < maxBatch {
-			select {
-			case next, ok := <-s.ops:
-				if !ok {
-					break more
+		batch = drainOps(s.ops, batch)
+		ran, busy := s.running.start(batch)
+		if busy != nil {
+			// Bounded: a batch under way that waits for a lock held
+			// elsewhere (decision 57) must not hold this one up for longer
+			// than it holds up its own other keys.
+			timeout := time.NewTimer(batchLockWait)
+			for busy != nil {
+				var expired bool
+				if batch, expired = gatherUntil(s.ops, batch, busy, timeout.C); expired {
+					ran = s.running.add(batch)
+					break
 				}
-				batch = append(batch, next)
-			default:
-				break more
+				ran, busy = s.running.start(batch)
 			}
+			timeout.Stop()
 		}
 		s.runBatch(slices.Clone(batch), false)
+		s.running.remove(ran)
 		clear(batch)
 	}
 }
 
-// lockBusy says that a batch's key stayed locked beyond batchLockWait.
-type lockBusy struct {
-	key string
-	err error
+// drainOps appends whatever is queued, without waiting, up to maxBatch.
+func drainOps(ops <-chan *batchOp, batch []*batchOp) []*batchOp {
+	for len(batch) < maxBatch {
+		select {
+		case next, ok := <-ops:
+			if !ok {
+				return batch
+			}
+			batch = append(batch, next)
+		default:
+			return batch
+		}
+	}
+	return batch
 }
 
-func (e *lockBusy) Error() string { return "key " + e.key + " is locked: " + e.err.Error() }
+// gatherUntil appends what is queued until done closes, up to maxBatch, or
+// until timeout fires (expired).
+func gatherUntil(ops <-chan *batchOp, batch []*batchOp, done <-chan struct{}, timeout <-chan time.Time) (_ []*batchOp, expired bool) {
+	for {
+		var next <-chan *batchOp
+		if len(batch) < maxBatch {
+			next = ops
+		}
+		select {
+		case op, ok := <-next:
+			if !ok {
+				select {
+				case <-done:
+					return batch, false
+				case <-timeout:
+					return batch, true
+				}
+			}
+			batch = append(batch, op)
+		case <-done:
+			return batch, false
+		case <-timeout:
+			return batch, true
+		}
+	}
+}
+
+// runningBatches is what the replica's batches under way lock.
+type runningBatches struct {
+	mu      sync.Mutex
+	batches []*runningBatch
+}
+
+type runningBatch struct {
+	locks map[string]bool // "k" or "b" and the key's or budget's id
+	done  chan struct{}
+}
+
+// locksOf is what ops lock, as runningBatch.locks names it.
+func locksOf(ops []*batchOp, into map[string]bool) {
+	for _, op := range ops {
+		for _, k := range op.pf.Keys {
+			into["k"+k] = true
+		}
+		for _, b := range op.pf.Budgets {
+			into["b"+b] = true
+		}
+	}
+}
+
+// start says that batch is under way, unless a batch under way locks
+// something batch locks: then it returns that batch's end instead.
+func (r *runningBatches) start(batch []*batchOp) (*runningBatch, <-chan struct{}) {
+	rb := &runningBatch{locks: map[string]bool{}, done: make(chan struct{})}
+	locksOf(batch, rb.locks)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, b := range r.batches {
+		for l := range rb.locks {
+			if b.locks[l] {
+				return nil, b.done
+			}
+		}
+	}
+	r.batches = append(r.batches, rb)
+	return rb, nil
+}
+
+// add says that batch is under way, whatever else is.
+func (r *runningBatches) add(batch []*batchOp) *runningBatch {
+	rb := &runningBatch{locks: map[string]bool{}, done: make(chan struct{})}
+	locksOf(batch, rb.locks)
+	r.mu.Lock()
+	r.batches = append(r.batches, rb)
+	r.mu.Unlock()
+	return rb
+}
+
+// remove says that rb has ended, and wakes the batch waiting for it.
+func (r *runningBatches) remove(rb *runningBatch) {
+	r.mu.Lock()
+	r.batches = slices.DeleteFunc(r.batches, func(b *runningBatch) bool { return b == rb })
+	r.mu.Unlock()
+	close(rb.done)
+}
+
+// lockBusy says that a batch's key (or budget) stayed locked beyond
+// batchLockWait.
+type lockBusy struct {
+	key    string
+	budget bool
+	err    error
+}
+
+func (e *lockBusy) Error() string {
+	what := "key "
+	if e.budget {
+		what = "budget "
+	}
+	return what + e.key + " is locked: " + e.err.Error()
+}
+
+// names reports whether op locks what stayed locked.
+func (e *lockBusy) names(op *batchOp) bool {
+	if e.budget {
+		return slices.Contains(op.pf.Budgets, e.key)
+	}
+	return slices.Contains(op.pf.Keys, e.key)
+}
 func (e *lockBusy) Unwrap() error { return e.err }
 
 // opFailed is the failure of one operation's body, not of the database.
@@ -148,7 +284,7 @@ func (s *backend) runBatch(batch []*batchOp, patient bool) {
 		// others again at once.
 		var waiting, rest []*batchOp
 		for _, op := range batch {
-			if slices.Contains(op.pf.Keys, busy.key) {
+			if busy.names(op) {
 				waiting = append(waiting, op)
 			} else {
 				rest = append(rest, op)
@@ -236,10 +372,18 @@ func safeRun(op *batchOp, t *tx, now time.Time) (err error) {
 	return op.run(t, now)
 }
 
-// plan is what a batch's transaction locks and reads as it begins.
+// plan is what a batch's transaction locks and reads as it begins. Every
+// batch takes its locks in one order — its keys' rows by id, then its
+// budgets' rows by id — so two batches (of one replica or of two) never wait
+// for each other in a circle. A lock taken later by a body (a budget the hint
+// did not name: a chain changed since) or by a transaction outside the
+// batches (which takes a key, then its budgets closest first) can still close
+// a circle; the server then aborts one of them (deadlock_detected) and it
+// runs again from the start (retry).
 type plan struct {
-	keys  []string // in key order, each once
-	reads [engine.NumBuckets][][]byte
+	keys    []string // in key order, each once
+	budgets []string // in id order, each once
+	reads   [engine.NumBuckets][][]byte
 	// lockWait, when set, bounds the wait for the keys' locks (SET LOCAL),
 	// and restore is the session's lock_timeout, set again after them.
 	lockWait, restore string
@@ -255,6 +399,7 @@ func (s *backend) planOf(ops []*batchOp, patient bool) *plan {
 	seen := map[opKey]bool{}
 	for _, op := range ops {
 		pl.keys = append(pl.keys, op.pf.Keys...)
+		pl.budgets = append(pl.budgets, op.pf.Budgets...)
 		if op.pf.Reads == nil {
 			continue
 		}
@@ -267,11 +412,13 @@ func (s *backend) planOf(ops []*batchOp, patient bool) *plan {
 	}
 	slices.Sort(pl.keys)
 	pl.keys = slices.Compact(pl.keys)
+	slices.Sort(pl.budgets)
+	pl.budgets = slices.Compact(pl.budgets)
 	return pl
 }
 
 // locks reports whether the plan takes locks.
-func (pl *plan) locks() bool { return len(pl.keys) > 0 }
+func (pl *plan) locks() bool { return len(pl.keys)+len(pl.budgets) > 0 }
 
 const setLockTimeoutSQL = "SELECT set_config('lock_timeout', $1, true)"
 
@@ -282,6 +429,9 @@ func (pl *plan) queue(b *pgx.Batch) {
 	}
 	for _, k := range pl.keys {
 		b.Queue(lockRowSQL, []byte(k))
+	}
+	for _, id := range pl.budgets {
+		b.Queue(lockBudgetSQL, []byte(id))
 	}
 	if pl.lockWait != "" && pl.locks() {
 		b.Queue(setLockTimeoutSQL, pl.restore)
@@ -302,20 +452,17 @@ func (pl *plan) read(br pgx.BatchResults, t *tx) error {
 		}
 	}
 	for _, k := range pl.keys {
-		var v []byte
-		err := br.QueryRow().Scan(&v)
-		switch {
-		case errors.Is(err, pgx.ErrNoRows):
-			t.seen[opKey{engine.BucketKeys, k}] = known{}
-		case err != nil:
-			var pgErr *pgconn.PgError
-			if errors.As(err, &pgErr) && pgErr.Code == "55P03" && pl.lockWait != "" {
-				return &lockBusy{key: k, err: err}
-			}
+		found, err := pl.readLocked(br, t, engine.BucketKeys, k)
+		if err != nil {
 			return err
-		default:
-			t.seen[opKey{engine.BucketKeys, k}] = known{v: v, found: true}
+		}
+		if found {
 			t.markLocked(k)
+		}
+	}
+	for _, id := range pl.budgets {
+		if _, err := pl.readLocked(br, t, engine.BucketBudgets, id); err != nil {
+			return err
 		}
 	}
 	if pl.lockWait != "" && pl.locks() {
@@ -347,6 +494,26 @@ func (pl *plan) read(br pgx.BatchResults, t *tx) error {
 		}
 	}
 	return nil
+}
+
+// readLocked reads the answer to one lock statement, of k in b, into t, and
+// reports whether the row exists (and is now locked).
+func (pl *plan) readLocked(br pgx.BatchResults, t *tx, b engine.Bucket, k string) (bool, error) {
+	var v []byte
+	err := br.QueryRow().Scan(&v)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		t.seen[opKey{b, k}] = known{}
+		return false, nil
+	case err != nil:
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "55P03" && pl.lockWait != "" {
+			return false, &lockBusy{key: k, budget: b == engine.BucketBudgets, err: err}
+		}
+		return false, err
+	}
+	t.seen[opKey{b, k}] = known{v: v, found: true}
+	return true, nil
 }
 
 // parseSetting reads a PostgreSQL time setting (lock_timeout's "10s",

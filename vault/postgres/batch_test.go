@@ -242,3 +242,47 @@ func TestParseSetting(t *testing.T) {
 		assert.False(t, ok, in)
 	}
 }
+
+// TestBatchWaitsForItsReplicasBatchOnTheSameKey: while a batch of the
+// replica holds a key, what comes for that key is not sent to wait for the
+// row lock on the server in a batch of its own, one per committer: the free
+// committer gathers it until the batch under way ends, so everything that
+// came meanwhile shares the next commit.
+func TestBatchWaitsForItsReplicasBatchOnTheSameKey(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := mustOpenURL(t, migrated.URL(t), vaulttest.Options{MasterKey: vaulttest.MasterKey, Now: vaulttest.NewClock(vaulttest.T0).Now})
+	vaulttest.MustUpstream(t, s, "sk_test_abcdef1234")
+	k, _ := vaulttest.MustMint(t, s, "hot", vaulttest.Policy(t, "1000.00", "", ""), nil)
+	var mu sync.Mutex
+	var sizes []int
+	s.observe = func(n int, _ time.Duration) { mu.Lock(); sizes = append(sizes, n); mu.Unlock() }
+	b := (*backend)(s)
+	pf := &engine.Prefetch{Keys: []string{k.ID}}
+	gate, inBody := make(chan struct{}), make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		assert.NoError(t, b.SubmitPrefetch(ctx, pf, func(engine.Tx, time.Time) error {
+			select {
+			case <-inBody:
+			default:
+				close(inBody)
+			}
+			<-gate
+			return nil
+		}))
+	})
+	<-inBody // the first batch holds the key's row
+	for range 2 {
+		wg.Go(func() {
+			assert.NoError(t, b.SubmitPrefetch(ctx, pf, func(engine.Tx, time.Time) error { return nil }))
+		})
+	}
+	require.Eventually(t, func() bool { return len(s.ops) == 0 }, 10*time.Second, time.Millisecond,
+		"the free committer takes both in, though neither can lock the key yet")
+	close(gate)
+	wg.Wait()
+	mu.Lock()
+	defer mu.Unlock()
+	assert.Equal(t, []int{1, 2}, sizes, "the two that came meanwhile share one commit")
+}

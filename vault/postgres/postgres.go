@@ -164,6 +164,8 @@ type Store struct {
 	ops     chan *batchOp
 	loops   sync.WaitGroup
 	patient chan struct{}
+	// running is what the batches under way lock (batch.go).
+	running runningBatches
 	// lockTimeout is the sessions' lock_timeout (lockTimeoutParam as set),
 	// the longest wait for a lock; 0 when it does not parse.
 	lockTimeout      time.Duration
@@ -171,6 +173,9 @@ type Store struct {
 	// roundTrips counts the round trips to the database, for the measurement
 	// of a Reserve's.
 	roundTrips atomic.Int64
+	// deadlocks counts the transactions the server aborted to break a
+	// deadlock (run again by retry), for the tests.
+	deadlocks atomic.Int64
 }
 
 var (

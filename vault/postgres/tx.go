@@ -134,6 +134,9 @@ func (s *backend) retry(ctx context.Context, attempt func() error) error {
 		if err == nil || !retryable(err) || n == maxAttempts {
 			return err
 		}
+		if isDeadlock(err) {
+			s.deadlocks.Add(1)
+		}
 		// Back off a little, at random, so that the transactions that collided
 		// do not collide again.
 		wait := time.Duration(rand.Int64N(int64(time.Millisecond) << min(n, 6)))
@@ -191,6 +194,12 @@ func retryable(err error) bool {
 		return true
 	}
 	return false
+}
+
+// isDeadlock reports whether err is the server breaking a deadlock.
+func isDeadlock(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "40P01"
 }
 
 // translate maps PostgreSQL's and pgx's errors to the vault's vocabulary so

@@ -117,4 +117,11 @@ var suite = []struct {
 	{"ApprovalExpiresByTheStoreClock", testApprovalExpiresByTheStoreClock},
 	{"ApprovalTwoAdminsAtOnce", testApprovalTwoAdminsAtOnce},
 	{"ApprovalEventsInTheirTransactions", testApprovalEventsInTheirTransactions},
+	// Stripe's events (stripeevents.go).
+	{"StripeEventAppliedOnce", testStripeEventAppliedOnce},
+	{"StripeEventMovesOnlyForward", testStripeEventMovesOnlyForward},
+	{"StripeEventSettlesUnknownHold", testStripeEventSettlesUnknownHold},
+	{"StripeEventRetention", testStripeEventRetention},
+	{"StripeEventConcurrentDeliveries", testStripeEventConcurrentDeliveries},
+	{"UpstreamWebhookSecrets", testUpstreamWebhookSecrets},
 }

@@ -19,6 +19,8 @@ type chainPlan struct {
 	links    []policy.ChainLink
 	windows  []policy.Window
 	counters []counter
+	// budgets is the chain read, closest first.
+	budgets []*budgetRec
 	// refusal is set when the chain itself refuses (a budget that is gone).
 	refusal *policy.Decision
 	// scopes with velocity limits, closest first.
@@ -63,6 +65,7 @@ func planChain(tx Tx, key *keyRec, now time.Time) (*chainPlan, error) {
 	} else if err != nil {
 		return nil, err
 	}
+	cp.budgets = chain
 	if cp.links, cp.windows, cp.counters, err = chainLinks(tx, chain, now); err != nil {
 		return nil, err
 	}

@@ -107,7 +107,7 @@ func TestEnvFingerprint(t *testing.T) {
 // Reseal, or a rekey would leave it unreadable.
 func TestEverySealedValueIsRekeyed(t *testing.T) {
 	t.Parallel()
-	known := map[string]bool{"checkAD": true, "upstreamAD": true, "responseAD": true, "claimAD": true, "webhookAD": true}
+	known := map[string]bool{"checkAD": true, "upstreamAD": true, "responseAD": true, "claimAD": true, "webhookAD": true, "webhookSecretAD": true}
 	fset := token.NewFileSet()
 	files, err := filepath.Glob("*.go")
 	require.NoError(t, err)

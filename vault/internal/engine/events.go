@@ -293,8 +293,10 @@ func noticeUnknown(tx Tx, now time.Time, h *holdRec) error {
 		HoldID: h.ID, Key: Scope{Kind: policy.ScopeKey, ID: h.KeyID, Name: keyName}, Operation: h.Operation,
 		Currency: h.Currency, Amount: policy.FormatMinor(h.Currency, h.Amount), IdempotencyKey: h.IdempotencyKey, Since: now.UTC(),
 	}
-	_, err := EmitOnce(tx, now, markKey("hold.unknown", h.ID), now.Add(48*time.Hour), vault.EventHoldUnknown, data)
-	return err
+	if _, err := EmitOnce(tx, now, markKey("hold.unknown", h.ID), now.Add(48*time.Hour), vault.EventHoldUnknown, data); err != nil {
+		return err
+	}
+	return indexUnknown(tx, h)
 }
 
 // keyExpiringData is key.expiring's data.

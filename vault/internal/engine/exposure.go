@@ -135,6 +135,12 @@ func putObject(tx Tx, keyID, objectID string, o *objectRec) error {
 // applyPartChanges books part changes on their windows and writes one ledger
 // event per change and kind (decision "exposure", reason "commit" or "release").
 func applyPartChanges(tx Tx, now time.Time, keyID, objectID, operation, currency string, changes []partChange) error {
+	return applyPartChangesBy(tx, now, keyID, objectID, operation, "", currency, changes)
+}
+
+// applyPartChangesBy is applyPartChanges with the ledger events naming what at
+// Stripe caused them (a Stripe event's id) in StripeRequestID.
+func applyPartChangesBy(tx Tx, now time.Time, keyID, objectID, operation, stripeID, currency string, changes []partChange) error {
 	for _, ch := range changes {
 		if err := addToWindows(tx, keyID, ch.part.WindowIDs, -(ch.committed + ch.released), ch.committed, 0); err != nil {
 			return err
@@ -149,7 +155,7 @@ func applyPartChanges(tx Tx, now time.Time, keyID, objectID, operation, currency
 			ev := &vault.Event{
 				Time: now, KeyID: keyID, Operation: operation, Amount: e.amount, Currency: currency,
 				Decision: vault.DecisionExposure, Reason: e.reason, HoldID: ch.part.HoldID, ObjectID: objectID,
-				WindowIDs: ch.part.WindowIDs, HeldDelta: -e.amount,
+				WindowIDs: ch.part.WindowIDs, HeldDelta: -e.amount, StripeRequestID: stripeID,
 			}
 			if e.reason == "commit" {
 				ev.CommittedDelta = e.amount

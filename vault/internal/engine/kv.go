@@ -55,6 +55,14 @@ type Bucket uint8
 //	approvals   approval id ("apr_…", sortable by creation) → vault.Approval (JSON)
 //	approvals_open approval id of each pending or approved approval → its
 //	            expiry (unix ns, 8 bytes BE) + key id: what the reaper expires
+//
+// Stripe's events (stripeevents.go):
+//
+//	stripe_events  upstream NUL Stripe event id → stripeEventRec (JSON): the
+//	            events applied, kept vault.StripeEventRetention
+//	object_keys Stripe object id NUL key id → empty: the keys that count a
+//	            money object (objects, the other way round)
+//	unknown_keys upstream idempotency key of an unknown hold → hold id
 const (
 	BucketMeta Bucket = iota
 	BucketUpstreams
@@ -84,6 +92,10 @@ const (
 	// Approvals (approvals.go).
 	BucketApprovals
 	BucketApprovalsOpen
+	// Stripe's events (stripeevents.go).
+	BucketStripeEvents
+	BucketObjectKeys
+	BucketUnknownKeys
 	// NumBuckets counts the buckets.
 	NumBuckets
 )
@@ -96,6 +108,7 @@ var bucketLabels = [NumBuckets]string{
 	"webhooks", "deliveries", "delivery_due", "delivery_done", "event_marks",
 	"raise_requests", "raise_pending",
 	"approvals", "approvals_open",
+	"stripe_events", "object_keys", "unknown_keys",
 }
 
 // Name is the bucket's name (bbolt's bucket name).

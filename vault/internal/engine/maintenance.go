@@ -61,6 +61,8 @@ func (s *Engine) reap(ctx context.Context) (reapCount, error) {
 		{bucket: BucketEvents, judge: s.judgeEvent},           // retention.go
 		{bucket: BucketRollups, judge: judgeRollup},           // retention.go
 		{bucket: BucketApprovalsOpen, judge: s.judgeApproval}, // approvals.go
+		{bucket: BucketStripeEvents, judge: judgeStripeEvent}, // stripeevents.go
+		{bucket: BucketUnknownKeys, judge: judgeUnknownKey},   // stripeevents.go
 	})
 }
 
@@ -332,6 +334,12 @@ func judgeObject(_ Tx, now time.Time, k, v []byte) (reapVerdict, error) {
 	if len(o.Parts) != 0 || now.Sub(o.UpdatedAt) <= vault.ObjectRetention {
 		return reapVerdict{}, nil
 	}
-	keyID, _, _ := splitNul(k)
-	return removeEntry(keyID, BucketObjects, k), nil
+	keyID, objectID, _ := splitNul(k)
+	k = bytes.Clone(k)
+	return reapVerdict{owner: keyID, removes: true, apply: func(tx Tx) error {
+		if err := tx.Delete(BucketObjects, k); err != nil {
+			return fmt.Errorf("delete %q: %w", k, err)
+		}
+		return unindexObject(tx, keyID, objectID)
+	}}, nil
 }

@@ -172,6 +172,7 @@ func (s *Engine) planNew(tx Tx, now time.Time, req *vault.ReserveRequest, res va
 		if chain, err = planChain(tx, key, now); err != nil {
 			return nil, err
 		}
+		s.budgetHints.note(chain.budgets)
 	}
 	var dec policy.Decision
 	switch {
@@ -499,12 +500,18 @@ func (s *Engine) settleTx(tx Tx, now time.Time, req *vault.SettleRequest, resp *
 // a commit, if any), and its ledger events; resp is the answer to store,
 // sealed.
 func settleWrites(tx Tx, now time.Time, req *vault.SettleRequest, rec *recordRec, obj *objectRec, resp *responseRec) error {
-	hold := rec.Hold
 	ev := &vault.Event{
 		Time: now, KeyID: req.KeyID, Decision: vault.DecisionSettled, Reason: string(req.Outcome),
 		UpstreamStatus: req.UpstreamStatus, StripeRequestID: req.StripeRequestID, ObjectID: req.ObjectID,
 		Tool: req.Tool, IdempotencyKey: req.IdempotencyKey,
 	}
+	return settleWritesAs(tx, now, req, rec, obj, resp, ev)
+}
+
+// settleWritesAs is settleWrites with the ledger event of the hold's settle
+// begun as ev (a hold settled by Stripe's event says so).
+func settleWritesAs(tx Tx, now time.Time, req *vault.SettleRequest, rec *recordRec, obj *objectRec, resp *responseRec, ev *vault.Event) error {
+	hold := rec.Hold
 	if hold != nil {
 		ev.Operation, ev.Currency, ev.HoldID, ev.WindowIDs = hold.Operation, hold.Currency, hold.ID, hold.WindowIDs
 		ev.Amount = hold.Amount
@@ -586,6 +593,12 @@ func settleWrites(tx Tx, now time.Time, req *vault.SettleRequest, rec *recordRec
 // released. It fills ev, the settle event of the request's hold.
 func commitObject(tx Tx, now time.Time, req *vault.SettleRequest, hold *holdRec, obj *objectRec, ev *vault.Event) error {
 	amount, ch := req.Amount, req.Object
+	if ch.MovedKnown && obj.MovedSeen {
+		// What moved since the key last saw the object, as of this transaction:
+		// a Stripe event applied while the request was in flight has committed
+		// its share already (the request measured from an older sight of it).
+		amount = min(amount, max(0, ch.Moved-obj.Moved))
+	}
 	fromParts := min(amount, obj.held())
 	changes := obj.commit(fromParts)
 	held := hold.Amount
@@ -612,13 +625,20 @@ func commitObject(tx Tx, now time.Time, req *vault.SettleRequest, hold *holdRec,
 		obj.Currency = hold.Currency
 	}
 	if obj.CreatedAt.IsZero() {
+		// The object's first count (or its first since keybrake kept the
+		// time): Stripe's events find it through the index from here on.
 		obj.CreatedAt = now
+		if err := indexObject(tx, req.KeyID, req.ObjectID); err != nil {
+			return err
+		}
 	}
 	obj.StripeAccount, obj.StripeContext = ch.StripeAccount, ch.StripeContext
 	obj.Amount += amount
 	obj.Own = obj.Own || ch.Created
 	if ch.MovedKnown {
-		obj.Moved, obj.MovedSeen = ch.Moved, true
+		// What an object moved only grows: a Stripe event applied while the
+		// request was in flight may have shown more than its answer does.
+		obj.Moved, obj.MovedSeen = max(obj.Moved, ch.Moved), true
 	}
 	obj.UpdatedAt = now
 	if err := putObject(tx, req.KeyID, req.ObjectID, obj); err != nil {

@@ -2,8 +2,10 @@ package engine
 
 import (
 	"context"
+	"sync"
 	"time"
 
+	"github.com/keybrake/keybrake/policy"
 	"github.com/keybrake/keybrake/vault"
 )
 
@@ -24,6 +26,10 @@ type Prefetch struct {
 	// Keys are the vault keys the write locks (LockKey, or a Get of the key's
 	// own entry); their entries in BucketKeys are read with the locks.
 	Keys []string
+	// Budgets are the budgets the write locks (a Get from BucketBudgets): the
+	// chain of the key's budget as last seen. A backend locks them after
+	// every key, in id order, and reads their entries with the locks.
+	Budgets []string
 	// Reads lists the entries the write reads under those locks, at now: the
 	// backend's best estimate of the clock the transaction will read.
 	Reads func(now time.Time) []Read
@@ -56,28 +62,91 @@ func (s *Engine) queuePrefetch(ctx context.Context, p *Prefetch, fn TxFunc, done
 }
 
 // keyPrefetch is what a Reserve or a Settle of the record under record, of
-// key keyID, locks and reads: the key, the record and the counters of the
-// windows the key's policy has at now — as the last decoded copy of the key
-// knows them: a policy changed since costs a round trip for the counters.
+// key keyID, locks and reads: the key, the budgets of its chain, the record
+// and the counters of the windows the key's policy and its budgets' have at
+// now — as the last decoded copies of the key and its budgets know them: a
+// policy or a chain changed since costs a round trip for what it adds (and,
+// on PostgreSQL, a budget lock taken out of the batch's order, which a
+// deadlock the server breaks and the batch's retry cures).
 func (s *Engine) keyPrefetch(keyID string, record []byte) *Prefetch {
-	return &Prefetch{
+	key := s.keys.peek(keyID)
+	var chain []*budgetRec
+	if key != nil {
+		chain = s.budgetHints.chain(key.Policy.Budget)
+	}
+	p := &Prefetch{
 		Keys: []string{keyID},
 		Reads: func(now time.Time) []Read {
 			reads := []Read{{Bucket: BucketIdem, Key: record}}
-			key := s.keys.peek(keyID)
 			if key == nil {
 				return reads
 			}
-			windows, err := key.Policy.Windows(now)
-			if err != nil {
-				return reads
+			if windows, err := key.Policy.Windows(now); err == nil {
+				for _, w := range windows {
+					reads = append(reads, Read{Bucket: BucketCounters, Key: counterKey(keyID, w.ID)})
+				}
 			}
-			for _, w := range windows {
-				reads = append(reads, Read{Bucket: BucketCounters, Key: counterKey(keyID, w.ID)})
+			for _, b := range chain {
+				windows, err := b.policy().Windows(now)
+				if err != nil {
+					continue
+				}
+				for _, w := range windows {
+					reads = append(reads, Read{Bucket: BucketCounters, Key: counterKey("", scopedWindowID(b.ID, w.ID))})
+				}
 			}
 			return reads
 		},
 	}
+	// A budget's counters are named only with the budget itself: read
+	// before its lock, they could be stale by the time the body writes them.
+	for _, b := range chain {
+		p.Budgets = append(p.Budgets, b.ID)
+	}
+	return p
+}
+
+// budgetHints keeps the budgets a Reserve last decoded, for Prefetch only:
+// possibly stale, never used for a decision (the body reads every budget
+// again under its lock).
+type budgetHints struct {
+	mu sync.Mutex
+	m  map[string]*budgetRec // never modified once kept
+}
+
+// note keeps chain's budgets, as a Reserve read them.
+func (h *budgetHints) note(chain []*budgetRec) {
+	if len(chain) == 0 {
+		return
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.m == nil || len(h.m) >= keyCacheMax {
+		h.m = make(map[string]*budgetRec)
+	}
+	for _, b := range chain {
+		h.m[b.ID] = b
+	}
+}
+
+// chain is the chain of budget id, closest first, as far as the hints know
+// it (nothing past a budget they do not know, at most policy.MaxChainDepth).
+func (h *budgetHints) chain(id string) []*budgetRec {
+	if id == "" {
+		return nil
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var out []*budgetRec
+	for id != "" && len(out) < policy.MaxChainDepth {
+		b := h.m[id]
+		if b == nil {
+			break
+		}
+		out = append(out, b)
+		id = b.Parent
+	}
+	return out
 }
 
 // settlePrefetch is what a Settle of req, whose record is under record,

@@ -27,12 +27,17 @@ type upstreamRec struct {
 	// Version changes on every write of the upstream (see nextUpstreamVersion);
 	// an upstream written before it was kept has none and reads as 1.
 	Version uint64 `json:"version,omitempty"`
+	// WebhookSecrets are the secrets Stripe signs the upstream's events with,
+	// each sealed under webhookSecretAD; WebhookLast4 their last 4 characters.
+	WebhookSecrets [][]byte `json:"webhook_secrets,omitempty"`
+	WebhookLast4   []string `json:"webhook_last4,omitempty"`
 }
 
 func (r *upstreamRec) version() uint64 { return max(r.Version, 1) }
 
 func (r *upstreamRec) public() vault.Upstream {
-	return vault.Upstream{Name: r.Name, Vendor: r.Vendor, SecretLast4: r.SecretLast4, CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt, Version: r.version()}
+	return vault.Upstream{Name: r.Name, Vendor: r.Vendor, SecretLast4: r.SecretLast4, CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt, Version: r.version(),
+		WebhookSecretsLast4: slices.Clone(r.WebhookLast4)}
 }
 
 // keyRec is a vault key as stored.
@@ -108,9 +113,10 @@ func (r *keyRec) view() keyView {
 
 // upstreamView is what audit entries show of an upstream: never its secret.
 type upstreamView struct {
-	Name        string `json:"name"`
-	Vendor      string `json:"vendor"`
-	SecretLast4 string `json:"secret_last4"`
+	Name         string   `json:"name"`
+	Vendor       string   `json:"vendor"`
+	SecretLast4  string   `json:"secret_last4"`
+	WebhookLast4 []string `json:"webhook_secrets_last4,omitempty"`
 }
 
 // getKey reads and decodes a key in tx.

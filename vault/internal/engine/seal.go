@@ -66,6 +66,10 @@ func (s *Sealer) open(sealed, ad []byte) ([]byte, error) {
 
 func upstreamAD(name string) []byte { return []byte("keybrake/upstream\x00" + name) }
 
+// webhookSecretAD binds an upstream's webhook secret to the upstream, apart
+// from its API secret.
+func webhookSecretAD(name string) []byte { return []byte("keybrake/upstream-webhook\x00" + name) }
+
 // responseAD binds a stored answer to its record and to how its body was
 // compressed, so a body cannot be passed off as another's, nor read with
 // another codec.
@@ -131,6 +135,11 @@ func Reseal(b Bucket, k, v []byte, from, to *Sealer) ([]byte, Resealed, error) {
 		var err error
 		if r.SealedSecret, err = again(r.SealedSecret, upstreamAD(string(k))); err != nil {
 			return nil, 0, fmt.Errorf("upstream %s: %w", k, err)
+		}
+		for i := range r.WebhookSecrets {
+			if r.WebhookSecrets[i], err = again(r.WebhookSecrets[i], webhookSecretAD(string(k))); err != nil {
+				return nil, 0, fmt.Errorf("upstream %s: webhook secret: %w", k, err)
+			}
 		}
 		out, err := json.Marshal(&r)
 		return out, ResealedUpstream, err

@@ -64,6 +64,7 @@ type Engine struct {
 	retention    time.Duration
 	log          *slog.Logger
 	keys         keyCache
+	budgetHints  budgetHints
 	queued       settleQueue
 	retries      settleRetries
 	commitErr    atomic.Pointer[error] // see CommitError

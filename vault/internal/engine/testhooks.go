@@ -86,7 +86,10 @@ func GetObject(tx Tx, keyID, objectID string) (*Object, bool, error) {
 
 // PutObject writes a money object's record.
 func PutObject(tx Tx, keyID, objectID string, o *Object) error {
-	return putObject(tx, keyID, objectID, o)
+	if err := putObject(tx, keyID, objectID, o); err != nil {
+		return err
+	}
+	return indexObject(tx, keyID, objectID)
 }
 
 // AddPart adds exposure to o.

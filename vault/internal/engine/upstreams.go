@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"context"
 	"fmt"
 	"strings"
 	"time"
@@ -58,16 +59,17 @@ func (s *Engine) putUpstreamTx(tx Tx, now time.Time, actor, name, vendor, secret
 	var before any
 	write := insertJSON
 	if existed {
-		rec.CreatedAt = old.CreatedAt
-		before = upstreamView{Name: old.Name, Vendor: old.Vendor, SecretLast4: old.SecretLast4}
+		// A new API secret keeps the webhook secrets: Stripe still signs
+		// with them.
+		rec.CreatedAt, rec.WebhookSecrets, rec.WebhookLast4 = old.CreatedAt, old.WebhookSecrets, old.WebhookLast4
+		before = old.view()
 		write = putJSON
 	}
 	rec.Version = nextUpstreamVersion(&old, existed, now)
 	if err := write(tx, BucketUpstreams, []byte(name), &rec); err != nil {
 		return vault.Upstream{}, false, err
 	}
-	after := upstreamView{Name: rec.Name, Vendor: rec.Vendor, SecretLast4: rec.SecretLast4}
-	if err := putAudit(tx, now, actor, "upstream.put", name, before, after); err != nil {
+	if err := putAudit(tx, now, actor, "upstream.put", name, before, rec.view()); err != nil {
 		return vault.Upstream{}, false, err
 	}
 	return rec.public(), !existed, nil
@@ -141,6 +143,82 @@ func deleteUpstreamTx(tx Tx, now time.Time, actor, name string) error {
 	if err := tx.Delete(BucketUpstreams, []byte(name)); err != nil {
 		return fmt.Errorf("delete upstream %q: %w", name, err)
 	}
-	before := upstreamView{Name: rec.Name, Vendor: rec.Vendor, SecretLast4: rec.SecretLast4}
-	return putAudit(tx, now, actor, "upstream.delete", name, before, nil)
+	return putAudit(tx, now, actor, "upstream.delete", name, rec.view(), nil)
+}
+
+// view is the upstream as its audit entries show it: no secret.
+func (r *upstreamRec) view() upstreamView {
+	return upstreamView{Name: r.Name, Vendor: r.Vendor, SecretLast4: r.SecretLast4, WebhookLast4: r.WebhookLast4}
+}
+
+// setWebhookSecretsTx replaces the upstream's webhook secrets, sealed.
+func (s *Engine) setWebhookSecretsTx(tx Tx, now time.Time, actor, name string, secrets []string) (vault.Upstream, error) {
+	if len(secrets) > vault.MaxWebhookSecrets {
+		return vault.Upstream{}, fmt.Errorf("upstream %q: %d webhook secrets (at most %d): %w", name, len(secrets), vault.MaxWebhookSecrets, vault.ErrInvalid)
+	}
+	rec, err := getUpstream(tx, name)
+	if err != nil {
+		return vault.Upstream{}, err
+	}
+	before := rec.view()
+	rec.WebhookSecrets, rec.WebhookLast4 = nil, nil
+	for _, secret := range secrets {
+		if strings.TrimSpace(secret) == "" {
+			return vault.Upstream{}, fmt.Errorf("upstream %q: an empty webhook secret: %w", name, vault.ErrInvalid)
+		}
+		sealed, err := s.seal.seal([]byte(secret), webhookSecretAD(name))
+		if err != nil {
+			return vault.Upstream{}, err
+		}
+		rec.WebhookSecrets = append(rec.WebhookSecrets, sealed)
+		rec.WebhookLast4 = append(rec.WebhookLast4, last4(secret))
+	}
+	rec.Version = nextUpstreamVersion(rec, true, now)
+	rec.UpdatedAt = now
+	if err := putJSON(tx, BucketUpstreams, []byte(name), rec); err != nil {
+		return vault.Upstream{}, err
+	}
+	if err := putAudit(tx, now, actor, "upstream.webhook_secrets", name, before, rec.view()); err != nil {
+		return vault.Upstream{}, err
+	}
+	return rec.public(), nil
+}
+
+// SetUpstreamWebhookSecrets replaces the secrets Stripe signs the upstream's
+// events with (vault.Store).
+func (s *Engine) SetUpstreamWebhookSecrets(ctx context.Context, actor, name string, secrets []string) (vault.Upstream, error) {
+	var up vault.Upstream
+	err := s.update(ctx, func(tx Tx, now time.Time) error {
+		var err error
+		up, err = s.setWebhookSecretsTx(tx, now, actor, name, secrets)
+		return err
+	})
+	if err != nil {
+		return vault.Upstream{}, fmt.Errorf("set webhook secrets: %w", err)
+	}
+	return up, nil
+}
+
+// UpstreamWebhookSecrets unseals the upstream's webhook secrets (vault.Store).
+func (s *Engine) UpstreamWebhookSecrets(ctx context.Context, name string) ([]string, error) {
+	var out []string
+	err := s.view(ctx, func(tx Tx, now time.Time) error {
+		out = nil // a re-run starts over
+		rec, err := getUpstream(tx, name)
+		if err != nil {
+			return err
+		}
+		for _, sealed := range rec.WebhookSecrets {
+			pt, err := s.seal.open(sealed, webhookSecretAD(name))
+			if err != nil {
+				return err
+			}
+			out = append(out, string(pt))
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("upstream webhook secrets: %w", err)
+	}
+	return out, nil
 }

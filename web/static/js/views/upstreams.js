@@ -1,5 +1,6 @@
-// Upstreams: the Stripe secret keys vault keys spend through. A secret can be
-// written, never read back: only its last four characters are shown.
+// Upstreams: the Stripe secret keys vault keys spend through, and the webhook
+// secrets Stripe signs their events with. A secret can be written, never read
+// back: only its last four characters are shown.
 
 import {get, post, request, pathId} from '../api.js';
 import {h, replace, table, timeEl, announce, badge} from '../dom.js';
@@ -14,7 +15,7 @@ export function mount(main, ctx) {
     notice, region);
 
   let known = []; // the upstreams as last read, for the form's confirmation
-  if (ctx.isAdmin) main.append(upstreamForm());
+  if (ctx.isAdmin) main.append(upstreamForm(), webhookForm());
 
   async function load() {
     let res;
@@ -33,6 +34,9 @@ export function mount(main, ctx) {
         {label: 'Mode', cell: (u) => modeBadge(u.mode)},
         {label: 'Base URL', cell: (u) => h('code', {class: 'break'}, u.base_url || '—')},
         {label: 'Secret', cell: (u) => h('code', null, `••••${u.secret_last4}`)},
+        {label: 'Webhook secrets', cell: (u) => (u.webhook_secrets_last4 || []).length
+          ? h('span', {class: 'webhook-secrets'}, u.webhook_secrets_last4.map((l) => h('code', null, `••••${l}`)))
+          : h('span', {class: 'muted'}, 'none: Stripe\'s events are refused')},
         {label: 'Registered', cell: (u) => timeEl(u.created_at)},
         {label: 'Changed', cell: (u) => timeEl(u.updated_at)},
         ctx.isAdmin ? {label: 'Delete', cell: (u) => h('button', {type: 'button', class: 'button danger small', onclick: () => remove(u)}, 'Delete')} : null,
@@ -91,6 +95,42 @@ export function mount(main, ctx) {
         await load();
       } catch (err) {
         if (err.status !== 401) showErrors(form, err, 'The upstream was not saved');
+      }
+    });
+    return h('section', {class: 'panel'}, form);
+  }
+
+  function webhookForm() {
+    // The secrets Stripe signs the upstream's events with (Developers →
+    // Webhooks → the endpoint → Signing secret). While rolling the secret at
+    // Stripe, both the new and the old one are accepted.
+    const name = h('input', {name: 'webhook_upstream', type: 'text', autocomplete: 'off', spellcheck: 'false', placeholder: 'default'});
+    const current = h('input', {name: 'webhook_secret', type: 'password', autocomplete: 'off', spellcheck: 'false', placeholder: 'whsec_…'});
+    const previous = h('input', {name: 'webhook_secret_previous', type: 'password', autocomplete: 'off', spellcheck: 'false', placeholder: 'whsec_… (optional)'});
+    const form = h('form', {class: 'form webhook-secrets-form', method: 'post', novalidate: true},
+      h('h2', null, 'Stripe\'s events: webhook signing secrets'),
+      h('p', {class: 'hint'}, 'Register POST /keybrake/v1/stripe/events/{upstream} on the proxy as a webhook endpoint in Stripe, then save its signing secret here. Saving replaces the upstream\'s secrets; two empty secrets remove them.'),
+      field({name: 'name', label: 'Upstream', control: name}),
+      field({name: 'webhook_secrets[0]', label: 'Signing secret', control: current, hint: 'Write-only: sealed, never shown again.'}),
+      field({name: 'webhook_secrets[1]', label: 'Previous signing secret', control: previous, hint: 'Only while Stripe rolls the secret: events signed with either are accepted.'}),
+      h('div', {class: 'actions'}, h('button', {type: 'submit', class: 'button primary'}, 'Save the webhook secrets')));
+    form.addEventListener('submit', async (ev) => {
+      ev.preventDefault();
+      clearErrors(form);
+      const upstream = name.value.trim() || 'default';
+      const secrets = [current.value, previous.value].filter((v) => v !== '');
+      try {
+        const u = await request('PATCH', `/upstreams/${pathId(upstream)}`, {webhook_secrets: secrets});
+        current.value = '';
+        previous.value = '';
+        const n = (u.webhook_secrets_last4 || []).length;
+        replace(notice, message('success', h('p', null, n
+          ? `${u.name} accepts Stripe's events signed with ${n === 1 ? 'its secret' : 'either secret'} (ending ${u.webhook_secrets_last4.join(', ')}).`
+          : `${u.name} has no webhook secret: its events are refused.`)));
+        announce(`${u.name} webhook secrets saved.`);
+        await load();
+      } catch (err) {
+        if (err.status !== 401) showErrors(form, err, 'The webhook secrets were not saved');
       }
     });
     return h('section', {class: 'panel'}, form);
