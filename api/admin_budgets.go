@@ -152,7 +152,7 @@ func decodeBudget(raw map[string]json.RawMessage) (vault.BudgetSpec, []policy.Fi
 	if errors.As(policy.ValidateVelocities("velocity", spec.Velocity), &verr) {
 		errs = append(errs, verr.Errors...)
 	}
-	return spec, errs
+	return spec, append(errs, checkVelocityOperations("velocity", spec.Velocity, errs)...)
 }
 
 // budgetDoc is the JSON of a budget's changeable fields, what a merge patch

@@ -34,6 +34,11 @@ func TestAdminBudgetsLifecycle(t *testing.T) {
 	require.Equal(t, http.StatusCreated, r.Status, "body: %s", r.Body)
 	teamID := r.JSON(t)["id"].(string)
 
+	// A name is unique among siblings: 409.
+	r = env.Do(http.MethodPost, "/api/v1/budgets", env.adminToken, map[string]any{"name": "team", "parent": orgID, "currency": "usd", "daily_cap": "1.00"})
+	assert.Equal(t, http.StatusConflict, r.Status, "body: %s", r.Body)
+	assert.Contains(t, string(r.Body), `budget name \"team\" is taken under budget `+orgID)
+
 	// Currency must match the parent's; unknown fields and bad limits are 422.
 	r = env.Do(http.MethodPost, "/api/v1/budgets", env.adminToken, map[string]any{"name": "eur", "parent": orgID, "currency": "eur", "daily_cap": "1.00"})
 	assert.Equal(t, http.StatusUnprocessableEntity, r.Status)
@@ -41,6 +46,21 @@ func TestAdminBudgetsLifecycle(t *testing.T) {
 	r = env.Do(http.MethodPost, "/api/v1/budgets", env.adminToken, map[string]any{"name": "x", "currency": "usd", "daily_cap": "1.00", "velocity": []map[string]any{{"count": 0, "per": "1y"}}, "colour": "red"})
 	assert.Equal(t, http.StatusUnprocessableEntity, r.Status)
 	assert.ElementsMatch(t, []string{"colour", "velocity[0].count", "velocity[0].per"}, r.ErrorFields(t))
+	// A velocity glob that matches no operation would count nothing: refused,
+	// with the closest name; on a key's policy too, and on a patch.
+	r = env.Do(http.MethodPost, "/api/v1/budgets", env.adminToken, map[string]any{"name": "x", "currency": "usd", "daily_cap": "1.00",
+		"velocity": []map[string]any{{"count": 3, "per": "1m", "operations": []string{"refunds.create", "refunds.creat"}}}})
+	assert.Equal(t, http.StatusUnprocessableEntity, r.Status)
+	assert.Equal(t, []string{"velocity[0].operations[1]"}, r.ErrorFields(t))
+	assert.Contains(t, string(r.Body), `did you mean \"refunds.create\"`)
+	r = env.Do(http.MethodPost, "/api/v1/keys", env.adminToken, map[string]any{"name": "typo", "policy": map[string]any{
+		"vendor": "stripe", "per_request_cap": "5.00", "expires_at": "2026-10-01T00:00:00Z",
+		"velocity": []map[string]any{{"count": 3, "per": "1m", "operations": []string{"chargez.*"}}}}})
+	assert.Equal(t, http.StatusUnprocessableEntity, r.Status)
+	assert.Equal(t, []string{"policy.velocity[0].operations[0]"}, r.ErrorFields(t))
+	r = env.Do(http.MethodPatch, "/api/v1/budgets/"+teamID, env.adminToken, `{"velocity":[{"count":3,"per":"1m","operations":["payouts.nope"]}]}`,
+		"Content-Type", "application/merge-patch+json")
+	assert.Equal(t, http.StatusUnprocessableEntity, r.Status, "body: %s", r.Body)
 	r = env.Do(http.MethodPost, "/api/v1/budgets", env.adminToken, map[string]any{"name": "x", "currency": "usd", "daily_cap": "1.00", "parent": "bud_nope"})
 	assert.Equal(t, http.StatusUnprocessableEntity, r.Status)
 
@@ -60,6 +80,10 @@ func TestAdminBudgetsLifecycle(t *testing.T) {
 	period := got["usage"].(map[string]any)["period"].(map[string]any)
 	assert.Equal(t, "3.00", period["committed"])
 	assert.Equal(t, "12.00", period["remaining"])
+	assert.Contains(t, period, "reset_at")
+	assert.Nil(t, period["reset_at"], "a budget without expires_at: its period never resets")
+	assert.Nil(t, period["end"])
+	assert.NotNil(t, got["usage"].(map[string]any)["daily"].(map[string]any)["reset_at"], "its day does")
 
 	r = env.Do(http.MethodGet, "/api/v1/budgets/"+teamID+"/usage", env.adminToken, nil)
 	require.Equal(t, http.StatusOK, r.Status)

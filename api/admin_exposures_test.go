@@ -300,6 +300,7 @@ func TestExposureRefreshFailures(t *testing.T) {
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
+			t.Parallel() // each case has its own store, servers and logs
 			up := http.Handler(tc.upstream)
 			if tc.upstream == nil {
 				up = http.NotFoundHandler() // replaced by a closed port below

@@ -483,16 +483,29 @@ func policyValidationErrors(err error) []policy.FieldError {
 func checkPolicy(p *policy.Policy, now time.Time) []policy.FieldError {
 	p.Normalize(now.Truncate(time.Second))
 	errs := policyValidationErrors(p.ValidateNew(now))
-	return append(errs, checkOperations(p.Operations, errs)...)
+	errs = append(errs, checkOperations("policy.operations", p.Operations, errs)...)
+	return append(errs, checkVelocityOperations("policy.velocity", p.Velocity, errs)...)
 }
 
-// checkOperations refuses the operation globs that match no operation keybrake
-// knows (a typo would silently allow nothing), suggesting the closest names. A
-// glob that already has an error (malformed) is left to that error.
-func checkOperations(ops []string, errs []policy.FieldError) []policy.FieldError {
+// checkVelocityOperations is checkOperations for the operations of each
+// velocity limit in vs, under field: a limit whose glob matches nothing would
+// count nothing, as silently.
+func checkVelocityOperations(field string, vs []policy.Velocity, errs []policy.FieldError) []policy.FieldError {
+	var out []policy.FieldError
+	for i, v := range vs {
+		out = append(out, checkOperations(fmt.Sprintf("%s[%d].operations", field, i), v.Operations, errs)...)
+	}
+	return out
+}
+
+// checkOperations refuses the operation globs of the list under field that
+// match no operation keybrake knows (a typo would silently allow nothing),
+// suggesting the closest names. A glob that already has an error (malformed)
+// is left to that error.
+func checkOperations(listField string, ops []string, errs []policy.FieldError) []policy.FieldError {
 	var out []policy.FieldError
 	for i, op := range ops {
-		field := fmt.Sprintf("policy.operations[%d]", i)
+		field := fmt.Sprintf("%s[%d]", listField, i)
 		if slices.ContainsFunc(errs, func(fe policy.FieldError) bool { return fe.Field == field }) {
 			continue
 		}

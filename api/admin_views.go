@@ -134,14 +134,16 @@ type keyWithTokenView struct {
 // effective cap (the policy's plus the raises active now); BaseCap is the
 // policy's, present only while a raise adds to it.
 type windowView struct {
-	Start     time.Time `json:"start"`
-	End       time.Time `json:"end"`
-	Cap       *string   `json:"cap"`
-	BaseCap   *string   `json:"base_cap,omitempty"`
-	Committed string    `json:"committed"`
-	Held      string    `json:"held"`
-	Remaining *string   `json:"remaining"`
-	ResetAt   time.Time `json:"reset_at"`
+	Start time.Time `json:"start"`
+	// End and ResetAt are null for a window that never ends: the period of
+	// a budget without expires_at.
+	End       *time.Time `json:"end"`
+	Cap       *string    `json:"cap"`
+	BaseCap   *string    `json:"base_cap,omitempty"`
+	Committed string     `json:"committed"`
+	Held      string     `json:"held"`
+	Remaining *string    `json:"remaining"`
+	ResetAt   *time.Time `json:"reset_at"`
 }
 
 // perRequestView is the per-request cap (null when none), effective as
@@ -178,6 +180,15 @@ func newUsageView(k vault.Key, windows []policy.Window, usage policy.Usage, now 
 	return v
 }
 
+// endOf is when w ends, nil when it never does.
+func endOf(w policy.Window) *time.Time {
+	if w.End.IsZero() {
+		return nil
+	}
+	t := w.End.UTC()
+	return &t
+}
+
 // newWindowsUsage is the usage of a key's or a budget's daily and period
 // windows, their caps effective at now (with the raises active then); base
 // are the windows with the caps of the policy alone, for base_cap.
@@ -187,10 +198,10 @@ func newWindowsUsage(cur string, windows []policy.Window, usage policy.Usage, ba
 		cnt := usage[w.ID]
 		wv := &windowView{
 			Start:     w.Start.UTC(),
-			End:       w.End.UTC(),
+			End:       endOf(w),
 			Committed: policy.FormatMinor(cur, cnt.Committed),
 			Held:      policy.FormatMinor(cur, cnt.Held),
-			ResetAt:   w.End.UTC(),
+			ResetAt:   endOf(w),
 		}
 		if w.HasCap {
 			c := policy.FormatMinor(cur, w.Cap)

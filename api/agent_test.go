@@ -19,7 +19,6 @@ import (
 
 	"github.com/getkin/kin-openapi/openapi3filter"
 	"github.com/getkin/kin-openapi/routers"
-	"github.com/getkin/kin-openapi/routers/legacy"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -91,8 +90,7 @@ func MustAgentEnv(tb testing.TB) *agentEnv {
 	env.srv = httptest.NewServer(h)
 	tb.Cleanup(env.srv.Close)
 
-	env.router, err = legacy.NewRouter(MustOpenAPIDoc(tb, api.OpenAPIDocument()))
-	require.NoError(tb, err)
+	env.router = MustOpenAPIRouter(tb)
 
 	tb.Cleanup(func() {
 		logs := env.logs.String()

@@ -328,9 +328,12 @@ func budgetText(v meView) string {
 			parts = append(parts, fmt.Sprintf("%s: no cap (%s committed, %s held)", w.name, w.view.Committed, w.view.Held))
 			continue
 		}
-		parts = append(parts, fmt.Sprintf("%s: %s of %s %s left (%s committed, %s held for requests in flight, unknown outcomes and money objects that can still move money), resets at %s",
-			w.name, *w.view.Remaining, *w.view.Cap, v.Currency, w.view.Committed, w.view.Held,
-			w.view.ResetAt.Format(time.RFC3339)))
+		resets := "never resets"
+		if w.view.ResetAt != nil {
+			resets = "resets at " + w.view.ResetAt.Format(time.RFC3339)
+		}
+		parts = append(parts, fmt.Sprintf("%s: %s of %s %s left (%s committed, %s held for requests in flight, unknown outcomes and money objects that can still move money), %s",
+			w.name, *w.view.Remaining, *w.view.Cap, v.Currency, w.view.Committed, w.view.Held, resets))
 	}
 	if c := v.Windows.PerRequest.Cap; c != nil {
 		parts = append(parts, fmt.Sprintf("per request: at most %s %s", *c, v.Currency))

@@ -56,10 +56,12 @@ func (p *Proxy) writeReplay(ctx context.Context, w http.ResponseWriter, c *call)
 }
 
 // setRemaining sets Keybrake-Remaining-Daily / -Period: what is left of each
-// capped window after every commit and hold. A request that kept a record
+// capped window after every commit and hold, and for a key under a budget the
+// tightest of the key's and every budget's of its chain, per window kind: the
+// most the next request of that kind could move. A request that kept a record
 // reports the counters its Reserve read, with its own hold, corrected by its
-// settle (c.usage): no other read. Any other request (a read) reads the key's
-// current usage.
+// settle (c.usage): no other read. Any other request (a read), and one whose
+// Reserve read no budget (it moved no money), reads the current usage.
 func (p *Proxy) setRemaining(ctx context.Context, h http.Header, c *call) {
 	windows, usage := c.windows, c.usage
 	if windows == nil {
@@ -70,18 +72,37 @@ func (p *Proxy) setRemaining(ctx context.Context, h http.Header, c *call) {
 			return
 		}
 	}
-	for _, win := range windows {
+	rem := map[policy.WindowKind]int64{}
+	note := func(win policy.Window, cnt policy.Counter) {
 		if !win.HasCap {
-			continue
+			return
 		}
-		cnt := usage[win.ID]
-		rem := max(0, win.Cap-cnt.Committed-cnt.Held)
-		v := policy.FormatMinor(c.key.Policy.Currency, rem)
-		switch win.Kind {
-		case policy.WindowDaily:
-			h.Set(headerRemainingDaily, v)
-		case policy.WindowPeriod:
-			h.Set(headerRemainingPeriod, v)
+		left := max(0, win.Cap-cnt.Committed-cnt.Held)
+		if cur, ok := rem[win.Kind]; !ok || left < cur {
+			rem[win.Kind] = left
+		}
+	}
+	budgetRead := false
+	for _, win := range windows {
+		note(win, usage[win.ID])
+		budgetRead = budgetRead || strings.HasPrefix(string(win.ID), policy.BudgetIDPrefix)
+	}
+	if b := c.key.Policy.Budget; b != "" && !budgetRead {
+		chain, err := p.store.BudgetChain(ctx, b)
+		if err != nil {
+			p.log.LogAttrs(ctx, slog.LevelWarn, "remaining budget unavailable",
+				slog.String(logfield.RequestID, c.requestID), slog.String(logfield.KeyID, c.key.ID), slog.Any(logfield.Error, err))
+			return
+		}
+		for _, st := range chain {
+			for _, win := range st.Windows {
+				note(win, st.Usage[win.ID])
+			}
+		}
+	}
+	for kind, header := range map[policy.WindowKind]string{policy.WindowDaily: headerRemainingDaily, policy.WindowPeriod: headerRemainingPeriod} {
+		if left, ok := rem[kind]; ok {
+			h.Set(header, policy.FormatMinor(c.key.Policy.Currency, left))
 		}
 	}
 }

@@ -115,3 +115,44 @@ func TestVelocityLimitThroughTheProxy(t *testing.T) {
 	r := e.MustSend(t, http.MethodGet, "/v1/charges/ch_1", tok, nil, "")
 	assert.NotEqual(t, http.StatusTooManyRequests, r.Status)
 }
+
+// TestRemainingHeadersAcrossTheChain: Keybrake-Remaining-Daily and -Period
+// show the tightest of the key's window and every budget's of its chain, per
+// kind: the answer to a charge, its replay, and a read.
+func TestRemainingHeadersAcrossTheChain(t *testing.T) {
+	t.Parallel()
+	e := MustEnv(t)
+	ctx := context.Background()
+	orgPeriod, teamDaily := decimal.RequireFromString("500.00"), decimal.RequireFromString("20.00")
+	start := time.Now().Add(-time.Hour)
+	org, err := e.Store.CreateBudget(ctx, "test", vault.BudgetSpec{Name: "org", Currency: "usd", PeriodCap: &orgPeriod, PeriodStart: start})
+	require.NoError(t, err)
+	team, err := e.Store.CreateBudget(ctx, "test", vault.BudgetSpec{Name: "team", Parent: org.ID, Currency: "usd", DailyCap: &teamDaily, PeriodStart: start})
+	require.NoError(t, err)
+	// The key's own daily cap is looser than the team's; its period cap is
+	// tighter than the organisation's.
+	tok, _ := e.MustKey(t, Policy("100.00", func(p *policy.Policy) {
+		pc := decimal.RequireFromString("150.00")
+		p.PeriodCap, p.Budget = &pc, team.ID
+	}))
+	other, _ := e.MustKey(t, Policy("100.00", func(p *policy.Policy) { p.Budget = team.ID }))
+
+	r := e.Post(t, "/v1/charges", tok, "a", form("amount", "600", "currency", "usd", "source", "tok_visa"))
+	require.Equal(t, http.StatusOK, r.Status, "%s", r.Raw)
+	assert.Equal(t, "14.00", r.Header.Get("Keybrake-Remaining-Daily"), "the team's 20.00 less 6.00, not the key's 94.00")
+	assert.Equal(t, "144.00", r.Header.Get("Keybrake-Remaining-Period"), "the key's 150.00 less 6.00, not the organisation's 494.00")
+
+	// Another key of the team spends; the first key's replay and a read see it.
+	r = e.Post(t, "/v1/charges", other, "b", form("amount", "1000", "currency", "usd", "source", "tok_visa"))
+	require.Equal(t, http.StatusOK, r.Status, "%s", r.Raw)
+	assert.Equal(t, "4.00", r.Header.Get("Keybrake-Remaining-Daily"))
+	assert.Equal(t, "484.00", r.Header.Get("Keybrake-Remaining-Period"), "the other key has no period cap: the organisation's")
+	r = e.Post(t, "/v1/charges", tok, "a", form("amount", "600", "currency", "usd", "source", "tok_visa"))
+	require.Equal(t, http.StatusOK, r.Status, "%s", r.Raw)
+	assert.Equal(t, "true", r.Header.Get("Idempotent-Replayed"))
+	assert.Equal(t, "4.00", r.Header.Get("Keybrake-Remaining-Daily"))
+	r = e.MustSend(t, http.MethodGet, "/v1/charges", tok, nil, "")
+	require.Equal(t, http.StatusOK, r.Status, "%s", r.Raw)
+	assert.Equal(t, "4.00", r.Header.Get("Keybrake-Remaining-Daily"))
+	assert.Equal(t, "144.00", r.Header.Get("Keybrake-Remaining-Period"))
+}

@@ -162,8 +162,10 @@ type Store interface {
 
 	// CreateBudget creates a budget, with its audit entry. Its parent, if
 	// any, must exist, be in the same currency and leave the chain from a key
-	// through it at most policy.MaxChainDepth long. Errors: ErrInvalid
-	// (wrapping *policy.ValidationError), ErrNotFound (no such parent).
+	// through it at most policy.MaxChainDepth long; its name must be unique
+	// among its siblings (the budgets of the same parent, or the roots).
+	// Errors: ErrInvalid (wrapping *policy.ValidationError), ErrNotFound (no
+	// such parent), ErrConflict (a sibling has the name).
 	CreateBudget(ctx context.Context, actor string, spec BudgetSpec) (Budget, error)
 	// GetBudget returns the budget id. Errors: ErrNotFound.
 	GetBudget(ctx context.Context, id string) (Budget, error)
@@ -174,8 +176,8 @@ type Store interface {
 	// as it is: the read, Apply and the write are one write transaction that
 	// holds the budget's lock. Currency and parent cannot change; usage is
 	// never reset (a change of time zone carries the day's usage). Errors:
-	// ErrNotFound, ErrInvalid, ErrPrecondition (IfVersion differs), Apply's
-	// own error as it is.
+	// ErrNotFound, ErrInvalid, ErrPrecondition (IfVersion differs),
+	// ErrConflict (a new name a sibling has), Apply's own error as it is.
 	PatchBudget(ctx context.Context, actor, id string, change BudgetChange) (Budget, error)
 	// DeleteBudget deletes the budget, with its audit entry. Errors:
 	// ErrNotFound, ErrConflict (keys or budgets name it).
@@ -616,7 +618,9 @@ type ReserveResult struct {
 	// Windows and Usage are the key's windows at the store clock and their
 	// counters as the Reserve left them (its own hold included), for the
 	// outcomes that forward or replay (ReserveClaimed, ReserveResume,
-	// ReserveReplay): what is left of each cap, without another read.
+	// ReserveReplay): what is left of each cap, without another read. For a
+	// key under a budget they include every budget window of its chain,
+	// under their scoped ids ("bud_…/day:…"), for a metered request.
 	Windows []policy.Window
 	Usage   policy.Usage
 }

@@ -62,7 +62,7 @@ func (b *bench) run(ctx context.Context) (*Report, error) {
 		},
 		Config: ReportConfig{
 			Concurrency: cfg.Concurrency, DurationSeconds: cfg.Duration.Seconds(), Rounds: cfg.Rounds,
-			WarmupSeconds: cfg.Warmup.Seconds(), Keys: cfg.Keys, SeedRecords: cfg.SeedRecords,
+			WarmupSeconds: cfg.Warmup.Seconds(), Keys: cfg.Keys, Budget: cfg.Budget, SeedRecords: cfg.SeedRecords,
 			UpstreamLatencyMS: msOf(cfg.UpstreamLatency), ResponseBytes: cfg.ResponseBytes, KeybrakeLogLevel: cfg.LogLevel,
 		},
 		Check: CheckResult{Problems: []string{}},
@@ -74,6 +74,8 @@ func (b *bench) run(ctx context.Context) (*Report, error) {
 		{name: "bare", urls: []string{b.bare.url}, pids: []int{b.bare.pid()}, tokens: b.tokens},
 		{name: "keybrake", urls: []string{b.kb.url}, pids: []int{b.kb.pid()}, kbs: []*keybrakeChild{b.kb}, tokens: b.tokens},
 	}, b.postgresTargets()...)
+	boltBudget, pgBudget := b.budgetTokens()
+	targets = append(targets, budgetTargets(targets[1:], boltBudget, pgBudget)...)
 	b.ok = map[string]int{}
 	if cfg.Warmup > 0 {
 		fmt.Fprintf(b.progress, "warming up for %s per target…\n", cfg.Warmup)
@@ -148,7 +150,7 @@ func (b *bench) start(ctx context.Context, rep *Report) error {
 		fmt.Fprintf(b.progress, "writing %d keys and %d records through the store…\n", cfg.Keys, cfg.SeedRecords)
 	}
 	b.setup, err = prepareStore(ctx, storeOptions{
-		path: b.dbPath, masterKey: b.secrets.masterKey, secret: b.kbSecret, keys: cfg.Keys, records: cfg.SeedRecords,
+		path: b.dbPath, masterKey: b.secrets.masterKey, secret: b.kbSecret, keys: cfg.Keys, records: cfg.SeedRecords, budget: cfg.Budget,
 		body:     func(n int64) []byte { return []byte(chargeJSON(n, chargeAmount, b.fake.pad)) },
 		progress: b.progress,
 	})
@@ -226,7 +228,9 @@ func (b *bench) measure(ctx context.Context, rep *Report, conns int, targets []t
 		}
 	}
 	cr.Bare, cr.Keybrake = results[0], results[1]
-	cr.Postgres = postgresResults(targets[2:], results[2:], cr.Bare, cr.Keybrake)
+	npg := len(b.postgresTargets())
+	cr.Postgres = postgresResults(targets[2:2+npg], results[2:2+npg], cr.Bare, cr.Keybrake)
+	cr.Budget = budgetResults(targets[2+npg:], results[1:2+npg], results[2+npg:])
 	cr.DBBytes = fileSize(b.dbPath)
 	if cr.Keybrake.Requests > 0 {
 		cr.DBGrowthPerRequest = round3(float64(cr.DBBytes-dbBefore) / float64(cr.Keybrake.Requests))
@@ -298,7 +302,7 @@ func (b *bench) check(ctx context.Context, k *CheckResult) error {
 		return fmt.Errorf("read keybrake's totals: %w", err)
 	}
 	kt, bt := b.fake.tally(b.kbSecret), b.fake.tally(b.bareSecret)
-	k.StripeCharges, k.StripeAmount, k.Answered200 = kt.charges.Load(), kt.amount.Load(), b.ok["keybrake"]
+	k.StripeCharges, k.StripeAmount, k.Answered200 = kt.charges.Load(), kt.amount.Load(), b.ok["keybrake"]+b.ok["keybrake"+budgetSuffix]
 	k.SeededAmount, k.Committed, k.Held = b.setup.seeded, totals.Committed, totals.Held
 	k.BareCharges, k.Bare200 = bt.charges.Load(), b.ok["bare"]
 	k.Problems = append(k.Problems, k.consistency()...)

@@ -111,6 +111,10 @@ type Config struct {
 	DatabaseURL string
 	// Replicas is how many keybrake replicas share the PostgreSQL store.
 	Replicas int
+	// Budget mints Keys more keys under one shared budget, in the same stores,
+	// and drives them beside the independent keys, target for target, in the
+	// same run (see budget.go).
+	Budget bool
 	// JSON prints the report as JSON instead of a table.
 	JSON bool
 	// Timeout bounds one request.
@@ -256,6 +260,7 @@ func (m *Main) ParseFlags(args []string) error {
 	fs.StringVar(&c.TempDir, "tmp-dir", c.TempDir, "where keybrake's data directory is made (default: the system's temporary directory); use a disk, not tmpfs")
 	fs.StringVar(&c.DatabaseURL, "database-url", c.DatabaseURL, "postgres:// URL of a server (its role may create databases): measure keybrake on the PostgreSQL store too, in a database of its own (default: "+envDatabaseURL+")")
 	fs.IntVar(&c.Replicas, "replicas", c.Replicas, "keybrake replicas sharing the PostgreSQL store, driven round-robin; measured through one and through all")
+	fs.BoolVar(&c.Budget, "budget", c.Budget, "also mint --keys keys under one shared budget and measure them beside the independent keys, on every store")
 	fs.BoolVar(&c.JSON, "json", c.JSON, "print the report as JSON")
 	fs.DurationVar(&c.Timeout, "timeout", c.Timeout, "timeout of one request")
 	if err := fs.Parse(args); err != nil {

@@ -307,7 +307,7 @@ func TestBenchmarkPostgresSmoke(t *testing.T) {
 	server := pgtest.URL(t)
 	rep, stderr := MustBench(t, "--keybrake", MustKeybrake(t),
 		"--concurrency", "2", "--duration", "300ms", "--rounds", "1", "--warmup", "100ms",
-		"--keys", "2", "--seed-records", "10", "--database-url", server, "--replicas", "2")
+		"--keys", "2", "--seed-records", "10", "--database-url", server, "--replicas", "2", "--budget")
 	t.Log(stderr)
 	assert.Empty(t, rep.Check.Problems)
 
@@ -330,6 +330,17 @@ func TestBenchmarkPostgresSmoke(t *testing.T) {
 		if runtime.GOOS == "linux" {
 			assert.Positive(t, pr.CPUPerRequestUS, "from /proc")
 		}
+	}
+
+	// --budget: each keybrake target again with the keys under one budget.
+	require.Len(t, cr.Budget, 3)
+	for i, br := range cr.Budget {
+		assert.Equal(t, []string{"bbolt", "postgres", "postgres"}[i], br.Store)
+		assert.Equal(t, []int{1, 1, 2}[i], br.Replicas)
+		assert.Positive(t, br.Requests)
+		assert.Zero(t, br.Errors)
+		assert.Equal(t, []float64{cr.Keybrake.RPS, cr.Postgres[0].RPS, cr.Postgres[1].RPS}[i], br.Independent)
+		assert.InDelta(t, br.RPS/br.Independent, br.VersusIndependent, 0.001)
 	}
 
 	k := rep.Check.Postgres

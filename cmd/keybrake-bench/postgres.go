@@ -87,6 +87,20 @@ type pgBench struct {
 	replicas  []*keybrakeChild
 }
 
+// budgetTokens are the "Bearer vk_…" of the keys under the budget, on bbolt
+// and on PostgreSQL (nil without --budget or --database-url).
+func (b *bench) budgetTokens() (bolt, pg []string) {
+	for _, t := range b.setup.budgetTokens {
+		bolt = append(bolt, "Bearer "+t)
+	}
+	if b.pg != nil {
+		for _, t := range b.pg.setup.budgetTokens {
+			pg = append(pg, "Bearer "+t)
+		}
+	}
+	return bolt, pg
+}
+
 // pgSecret is keybrake's upstream secret at the fake Stripe when it runs on
 // PostgreSQL, tallied apart from bbolt's.
 func (b *bench) pgSecret() string {
@@ -115,7 +129,7 @@ func (b *bench) startPostgres(ctx context.Context, rep *Report, bin, stripeURL s
 		return fmt.Errorf("postgres: %w", err)
 	}
 	pg.setup, err = fillStore(ctx, s, storeOptions{
-		masterKey: b.secrets.masterKey, secret: b.pgSecret(), keys: cfg.Keys, records: cfg.SeedRecords,
+		masterKey: b.secrets.masterKey, secret: b.pgSecret(), keys: cfg.Keys, records: cfg.SeedRecords, budget: cfg.Budget,
 		body:     func(n int64) []byte { return []byte(chargeJSON(n, chargeAmount, b.fake.pad)) },
 		progress: b.progress,
 	})
@@ -253,7 +267,7 @@ func (b *bench) checkPostgres(ctx context.Context, k *CheckResult) error {
 	}
 	answered := 0
 	for _, target := range b.postgresTargets() {
-		answered += b.ok[target.name]
+		answered += b.ok[target.name] + b.ok[target.name+budgetSuffix]
 	}
 	if errs := pg.stopReplicas(); len(errs) > 0 {
 		return errors.Join(errs...)

@@ -53,6 +53,7 @@ type ReportConfig struct {
 	Rounds            int     `json:"rounds"`
 	WarmupSeconds     float64 `json:"warmup_seconds"`
 	Keys              int     `json:"keys"`
+	Budget            bool    `json:"budget,omitempty"`
 	SeedRecords       int     `json:"seed_records"`
 	UpstreamLatencyMS float64 `json:"upstream_latency_ms"`
 	ResponseBytes     int     `json:"response_bytes"`
@@ -67,6 +68,9 @@ type ConcResult struct {
 	// Postgres is keybrake on the PostgreSQL store, through one replica and
 	// through all (--database-url).
 	Postgres []PostgresResult `json:"postgres,omitempty"`
+	// Budget is the keys under one budget beside the independent keys, on
+	// each store (--budget).
+	Budget []BudgetResult `json:"budget,omitempty"`
 	// Ratio is keybrake's throughput over the bare proxy's.
 	Ratio float64 `json:"throughput_ratio"`
 	// AddedP50MS and AddedP99MS are keybrake's latency percentiles minus the bare
@@ -239,6 +243,9 @@ func (r *Report) writeText(w io.Writer) error {
 	}
 	fmt.Fprintln(w)
 	if err := r.writePostgresText(w); err != nil {
+		return err
+	}
+	if err := r.writeBudgetText(w); err != nil {
 		return err
 	}
 	s := r.Setup

@@ -32,8 +32,12 @@ const seedWorkers = 256
 
 // storeSetup is what prepareStore wrote.
 type storeSetup struct {
+	// keyIDs are every key's, the budget's keys' last; tokens the
+	// independent keys' only.
 	keyIDs []string
 	tokens []string
+	// budgetTokens are the tokens of the keys under the one budget (--budget).
+	budgetTokens []string
 	// seeded is the amount committed by the seeded records, in minor units.
 	seeded int64
 	// seedTime is how long seeding took.
@@ -47,6 +51,8 @@ type storeOptions struct {
 	secret    string // the upstream "default"
 	keys      int
 	records   int
+	// budget: mint keys more keys under one budget, after the seeding.
+	budget bool
 	// body is the stored answer of seeded record n.
 	body func(n int64) []byte
 	// now is the store's clock (time.Now when nil). It is the hook for measuring
@@ -106,16 +112,20 @@ func fillStore(ctx context.Context, s vault.Store, opts storeOptions) (storeSetu
 	if opts.keys > 100 {
 		fmt.Fprintf(opts.progress, "minted %d keys in %s\n", opts.keys, time.Since(start).Round(time.Millisecond))
 	}
-	if opts.records == 0 {
-		return setup, nil
+	if opts.records > 0 {
+		start = time.Now()
+		if err := seedRecords(ctx, s, setup.keyIDs, opts); err != nil {
+			return setup, err
+		}
+		setup.seeded = int64(opts.records) * chargeAmount
+		setup.seedTime = time.Since(start)
+		fmt.Fprintf(opts.progress, "seeded %d completed records in %s\n", opts.records, setup.seedTime.Round(time.Millisecond))
 	}
-	start = time.Now()
-	if err := seedRecords(ctx, s, setup.keyIDs, opts); err != nil {
-		return setup, err
+	if opts.budget {
+		if err := mintUnderBudget(ctx, s, now(), opts.keys, &setup); err != nil {
+			return setup, err
+		}
 	}
-	setup.seeded = int64(opts.records) * chargeAmount
-	setup.seedTime = time.Since(start)
-	fmt.Fprintf(opts.progress, "seeded %d completed records in %s\n", opts.records, setup.seedTime.Round(time.Millisecond))
 	return setup, nil
 }
 

@@ -20,6 +20,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/shopspring/decimal"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -214,18 +215,27 @@ func TestKill9UnderLoad(t *testing.T) {
 	require.NoError(t, err)
 
 	// The cap is reached part way through the run, so kills land both while money
-	// moves and while requests are refused.
+	// moves and while requests are refused. It is the cap of an organisation's
+	// budget that three keys draw from: two through a team's budget under it,
+	// one directly; each key's own cap is as high, so the budget is what runs
+	// out and every hold moves counters on two or three scopes at once.
 	capDollars := int64(kills) * 70
 	capCents := capDollars * 100
-	var keyID, vaultKey string
+	var keyIDs, vaultKeys []string
+	var budgetIDs []string
 	func() {
 		s, err := bolt.Open(dbPath, bolt.Options{MasterKey: masterKey})
 		require.NoError(t, err)
 		defer s.Close()
 		_, _, err = s.PutUpstream(context.Background(), "test", upstreamDefault, "stripe", fake.Secret)
 		require.NoError(t, err)
-		k, token := MustMintKey(t, s, "kill9", capDollars)
-		keyID, vaultKey = k.ID, token
+		org := mustCreateBudget(t, s, "org", "", capDollars)
+		team := mustCreateBudget(t, s, "team", org.ID, capDollars*2/3)
+		budgetIDs = []string{org.ID, team.ID}
+		for i, under := range []string{team.ID, team.ID, org.ID} {
+			k, token := MustMintKeyUnder(t, s, fmt.Sprintf("kill9-%d", i), capDollars, under)
+			keyIDs, vaultKeys = append(keyIDs, k.ID), append(vaultKeys, token)
+		}
 	}()
 
 	environ := childEnviron(
@@ -280,6 +290,7 @@ func TestKill9UnderLoad(t *testing.T) {
 			for n := 0; loadCtx.Err() == nil; n++ {
 				callerKey := fmt.Sprintf("kill9-c%d-n%d", g, n)
 				amount := 100 * (1 + r.Int64N(5))
+				vaultKey := vaultKeys[g%len(vaultKeys)]
 				status := chargeUntilDefinitive(loadCtx, client, target, vaultKey, callerKey, amount, stats)
 				if status == http.StatusPaymentRequired {
 					capHit[g].Store(true)
@@ -359,9 +370,61 @@ func TestKill9UnderLoad(t *testing.T) {
 	assert.LessOrEqual(t, moved, capCents, "Stripe moved no more than the cap")
 	assertEachCallerKeyMovedOnce(t, fake, stats)
 
-	// The store meters everything that moved and never passed the cap.
+	// The store meters everything that moved and never passed a cap, on
+	// every key's windows and every budget's.
 	s := MustOpenStore(t, dbPath, masterKey)
-	assertMetered(t, s, keyID, moved)
+	assertChainMetered(t, s, keyIDs, budgetIDs, moved)
+}
+
+// mustCreateBudget creates a usd budget with a daily and a period cap of
+// capDollars, its period starting now, under parent ("" for a root).
+func mustCreateBudget(tb testing.TB, s vault.Store, name, parent string, capDollars int64) vault.Budget {
+	tb.Helper()
+	c := decimal.NewFromInt(capDollars)
+	b, err := s.CreateBudget(context.Background(), "test", vault.BudgetSpec{Name: name, Parent: parent, Currency: "usd",
+		Timezone: "UTC", DailyCap: &c, PeriodCap: &c, PeriodStart: time.Now().UTC().Truncate(time.Second)})
+	require.NoError(tb, err)
+	return b
+}
+
+// MustMintKeyUnder is MustMintKey for a key that draws from budget.
+func MustMintKeyUnder(tb testing.TB, s vault.Store, name string, capDollars int64, budget string) (vault.Key, string) {
+	tb.Helper()
+	p := MustPolicy(tb, capDollars)
+	p.Budget = budget
+	k, token, err := s.MintKey(context.Background(), "test", vault.MintRequest{Name: name, Upstream: upstreamDefault, Policy: p})
+	require.NoError(tb, err)
+	return k, token
+}
+
+// assertChainMetered checks committed + held <= cap on every window of the
+// keys and of the budgets, that the first budget's period window (the root
+// every key draws from) counts at least moved, and that the store is
+// consistent (its own check covers every key and budget window).
+func assertChainMetered(t *testing.T, s vault.Store, keyIDs, budgetIDs []string, moved int64) {
+	t.Helper()
+	ctx := context.Background()
+	for _, id := range keyIDs {
+		_, windows, usage, err := s.KeyUsage(ctx, id)
+		require.NoError(t, err)
+		for _, w := range windows {
+			cnt := usage[w.ID]
+			assert.LessOrEqual(t, cnt.Committed+cnt.Held, w.Cap, "key %s: committed + held <= cap on %s", id, w.ID)
+		}
+	}
+	for i, id := range budgetIDs {
+		chain, err := s.BudgetChain(ctx, id)
+		require.NoError(t, err)
+		for _, w := range chain[0].Windows {
+			cnt := chain[0].Usage[w.ID]
+			assert.LessOrEqual(t, cnt.Committed+cnt.Held, w.Cap, "budget %s: committed + held <= cap on %s", id, w.ID)
+			if i == 0 && w.Kind == policy.WindowPeriod {
+				assert.LessOrEqual(t, moved, cnt.Committed+cnt.Held, "everything Stripe moved is metered on the root budget")
+				t.Logf("store: root budget period committed %s, held %s", fmtCents(cnt.Committed), fmtCents(cnt.Held))
+			}
+		}
+	}
+	assert.NoError(t, s.CheckInvariant(ctx))
 }
 
 // assertEachCallerKeyMovedOnce checks, for every charge at the fake that

@@ -41,10 +41,11 @@ func TestCompactDoesNotStallBehindABackup(t *testing.T) {
 	k, vaultKey := MustMintKey(t, m.Store(), "stall", 1_000_000)
 	require.NoError(t, m.Close())
 	// A database larger than what the sockets buffer, so that the backup
-	// blocks on its unread client.
+	// blocks on its unread client: about 10 MB of answers, in 400 charges of
+	// 24 KB rather than 4,000 of 2.4 KB (each a Reserve and a Settle).
 	s, err := bolt.Open(filepath.Join(dataDir, databaseFile), bolt.Options{MasterKey: MustMasterKey(t, dataDir), OpenTimeout: time.Second})
 	require.NoError(t, err)
-	seedCharges(t, s, k.ID, "seed", 4000)
+	seedLargeCharges(t, s, k.ID, "seed", 400, 12000)
 	require.NoError(t, s.Close())
 
 	m = MustServe(t, dataDir, fake.URL, env{envStripeKey: fake.Secret})

@@ -25,10 +25,18 @@ import (
 // (random, so that they compress no better than real ones), from 8 callers.
 func seedCharges(t *testing.T, s vault.Store, keyID, prefix string, n int) {
 	t.Helper()
+	seedLargeCharges(t, s, keyID, prefix, n, 1200)
+}
+
+// seedLargeCharges is seedCharges with answers of about 2×noise bytes: a
+// fixture that needs megabytes in the file, not many records, gets them in
+// fewer transactions.
+func seedLargeCharges(t *testing.T, s vault.Store, keyID, prefix string, n, noiseBytes int) {
+	t.Helper()
 	var wg sync.WaitGroup
 	for w := range 8 {
 		wg.Go(func() {
-			noise := make([]byte, 1200)
+			noise := make([]byte, noiseBytes)
 			for i := w; i < n; i += 8 {
 				_, _ = rand.Read(noise)
 				idem := fmt.Sprintf("%s-%d", prefix, i)

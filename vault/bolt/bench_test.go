@@ -123,3 +123,9 @@ func BenchmarkReserveSettle(b *testing.B) { vaulttest.BenchmarkReserveSettle(b, 
 
 // BenchmarkSettle measures the settle alone.
 func BenchmarkSettle(b *testing.B) { vaulttest.BenchmarkSettle(b, openForBenchmark) }
+
+// BenchmarkReserveSettleUnderBudget compares 64 keys under one budget with 64
+// independent keys.
+func BenchmarkReserveSettleUnderBudget(b *testing.B) {
+	vaulttest.BenchmarkReserveSettleUnderBudget(b, openForBenchmark)
+}

@@ -72,14 +72,16 @@ func chargeAnswer(id string) []byte {
 // running every simulated hour, the database holds no more than each
 // request's share (sizePerRecord, sizePerObject, sizePerEvents) for as long as
 // its retention keeps it: the file stops growing once the retentions are
-// reached, whatever the number of requests. The default is short (4,608
-// requests over 8 simulated days, a ledger retention of 3 days);
+// reached, whatever the number of requests. The default is short (2,304
+// requests over 8 simulated days, a ledger retention of 3 days: five days
+// past the last retention it reaches, at a rate that fills more than a third
+// of the bound, which the end checks);
 // KEYBRAKE_LONG=1 runs 45 days at 100 requests an hour with a retention of 14
 // days (108,000 requests), past every retention: the file stops growing on
 // day 35, when the first money objects go.
 func TestSizeBoundedOverASimulatedMonth(t *testing.T) {
 	t.Parallel()
-	days, rate, ledger := 8, 24, 3*24*time.Hour
+	days, rate, ledger := 8, 12, 3*24*time.Hour
 	if os.Getenv("KEYBRAKE_LONG") != "" {
 		days, rate, ledger = 45, 100, 14*24*time.Hour
 	}

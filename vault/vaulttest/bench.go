@@ -154,3 +154,43 @@ func RunConcurrent(b *testing.B, callers int, op func(i int64) error) {
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "ops/s")
 	b.ReportMetric(b.Elapsed().Seconds()*1e3*float64(callers)/float64(b.N), "ms/call")
 }
+
+// BenchmarkReserveSettleUnderBudget measures whole metered requests (Reserve
+// then Settle) at 64 concurrent callers over 64 keys, the keys independent or
+// all under one budget: what one shared, hot set of budget counters costs.
+func BenchmarkReserveSettleUnderBudget(b *testing.B, open BenchOpener) {
+	for _, shared := range []bool{false, true} {
+		name := "independent"
+		if shared {
+			name = "budget"
+		}
+		b.Run(name, func(b *testing.B) {
+			s, _ := benchStore(b, open)
+			budget := ""
+			if shared {
+				budget = MustBudget(b, s, "bench", "", "1000000000", "1000000000").ID
+			}
+			const callers = 64
+			var keys []string
+			for i := range callers {
+				p := Policy(b, "", "1000000000", "")
+				p.Budget = budget
+				k, _ := MustMint(b, s, fmt.Sprintf("bench-%s-%d", name, i), p, nil)
+				keys = append(keys, k.ID)
+			}
+			ctx := context.Background()
+			RunConcurrent(b, callers, func(i int64) error {
+				keyID, idem := keys[i%callers], fmt.Sprintf("bench-%d", i)
+				res, err := s.Reserve(ctx, Charge(keyID, idem, 100))
+				if err == nil && res.Outcome != vault.ReserveClaimed {
+					err = fmt.Errorf("outcome %d", res.Outcome)
+				}
+				if err != nil {
+					return err
+				}
+				return s.Settle(ctx, vault.SettleRequest{KeyID: keyID, IdempotencyKey: idem, Outcome: vault.SettleCommit, Amount: 100,
+					Response: &vault.StoredResponse{Status: 200, Body: []byte(`{"id":"ch_123","object":"charge","amount":100}`)}})
+			})
+		})
+	}
+}

@@ -362,3 +362,68 @@ func testBudgetUnknownHoldResolved(t *testing.T) {
 	daily, _ = budgetUsage(t, s, b.ID)
 	assert.Equal(t, policy.Counter{Committed: 400}, daily)
 }
+
+// testBudgetNamesUniqueAmongSiblings: a budget's name is unique among the
+// budgets of its parent (the roots among the roots), on create, on a rename
+// and under concurrency; another parent may reuse it, and a deleted or
+// renamed budget frees its name.
+func testBudgetNamesUniqueAmongSiblings(t *testing.T) {
+	ctx := context.Background()
+	s := mustOpen(t, NewClock(T0))
+	spec := func(name, parent string) vault.BudgetSpec {
+		return vault.BudgetSpec{Name: name, Parent: parent, Currency: "usd", Timezone: "UTC", PeriodStart: T0, DailyCap: MustDec(t, "10.00")}
+	}
+	org := MustBudget(t, s, "org", "", "10.00", "")
+	other := MustBudget(t, s, "other", "", "10.00", "")
+	teamA := MustBudget(t, s, "team-a", org.ID, "10.00", "")
+	_, err := s.CreateBudget(ctx, "tester", spec("team-a", org.ID))
+	assert.ErrorIs(t, err, vault.ErrConflict, "a sibling has the name")
+	_, err = s.CreateBudget(ctx, "tester", spec("org", ""))
+	assert.ErrorIs(t, err, vault.ErrConflict, "a root has the name")
+	MustBudget(t, s, "team-a", other.ID, "10.00", "") // another parent's
+	MustBudget(t, s, "Team-A", org.ID, "10.00", "")   // names compare exactly
+
+	rename := func(id, name string) error {
+		_, err := s.PatchBudget(ctx, "tester", id, vault.BudgetChange{Apply: func(b vault.Budget, _ time.Time) (vault.BudgetSpec, error) {
+			sp := b.Spec()
+			sp.Name = name
+			return sp, nil
+		}})
+		return err
+	}
+	teamB := MustBudget(t, s, "team-b", org.ID, "10.00", "")
+	assert.ErrorIs(t, rename(teamB.ID, "team-a"), vault.ErrConflict)
+	require.NoError(t, rename(teamB.ID, "team-b"), "its own name")
+	require.NoError(t, rename(teamA.ID, "team-c"))
+	MustBudget(t, s, "team-a", org.ID, "10.00", "") // freed by the rename
+	got, err := s.GetBudget(ctx, teamA.ID)
+	require.NoError(t, err)
+	assert.Equal(t, "team-c", got.Name)
+	require.NoError(t, s.DeleteBudget(ctx, "tester", teamB.ID))
+	MustBudget(t, s, "team-b", org.ID, "10.00", "") // freed by the delete
+
+	// Eight at once for one root name: exactly one.
+	var wg sync.WaitGroup
+	errs := make([]error, 8)
+	start := make(chan struct{})
+	for i := range errs {
+		wg.Go(func() {
+			<-start
+			_, errs[i] = s.CreateBudget(ctx, "tester", spec("race", ""))
+		})
+	}
+	close(start)
+	wg.Wait()
+	won := 0
+	for _, err := range errs {
+		if err == nil {
+			won++
+		} else {
+			assert.ErrorIs(t, err, vault.ErrConflict)
+		}
+	}
+	assert.Equal(t, 1, won)
+	roots, _, err := s.ListBudgets(ctx, vault.BudgetFilter{Parent: vault.RootParent, NamePrefix: "race"})
+	require.NoError(t, err)
+	assert.Len(t, roots, 1)
+}

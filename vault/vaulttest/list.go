@@ -12,6 +12,7 @@ var suite = []struct {
 	{"VelocityLimit", testVelocityLimit},
 	{"BudgetVelocityPerOperation", testBudgetVelocityPerOperation},
 	{"BudgetAdmin", testBudgetAdmin},
+	{"BudgetNamesUniqueAmongSiblings", testBudgetNamesUniqueAmongSiblings},
 	{"BudgetUnknownHoldResolved", testBudgetUnknownHoldResolved},
 	{"ClaimLifecycle", testClaimLifecycle},
 	{"ClaimLeaseTakeover", testClaimLeaseTakeover},

@@ -2,16 +2,19 @@ package vaulttest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
 	"runtime"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/shopspring/decimal"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -47,8 +50,11 @@ type modelRun struct {
 	s *Store
 	// split, when set, makes every Reserve of the run the broken one of
 	// splitReserve, with split called between its two transactions.
-	split   func()
-	keys    []vault.Key
+	split func()
+	keys  []vault.Key
+	// budgets are the budgets the keys draw from (a key's chain: the key, its
+	// budget, that budget's ancestors).
+	budgets map[string]vault.Budget
 	workers int
 	ops     int
 
@@ -61,6 +67,10 @@ type modelRun struct {
 	// was committed from parts (per counter key) are in the model too.
 	objects       map[string]*modelObject // key id "/" object id
 	partCommitted map[string]int64        // counter key → committed from parts
+	// raised is, per scope id "/" window kind, the sum of every raise added
+	// during the run: a bound on what raises ever added to that cap at once.
+	raised map[string]int64
+	raises int
 }
 
 // modelObject is the model of one money object's exposure: parts, oldest first,
@@ -107,7 +117,7 @@ func (m *modelRun) commitParts(o *modelObject, amount int64) {
 		p.amount -= take
 		m.mu.Lock()
 		for _, w := range p.windowIDs {
-			m.partCommitted[o.keyID+"/"+string(w)] += take
+			m.partCommitted[modelCounterKey(o.keyID, w)] += take
 		}
 		m.mu.Unlock()
 		if p.amount > 0 {
@@ -135,35 +145,108 @@ func (m *modelRun) problem(format string, args ...any) {
 
 // newModelStore opens a store with nKeys keys whose caps the load reaches: they
 // grow with the number of operations per worker, so claims and refusals both stay
-// frequent.
-func newModelStore(t *testing.T, clock *Clock, nKeys, ops int) (*Store, []vault.Key) {
+// frequent. The keys draw from a tree of budgets whose caps the load reaches
+// too: an organisation (a period cap) over two teams (daily caps); key i is
+// under team a, team b, the organisation directly, or no budget, in turn.
+func newModelStore(t *testing.T, clock *Clock, nKeys, ops int) (*Store, []vault.Key, map[string]vault.Budget) {
 	t.Helper()
 	s := mustOpen(t, clock)
 	MustUpstream(t, s, "sk_test_abcdef1234")
 	scale := max(1, ops/15)
+	org := MustBudget(t, s, "org", "", "", fmt.Sprintf("%d.00", 900*scale))
+	teamA := MustBudget(t, s, "team-a", org.ID, fmt.Sprintf("%d.00", 220*scale), "")
+	teamB := MustBudget(t, s, "team-b", org.ID, fmt.Sprintf("%d.00", 260*scale), "")
+	budgets := map[string]vault.Budget{org.ID: org, teamA.ID: teamA, teamB.ID: teamB}
+	under := []string{teamA.ID, teamB.ID, org.ID, ""}
 	var keys []vault.Key
 	for i := range nKeys {
 		p := Policy(t, fmt.Sprintf("%d.00", (200+50*i)*scale), fmt.Sprintf("%d.00", (300+60*i)*scale), "30.00")
+		p.Budget = under[i%len(under)]
 		k, _ := MustMint(t, s, fmt.Sprintf("model-%d", i), p, nil)
 		keys = append(keys, k)
 	}
-	return s, keys
+	return s, keys, budgets
 }
 
-func (m *modelRun) capOf(k vault.Key, windowID string) int64 {
-	c := k.Policy.PeriodCap
-	if windowID != "period" {
-		c = k.Policy.DailyCap
+// modelCounterKey is the counter a hold on windowID of keyID counts on: a
+// budget's window (a scoped id) is one counter whichever key holds on it.
+func modelCounterKey(keyID string, windowID policy.WindowID) string {
+	if strings.HasPrefix(string(windowID), policy.BudgetIDPrefix) {
+		return string(windowID)
+	}
+	return keyID + "/" + string(windowID)
+}
+
+// capOf is the highest cap counter key ck can have had during the run: its
+// key's or budget's base cap plus every raise of that window added meanwhile;
+// ok is false for a window without a cap.
+func (m *modelRun) capOf(keyByID map[string]vault.Key, ck string) (limit int64, ok bool) {
+	scope, windowID, _ := cutSlash(ck)
+	var daily, period *decimal.Decimal
+	if b, found := m.budgets[scope]; found {
+		daily, period = b.DailyCap, b.PeriodCap
+	} else {
+		k := keyByID[scope]
+		daily, period = k.Policy.DailyCap, k.Policy.PeriodCap
+	}
+	c, kind := daily, policy.WindowDaily
+	if windowID == string(policy.PeriodWindowID) {
+		c, kind = period, policy.WindowPeriod
+	}
+	if c == nil {
+		return 0, false
 	}
 	v, err := policy.ToMinor("usd", *c)
 	if err != nil {
 		panic(err)
 	}
-	return v
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return v + m.raised[scope+"/"+string(kind)], true
+}
+
+// raise adds a raise of a random window of a random key or budget, ending
+// within the round (the next round is hours later), so caps both grow and
+// come back by themselves under the load.
+func (m *modelRun) raise(ctx context.Context, clock *Clock, rng *rand.Rand) {
+	scope := vault.RaiseScope{Kind: policy.ScopeKey, ID: m.keys[rng.IntN(len(m.keys))].ID}
+	kind := []policy.WindowKind{policy.WindowDaily, policy.WindowPeriod}[rng.IntN(2)]
+	if rng.IntN(2) == 0 {
+		var ids []string
+		for id := range m.budgets {
+			ids = append(ids, id)
+		}
+		sort.Strings(ids)
+		scope = vault.RaiseScope{Kind: policy.ScopeBudget, ID: ids[rng.IntN(len(ids))]}
+		kind = policy.WindowPeriod
+		if m.budgets[scope.ID].DailyCap != nil {
+			kind = policy.WindowDaily
+		}
+	}
+	amount := 1 + rng.Int64N(2000)
+	// Counted before it is added: a hold placed under the raise may be
+	// checked before AddRaise returns.
+	m.mu.Lock()
+	if m.raised == nil {
+		m.raised = map[string]int64{}
+	}
+	m.raised[scope.ID+"/"+string(kind)] += amount
+	m.mu.Unlock()
+	_, err := m.s.AddRaise(ctx, "model", scope, vault.NewRaise{Window: kind, Amount: amount,
+		Until: clock.Now().Add(time.Duration(1+rng.IntN(60)) * time.Minute), Reason: "model"})
+	switch {
+	case err == nil:
+		m.mu.Lock()
+		m.raises++
+		m.mu.Unlock()
+	case errors.Is(err, vault.ErrConflict): // MaxActiveRaises active already
+	default:
+		m.problem("raise %s %s: %v", scope.ID, kind, err)
+	}
 }
 
 // worker runs one goroutine's sequence of operations.
-func (m *modelRun) worker(ctx context.Context, w, round int, mine []*modelIdem, rng *rand.Rand) []*modelIdem {
+func (m *modelRun) worker(ctx context.Context, clock *Clock, w, round int, mine []*modelIdem, rng *rand.Rand) []*modelIdem {
 	settle := func(mi *modelIdem) {
 		out := []vault.SettleOutcome{vault.SettleCommit, vault.SettleCommit, vault.SettleRelease, vault.SettleUnknown, vault.SettleAbandon, ""}[rng.IntN(6)]
 		if out == "" {
@@ -274,6 +357,12 @@ func (m *modelRun) worker(ctx context.Context, w, round int, mine []*modelIdem, 
 	}
 
 	for i := range m.ops {
+		if m.split == nil && rng.IntN(25) == 0 {
+			// (Not in the mutant's runs: a raise widens the bound the cap check
+			// has to allow, and the mutant's excess is what they look for.)
+			m.raise(ctx, clock, rng)
+			continue
+		}
 		if rng.IntN(10) == 0 {
 			// Stripe shows one of this worker's objects cancelled: its exposure goes.
 			k := m.keys[rng.IntN(len(m.keys))]
@@ -364,7 +453,7 @@ func (m *modelRun) run(clock *Clock, seed uint64) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				mine[w] = m.worker(ctx, w, round, mine[w], rand.New(rand.NewPCG(seed, uint64(w+100*round))))
+				mine[w] = m.worker(ctx, clock, w, round, mine[w], rand.New(rand.NewPCG(seed, uint64(w+100*round))))
 			}()
 		}
 		wg.Wait()
@@ -396,7 +485,7 @@ func (m *modelRun) check(t *testing.T) (capViolations []string) {
 	for _, o := range m.objects {
 		for _, p := range o.parts {
 			for _, w := range p.windowIDs {
-				ck := o.keyID + "/" + string(w)
+				ck := modelCounterKey(o.keyID, w)
 				sm := want[ck]
 				sm.held += p.amount
 				want[ck] = sm
@@ -413,7 +502,7 @@ func (m *modelRun) check(t *testing.T) (capViolations []string) {
 			continue
 		}
 		for _, w := range mi.hold.windowIDs {
-			ck := mi.keyID + "/" + string(w)
+			ck := modelCounterKey(mi.keyID, w)
 			sm := want[ck]
 			switch mi.hold.state {
 			case vault.HoldHeld, vault.HoldUnknown:
@@ -436,8 +525,7 @@ func (m *modelRun) check(t *testing.T) (capViolations []string) {
 		if w := want[ck]; c.Held != w.held || c.Committed != w.committed {
 			m.problem("counter %s: store committed %d held %d, model committed %d held %d", ck, c.Committed, c.Held, w.committed, w.held)
 		}
-		keyID, windowID, _ := cutSlash(ck)
-		if limit := m.capOf(keyByID[keyID], windowID); c.Committed+c.Held > limit {
+		if limit, ok := m.capOf(keyByID, ck); ok && c.Committed+c.Held > limit {
 			capViolations = append(capViolations, fmt.Sprintf("%s: committed %d + held %d > cap %d", ck, c.Committed, c.Held, limit))
 		}
 	}
@@ -471,8 +559,8 @@ func modelSize() (workers, ops int) {
 func testModelConcurrency(t *testing.T) {
 	clock := NewClock(time.Date(2026, 9, 14, 22, 0, 0, 0, time.UTC))
 	workers, ops := modelSize()
-	s, keys := newModelStore(t, clock, 4, ops)
-	m := &modelRun{s: s, keys: keys, workers: workers, ops: ops}
+	s, keys, budgets := newModelStore(t, clock, 4, ops)
+	m := &modelRun{s: s, keys: keys, budgets: budgets, workers: workers, ops: ops}
 	seed := uint64(time.Now().UnixNano())
 	t.Logf("seed %d", seed)
 	m.run(clock, seed)
@@ -483,11 +571,21 @@ func testModelConcurrency(t *testing.T) {
 	for _, n := range m.partCommitted {
 		fromParts += n
 	}
-	t.Logf("%d claims, %d refusals, %d idempotency keys, %d money objects (%d committed from exposure)",
-		m.claims, m.refusals, len(m.idems), len(m.objects), fromParts)
+	t.Logf("%d claims, %d refusals, %d idempotency keys, %d money objects (%d committed from exposure), %d raises",
+		m.claims, m.refusals, len(m.idems), len(m.objects), fromParts, m.raises)
 	assert.Positive(t, fromParts, "commits drew on money objects' exposure")
 	assert.Positive(t, m.refusals, "the load reaches the caps, so the caps are tested")
 	assert.Positive(t, m.claims)
+	assert.Positive(t, m.raises, "caps were raised under the load")
+	onBudgets := 0
+	for _, mi := range m.idems {
+		if mi.hold != nil && slices.ContainsFunc(mi.hold.windowIDs, func(w policy.WindowID) bool {
+			return strings.HasPrefix(string(w), policy.BudgetIDPrefix)
+		}) {
+			onBudgets++
+		}
+	}
+	assert.Positive(t, onBudgets, "holds were placed on budget windows")
 }
 
 // testMutationSplitReserveIsCaught proves the concurrency check bites: a store that
@@ -497,8 +595,8 @@ func testMutationSplitReserveIsCaught(t *testing.T) {
 	for attempt := range 10 {
 		clock := NewClock(time.Date(2026, 9, 14, 22, 0, 0, 0, time.UTC))
 		workers, ops := modelSize()
-		s, keys := newModelStore(t, clock, 4, ops)
-		m := &modelRun{s: s, keys: keys, workers: workers, ops: ops, split: rendezvous(8, 50*time.Millisecond)}
+		s, keys, budgets := newModelStore(t, clock, 4, ops)
+		m := &modelRun{s: s, keys: keys, budgets: budgets, workers: workers, ops: ops, split: rendezvous(8, 50*time.Millisecond)}
 		m.run(clock, uint64(attempt+1))
 		violations := m.check(t)
 		err := s.CheckInvariant(context.Background())

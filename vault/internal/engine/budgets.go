@@ -1,11 +1,13 @@
 package engine
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"maps"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/shopspring/decimal"
@@ -79,16 +81,62 @@ func (r *budgetRec) view() budgetView {
 }
 
 // getBudget reads the budget id; in a write transaction the read locks it.
-// Errors: ErrNotFound.
+// The result is the caller's own copy, to change and put. Errors:
+// ErrNotFound.
 func getBudget(tx Tx, id string) (*budgetRec, error) {
-	var r budgetRec
-	ok, err := getJSON(tx, BucketBudgets, []byte(id), &r)
+	raw, err := tx.Get(BucketBudgets, []byte(id))
 	if err != nil {
 		return nil, err
 	}
-	if !ok {
+	if raw == nil {
 		return nil, fmt.Errorf("budget %s: %w", id, vault.ErrNotFound)
 	}
+	return budgetDecodes.decode(id, raw)
+}
+
+// budgetDecodes memoises the decoding of budget records by their bytes. A
+// budget that a fleet of keys draws from is read by every money request of
+// every one of them, and decoding its JSON each time was a large share of
+// what a shared budget cost bbolt's single committer. An entry serves only
+// the very bytes it was decoded from, so it is never stale, whichever store
+// or transaction read them.
+var budgetDecodes budgetDecodeCache
+
+type budgetDecodeCache struct {
+	mu sync.Mutex
+	m  map[string]cachedBudget
+}
+
+type cachedBudget struct {
+	raw []byte
+	rec *budgetRec // never modified once cached: decode hands out copies
+}
+
+const budgetCacheMax = 10000
+
+// decode returns a copy of the record raw encodes, decoding it only when the
+// cache holds no decoding of these bytes for id.
+func (c *budgetDecodeCache) decode(id string, raw []byte) (*budgetRec, error) {
+	c.mu.Lock()
+	e, ok := c.m[id]
+	c.mu.Unlock()
+	if !ok || !bytes.Equal(e.raw, raw) {
+		rec := &budgetRec{}
+		if err := decodeJSON([]byte(id), raw, rec); err != nil {
+			return nil, err
+		}
+		e = cachedBudget{raw: bytes.Clone(raw), rec: rec}
+		c.mu.Lock()
+		if c.m == nil || len(c.m) >= budgetCacheMax {
+			c.m = make(map[string]cachedBudget)
+		}
+		c.m[id] = e
+		c.mu.Unlock()
+	}
+	// The caller's copy: what it changes (counts, raises appended, labels)
+	// is its own.
+	r := *e.rec
+	r.Velocity, r.Labels, r.Raises, r.limits = slices.Clone(r.Velocity), maps.Clone(r.Labels), slices.Clone(r.Raises), nil
 	return &r, nil
 }
 
@@ -278,6 +326,9 @@ func (s *Engine) createBudgetTx(tx Tx, now time.Time, actor string, spec vault.B
 	if err := insertJSON(tx, BucketBudgets, []byte(r.ID), r); err != nil {
 		return vault.Budget{}, err
 	}
+	if err := claimBudgetName(tx, r.Parent, r.Name, r.ID); err != nil {
+		return vault.Budget{}, err
+	}
 	if err := putAudit(tx, now, actor, "budget.create", r.ID, nil, r.view()); err != nil {
 		return vault.Budget{}, err
 	}
@@ -315,6 +366,14 @@ func (s *Engine) patchBudgetTx(tx Tx, now time.Time, actor, id string, change va
 	if err := putBudget(tx, &next); err != nil {
 		return vault.Budget{}, nil, err
 	}
+	if next.Name != r.Name {
+		if err := releaseBudgetName(tx, r.Parent, r.Name, r.ID); err != nil {
+			return vault.Budget{}, nil, err
+		}
+		if err := claimBudgetName(tx, r.Parent, next.Name, r.ID); err != nil {
+			return vault.Budget{}, nil, err
+		}
+	}
 	if err := putAudit(tx, now, actor, "budget.update", r.ID, r.view(), next.view()); err != nil {
 		return vault.Budget{}, nil, err
 	}
@@ -344,7 +403,53 @@ func deleteBudgetTx(tx Tx, now time.Time, actor, id string) error {
 	if err := tx.Delete(BucketBudgets, []byte(id)); err != nil {
 		return fmt.Errorf("delete budget %s: %w", id, err)
 	}
+	if err := releaseBudgetName(tx, r.Parent, r.Name, r.ID); err != nil {
+		return err
+	}
 	return putAudit(tx, now, actor, "budget.delete", id, r.view(), nil)
+}
+
+// budgetNameKey is the key_names entry of a budget's name among the budgets
+// of parent ("" for the roots): a name is unique among siblings, so a
+// refusal's or the dashboard's "team-a" under one organisation is one budget,
+// while two organisations may each have a "team-a".
+func budgetNameKey(parent, name string) []byte {
+	return []byte("\x00budget\x00" + parent + "\x00" + name)
+}
+
+// claimBudgetName takes name among parent's budgets for budget id, or
+// refuses with ErrConflict when a sibling has it. The entry is an insert: two
+// transactions that both found it free cannot both commit (on PostgreSQL the
+// loser runs again and finds it taken).
+func claimBudgetName(tx Tx, parent, name, id string) error {
+	k := budgetNameKey(parent, name)
+	taken, err := tx.Get(BucketNames, k)
+	switch {
+	case err != nil:
+		return err
+	case taken != nil && string(taken) == id:
+		return nil
+	case taken != nil:
+		where := "among the root budgets"
+		if parent != "" {
+			where = "under budget " + parent
+		}
+		return fmt.Errorf("budget name %q is taken %s (by %s): %w", name, where, taken, vault.ErrConflict)
+	}
+	if err := tx.Insert(BucketNames, k, []byte(id)); err != nil {
+		return fmt.Errorf("index budget name: %w", err)
+	}
+	return nil
+}
+
+// releaseBudgetName drops budget id's entry for name, if it is id's.
+func releaseBudgetName(tx Tx, parent, name, id string) error {
+	k := budgetNameKey(parent, name)
+	v, err := tx.Get(BucketNames, k)
+	if err != nil || string(v) != id {
+		return err
+	}
+	return tx.Delete(BucketNames, k)
 }
 
 // moveKeyBudget keeps the budgets' key counts right when a key's budget

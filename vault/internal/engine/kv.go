@@ -22,7 +22,9 @@ type Bucket uint8
 //	upstreams   name → upstreamRec (JSON; secret sealed)
 //	keys        key id → keyRec (JSON)
 //	key_tokens  hex SHA-256 of token → key id
-//	key_names   name → key id
+//	key_names   name → key id; "\x00budget\x00" + parent id + "\x00" + name →
+//	            budget id (a budget's name among its siblings, budgets.go; a
+//	            key's name has no control character, so the two never meet)
 //	idem        16-byte hash of (key id, idempotency key), as in HoldID → recordRec
 //	            (binary, with the hold of a metered request; response body
 //	            compressed and sealed), or the 8-byte records key it is under

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"time"
 
@@ -107,7 +108,10 @@ func (s *Engine) planReserve(tx Tx, now time.Time, req *vault.ReserveRequest, pk
 }
 
 // withUsage fills res's windows at now and their counters, as read in tx (a
-// Reserve that forwards or replays reports what is left of each cap).
+// Reserve that forwards or replays reports what is left of each cap): the
+// key's, and its budgets' under their scoped ids. A chain that cannot be
+// read (a budget gone) leaves the key's alone: this reports, it decides
+// nothing.
 func withUsage(tx Tx, now time.Time, res *vault.ReserveResult, key *keyRec) error {
 	windows, err := keyWindows(tx, key, now)
 	if err != nil {
@@ -116,6 +120,21 @@ func withUsage(tx Tx, now time.Time, res *vault.ReserveResult, key *keyRec) erro
 	usage, err := readUsage(tx, key.ID, windows)
 	if err != nil {
 		return err
+	}
+	if key.Policy.Budget != "" {
+		chain, err := budgetChain(tx, key.Policy.Budget)
+		switch {
+		case errors.Is(err, vault.ErrNotFound) || errors.Is(err, vault.ErrInvalid):
+		case err != nil:
+			return err
+		default:
+			_, scoped, counters, err := chainLinks(tx, chain, now)
+			if err != nil {
+				return err
+			}
+			maps.Copy(usage, usageOf(scoped, counters))
+			windows = append(slices.Clip(windows), scoped...)
+		}
 	}
 	res.Windows, res.Usage = windows, usage
 	return nil
@@ -236,7 +255,10 @@ func (s *Engine) planNew(tx Tx, now time.Time, req *vault.ReserveRequest, res va
 		}
 		r.Hold = h
 		pl.newHold, pl.windows = true, all
-		res.Usage = usageWithHold(windows, usage, h.Amount)
+		// What is left is reported on every window the hold is on.
+		chainUsage := usageOf(chain.windows, chain.counters)
+		maps.Copy(chainUsage, usage)
+		res.Windows, res.Usage = all, usageWithHold(all, chainUsage, h.Amount)
 		decision := vault.DecisionAllowed
 		if dec.WouldRefuse {
 			decision = vault.DecisionWouldRefuse
