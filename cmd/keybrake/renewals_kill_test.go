@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"net/http"
-	"path/filepath"
 	"slices"
 	"syscall"
 	"testing"
@@ -27,44 +26,18 @@ func TestKill9BeforeTheRenewalPauseReachedStripe(t *testing.T) {
 		t.Skip("builds and kills the real binary")
 	}
 	t.Parallel()
-	bin := MustBuildBinary(t)
-	fake := proxytest.NewFakeStripe(t, "sk_test_kill9_renewals")
-	dataDir := t.TempDir()
-	masterText, err := newMasterKeyText()
-	require.NoError(t, err)
-	masterKey, err := decodeMasterKey(masterText)
-	require.NoError(t, err)
-	const whsec = "whsec_kill9_renewals"
-
-	sub, _ := fake.AddSubscription(fake.AddCustomer("usd"), fake.AddRecurringPrice(3000, "usd"), 1, "active")
-	func() {
+	var sub string
+	e := newEventsChild(t, "kill9_renewals", func(s *bolt.Store, fake *proxytest.FakeStripe) {
 		ctx := context.Background()
-		s, err := bolt.Open(filepath.Join(dataDir, databaseFile), bolt.Options{MasterKey: masterKey})
-		require.NoError(t, err)
-		defer s.Close()
-		_, _, err = s.PutUpstream(ctx, "test", upstreamDefault, "stripe", fake.Secret)
-		require.NoError(t, err)
-		_, err = s.SetUpstreamWebhookSecrets(ctx, "test", upstreamDefault, []string{whsec})
-		require.NoError(t, err)
+		sub, _ = fake.AddSubscription(fake.AddCustomer("usd"), fake.AddRecurringPrice(3000, "usd"), 1, "active")
 		p := MustPolicy(t, 20)
 		p.Operations = append(slices.Clone(policy.DefaultOperations), "subscriptions.create")
 		k, _, err := s.MintKey(ctx, "test", vault.MintRequest{Name: "kill9-renewals", Upstream: upstreamDefault, Policy: p})
 		require.NoError(t, err)
 		_, _, err = s.LinkObject(ctx, vault.ObjectLink{Upstream: upstreamDefault, ObjectID: sub, KeyID: k.ID})
 		require.NoError(t, err)
-	}()
-
-	environ := childEnviron(envMasterKey+"="+masterText, envJWTSecret+"="+"kill9-renewals-jwt-secret-0123456789abcd",
-		envStripeKey+"="+fake.Secret)
-	args := []string{"serve", "--data-dir", dataDir, "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0",
-		"--stripe-url", fake.URL, "--log-format", "json", "--upstream-timeout", "10s"}
-	var cur *child
-	t.Cleanup(func() {
-		if cur != nil {
-			_ = cur.cmd.Process.Kill()
-			<-cur.exited
-		}
-	})
+	}, "--upstream-timeout", "10s")
+	fake := e.fake
 	pauses := func(inv string) int {
 		return fake.CountWhere(func(r proxytest.Request) bool { return r.Method == http.MethodPost && r.Path == "/v1/invoices/"+inv })
 	}
@@ -78,18 +51,14 @@ func TestKill9BeforeTheRenewalPauseReachedStripe(t *testing.T) {
 		return false
 	}
 
-	cur = startChild(t, bin, args, environ)
-	proxyURL := "http://" + cur.waitReady(t)
+	proxyURL := e.start(t)
 	inv := fake.RenewSubscription(sub) // 30.00 over the 20.00 cap
-	status, body, err := fake.Deliver(proxyURL+"/keybrake/v1/stripe/events/"+upstreamDefault, whsec, fake.Event("invoice.created", inv))
-	require.NoError(t, err)
-	require.Equal(t, http.StatusOK, status, "%s", body)
-	require.Error(t, cur.signalAndWait(t, syscall.SIGKILL, 10*time.Second), "killed")
+	e.deliver(t, proxyURL, fake.Event("invoice.created", inv))
+	require.Error(t, e.cur.signalAndWait(t, syscall.SIGKILL, 10*time.Second), "killed")
 	require.Zero(t, pauses(inv), "the pause went out before the kill (the worker's tick is 10 s): the kill came too late to test anything")
 	require.True(t, autoAdvance(inv))
 
-	cur = startChild(t, bin, args, environ)
-	cur.waitReady(t)
+	e.start(t)
 	require.Eventually(t, func() bool { return !autoAdvance(inv) }, 20*time.Second, 10*time.Millisecond,
 		"the restarted process sends the pause")
 	assert.Empty(t, fake.AdvanceInvoices(), "the paused draft is never collected")

@@ -4,7 +4,6 @@ import (
 	"context"
 	"net/http"
 	"net/url"
-	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -25,39 +24,13 @@ func TestKill9AfterAStripeEventWasAnswered(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts and kills the real binary")
 	}
-	const whsec = "whsec_kill9_events"
-	bin := MustBuildBinary(t)
-	fake := proxytest.NewFakeStripe(t, "sk_test_kill9events")
-	dataDir := t.TempDir()
-	dbPath := filepath.Join(dataDir, databaseFile)
-	masterText, err := newMasterKeyText()
-	require.NoError(t, err)
-	masterKey, err := decodeMasterKey(masterText)
-	require.NoError(t, err)
 	var keyID, token string
-	func() {
-		s, err := bolt.Open(dbPath, bolt.Options{MasterKey: masterKey})
-		require.NoError(t, err)
-		defer s.Close()
-		_, _, err = s.PutUpstream(context.Background(), "test", upstreamDefault, "stripe", fake.Secret)
-		require.NoError(t, err)
-		_, err = s.SetUpstreamWebhookSecrets(context.Background(), "test", upstreamDefault, []string{whsec})
-		require.NoError(t, err)
+	e := newEventsChild(t, "kill9events", func(s *bolt.Store, _ *proxytest.FakeStripe) {
 		k, tok := MustMintKey(t, s, "events", 100)
 		keyID, token = k.ID, tok
-	}()
-	environ := childEnviron(envMasterKey+"="+masterText, envJWTSecret+"=kill9-events-jwt-secret-kill9-events", envStripeKey+"="+fake.Secret)
-	args := []string{"serve", "--data-dir", dataDir, "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0",
-		"--stripe-url", fake.URL, "--log-format", "json", "--log-level", "info"}
-	var c *child
-	t.Cleanup(func() {
-		if c != nil {
-			_ = c.cmd.Process.Kill()
-			<-c.exited
-		}
-	})
-	c = startChild(t, bin, args, environ)
-	base := "http://" + c.waitReady(t)
+	}, "--log-level", "info")
+	fake := e.fake
+	base := e.start(t)
 
 	// A PaymentIntent made through keybrake, paid in the browser.
 	req, err := http.NewRequest(http.MethodPost, base+"/v1/payment_intents",
@@ -75,38 +48,33 @@ func TestKill9AfterAStripeEventWasAnswered(t *testing.T) {
 	fake.ConfirmClientSide(pis[0].ID)
 	ev := fake.Event("payment_intent.succeeded", pis[0].ID)
 
-	status, body, err := fake.Deliver(base+"/keybrake/v1/stripe/events/"+upstreamDefault, whsec, ev)
-	require.NoError(t, err)
-	require.Equal(t, http.StatusOK, status, "%s", body)
-	_ = c.signalAndWait(t, syscall.SIGKILL, 30*time.Second)
-	require.False(t, c.raceSeen.Load(), "data race in the child:\n%s", c.logs())
+	e.deliver(t, base, ev)
+	_ = e.cur.signalAndWait(t, syscall.SIGKILL, 30*time.Second)
+	require.False(t, e.cur.raceSeen.Load(), "data race in the child:\n%s", e.cur.logs())
 
 	usage := func() (committed, held int64) {
-		s, err := bolt.Open(dbPath, bolt.Options{MasterKey: masterKey})
-		require.NoError(t, err)
-		defer s.Close()
-		_, windows, u, err := s.KeyUsage(context.Background(), keyID)
-		require.NoError(t, err)
-		for _, w := range windows {
-			if w.Kind == policy.WindowDaily {
-				return u[w.ID].Committed, u[w.ID].Held
+		e.withStore(t, func(s *bolt.Store) {
+			_, windows, u, err := s.KeyUsage(context.Background(), keyID)
+			require.NoError(t, err)
+			for _, w := range windows {
+				if w.Kind == policy.WindowDaily {
+					committed, held = u[w.ID].Committed, u[w.ID].Held
+					return
+				}
 			}
-		}
-		t.Fatal("no daily window")
-		return 0, 0
+			t.Fatal("no daily window")
+		})
+		return committed, held
 	}
 	committed, held := usage()
 	assert.EqualValues(t, 4000, committed, "the event's effect survived the kill")
 	assert.Zero(t, held)
 
-	c = startChild(t, bin, args, environ)
-	base = "http://" + c.waitReady(t)
-	status, body, err = fake.Deliver(base+"/keybrake/v1/stripe/events/"+upstreamDefault, whsec, ev)
-	require.NoError(t, err)
-	require.Equal(t, http.StatusOK, status, "%s", body)
+	base = e.start(t)
+	body := e.deliver(t, base, ev)
 	assert.Contains(t, string(body), `"duplicate"`, "re-delivered after the restart: applied once")
-	require.NoError(t, c.signalAndWait(t, syscall.SIGTERM, 30*time.Second))
-	c = nil
+	require.NoError(t, e.cur.signalAndWait(t, syscall.SIGTERM, 30*time.Second))
+	e.cur = nil
 	committed, held = usage()
 	assert.EqualValues(t, 4000, committed)
 	assert.Zero(t, held)
