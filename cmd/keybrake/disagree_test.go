@@ -209,9 +209,11 @@ func TestFrozenLockHolderCostsTheOthersLockTimeoutAnd503(t *testing.T) {
 	_, freeTok := MustMintKey(t, store, "free", 50)
 	rs := MustReplicas(t, 2, dbURL, fake.URL, masterText) // keybrake's default lock_timeout, 10 s
 
-	// The frozen replica: its transaction holds the key's row and goes idle;
-	// the server ends it after 45 s idle, as it ends keybrake's own sessions
-	// after idle_in_transaction_session_timeout.
+	// The frozen replica: its transaction holds the key's row and goes idle.
+	// The test ends its session once the others have waited on it (the server
+	// would end it after 45 s idle, as it ends keybrake's own sessions after
+	// idle_in_transaction_session_timeout; waiting for that proves nothing of
+	// keybrake's).
 	frozen, err := pgx.Connect(ctx, dbURL)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = frozen.Close(context.Background()) })
@@ -248,8 +250,9 @@ func TestFrozenLockHolderCostsTheOthersLockTimeoutAnd503(t *testing.T) {
 	assert.Equal(t, http.StatusOK, status, "another key is served meanwhile: %s", body)
 	assert.Equal(t, 1, fake.Count(), "only the other key's charge reached Stripe")
 
-	// The frozen session is ended by the server; the key works again, and the
-	// retries of the refused charges go through once each.
+	// The frozen session ends; the key works again, and the retries of the
+	// refused charges go through once each.
+	require.NoError(t, frozen.Close(ctx))
 	require.Eventually(t, func() bool {
 		status, _, err := postForm(ctx, client, rs.proxyURL(1)+"/v1/charges", heldTok, "frozen-0", chargeForm(100, "frozen-0"))
 		return err == nil && status == http.StatusOK
