@@ -55,6 +55,12 @@ func (p *Proxy) writeReplay(ctx context.Context, w http.ResponseWriter, c *call)
 	_, _ = w.Write(resp.Body)
 }
 
+// remainingHeaders names the header of each window kind setRemaining reports.
+var remainingHeaders = [...]struct {
+	kind   policy.WindowKind
+	header string
+}{{policy.WindowDaily, headerRemainingDaily}, {policy.WindowPeriod, headerRemainingPeriod}}
+
 // setRemaining sets Keybrake-Remaining-Daily / -Period: what is left of each
 // capped window after every commit and hold, and for a key under a budget the
 // tightest of the key's and every budget's of its chain, per window kind: the
@@ -100,9 +106,9 @@ func (p *Proxy) setRemaining(ctx context.Context, h http.Header, c *call) {
 			}
 		}
 	}
-	for kind, header := range map[policy.WindowKind]string{policy.WindowDaily: headerRemainingDaily, policy.WindowPeriod: headerRemainingPeriod} {
-		if left, ok := rem[kind]; ok {
-			h.Set(header, policy.FormatMinor(c.key.Policy.Currency, left))
+	for _, kh := range remainingHeaders {
+		if left, ok := rem[kh.kind]; ok {
+			h.Set(kh.header, policy.FormatMinor(c.key.Policy.Currency, left))
 		}
 	}
 }

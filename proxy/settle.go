@@ -111,12 +111,11 @@ func (p *Proxy) modifyResponse(resp *http.Response) error {
 	var overrun int64
 	switch {
 	case d == settleCommit && c.metered():
-		overrun = c.settleAnswer(&sr, stripeapi.DecodeObject(body))
+		o := stripeapi.DecodeObject(body)
+		overrun = c.settleAnswer(&sr, o)
+		sr.Link = c.createdLink(o) // renewals.go
 	case d == settleKeepCreated:
 		overrun = c.settleAnswer(&sr, created)
-	}
-	if d == settleCommit && c.metered() {
-		sr.Link = c.createdLink(stripeapi.DecodeObject(body)) // renewals.go
 	}
 	p.settle(ctx, c, sr, "")
 	if overrun > 0 {
