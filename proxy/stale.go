@@ -107,6 +107,9 @@ type PassResult struct {
 // replica claims (vault.Store.ClaimStaleExposure: another replica's claim, or
 // a touch since it was listed, skips it). A lookup that fails leaves the
 // exposure as it was; the claim touched it, so it is tried again After later.
+// One whose key cannot be read (but for a key that is gone), or whose claim
+// fails, is not claimed: the next pass tries it again. Each skip is logged,
+// at Warn for a failure, at Debug otherwise.
 func (r *Refresher) Pass(ctx context.Context) PassResult {
 	var res PassResult
 	now := r.now()
@@ -123,15 +126,26 @@ func (r *Refresher) Pass(ctx context.Context) PassResult {
 		return res
 	}
 	keys := map[string]*vault.Key{}
+	keyFailed := map[string]bool{} // logged once a pass
 	for _, e := range list {
 		if ctx.Err() != nil {
 			return res
 		}
+		if keyFailed[e.KeyID] {
+			continue
+		}
 		key, ok := keys[e.KeyID]
 		if !ok {
 			k, err := r.p.store.GetKey(ctx, e.KeyID)
-			if err == nil {
+			switch {
+			case err == nil:
 				key = &k
+			case !errors.Is(err, vault.ErrNotFound):
+				// Not claimed: the claim would touch it, and one failed
+				// read would make it wait another After.
+				keyFailed[e.KeyID] = true
+				r.skipped(ctx, slog.LevelWarn, "reading its key failed", e, err)
+				continue
 			}
 			keys[e.KeyID] = key
 		}
@@ -144,14 +158,32 @@ func (r *Refresher) Pass(ctx context.Context) PassResult {
 			continue
 		}
 		exp, claimed, err := r.p.store.ClaimStaleExposure(ctx, e.KeyID, e.ObjectID, r.after)
-		if err != nil || !claimed || key == nil {
-			continue // a key that is gone: its claim moved it to the back of the list
+		switch {
+		case err != nil:
+			r.skipped(ctx, slog.LevelWarn, "claiming it failed", e, err)
+			continue
+		case !claimed:
+			r.skipped(ctx, slog.LevelDebug, "touched since it was listed, or settled", e, nil)
+			continue
+		case key == nil:
+			r.skipped(ctx, slog.LevelDebug, "its key is gone; the claim moved it to the back of the list", e, nil)
+			continue
 		}
 		r.recent[upstream] = append(r.recent[upstream], now)
 		res.Looked++
 		r.refresh(ctx, *key, e.ObjectID, exp)
 	}
 	return res
+}
+
+// skipped logs why Pass did not look up a stale exposure listed.
+func (r *Refresher) skipped(ctx context.Context, level slog.Level, why string, e vault.StaleExposure, err error) {
+	attrs := []slog.Attr{slog.String(logfield.KeyID, e.KeyID), slog.String(logfield.ObjectID, e.ObjectID),
+		slog.String(logfield.Reason, why)}
+	if err != nil {
+		attrs = append(attrs, slog.Any(logfield.Error, err))
+	}
+	r.p.log.LogAttrs(ctx, level, "a stale exposure was not looked up", attrs...)
 }
 
 // allow reports whether upstream has had fewer than rate lookups in the

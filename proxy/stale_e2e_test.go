@@ -2,9 +2,11 @@ package proxy_test
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -14,6 +16,7 @@ import (
 	"github.com/keybrake/keybrake/policy"
 	"github.com/keybrake/keybrake/proxy"
 	"github.com/keybrake/keybrake/proxy/proxytest"
+	"github.com/keybrake/keybrake/vault"
 )
 
 // frozenClock stands still until a test moves it: the store's, the proxy's
@@ -39,10 +42,10 @@ func (c *frozenClock) Advance(d time.Duration) {
 
 // staleEnv is a proxy on a frozen clock and its refresher, with refresh-after
 // an hour.
-func staleEnv(t *testing.T) (*env, *frozenClock, *proxy.Refresher) {
+func staleEnv(t *testing.T, opts ...func(*envOptions)) (*env, *frozenClock, *proxy.Refresher) {
 	t.Helper()
 	clock := newFrozenClock()
-	e := MustEnv(t, withClocks(clock.Now, clock.Now))
+	e := MustEnv(t, append(opts, withClocks(clock.Now, clock.Now))...)
 	return e, clock, e.Proxy.NewRefresher(proxy.RefresherConfig{After: time.Hour, Now: clock.Now})
 }
 
@@ -125,6 +128,43 @@ func TestStaleLiveObjectStaysHeld(t *testing.T) {
 	assert.Equal(t, 1, r.Pass(context.Background()).Looked)
 	assert.Equal(t, 2, lookupsOf(e, http.MethodGet, "/v1/payment_intents/"+id))
 	assert.Empty(t, operationsOn(t, e, key.ID, id))
+}
+
+// failingKeyReads is the store with GetKey failing while fail is set.
+type failingKeyReads struct {
+	vault.Store
+	fail atomic.Bool
+}
+
+func (s *failingKeyReads) GetKey(ctx context.Context, id string) (vault.Key, error) {
+	if s.fail.Load() {
+		return vault.Key{}, fmt.Errorf("read key %s: %w", id, vault.ErrStorage)
+	}
+	return s.Store.GetKey(ctx, id)
+}
+
+// A stale exposure whose key cannot be read for a moment is not claimed, and
+// the skip is logged: the next pass looks it up, not one After later.
+func TestStaleKeyReadFailureDoesNotPostponeTheLookup(t *testing.T) {
+	t.Parallel()
+	store := &failingKeyReads{}
+	e, clock, r := staleEnv(t, func(o *envOptions) {
+		o.wrapStore = func(s vault.Store) vault.Store { store.Store = s; return store }
+	})
+	tok, _ := e.MustKey(t, Policy("99.00"))
+	pi := e.Post(t, "/v1/payment_intents", tok, "pi", form("amount", "4200", "currency", "usd"))
+	require.Equal(t, http.StatusOK, pi.Status, "%s", pi.Raw)
+	path := "/v1/payment_intents/" + pi.Body["id"].(string)
+
+	clock.Advance(2 * time.Hour)
+	store.fail.Store(true)
+	assert.Equal(t, proxy.PassResult{}, r.Pass(context.Background()), "its key unreadable: not looked up")
+	assert.Zero(t, lookupsOf(e, http.MethodGet, path))
+	assert.Contains(t, e.Logs.String(), "reading its key failed")
+
+	store.fail.Store(false)
+	assert.Equal(t, proxy.PassResult{Looked: 1}, r.Pass(context.Background()), "not claimed: still stale")
+	assert.Equal(t, 1, lookupsOf(e, http.MethodGet, path))
 }
 
 // Many stale exposures on one upstream are looked up at most five a second
