@@ -24,6 +24,8 @@ import (
 type frozenClock struct {
 	mu sync.Mutex
 	t  time.Time
+	// settled, when set, runs before the clock moves (see staleEnv).
+	settled func()
 }
 
 func newFrozenClock() *frozenClock { return &frozenClock{t: time.Now().UTC()} }
@@ -35,17 +37,29 @@ func (c *frozenClock) Now() time.Time {
 }
 
 func (c *frozenClock) Advance(d time.Duration) {
+	if c.settled != nil {
+		c.settled()
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.t = c.t.Add(d)
 }
 
 // staleEnv is a proxy on a frozen clock and its refresher, with refresh-after
-// an hour.
+// an hour. The proxy answers before its settle commits (SettleQueued), and
+// the store stamps the settle with its clock at the commit: the object is
+// born, and last touched, then. So the clock moves only once every settle
+// queued so far is durable — a read of the whole vault waits for them —
+// else a settle that rides the commit after the move would create its
+// object hours after its answer, which no real clock does.
 func staleEnv(t *testing.T, opts ...func(*envOptions)) (*env, *frozenClock, *proxy.Refresher) {
 	t.Helper()
 	clock := newFrozenClock()
 	e := MustEnv(t, append(opts, withClocks(clock.Now, clock.Now))...)
+	clock.settled = func() {
+		_, _, err := e.Store.ListHolds(context.Background(), "", 1, "")
+		require.NoError(t, err, "waiting for the queued settles")
+	}
 	return e, clock, e.Proxy.NewRefresher(proxy.RefresherConfig{After: time.Hour, Now: clock.Now})
 }
 
