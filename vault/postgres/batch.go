@@ -254,6 +254,14 @@ func (e *lockBusy) names(op *batchOp) bool {
 }
 func (e *lockBusy) Unwrap() error { return e.err }
 
+// lockTimedOut says that a lock statement's wait ended at the
+// statement_timeout the plan set for it: the lock stayed held for
+// lock_timeout.
+type lockTimedOut struct{ err error }
+
+func (e *lockTimedOut) Error() string { return "lock wait ended at lock_timeout: " + e.err.Error() }
+func (e *lockTimedOut) Unwrap() error { return e.err }
+
 // opFailed is the failure of one operation's body, not of the database.
 type opFailed struct{ err error }
 
@@ -384,16 +392,31 @@ type plan struct {
 	keys    []string // in key order, each once
 	budgets []string // in id order, each once
 	reads   [engine.NumBuckets][][]byte
-	// lockWait, when set, bounds the wait for the keys' locks (SET LOCAL),
-	// and restore is the session's lock_timeout, set again after them.
-	lockWait, restore string
+	// wait, when set, is the lock_timeout and the statement_timeout under
+	// which the lock statements run (SET LOCAL), and restore the session's,
+	// set again after them. lock_timeout bounds each lock a statement waits
+	// for, and a row's second waiter waits for two: for the first waiter's
+	// place in the row's queue (its tuple lock), then for the row's holder —
+	// two lock_timeouts in all when the holder is frozen. statement_timeout
+	// bounds the statement's whole wait. short says the wait is
+	// batchLockWait's: a key whose lock does not come in it is left to a
+	// batch of its own (lockBusy).
+	wait, restore [2]string
+	short         bool
 }
 
 // planOf is the plan of ops' transaction.
 func (s *backend) planOf(ops []*batchOp, patient bool) *plan {
 	pl := &plan{}
-	if !patient && s.lockTimeout > 2*batchLockWait {
-		pl.lockWait, pl.restore = batchLockWait.String(), s.lockTimeoutParam
+	switch {
+	case !patient && s.lockTimeout > 2*batchLockWait:
+		pl.wait = [2]string{batchLockWait.String(), batchLockWait.String()}
+		pl.short = true
+	case s.lockBound != "":
+		pl.wait = [2]string{s.lockTimeoutParam, s.lockBound}
+	}
+	if pl.wait[0] != "" {
+		pl.restore = [2]string{s.lockTimeoutParam, s.statementTimeoutParam}
 	}
 	now := (*Store)(s).Now()
 	seen := map[opKey]bool{}
@@ -420,12 +443,16 @@ func (s *backend) planOf(ops []*batchOp, patient bool) *plan {
 // locks reports whether the plan takes locks.
 func (pl *plan) locks() bool { return len(pl.keys)+len(pl.budgets) > 0 }
 
-const setLockTimeoutSQL = "SELECT set_config('lock_timeout', $1, true)"
+// bounded reports whether the plan's lock statements run under timeouts of
+// their own.
+func (pl *plan) bounded() bool { return pl.wait[0] != "" && pl.locks() }
+
+const setLockWaitSQL = "SELECT set_config('lock_timeout', $1, true), set_config('statement_timeout', $2, true)"
 
 // queue queues the plan's statements.
 func (pl *plan) queue(b *pgx.Batch) {
-	if pl.lockWait != "" && pl.locks() {
-		b.Queue(setLockTimeoutSQL, pl.lockWait)
+	if pl.bounded() {
+		b.Queue(setLockWaitSQL, pl.wait[0], pl.wait[1])
 	}
 	for _, k := range pl.keys {
 		b.Queue(lockRowSQL, []byte(k))
@@ -433,8 +460,8 @@ func (pl *plan) queue(b *pgx.Batch) {
 	for _, id := range pl.budgets {
 		b.Queue(lockBudgetSQL, []byte(id))
 	}
-	if pl.lockWait != "" && pl.locks() {
-		b.Queue(setLockTimeoutSQL, pl.restore)
+	if pl.bounded() {
+		b.Queue(setLockWaitSQL, pl.restore[0], pl.restore[1])
 	}
 	for bucket, keys := range pl.reads {
 		if len(keys) > 0 {
@@ -446,7 +473,7 @@ func (pl *plan) queue(b *pgx.Batch) {
 // read reads the answers to the plan's statements into t.
 func (pl *plan) read(br pgx.BatchResults, t *tx) error {
 	t.seen = map[opKey]known{}
-	if pl.lockWait != "" && pl.locks() {
+	if pl.bounded() {
 		if _, err := br.Exec(); err != nil {
 			return err
 		}
@@ -465,7 +492,7 @@ func (pl *plan) read(br pgx.BatchResults, t *tx) error {
 			return err
 		}
 	}
-	if pl.lockWait != "" && pl.locks() {
+	if pl.bounded() {
 		if _, err := br.Exec(); err != nil {
 			return err
 		}
@@ -507,10 +534,15 @@ func (pl *plan) readLocked(br pgx.BatchResults, t *tx, b engine.Bucket, k string
 		return false, nil
 	case err != nil:
 		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) && pgErr.Code == "55P03" && pl.lockWait != "" {
+		if !pl.bounded() || !errors.As(err, &pgErr) || (pgErr.Code != "55P03" && pgErr.Code != "57014") {
+			return false, err
+		}
+		// lock_not_available or query_canceled: the lock did not come
+		// within lock_timeout or statement_timeout, which the plan set.
+		if pl.short {
 			return false, &lockBusy{key: k, budget: b == engine.BucketBudgets, err: err}
 		}
-		return false, err
+		return false, &lockTimedOut{err: err}
 	}
 	t.seen[opKey{b, k}] = known{v: v, found: true}
 	return true, nil

@@ -2,11 +2,14 @@ package postgres
 
 import (
 	"context"
+	"fmt"
 	"net/url"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -90,4 +93,92 @@ func TestSessionDefaults(t *testing.T) {
 	assert.Equal(t, "30s", show(s, "idle_in_transaction_session_timeout"))
 	mine := mustOpenURL(t, withParams(t, dbURL, "lock_timeout", "250ms"), vaulttest.Options{MasterKey: vaulttest.MasterKey})
 	assert.Equal(t, "250ms", show(mine, "lock_timeout"), "the URL's setting wins")
+}
+
+// TestFrozenLockCostsEachWaiterOneLockTimeout: while a frozen session holds a
+// key's row, several Reserves of that key, on one store and on another, each
+// wait on the server at once — the second waiter in PostgreSQL's queue for a
+// row waits first for the first waiter's place (its tuple lock), then for the
+// holder, and lock_timeout bounds each of those waits, not their sum. Each
+// Reserve still waits lock_timeout and fails as ErrStorage, but none waits
+// much beyond it; the other key is served meanwhile.
+func TestFrozenLockCostsEachWaiterOneLockTimeout(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	const lockTimeout = 2 * time.Second
+	dbURL := migrated.URL(t)
+	short := withParams(t, dbURL, "lock_timeout", lockTimeout.String())
+	clock := vaulttest.NewClock(vaulttest.T0)
+	stores := []*Store{
+		mustOpenURL(t, short, vaulttest.Options{MasterKey: vaulttest.MasterKey, Now: clock.Now}),
+		mustOpenURL(t, short, vaulttest.Options{MasterKey: vaulttest.MasterKey, Now: clock.Now}),
+	}
+	vaulttest.MustUpstream(t, stores[0], "sk_test_abcdef1234")
+	held, _ := vaulttest.MustMint(t, stores[0], "held", vaulttest.Policy(t, "50.00", "", ""), nil)
+	free, _ := vaulttest.MustMint(t, stores[0], "free", vaulttest.Policy(t, "50.00", "", ""), nil)
+
+	holder, err := pgx.Connect(ctx, dbURL)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = holder.Close(context.Background()) })
+	_, err = holder.Exec(ctx, "BEGIN")
+	require.NoError(t, err)
+	_, err = holder.Exec(ctx, lockKeySQL, []byte(held.ID))
+	require.NoError(t, err)
+	// waiting is how many sessions wait for a lock in the test's database.
+	monitor, err := pgxpool.New(ctx, dbURL)
+	require.NoError(t, err)
+	t.Cleanup(monitor.Close)
+	waiting := func() int {
+		var n int
+		if err := monitor.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&n); err != nil {
+			return -1
+		}
+		return n
+	}
+
+	// Each Reserve starts once the ones before it wait on the server (or
+	// have given up), so that each one's wait queues behind theirs: three on
+	// each store.
+	const each = 3
+	var ended atomic.Int64
+	type outcome struct {
+		store  int
+		err    error
+		waited time.Duration
+	}
+	out := make(chan outcome, 2*each)
+	for i := range 2 * each {
+		go func() {
+			start := time.Now()
+			_, err := stores[i%2].Reserve(ctx, vaulttest.Charge(held.ID, fmt.Sprintf("while-held-%d", i), 100))
+			out <- outcome{i % 2, err, time.Since(start)}
+			ended.Add(1)
+		}()
+		require.Eventually(t, func() bool { return waiting()+int(ended.Load()) > i }, 10*time.Second, time.Millisecond,
+			"Reserve %d waits on the server", i)
+	}
+	for i := range stores {
+		res, err := stores[i].Reserve(ctx, vaulttest.Charge(free.ID, fmt.Sprintf("other-key-%d", i), 100))
+		require.NoError(t, err)
+		assert.Equal(t, vault.ReserveClaimed, res.Outcome, "another key is not held up")
+	}
+	for range 2 * each {
+		o := <-out
+		t.Logf("store %d: %s: %v", o.store, o.waited.Round(time.Millisecond), o.err)
+		require.ErrorIs(t, o.err, vault.ErrStorage, "store %d: a lock wait is the store being unavailable", o.store)
+		assert.Contains(t, o.err.Error(), "lock_timeout")
+		assert.GreaterOrEqual(t, o.waited, lockTimeout, "store %d: it waited lock_timeout", o.store)
+		// A bound, not a measurement: a waiter behind another waited two
+		// lock_timeouts.
+		assert.Less(t, o.waited, lockTimeout*3/2, "store %d: the wait ends at about lock_timeout", o.store)
+	}
+
+	require.NoError(t, holder.Close(ctx)) // the frozen session ends
+	for i := range stores {
+		res, err := stores[i].Reserve(ctx, vaulttest.Charge(held.ID, fmt.Sprintf("after-%d", i), 100))
+		require.NoError(t, err)
+		assert.Equal(t, vault.ReserveClaimed, res.Outcome)
+	}
+	require.NoError(t, stores[0].CheckInvariant(ctx))
 }

@@ -170,6 +170,13 @@ type Store struct {
 	// the longest wait for a lock; 0 when it does not parse.
 	lockTimeout      time.Duration
 	lockTimeoutParam string
+	// statementTimeoutParam is the sessions' statement_timeout as set.
+	// lockBound is the statement_timeout a batch's lock statements run
+	// under, so that a wait for a row lock ends at lock_timeout however
+	// many waiters queue before it (lockTimeoutParam); "" when the
+	// session's statement_timeout is already no longer, or there is no
+	// lock_timeout to keep to (batch.go).
+	statementTimeoutParam, lockBound string
 	// roundTrips counts the round trips to the database, for the measurement
 	// of a Reserve's.
 	roundTrips atomic.Int64
@@ -228,12 +235,18 @@ func open(ctx context.Context, url string, opts Options) (*Store, error) {
 	}
 	s := &Store{now: opts.UnsafeNow, processNow: opts.ProcessNow, observe: opts.CommitObserver,
 		ops: make(chan *batchOp, 4*maxBatch), patient: make(chan struct{}, max(1, cfg.MaxConns/4)),
-		lockTimeoutParam: params["lock_timeout"]}
+		lockTimeoutParam: params["lock_timeout"], statementTimeoutParam: params["statement_timeout"]}
 	if d, ok := parseSetting(s.lockTimeoutParam); ok {
 		if d == 0 {
 			d = math.MaxInt64 // no limit
 		}
 		s.lockTimeout = d
+	}
+	if s.lockTimeout > 0 && s.lockTimeout < math.MaxInt64 {
+		s.lockBound = s.lockTimeoutParam
+		if d, ok := parseSetting(s.statementTimeoutParam); ok && d > 0 && d <= s.lockTimeout {
+			s.lockBound = ""
+		}
 	}
 	if s.processNow == nil {
 		s.processNow = time.Now

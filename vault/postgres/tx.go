@@ -219,8 +219,9 @@ func translate(err error) error {
 	}
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
-		switch pgErr.Code {
-		case "55P03": // lock_not_available: lock_timeout
+		var timedOut *lockTimedOut
+		switch {
+		case pgErr.Code == "55P03", errors.As(err, &timedOut): // lock_not_available: lock_timeout
 			return fmt.Errorf("%w: PostgreSQL: a lock stayed held for longer than lock_timeout (another replica holds the key) (SQLSTATE %s)",
 				vault.ErrStorage, pgErr.Code)
 		}
