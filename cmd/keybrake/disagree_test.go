@@ -191,23 +191,30 @@ func TestNoSecretOfTheDatabaseURLInAnyLogLine(t *testing.T) {
 
 // TestFrozenLockHolderCostsTheOthersLockTimeoutAnd503: a session holds a
 // key's row lock and does nothing more, as a replica SIGSTOPped inside its
-// transaction does. Charges of that key through the two live replicas wait
-// lock_timeout (keybrake's default, 10 s) and are answered 503 store_unavailable with
-// Stripe-Should-Retry: true, nothing reaching Stripe; another key is served
-// meanwhile. The frozen session ends at its idle_in_transaction timeout, and
-// the key is served again.
+// transaction does. Charges of that key sent at once through the two live
+// replicas each wait lock_timeout (3 s here, from the replicas' database URL;
+// keybrake's default is 10 s), not one after the other's, and are answered
+// 503 store_unavailable with Stripe-Should-Retry: true, nothing reaching
+// Stripe; another key is served meanwhile. Once the frozen session ends the
+// key is served again.
 func TestFrozenLockHolderCostsTheOthersLockTimeoutAnd503(t *testing.T) {
 	t.Parallel()
 	if testing.Short() {
 		t.Skip("builds and runs real replicas")
 	}
+	const lockTimeout = 3 * time.Second
 	ctx := context.Background()
 	dbURL := pgtest.URL(t)
 	fake := proxytest.NewFakeStripe(t, "sk_test_frozen")
 	store, masterText := MustPostgresVault(t, dbURL, fake.Secret)
 	held, heldTok := MustMintKey(t, store, "held", 50)
 	_, freeTok := MustMintKey(t, store, "free", 50)
-	rs := MustReplicas(t, 2, dbURL, fake.URL, masterText) // keybrake's default lock_timeout, 10 s
+	u, err := url.Parse(dbURL)
+	require.NoError(t, err)
+	q := u.Query()
+	q.Set("lock_timeout", lockTimeout.String())
+	u.RawQuery = q.Encode()
+	rs := MustReplicas(t, 2, u.String(), fake.URL, masterText)
 
 	// The frozen replica: its transaction holds the key's row and goes idle.
 	// The test ends its session once the others have waited on it (the server
@@ -225,26 +232,37 @@ func TestFrozenLockHolderCostsTheOthersLockTimeoutAnd503(t *testing.T) {
 	require.NoError(t, err)
 
 	client := &http.Client{Timeout: 30 * time.Second}
+	var wg sync.WaitGroup
 	for i := range 2 {
-		req, err := http.NewRequestWithContext(ctx, http.MethodPost, rs.proxyURL(i)+"/v1/charges",
-			strings.NewReader(chargeForm(100, fmt.Sprintf("frozen-%d", i)).Encode()))
-		require.NoError(t, err)
-		req.Header.Set("Authorization", "Bearer "+heldTok)
-		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
-		req.Header.Set("Idempotency-Key", fmt.Sprintf("frozen-%d", i))
-		start := time.Now()
-		resp, err := client.Do(req)
-		require.NoError(t, err)
-		body, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		waited := time.Since(start)
-		assert.Equal(t, http.StatusServiceUnavailable, resp.StatusCode, "replica %d: %s", i, body)
-		assert.Contains(t, string(body), "store_unavailable")
-		assert.Equal(t, "true", resp.Header.Get("Stripe-Should-Retry"))
-		// A bound, not a measurement: without lock_timeout the wait is 30 s.
-		assert.Less(t, waited, 20*time.Second, "replica %d waited about lock_timeout", i)
-		t.Logf("replica %d answered %d after %s", i, resp.StatusCode, waited.Round(time.Millisecond))
+		wg.Go(func() {
+			req, err := http.NewRequestWithContext(ctx, http.MethodPost, rs.proxyURL(i)+"/v1/charges",
+				strings.NewReader(chargeForm(100, fmt.Sprintf("frozen-%d", i)).Encode()))
+			if !assert.NoError(t, err) {
+				return
+			}
+			req.Header.Set("Authorization", "Bearer "+heldTok)
+			req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+			req.Header.Set("Idempotency-Key", fmt.Sprintf("frozen-%d", i))
+			start := time.Now()
+			resp, err := client.Do(req)
+			if !assert.NoError(t, err) {
+				return
+			}
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			waited := time.Since(start)
+			assert.Equal(t, http.StatusServiceUnavailable, resp.StatusCode, "replica %d: %s", i, body)
+			assert.Contains(t, string(body), "store_unavailable")
+			assert.Equal(t, "true", resp.Header.Get("Stripe-Should-Retry"))
+			assert.GreaterOrEqual(t, waited, lockTimeout, "replica %d waited lock_timeout", i)
+			// A bound, not a measurement: queued behind the other replica's
+			// wait, a request waited two lock_timeouts (PostgreSQL's
+			// lock_timeout bounds each wait, not a statement's).
+			assert.Less(t, waited, 2*lockTimeout, "replica %d waited one lock_timeout, not two", i)
+			t.Logf("replica %d answered %d after %s", i, resp.StatusCode, waited.Round(time.Millisecond))
+		})
 	}
+	wg.Wait()
 	status, body, err := postForm(ctx, client, rs.proxyURL(0)+"/v1/charges", freeTok, "free-1", chargeForm(100, "free-1"))
 	require.NoError(t, err)
 	assert.Equal(t, http.StatusOK, status, "another key is served meanwhile: %s", body)
