@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -11,8 +12,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/chromedp/cdproto/page"
 	"github.com/chromedp/chromedp"
 	"github.com/stretchr/testify/require"
+
+	"github.com/keybrake/keybrake/vault/postgres/pgtest"
 )
 
 // envBrowser names a Chromium or Chrome binary for the browser tests; without it
@@ -47,22 +51,77 @@ type testBrowser struct {
 
 	mu      sync.Mutex
 	console []chromedp.ConsoleMessage
+	waits   int // WaitFor calls so far, each an id for refreshHook
 }
 
-// MustBrowser starts a headless Chromium with a fresh profile in a temporary
-// directory, at 1280×800, and stops it in tb.Cleanup. Without a browser the test
-// is skipped, or fails when CI=true. Every console message is recorded; see
-// AssertNoConsoleErrors.
-func MustBrowser(tb testing.TB) *testBrowser {
-	tb.Helper()
-	path := findBrowser()
-	if path == "" {
-		browserUnavailable(tb, "no Chromium or Chrome found (looked for chromium, chromium-browser, google-chrome on PATH and $"+
-			envBrowser+"); install the Debian package chromium to run the dashboard's browser tests")
+// The dashboard re-reads the open page's data every 5 s (REFRESH_MS in
+// web/static/js/app.js), so a test that waits for the page to show a change
+// made behind its back (a charge through the proxy, a webhook delivered) waited
+// 2.5 s on average for the next tick, and most of a browser test's time went
+// there. refreshHook runs before the page's scripts in every document of a
+// test's tab: it keeps the page's 5 s setInterval as it is, and lets WaitFor run
+// that same callback sooner, once its predicate has been false for
+// waitRefreshAfter. A wait that the page satisfies by itself (a dialog opening,
+// a route mounting) never sees an early refresh, and no wait returns while a
+// refresh it started is still rendering, so that the test's next step does not
+// race it.
+const (
+	waitRefreshAfter = 500 * time.Millisecond
+	waitRefreshEvery = 250 * time.Millisecond
+)
+
+var refreshHook = fmt.Sprintf(`(() => {
+	const setInterval = window.setInterval;
+	const refreshes = [];
+	window.setInterval = function (fn, ms, ...args) {
+		if (ms === 5000 && typeof fn === 'function') refreshes.push(() => fn(...args));
+		return setInterval.call(this, fn, ms, ...args);
+	};
+	const since = new Map();
+	let running = null;
+	let last = 0;
+	window.__keybrakeWait = (id, ok) => {
+		if (running) return false;
+		if (ok) {
+			since.delete(id);
+			return true;
+		}
+		const now = Date.now();
+		if (!since.has(id)) since.set(id, now);
+		if (refreshes.length === 0 || now - since.get(id) < %d || now - last < %d) return false;
+		last = now;
+		running = Promise.allSettled(refreshes.map((r) => r())).finally(() => { running = null; });
+		return false;
+	};
+})();`, waitRefreshAfter.Milliseconds(), waitRefreshEvery.Milliseconds())
+
+// sharedBrowser is the one headless Chromium of the test binary, started by the
+// first browser test and stopped after the tests (pgtest.Main runs what
+// pgtest.AtEnd gives it). Every test has a tab in a browser context of its own,
+// which shares no cookies, storage or cache with the other tests'.
+var sharedBrowser struct {
+	mu   sync.Mutex
+	ctx  context.Context // the browser's first tab; tests' tabs are its children
+	path string
+	err  error // why it did not start: every later browser test gets it too
+}
+
+// startBrowser starts the shared browser once and returns its first tab's
+// context, or why it does not start.
+func startBrowser(path string) (context.Context, error) {
+	sharedBrowser.mu.Lock()
+	defer sharedBrowser.mu.Unlock()
+	if sharedBrowser.ctx != nil || sharedBrowser.err != nil {
+		return sharedBrowser.ctx, sharedBrowser.err
+	}
+	dir, err := os.MkdirTemp("", "keybrake-browser-")
+	if err != nil {
+		sharedBrowser.err = err
+		return nil, err
 	}
 	opts := append(chromedp.DefaultExecAllocatorOptions[:],
 		chromedp.ExecPath(path),
-		chromedp.UserDataDir(tb.TempDir()),
+		chromedp.UserDataDir(dir),
 		chromedp.NoSandbox,
 		chromedp.DisableGPU,
 		chromedp.Flag("disable-background-networking", true),
@@ -71,12 +130,54 @@ func MustBrowser(tb testing.TB) *testBrowser {
 		chromedp.NoFirstRun,
 		chromedp.WindowSize(1280, 800),
 	)
-	ctx, cancelTimeout := context.WithTimeout(context.Background(), browserTimeout)
-	allocCtx, cancelAlloc := chromedp.NewExecAllocator(ctx, opts...)
-	bctx, cancelBrowser := chromedp.NewContext(allocCtx)
-	tb.Cleanup(func() {
+	allocCtx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
+	ctx, cancelBrowser := chromedp.NewContext(allocCtx)
+	stop := func() error {
 		cancelBrowser()
 		cancelAlloc()
+		return os.RemoveAll(dir)
+	}
+	// The browser lives as long as ctx, so the start is bounded by a timer
+	// rather than by a context with a deadline.
+	started := make(chan error, 1)
+	go func() { started <- chromedp.Do(ctx) }()
+	select {
+	case err = <-started:
+	case <-time.After(browserTimeout):
+		err = fmt.Errorf("no answer within %s", browserTimeout)
+	}
+	if err != nil {
+		_ = stop()
+		sharedBrowser.err = fmt.Errorf("%s does not start: %w", path, err)
+		return nil, sharedBrowser.err
+	}
+	pgtest.AtEnd(stop)
+	sharedBrowser.ctx, sharedBrowser.path = ctx, path
+	return ctx, nil
+}
+
+// MustBrowser opens a tab at 1280×800 in a new browser context (no cookies or
+// storage of another test) of the test binary's one headless Chromium, which
+// it starts with a fresh profile in a temporary directory the first time; the
+// tab and its context are closed in tb.Cleanup. Without a browser the test is
+// skipped, or fails when CI=true. Every console message is recorded; see
+// AssertNoConsoleErrors. WaitFor may run the dashboard's refresh early; see
+// refreshHook.
+func MustBrowser(tb testing.TB) *testBrowser {
+	tb.Helper()
+	path := findBrowser()
+	if path == "" {
+		browserUnavailable(tb, "no Chromium or Chrome found (looked for chromium, chromium-browser, google-chrome on PATH and $"+
+			envBrowser+"); install the Debian package chromium to run the dashboard's browser tests")
+	}
+	root, err := startBrowser(path)
+	if err != nil {
+		browserUnavailable(tb, err.Error())
+	}
+	ctx, cancelTimeout := context.WithTimeout(root, browserTimeout)
+	bctx, cancelTab := chromedp.NewContext(ctx, chromedp.WithNewBrowserContext())
+	tb.Cleanup(func() {
+		cancelTab()
 		cancelTimeout()
 	})
 	b := &testBrowser{tb: tb, ctx: bctx}
@@ -91,8 +192,12 @@ func MustBrowser(tb testing.TB) *testBrowser {
 			b.mu.Unlock()
 		}
 	}()
+	if _, err := chromedp.Call(bctx, page.AddScriptToEvaluateOnNewDocument,
+		page.AddScriptToEvaluateOnNewDocumentParams{Source: refreshHook}); err != nil {
+		browserUnavailable(tb, fmt.Sprintf("%s opens no tab: %v", path, err))
+	}
 	if err := chromedp.Do(bctx, chromedp.EmulateViewport(1280, 800)); err != nil {
-		browserUnavailable(tb, fmt.Sprintf("%s does not start: %v", path, err))
+		browserUnavailable(tb, fmt.Sprintf("%s opens no tab: %v", path, err))
 	}
 	return b
 }
@@ -121,19 +226,30 @@ func (b *testBrowser) Eval(expr string) string {
 }
 
 // Text is the visible text of the first element sel matches, once it is visible.
+// The element is found and read in one evaluation: the dashboard's refresh
+// replaces elements, and a node found by one protocol call can be gone by the
+// next.
 func (b *testBrowser) Text(sel string) string {
 	b.tb.Helper()
-	b.Do(chromedp.WaitVisible(chromedp.CSS(sel)))
-	v, err := chromedp.Run(b.ctx, chromedp.Text(chromedp.CSS(sel)))
-	require.NoError(b.tb, err, sel)
-	return v
+	q, err := json.Marshal(sel)
+	require.NoError(b.tb, err)
+	el := `document.querySelector(` + string(q) + `)`
+	b.WaitFor("a visible "+sel, `((el) => !!el && !!(el.offsetWidth || el.offsetHeight || el.getClientRects().length))(`+el+`)`, uiWait)
+	return b.Eval(`(` + el + `)?.innerText ?? ''`)
 }
 
 // WaitFor polls a JavaScript predicate until it is true (within timeout), and
-// fails the test with what with the page's text otherwise.
+// fails the test with what with the page's text otherwise. A predicate still
+// false after waitRefreshAfter has the dashboard refresh its page early (see
+// refreshHook).
 func (b *testBrowser) WaitFor(what, predicate string, timeout time.Duration) {
 	b.tb.Helper()
-	_, err := chromedp.Run(b.ctx, chromedp.Poll[chromedp.Void](predicate,
+	b.mu.Lock()
+	b.waits++
+	id := b.waits
+	b.mu.Unlock()
+	wait := fmt.Sprintf(`((ok) => window.__keybrakeWait ? window.__keybrakeWait(%d, ok) : ok)(!!(%s))`, id, predicate)
+	_, err := chromedp.Run(b.ctx, chromedp.Poll[chromedp.Void](wait,
 		chromedp.WithPollingTimeout(timeout), chromedp.WithPollingInterval(100*time.Millisecond)))
 	if err != nil {
 		text, _ := chromedp.Run(b.ctx, chromedp.Evaluate[string](`document.body.innerText`))

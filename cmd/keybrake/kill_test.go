@@ -199,6 +199,7 @@ func killSchedule(t *testing.T, short, long int) (kills int, seed uint64) {
 }
 
 func TestKill9UnderLoad(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("builds and kills the real binary")
 	}

@@ -327,6 +327,7 @@ func TestThreeReplicasOneDatabase(t *testing.T) {
 // holds once their lease lapsed (a lease of seconds here), the store meters
 // all that moved and its invariant holds.
 func TestKill9ReplicaUnderLoad(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("builds, runs and kills real replicas")
 	}

@@ -21,8 +21,14 @@ import (
 	"github.com/keybrake/keybrake/vault/vaulttest"
 )
 
+// seedCallers is how many goroutines seed at once. The store commits what is
+// queued together (up to 256 operations a transaction) and each commit waits
+// for the disk, so more callers make fewer commits for the same charges.
+const seedCallers = 64
+
 // seedCharges commits n charges under keyID with answers of about 3 KB
-// (random, so that they compress no better than real ones), from 8 callers.
+// (random, so that they compress no better than real ones), from seedCallers
+// callers.
 func seedCharges(t *testing.T, s vault.Store, keyID, prefix string, n int) {
 	t.Helper()
 	seedLargeCharges(t, s, keyID, prefix, n, 1200)
@@ -34,10 +40,10 @@ func seedCharges(t *testing.T, s vault.Store, keyID, prefix string, n int) {
 func seedLargeCharges(t *testing.T, s vault.Store, keyID, prefix string, n, noiseBytes int) {
 	t.Helper()
 	var wg sync.WaitGroup
-	for w := range 8 {
+	for w := range seedCallers {
 		wg.Go(func() {
 			noise := make([]byte, noiseBytes)
-			for i := w; i < n; i += 8 {
+			for i := w; i < n; i += seedCallers {
 				_, _ = rand.Read(noise)
 				idem := fmt.Sprintf("%s-%d", prefix, i)
 				vaulttest.MustReserve(t, s, vaulttest.Charge(keyID, idem, 1))

@@ -21,6 +21,7 @@ import (
 // committed with its id, so after a restart the money is counted and a
 // re-delivery of the event (Stripe never saw the 200, say) changes nothing.
 func TestKill9AfterAStripeEventWasAnswered(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("starts and kills the real binary")
 	}

@@ -81,6 +81,11 @@ var shared struct {
 	atEnd   []func() error // what Main does after the tests, before it stops the cluster
 }
 
+// AtEnd has Main run fn after the tests, before it stops the cluster; an error
+// fn returns fails the test binary. A package uses it for what its tests
+// share, such as one browser.
+func AtEnd(fn func() error) { atEnd(fn) }
+
 // atEnd has Main run fn after the tests.
 func atEnd(fn func() error) {
 	shared.mu.Lock()
