@@ -78,14 +78,24 @@ func (p *Proxy) setRemaining(ctx context.Context, h http.Header, c *call) {
 			return
 		}
 	}
-	rem := map[policy.WindowKind]int64{}
+	// What is left per kind of remainingHeaders, and whether a window of
+	// that kind has a cap (a fixed array: no map per request).
+	var rem [len(remainingHeaders)]struct {
+		left   int64
+		capped bool
+	}
 	note := func(win policy.Window, cnt policy.Counter) {
 		if !win.HasCap {
 			return
 		}
-		left := max(0, win.Cap-cnt.Committed-cnt.Held)
-		if cur, ok := rem[win.Kind]; !ok || left < cur {
-			rem[win.Kind] = left
+		for i, kh := range remainingHeaders {
+			if kh.kind != win.Kind {
+				continue
+			}
+			left := max(0, win.Cap-cnt.Committed-cnt.Held)
+			if r := &rem[i]; !r.capped || left < r.left {
+				r.left, r.capped = left, true
+			}
 		}
 	}
 	budgetRead := false
@@ -106,9 +116,9 @@ func (p *Proxy) setRemaining(ctx context.Context, h http.Header, c *call) {
 			}
 		}
 	}
-	for _, kh := range remainingHeaders {
-		if left, ok := rem[kh.kind]; ok {
-			h.Set(kh.header, policy.FormatMinor(c.key.Policy.Currency, left))
+	for i, kh := range remainingHeaders {
+		if rem[i].capped {
+			h.Set(kh.header, policy.FormatMinor(c.key.Policy.Currency, rem[i].left))
 		}
 	}
 }

@@ -355,10 +355,11 @@ func newRequestID() string {
 	const alphabet = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 	var b [20]byte
 	_, _ = rand.Read(b[:]) // crypto/rand.Read never returns an error
-	out := make([]byte, 0, 7+len(b))
-	out = append(out, "req_kb_"...)
-	for _, c := range b {
-		out = append(out, alphabet[int(c)%len(alphabet)])
+	const prefix = "req_kb_"
+	var out [len(prefix) + len(b)]byte // on the stack: the string is the one allocation
+	copy(out[:], prefix)
+	for i, c := range b {
+		out[len(prefix)+i] = alphabet[int(c)%len(alphabet)]
 	}
-	return string(out)
+	return string(out[:])
 }

@@ -64,7 +64,7 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, c *call) {
 	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
 		GotConn: func(httptrace.GotConnInfo) { c.connected.Store(true) },
 	})
-	out := r.WithContext(withCall(ctx, c))
+	out := r.WithContext(ctx) // still carrying c: WithoutCancel keeps r's values
 	out.Body = http.NoBody
 	out.ContentLength = int64(len(c.body))
 	p.rp.ServeHTTP(w, out)

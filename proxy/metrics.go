@@ -1,9 +1,11 @@
 package proxy
 
 import (
+	"maps"
 	"net/http"
-	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -65,7 +67,18 @@ type metrics struct {
 	authFailures prometheus.Counter
 	events       *prometheus.CounterVec // outcome
 	eventsDenied *prometheus.CounterVec // reason
+
+	// requestsByOp holds requests' series already resolved, by operation
+	// label then outcome (the index in metricOutcomes): every request counts
+	// itself with a map read instead of hashing its labels into the vector.
+	// The map is replaced, never changed, when an operation first appears
+	// (the labels are a bounded set: operationLabel).
+	requestsByOp atomic.Pointer[map[string]*outcomeCounters]
+	requestsMu   sync.Mutex // serialises the replacements
 }
+
+// outcomeCounters are one operation's series of requests, by outcome.
+type outcomeCounters [len(metricOutcomes)]prometheus.Counter
 
 // newMetrics builds the proxy's collectors and registers them on reg; with a nil
 // reg they count but are exposed nowhere (never the global default registry).
@@ -132,8 +145,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 // observeRequest counts one finished request by its canonical line (operation,
 // decision, reason) and its durations.
 func (m *metrics) observeRequest(c *call, d time.Duration) {
-	outcome := labelValue(metricOutcomes[:], c.decision)
-	m.requests.WithLabelValues(operationLabel(c), outcome).Inc()
+	m.requestCounters(operationLabel(c))[outcomeIndex(c.decision)].Inc()
 	switch c.decision {
 	case decisionRefused:
 		m.refusals.WithLabelValues(labelValue(metricReasons[:], c.reason), "enforce").Inc()
@@ -142,6 +154,45 @@ func (m *metrics) observeRequest(c *call, d time.Duration) {
 	}
 	m.duration.Observe(d.Seconds())
 	m.added.Observe(max(0, d-c.upstreamWait).Seconds())
+}
+
+// requestCounters returns op's series of the requests counter, resolving them
+// the first time op is seen.
+func (m *metrics) requestCounters(op string) *outcomeCounters {
+	if byOp := m.requestsByOp.Load(); byOp != nil {
+		if cs, ok := (*byOp)[op]; ok {
+			return cs
+		}
+	}
+	m.requestsMu.Lock()
+	defer m.requestsMu.Unlock()
+	var next map[string]*outcomeCounters
+	if byOp := m.requestsByOp.Load(); byOp != nil {
+		if cs, ok := (*byOp)[op]; ok {
+			return cs
+		}
+		next = maps.Clone(*byOp)
+	} else {
+		next = map[string]*outcomeCounters{}
+	}
+	cs := new(outcomeCounters)
+	for i, o := range metricOutcomes {
+		cs[i] = m.requests.WithLabelValues(op, string(o))
+	}
+	next[op] = cs
+	m.requestsByOp.Store(&next)
+	return cs
+}
+
+// outcomeIndex is the index in metricOutcomes of d's outcome label: d's own,
+// else the last ("other"), as labelValue.
+func outcomeIndex(d decision) int {
+	for i, o := range metricOutcomes {
+		if o == d {
+			return i
+		}
+	}
+	return len(metricOutcomes) - 1
 }
 
 // observeUpstreamAuthFailure counts one answer in which Stripe rejected
@@ -177,11 +228,17 @@ func labelValue[T ~string](values []T, v T) string {
 
 // statusClass is the status_class label of an upstream answer: 2xx … 5xx, or
 // "error" when no answer came (status 0) or its status is outside 200–599.
-func statusClass(status int) string {
+func statusClass(status int) string { return statusClasses[statusClassIndex(status)] }
+
+// statusClasses are the status_class label values, by statusClassIndex.
+var statusClasses = [...]string{"error", "2xx", "3xx", "4xx", "5xx"}
+
+// statusClassIndex is the index of status's class in statusClasses.
+func statusClassIndex(status int) int {
 	if status < 200 || status > 599 {
-		return "error"
+		return 0
 	}
-	return strconv.Itoa(status/100) + "xx"
+	return status/100 - 1
 }
 
 // timedTransport times every upstream request of one kind for the upstream
@@ -189,9 +246,19 @@ func statusClass(status int) string {
 // histogram). The time ends when the response headers arrive; reading the body
 // is not included.
 type timedTransport struct {
-	next    http.RoundTripper
-	kind    string
-	metrics *metrics
+	next http.RoundTripper
+	// byClass are the kind's series of the upstream histogram, by
+	// statusClassIndex, resolved once.
+	byClass [len(statusClasses)]prometheus.Observer
+}
+
+// newTimedTransport times next's requests as upstream requests of kind.
+func newTimedTransport(next http.RoundTripper, kind string, m *metrics) *timedTransport {
+	t := &timedTransport{next: next}
+	for i, class := range statusClasses {
+		t.byClass[i] = m.upstream.WithLabelValues(kind, class)
+	}
+	return t
 }
 
 // RoundTrip implements http.RoundTripper. The ReverseProxy and the lookup client
@@ -204,7 +271,7 @@ func (t *timedTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if err == nil {
 		status = resp.StatusCode
 	}
-	t.metrics.upstream.WithLabelValues(t.kind, statusClass(status)).Observe(d.Seconds())
+	t.byClass[statusClassIndex(status)].Observe(d.Seconds())
 	if c := callFrom(req.Context()); c != nil {
 		c.upstreamWait += d
 	}

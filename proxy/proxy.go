@@ -199,14 +199,14 @@ func New(cfg Config) (*Proxy, error) {
 	}
 	p.rp = &httputil.ReverseProxy{
 		Rewrite:        p.rewrite,
-		Transport:      &timedTransport{next: transport, kind: upstreamForward, metrics: m},
+		Transport:      newTimedTransport(transport, upstreamForward, m),
 		ModifyResponse: p.modifyResponse,
 		ErrorHandler:   p.errorHandler,
 		BufferPool:     newBufferPool(),
 		ErrorLog:       slog.NewLogLogger(p.log.Handler(), slog.LevelWarn),
 	}
 	p.lookups = &http.Client{
-		Transport: &timedTransport{next: transport, kind: upstreamLookup, metrics: m},
+		Transport: newTimedTransport(transport, upstreamLookup, m),
 		Timeout:   cfg.UpstreamTimeout,
 		CheckRedirect: func(*http.Request, []*http.Request) error {
 			return http.ErrUseLastResponse

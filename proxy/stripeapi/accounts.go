@@ -84,7 +84,8 @@ func Accounts(account, stripeContext, path, operation string, params *Params) []
 // accountParamName is the name in accountParams that a parameter key ends with
 // (array indexes aside: account[0] names account), and whether there is one.
 func accountParamName(key string) (string, bool) {
-	segs, _, err := parseKey(key)
+	var buf [keySegsOnStack]string
+	segs, _, err := parseKey(key, buf[:])
 	if err != nil || segs[0] == "metadata" {
 		return "", false
 	}
@@ -261,8 +262,9 @@ func RevealedSecret(params *Params) (string, bool) {
 	if !params.Has("expand") && !params.Has("include") {
 		return "", false // most requests: no walk over their parameters
 	}
+	var buf [keySegsOnStack]string
 	for _, pr := range params.Pairs() {
-		segs, _, err := parseKey(pr.Key)
+		segs, _, err := parseKey(pr.Key, buf[:])
 		if err != nil || (segs[0] != "expand" && segs[0] != "include") {
 			continue
 		}

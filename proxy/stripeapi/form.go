@@ -20,6 +20,10 @@ import (
 // Stripe's deepest documented parameters have depth 5; Rack refuses beyond 32.
 const maxKeyDepth = 16
 
+// keySegsOnStack is how many segments of a key parseKey's callers keep on
+// their stack; a deeper key's segments go to the heap.
+const keySegsOnStack = 4
+
 // Value kinds of a parameter. Form parameters are always strings; JSON bodies (v2)
 // also carry numbers (literal text), booleans, null and empty containers, which
 // Canonical keeps apart so {"a":1} and {"a":"1"} do not share a fingerprint.
@@ -205,9 +209,12 @@ func isDigits(s string) bool {
 	return true
 }
 
-// parseKey splits a decoded key into its name and bracketed segments. appendArr is
-// true when the key ends in "[]" (the "[]" itself is not among segs).
-func parseKey(key string) (segs []string, appendArr bool, err error) {
+// parseKey splits a decoded key into its name and bracketed segments, appended to
+// buf[:0] (a caller's array on its stack: most keys have a few segments, and
+// parsing every key of every request then allocates nothing). appendArr is true
+// when the key ends in "[]" (the "[]" itself is not among segs).
+func parseKey(key string, buf []string) (segs []string, appendArr bool, err error) {
+	segs = buf[:0]
 	if key == "" {
 		return nil, false, formErr("empty key")
 	}
@@ -216,7 +223,7 @@ func parseKey(key string) (segs []string, appendArr bool, err error) {
 		if err := checkSegment(key); err != nil {
 			return nil, false, err
 		}
-		return []string{key}, false, nil
+		return append(segs, key), false, nil
 	}
 	if open == 0 {
 		return nil, false, formErr("key %q has an empty name", clipText(key))
@@ -265,7 +272,8 @@ func boolInt(b bool) int {
 
 // add inserts one decoded pair into the tree, refusing duplicates and conflicts.
 func (p *Params) add(key, value string, vkind byte) error {
-	segs, appendArr, err := parseKey(key)
+	var buf [keySegsOnStack]string
+	segs, appendArr, err := parseKey(key, buf[:])
 	if err != nil {
 		return err
 	}
@@ -331,7 +339,8 @@ func (p *Params) find(key string) *paramNode {
 	if p == nil || p.root == nil {
 		return nil
 	}
-	segs, _, err := parseKey(key)
+	var buf [keySegsOnStack]string
+	segs, _, err := parseKey(key, buf[:])
 	if err != nil {
 		return nil
 	}
