@@ -17,8 +17,8 @@ import (
 // whether to a lookup or to the forwarded request.
 
 // upstreamSecret returns the real secret of key's upstream. It is cached for
-// a few seconds under the upstream's version as Authenticate read it with the
-// key, in the same transaction: a secret replaced through another replica has
+// a few seconds under the upstream's version as Authenticate read it, after
+// the key: a secret replaced through another replica has
 // a new version, so the first request authenticated after the change commits
 // misses the cache and reads the new secret. A key read without a version
 // (an operator's refresh: GetKey) always asks the store.

@@ -121,7 +121,8 @@ type Key struct {
 	Raises []Raise
 
 	// UpstreamVersion is the version of the key's upstream (Upstream.Version)
-	// read in the same transaction as the key. Only Authenticate sets it; it
+	// read with the key or after it (never older than the key as read). Only
+	// Authenticate sets it; it
 	// is 0 elsewhere and when the upstream is not registered.
 	UpstreamVersion uint64
 }

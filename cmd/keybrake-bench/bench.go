@@ -195,9 +195,20 @@ func (b *bench) measure(ctx context.Context, rep *Report, conns int, targets []t
 				}
 			}
 			var profiled chan error
-			if t.name == kb.name && cfg.CPUProfile != "" && conns == cfg.maxConcurrencyOf() && round == 1 {
-				profiled = make(chan error, 1)
-				go func() { profiled <- b.kb.cpuProfile(ctx, cfg.Duration, cfg.CPUProfile) }()
+			if cfg.CPUProfile != "" && conns == cfg.maxConcurrencyOf() && round == 1 {
+				// keybrake on bbolt to the file named; a PostgreSQL target's
+				// first replica to the name with the target's after it.
+				child, path := b.kb, cfg.CPUProfile
+				if t.name != kb.name {
+					child, path = nil, cfg.CPUProfile+"."+t.name
+					if len(t.kbs) > 0 && t.kbs[0].pprofURL != "" {
+						child = t.kbs[0]
+					}
+				}
+				if child != nil {
+					profiled = make(chan error, 1)
+					go func() { profiled <- child.cpuProfile(ctx, cfg.Duration, path) }()
+				}
 			}
 			before := b.sample(ctx, t, false)
 			r := b.load(t, conns, fmt.Sprintf("%s-%s-c%d-r%d", b.runID, t.name, conns, round)).run(ctx, cfg.Duration)

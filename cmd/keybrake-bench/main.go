@@ -256,7 +256,7 @@ func (m *Main) ParseFlags(args []string) error {
 	fs.IntVar(&c.ResponseBytes, "response-bytes", c.ResponseBytes, "pad the fake Stripe's charge to about this many bytes (0: minimal; a real charge is about 3000)")
 	fs.StringVar(&c.Keybrake, "keybrake", c.Keybrake, "keybrake binary to run (default: go build ./cmd/keybrake)")
 	fs.StringVar(&c.LogLevel, "keybrake-log-level", c.LogLevel, "keybrake's --log-level; its log goes to a file")
-	fs.StringVar(&c.CPUProfile, "cpuprofile", c.CPUProfile, "write a CPU profile of keybrake during its first round at the highest concurrency to this file")
+	fs.StringVar(&c.CPUProfile, "cpuprofile", c.CPUProfile, "write a CPU profile of keybrake during its first round at the highest concurrency to this file (and of the first PostgreSQL replica of each PostgreSQL target to FILE.TARGET)")
 	fs.StringVar(&c.TempDir, "tmp-dir", c.TempDir, "where keybrake's data directory is made (default: the system's temporary directory); use a disk, not tmpfs")
 	fs.StringVar(&c.DatabaseURL, "database-url", c.DatabaseURL, "postgres:// URL of a server (its role may create databases): measure keybrake on the PostgreSQL store too, in a database of its own (default: "+envDatabaseURL+")")
 	fs.IntVar(&c.Replicas, "replicas", c.Replicas, "keybrake replicas sharing the PostgreSQL store, driven round-robin; measured through one and through all")

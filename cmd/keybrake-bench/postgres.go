@@ -148,7 +148,7 @@ func (b *bench) startPostgres(ctx context.Context, rep *Report, bin, stripeURL s
 		if err := os.Mkdir(dir, 0o700); err != nil {
 			return fmt.Errorf("postgres: replica directory: %w", err)
 		}
-		r, err := startKeybrake(ctx, bin, dir, stripeURL, cfg.LogLevel, b.secrets, false, "KEYBRAKE_DATABASE_URL="+pg.url)
+		r, err := startKeybrake(ctx, bin, dir, stripeURL, cfg.LogLevel, b.secrets, cfg.CPUProfile != "" && i == 0, "KEYBRAKE_DATABASE_URL="+pg.url)
 		if r != nil {
 			pg.replicas = append(pg.replicas, r)
 		}

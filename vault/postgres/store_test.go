@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -125,7 +126,7 @@ func TestRoundTrips(t *testing.T) {
 	clock := vaulttest.NewClock(vaulttest.T0)
 	s := mustOpenURL(t, migrated.URL(t), vaulttest.Options{MasterKey: vaulttest.MasterKey, Now: clock.Now})
 	vaulttest.MustUpstream(t, s, "sk_test_abcdef1234")
-	k, _ := vaulttest.MustMint(t, s, "k", vaulttest.Policy(t, "1000.00", "", ""), nil)
+	k, tok := vaulttest.MustMint(t, s, "k", vaulttest.Policy(t, "1000.00", "", ""), nil)
 	vaulttest.MustCommit(t, s, k.ID, "warm", 100) // statements prepared on the connection
 	commits := func(fn func()) (roundTrips int64, commits int) {
 		before := s.roundTrips.Load()
@@ -150,6 +151,22 @@ func TestRoundTrips(t *testing.T) {
 	// The same for Settle: BEGIN, the key's lock, the record, the counters,
 	// the clock; the writes with COMMIT.
 	assert.Equal(t, int64(2), settle)
+
+	// Authenticate, on every request: the token with its key in one
+	// statement, the upstream's version in another, outside a transaction
+	// (no BEGIN, no COMMIT).
+	auth, ac := commits(func() {
+		got, err := s.Authenticate(context.Background(), tok)
+		require.NoError(t, err)
+		assert.Equal(t, k.ID, got.ID)
+		assert.NotZero(t, got.UpstreamVersion)
+	})
+	assert.Equal(t, 0, ac, "Authenticate commits nothing")
+	assert.Equal(t, int64(2), auth, "Authenticate's round trips")
+	before := s.roundTrips.Load()
+	_, err := s.Authenticate(context.Background(), "vk_"+strings.Repeat("a", 43))
+	assert.ErrorIs(t, err, vault.ErrKeyInvalid)
+	assert.Equal(t, int64(1), s.roundTrips.Load()-before, "an unknown token costs one statement")
 }
 
 // TestRestartOfPostgreSQL: while the server is down a request fails at once

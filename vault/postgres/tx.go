@@ -69,6 +69,17 @@ var queries = func() (q [engine.NumBuckets]struct {
 	return q
 }()
 
+// throughSQL[b][via] reads an entry of b and the entry of via its value
+// names, in one statement (tx.GetThrough).
+var throughSQL = func() (q [engine.NumBuckets][engine.NumBuckets]string) {
+	for _, b := range engine.Buckets() {
+		for _, via := range engine.Buckets() {
+			q[b][via] = "SELECT a.v, b.v FROM " + table(b) + " a LEFT JOIN " + table(via) + " b ON b.k = a.v WHERE a.k = $1"
+		}
+	}
+	return q
+}()
+
 const lockKeySQL = "SELECT 1 FROM keybrake_keys WHERE k = $1 FOR UPDATE"
 
 // backend is the Store as the engine's Backend: its transactions.
@@ -112,6 +123,21 @@ func (s *backend) Queue(ctx context.Context, fn engine.TxFunc, done func(error))
 	}
 	done(s.Submit(ctx, fn))
 	return nil
+}
+
+// Read runs fn outside a transaction (engine.Reader): each of its reads is a
+// statement of its own, which sees what is committed as it runs; now is the
+// database's clock as last measured. Nothing fn writes is kept.
+func (s *backend) Read(ctx context.Context, fn engine.TxFunc) error {
+	return translate(s.retry(ctx, func() error {
+		conn, err := s.pool.Acquire(ctx)
+		if err != nil {
+			return err
+		}
+		defer conn.Release()
+		t := &tx{ctx: ctx, s: s, conn: conn.Conn()}
+		return fn(t, (*Store)(s).Now().UTC())
+	}))
 }
 
 func (s *backend) run(ctx context.Context, write bool, fn engine.TxFunc) error {
@@ -493,6 +519,28 @@ func (t *tx) Get(b engine.Bucket, k []byte) ([]byte, error) {
 		t.markLocked(string(k))
 	}
 	return v, nil
+}
+
+// GetThrough reads k in b and the entry of via its value names in one
+// statement (engine.ThroughGetter). A write transaction reads them as Get
+// does, each with its lock and what the transaction wrote or planned.
+func (t *tx) GetThrough(b engine.Bucket, k []byte, via engine.Bucket) (ref, v []byte, err error) {
+	if t.write || t.seen != nil || len(t.ops) > 0 {
+		if ref, err = t.Get(b, k); err != nil || ref == nil {
+			return ref, nil, err
+		}
+		v, err = t.Get(via, ref)
+		return ref, v, err
+	}
+	err = t.conn.QueryRow(t.ctx, throughSQL[b][via], k).Scan(&ref, &v)
+	t.s.roundTrips.Add(1)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, nil, nil
+	}
+	if err != nil {
+		return nil, nil, t.failed(err)
+	}
+	return ref, v, nil
 }
 
 func (t *tx) GetMany(b engine.Bucket, keys [][]byte) ([][]byte, error) {

@@ -107,14 +107,16 @@ type authRec struct {
 }
 
 func (s *Engine) authenticateTx(tx Tx, hash string) (authRec, error) {
-	id, err := tx.Get(BucketTokens, []byte(hash))
+	// The token and its key in one read: a token is written with its key
+	// and names it for good.
+	id, raw, err := getThrough(tx, BucketTokens, []byte(hash), BucketKeys)
 	if err != nil {
 		return authRec{}, err
 	}
 	if id == nil {
 		return authRec{}, vault.ErrKeyInvalid
 	}
-	rec, err := s.keys.get(tx, string(id))
+	rec, err := s.keys.decode(string(id), raw)
 	if err != nil {
 		return authRec{}, err
 	}

@@ -246,6 +246,35 @@ type Backend interface {
 	Queue(ctx context.Context, fn TxFunc, done func(error)) error
 }
 
+// Reader is a Backend that can run a body whose reads need no common
+// snapshot outside a transaction: each read sees what is committed when it
+// runs, and the body writes nothing. On PostgreSQL it saves the BEGIN, the
+// clock and the COMMIT (two round trips, and the server's transaction) of a
+// read the hot path makes on every request. now is the process's clock.
+type Reader interface {
+	Read(ctx context.Context, fn TxFunc) error
+}
+
+// ThroughGetter is a Tx that reads an entry and the entry of another bucket
+// its value names in one step (one statement on PostgreSQL): ref is the
+// value of k in b (nil when there is none), v the value of ref in via (nil
+// when there is none), both as of one moment.
+type ThroughGetter interface {
+	GetThrough(b Bucket, k []byte, via Bucket) (ref, v []byte, err error)
+}
+
+// getThrough is ThroughGetter.GetThrough, as two reads where tx cannot.
+func getThrough(tx Tx, b Bucket, k []byte, via Bucket) (ref, v []byte, err error) {
+	if g, ok := tx.(ThroughGetter); ok {
+		return g.GetThrough(b, k, via)
+	}
+	if ref, err = tx.Get(b, k); err != nil || ref == nil {
+		return ref, nil, err
+	}
+	v, err = tx.Get(via, ref)
+	return ref, v, err
+}
+
 // forEach calls fn for every entry of b in key order until fn fails.
 func forEach(tx Tx, b Bucket, fn func(k, v []byte) error) error {
 	c := tx.Cursor(b)

@@ -164,6 +164,11 @@ func (c *keyCache) get(tx Tx, id string) (*keyRec, error) {
 	if err != nil {
 		return nil, err
 	}
+	return c.decode(id, raw)
+}
+
+// decode is get of raw, key id's bytes as read (nil: there is no such key).
+func (c *keyCache) decode(id string, raw []byte) (*keyRec, error) {
 	if raw == nil {
 		return nil, fmt.Errorf("key %s: %w", id, vault.ErrNotFound)
 	}

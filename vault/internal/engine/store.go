@@ -359,7 +359,14 @@ func (s *Engine) Authenticate(ctx context.Context, token string) (vault.Key, err
 	ar, ok := s.memo.key(hash)
 	if !ok {
 		gen := s.memo.generation()
-		err := s.view(ctx, func(tx Tx, now time.Time) error {
+		read := s.view
+		if r, ok := s.b.(Reader); ok {
+			// The token and its key are read in one statement, the
+			// upstream's version after them: a newer version than the
+			// key's snapshot is the one the next request would see.
+			read = r.Read
+		}
+		err := read(ctx, func(tx Tx, now time.Time) error {
 			var err error
 			ar, err = s.authenticateTx(tx, hash)
 			return err
