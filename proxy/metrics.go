@@ -1,11 +1,9 @@
 package proxy
 
 import (
-	"maps"
 	"net/http"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -69,12 +67,9 @@ type metrics struct {
 	eventsDenied *prometheus.CounterVec // reason
 
 	// requestsByOp holds requests' series already resolved, by operation
-	// label then outcome (the index in metricOutcomes): every request counts
-	// itself with a map read instead of hashing its labels into the vector.
-	// The map is replaced, never changed, when an operation first appears
-	// (the labels are a bounded set: operationLabel).
-	requestsByOp atomic.Pointer[map[string]*outcomeCounters]
-	requestsMu   sync.Mutex // serialises the replacements
+	// label (a bounded set: operationLabel): every request counts itself with
+	// a map read instead of hashing its labels into the vector.
+	requestsByOp sync.Map // string → *outcomeCounters
 }
 
 // outcomeCounters are one operation's series of requests, by outcome.
@@ -145,7 +140,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 // observeRequest counts one finished request by its canonical line (operation,
 // decision, reason) and its durations.
 func (m *metrics) observeRequest(c *call, d time.Duration) {
-	m.requestCounters(operationLabel(c))[outcomeIndex(c.decision)].Inc()
+	m.requestCounters(operationLabel(c))[labelIndex(metricOutcomes[:], c.decision)].Inc()
 	switch c.decision {
 	case decisionRefused:
 		m.refusals.WithLabelValues(labelValue(metricReasons[:], c.reason), "enforce").Inc()
@@ -156,43 +151,18 @@ func (m *metrics) observeRequest(c *call, d time.Duration) {
 	m.added.Observe(max(0, d-c.upstreamWait).Seconds())
 }
 
-// requestCounters returns op's series of the requests counter, resolving them
-// the first time op is seen.
+// requestCounters returns op's series of the requests counter, by outcome
+// (the index in metricOutcomes), resolving them the first time op is seen.
 func (m *metrics) requestCounters(op string) *outcomeCounters {
-	if byOp := m.requestsByOp.Load(); byOp != nil {
-		if cs, ok := (*byOp)[op]; ok {
-			return cs
-		}
-	}
-	m.requestsMu.Lock()
-	defer m.requestsMu.Unlock()
-	var next map[string]*outcomeCounters
-	if byOp := m.requestsByOp.Load(); byOp != nil {
-		if cs, ok := (*byOp)[op]; ok {
-			return cs
-		}
-		next = maps.Clone(*byOp)
-	} else {
-		next = map[string]*outcomeCounters{}
+	if cs, ok := m.requestsByOp.Load(op); ok {
+		return cs.(*outcomeCounters)
 	}
 	cs := new(outcomeCounters)
 	for i, o := range metricOutcomes {
 		cs[i] = m.requests.WithLabelValues(op, string(o))
 	}
-	next[op] = cs
-	m.requestsByOp.Store(&next)
-	return cs
-}
-
-// outcomeIndex is the index in metricOutcomes of d's outcome label: d's own,
-// else the last ("other"), as labelValue.
-func outcomeIndex(d decision) int {
-	for i, o := range metricOutcomes {
-		if o == d {
-			return i
-		}
-	}
-	return len(metricOutcomes) - 1
+	got, _ := m.requestsByOp.LoadOrStore(op, cs) // a racing first request resolved the same series
+	return got.(*outcomeCounters)
 }
 
 // observeUpstreamAuthFailure counts one answer in which Stripe rejected
@@ -217,13 +187,17 @@ func operationLabel(c *call) string {
 }
 
 // labelValue is v when it is one of values, else the last of them ("other").
-func labelValue[T ~string](values []T, v T) string {
-	for _, s := range values {
+func labelValue[T ~string](values []T, v T) string { return string(values[labelIndex(values, v)]) }
+
+// labelIndex is the index of v in values, or of the last of them ("other")
+// when v is not among them.
+func labelIndex[T ~string](values []T, v T) int {
+	for i, s := range values {
 		if s == v {
-			return string(v)
+			return i
 		}
 	}
-	return string(values[len(values)-1])
+	return len(values) - 1
 }
 
 // statusClass is the status_class label of an upstream answer: 2xx … 5xx, or

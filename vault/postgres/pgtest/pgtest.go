@@ -84,10 +84,7 @@ var shared struct {
 // AtEnd has Main run fn after the tests, before it stops the cluster; an error
 // fn returns fails the test binary. A package uses it for what its tests
 // share, such as one browser.
-func AtEnd(fn func() error) { atEnd(fn) }
-
-// atEnd has Main run fn after the tests.
-func atEnd(fn func() error) {
+func AtEnd(fn func() error) {
 	shared.mu.Lock()
 	defer shared.mu.Unlock()
 	shared.atEnd = append(shared.atEnd, fn)

@@ -110,7 +110,7 @@ func (t *Template) build(exec func(sql string) error, urlOf func(database string
 		return "", fmt.Errorf("create database %s: %w", name, err)
 	}
 	if external != "" {
-		atEnd(func() error {
+		AtEnd(func() error {
 			if err := exec(dropDatabase(name)); err != nil {
 				return fmt.Errorf("%s: drop template database %s: %w", external, name, err)
 			}
