@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -149,13 +148,7 @@ func TestBatchLeavesALockedKeyToWaitAlone(t *testing.T) {
 	held, _ := vaulttest.MustMint(t, s, "held", vaulttest.Policy(t, "50.00", "", ""), nil)
 	free, _ := vaulttest.MustMint(t, s, "free", vaulttest.Policy(t, "50.00", "", ""), nil)
 
-	holder, err := pgx.Connect(ctx, url)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = holder.Close(context.Background()) })
-	_, err = holder.Exec(ctx, "BEGIN")
-	require.NoError(t, err)
-	_, err = holder.Exec(ctx, lockKeySQL, []byte(held.ID))
-	require.NoError(t, err)
+	holder := holdKeyRow(t, url, held.ID)
 
 	release := parkCommitters(t, s)
 	heldDone, freeDone := make(chan error, 1), make(chan error, 1)

@@ -31,6 +31,22 @@ func withParams(t *testing.T, raw string, kv ...string) string {
 	return u.String()
 }
 
+// holdKeyRow opens a session of its own on dbURL that locks keyID's row in a
+// transaction and does nothing more, as a replica frozen inside its
+// transaction does; the test closes it to let go (or cleanup does).
+func holdKeyRow(t *testing.T, dbURL, keyID string) *pgx.Conn {
+	t.Helper()
+	ctx := context.Background()
+	holder, err := pgx.Connect(ctx, dbURL)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = holder.Close(context.Background()) })
+	_, err = holder.Exec(ctx, "BEGIN")
+	require.NoError(t, err)
+	_, err = holder.Exec(ctx, lockKeySQL, []byte(keyID))
+	require.NoError(t, err)
+	return holder
+}
+
 // TestFrozenLockHolderCostsOthersLockTimeout: a session that holds a key's
 // row lock and does nothing more — a replica frozen inside its transaction
 // (SIGSTOP) — makes a Reserve of that key on another replica wait
@@ -47,16 +63,10 @@ func TestFrozenLockHolderCostsOthersLockTimeout(t *testing.T) {
 	held, _ := vaulttest.MustMint(t, s, "held", vaulttest.Policy(t, "50.00", "", ""), nil)
 	free, _ := vaulttest.MustMint(t, s, "free", vaulttest.Policy(t, "50.00", "", ""), nil)
 
-	holder, err := pgx.Connect(ctx, dbURL)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = holder.Close(context.Background()) })
-	_, err = holder.Exec(ctx, "BEGIN")
-	require.NoError(t, err)
-	_, err = holder.Exec(ctx, lockKeySQL, []byte(held.ID))
-	require.NoError(t, err)
+	holder := holdKeyRow(t, dbURL, held.ID)
 
 	start := time.Now()
-	_, err = s.Reserve(ctx, vaulttest.Charge(held.ID, "while-held", 100))
+	_, err := s.Reserve(ctx, vaulttest.Charge(held.ID, "while-held", 100))
 	waited := time.Since(start)
 	require.ErrorIs(t, err, vault.ErrStorage, "a lock wait is the store being unavailable")
 	assert.Contains(t, err.Error(), "lock_timeout")
@@ -117,13 +127,7 @@ func TestFrozenLockCostsEachWaiterOneLockTimeout(t *testing.T) {
 	held, _ := vaulttest.MustMint(t, stores[0], "held", vaulttest.Policy(t, "50.00", "", ""), nil)
 	free, _ := vaulttest.MustMint(t, stores[0], "free", vaulttest.Policy(t, "50.00", "", ""), nil)
 
-	holder, err := pgx.Connect(ctx, dbURL)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = holder.Close(context.Background()) })
-	_, err = holder.Exec(ctx, "BEGIN")
-	require.NoError(t, err)
-	_, err = holder.Exec(ctx, lockKeySQL, []byte(held.ID))
-	require.NoError(t, err)
+	holder := holdKeyRow(t, dbURL, held.ID)
 	// waiting is how many sessions wait for a lock in the test's database.
 	monitor, err := pgxpool.New(ctx, dbURL)
 	require.NoError(t, err)
