@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/keybrake/keybrake/vault"
+	"github.com/keybrake/keybrake/vault/internal/engine"
 	"github.com/keybrake/keybrake/vault/postgres/pgtest"
 	"github.com/keybrake/keybrake/vault/vaulttest"
 )
@@ -111,9 +112,30 @@ func TestSessionDefaults(t *testing.T) {
 // row waits first for the first waiter's place (its tuple lock), then for the
 // holder, and lock_timeout bounds each of those waits, not their sum. Each
 // Reserve still waits lock_timeout and fails as ErrStorage, but none waits
-// much beyond it; the other key is served meanwhile.
+// much beyond it; the other key is served meanwhile. The same holds for a
+// transaction of its own that locks the key (tx.LockKey: what claims, events
+// and approvals take), outside the batches.
 func TestFrozenLockCostsEachWaiterOneLockTimeout(t *testing.T) {
 	t.Parallel()
+	for name, wait := range map[string]func(s *Store, keyID string, i int) error{
+		"reserve": func(s *Store, keyID string, i int) error {
+			_, err := s.Reserve(context.Background(), vaulttest.Charge(keyID, fmt.Sprintf("while-held-%d", i), 100))
+			return err
+		},
+		"lock": func(s *Store, keyID string, _ int) error {
+			return translate((*backend)(s).Update(context.Background(), func(tx engine.Tx, _ time.Time) error {
+				return tx.LockKey(keyID)
+			}))
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			frozenLockCostsEachWaiterOneLockTimeout(t, wait)
+		})
+	}
+}
+
+func frozenLockCostsEachWaiterOneLockTimeout(t *testing.T, wait func(s *Store, keyID string, i int) error) {
 	ctx := context.Background()
 	const lockTimeout = 2 * time.Second
 	dbURL := migrated.URL(t)
@@ -155,7 +177,7 @@ func TestFrozenLockCostsEachWaiterOneLockTimeout(t *testing.T) {
 	for i := range 2 * each {
 		go func() {
 			start := time.Now()
-			_, err := stores[i%2].Reserve(ctx, vaulttest.Charge(held.ID, fmt.Sprintf("while-held-%d", i), 100))
+			err := wait(stores[i%2], held.ID, i)
 			out <- outcome{i % 2, err, time.Since(start)}
 			ended.Add(1)
 		}()

@@ -507,8 +507,13 @@ func (t *tx) Get(b engine.Bucket, k []byte) ([]byte, error) {
 		sql = queries[b].getForUpdate
 	}
 	var v []byte
-	err := t.conn.QueryRow(t.ctx, sql, k).Scan(&v)
-	t.s.roundTrips.Add(1)
+	var err error
+	if forUpdate {
+		err = t.lockingRead(sql, k, &v)
+	} else {
+		err = t.conn.QueryRow(t.ctx, sql, k).Scan(&v)
+		t.s.roundTrips.Add(1)
+	}
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, nil
 	}
@@ -615,17 +620,51 @@ func (t *tx) LockKey(id string) error {
 	if !t.write || t.locked[id] {
 		return nil
 	}
-	rows, err := t.conn.Query(t.ctx, lockKeySQL, []byte(id))
-	t.s.roundTrips.Add(1)
-	if err != nil {
-		return t.failed(err)
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
+	var one int32
+	if err := t.lockingRead(lockKeySQL, []byte(id), &one); err != nil && !errors.Is(err, pgx.ErrNoRows) {
 		return t.failed(err)
 	}
 	t.markLocked(id)
 	return nil
+}
+
+// lockingRead runs sql, which locks the row of k (FOR UPDATE), and scans its
+// one column into dest, in one round trip. Under the store's lockBound the
+// statement runs with statement_timeout set to lock_timeout, as a batch's lock
+// statements do (plan.queue): lock_timeout bounds each lock a statement waits
+// for, and a row's second waiter waits for two, the first waiter's place in
+// the row's queue and then the holder.
+func (t *tx) lockingRead(sql string, k []byte, dest any) error {
+	t.s.roundTrips.Add(1)
+	if t.s.lockBound == "" {
+		return t.conn.QueryRow(t.ctx, sql, k).Scan(dest)
+	}
+	b := &pgx.Batch{}
+	b.Queue(setLockWaitSQL, t.s.lockTimeoutParam, t.s.lockBound)
+	b.Queue(sql, k)
+	b.Queue(setLockWaitSQL, t.s.lockTimeoutParam, t.s.statementTimeoutParam)
+	br := t.conn.SendBatch(t.ctx, b)
+	_, err := br.Exec()
+	var scanned error // the row's: pgx.ErrNoRows when there is none
+	if err == nil {
+		if scanned = br.QueryRow().Scan(dest); !errors.Is(scanned, pgx.ErrNoRows) {
+			err, scanned = scanned, nil
+		}
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "57014" {
+		err = &lockTimedOut{err: err} // the statement_timeout set here
+	}
+	if err == nil {
+		_, err = br.Exec()
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = scanned
+	}
+	return err
 }
 
 func (t *tx) markLocked(id string) {
