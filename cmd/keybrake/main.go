@@ -48,8 +48,13 @@ func main() {
 		fmt.Fprintln(os.Stderr, "keybrake:", err)
 		os.Exit(exitUsage)
 	}
+	// SIGHUP reloads the TLS certificates (after a renewal); it never stops serve.
+	// It is caught before Run starts the servers: once serve logs that it is
+	// ready, a SIGHUP must not find the default action (exit) still in place.
+	hup := make(chan os.Signal, 1)
 	if m.Command == cmdServe {
 		tuneGC(os.Getenv)
+		signal.Notify(hup, syscall.SIGHUP)
 	}
 	if err := m.Run(ctx); err != nil {
 		// Close releases what Run set up before it failed; its own error is reported too.
@@ -57,9 +62,6 @@ func main() {
 		fmt.Fprintln(os.Stderr, "keybrake:", err)
 		os.Exit(exitError)
 	}
-	// SIGHUP reloads the TLS certificates (after a renewal); it never stops serve.
-	hup := make(chan os.Signal, 1)
-	signal.Notify(hup, syscall.SIGHUP)
 	go func() {
 		for range hup {
 			_ = m.ReloadTLS() // each failure is logged; the current certificate stays
