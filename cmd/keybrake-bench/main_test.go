@@ -10,6 +10,7 @@ import (
 	"os"
 	"runtime"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -28,19 +29,30 @@ func TestMain(m *testing.M) {
 	pgtest.Main(m)
 }
 
-// MustKeybrake builds keybrake from this source into a temporary directory and
-// returns its path (with -race when the tests run with it, so the build reuses
-// the test build's cache).
+// MustKeybrake returns the path of keybrake built from this source (with
+// -race when the tests run with it, so the build reuses the test build's
+// cache). It is built once per test binary, into a directory removed when the
+// tests end: linking a race-enabled keybrake costs seconds of CPU, and every
+// test runs the same one.
 func MustKeybrake(tb testing.TB) string {
 	tb.Helper()
+	bin, err := keybrakeBinary()
+	require.NoError(tb, err)
+	return bin
+}
+
+var keybrakeBinary = sync.OnceValues(func() (string, error) {
+	dir, err := os.MkdirTemp("", "keybrake-bench-test-")
+	if err != nil {
+		return "", err
+	}
+	pgtest.AtEnd(func() error { return os.RemoveAll(dir) })
 	var extra []string
 	if raceEnabled {
 		extra = append(extra, "-race")
 	}
-	bin, err := BuildKeybrake(context.Background(), tb.TempDir(), extra...)
-	require.NoError(tb, err)
-	return bin
-}
+	return BuildKeybrake(context.Background(), dir, extra...)
+})
 
 // MustBench runs the benchmark with args and returns its JSON report, decoded
 // from what it printed, and stderr.
