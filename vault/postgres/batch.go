@@ -25,7 +25,11 @@ import (
 // cannot deadlock), reads every entry named, and reads the clock; the bodies
 // then find what they read in the transaction, and their writes go with the
 // COMMIT in one more. One commit, one fsync of the server's log, serves the
-// whole batch, and a hot key's row is locked once per batch.
+// whole batch, and a hot key's row is locked once per batch. A batch whose
+// locks the replica's batch under way holds waits for it in process, and
+// that batch, once its locks are held, takes in what the waiting one
+// gathered of the rows it holds (one more round trip: their reads and the
+// clock) before it commits.
 const (
 	// maxBatch bounds how many operations share one transaction.
 	maxBatch = 256
@@ -98,7 +102,9 @@ func (s *backend) enqueue(ctx context.Context, op *batchOp) error {
 // on one hot key a replica's requests were split into ever smaller batches
 // (two operations a commit at 16 connections on three replicas). So such a
 // batch waits here, until the other one ends, and takes in what is queued
-// meanwhile: everything that came during a commit shares the next one.
+// meanwhile: everything that came during a commit shares the next one. The
+// batch under way, once its locks are held, may take in what the waiting
+// one gathered (runningBatch.takeIn); what it leaves waits on.
 func (s *backend) commitLoop() {
 	defer s.loops.Done()
 	batch := make([]*batchOp, 0, maxBatch)
@@ -111,17 +117,22 @@ func (s *backend) commitLoop() {
 			// elsewhere (decision 57) must not hold this one up for longer
 			// than it holds up its own other keys.
 			timeout := time.NewTimer(batchLockWait)
-			for busy != nil {
+			for busy != nil && len(batch) > 0 {
 				var expired bool
-				if batch, expired = gatherUntil(s.ops, batch, busy, timeout.C); expired {
+				if batch, expired = s.gatherUntil(batch, busy, timeout.C); expired {
 					ran = s.running.add(batch)
 					break
 				}
-				ran, busy = s.running.start(batch)
+				if len(batch) > 0 {
+					ran, busy = s.running.start(batch)
+				}
 			}
 			timeout.Stop()
 		}
-		s.runBatch(slices.Clone(batch), false)
+		if len(batch) == 0 {
+			continue // the batch under way took in all of it
+		}
+		s.runBatch(slices.Clone(batch), false, ran)
 		s.running.remove(ran)
 		clear(batch)
 	}
@@ -143,29 +154,52 @@ func drainOps(ops <-chan *batchOp, batch []*batchOp) []*batchOp {
 	return batch
 }
 
-// gatherUntil appends what is queued until done closes, up to maxBatch, or
-// until timeout fires (expired).
-func gatherUntil(ops <-chan *batchOp, batch []*batchOp, done <-chan struct{}, timeout <-chan time.Time) (_ []*batchOp, expired bool) {
+// gatherUntil appends what is queued until busy ends, up to maxBatch, or
+// until timeout fires (expired). Meanwhile busy's transaction, once it holds
+// its locks, may take some of it in (takeIn): gatherUntil then returns at
+// once, with what is left, which may no longer share busy's locks.
+func (s *backend) gatherUntil(batch []*batchOp, busy *runningBatch, timeout <-chan time.Time) (_ []*batchOp, expired bool) {
+	g := &gathering{ops: batch, took: make(chan struct{}, 1)}
+	busy.mu.Lock()
+	mine := busy.waiter == nil // a third committer's batch waits unseen
+	if mine {
+		busy.waiter = g
+	}
+	busy.mu.Unlock()
+	end := func(expired bool) ([]*batchOp, bool) {
+		busy.mu.Lock()
+		defer busy.mu.Unlock()
+		if mine {
+			busy.waiter = nil
+		}
+		return g.ops, expired
+	}
 	for {
 		var next <-chan *batchOp
-		if len(batch) < maxBatch {
-			next = ops
+		busy.mu.Lock()
+		if len(g.ops) < maxBatch {
+			next = s.ops
 		}
+		busy.mu.Unlock()
 		select {
 		case op, ok := <-next:
 			if !ok {
 				select {
-				case <-done:
-					return batch, false
+				case <-busy.done:
+					return end(false)
 				case <-timeout:
-					return batch, true
+					return end(true)
 				}
 			}
-			batch = append(batch, op)
-		case <-done:
-			return batch, false
+			busy.mu.Lock()
+			g.ops = append(g.ops, op)
+			busy.mu.Unlock()
+		case <-g.took:
+			return end(false)
+		case <-busy.done:
+			return end(false)
 		case <-timeout:
-			return batch, true
+			return end(true)
 		}
 	}
 }
@@ -179,6 +213,87 @@ type runningBatches struct {
 type runningBatch struct {
 	locks map[string]bool // "k" or "b" and the key's or budget's id
 	done  chan struct{}
+	// mu guards waiter, the batch of the committer waiting for this one
+	// (gatherUntil), from which this one's transaction takes in (takeIn).
+	mu     sync.Mutex
+	waiter *gathering
+}
+
+// gathering is a batch that waits for a batch under way.
+type gathering struct {
+	ops  []*batchOp
+	took chan struct{} // told when takeIn took some of ops
+}
+
+func newRunningBatch(batch []*batchOp) *runningBatch {
+	rb := &runningBatch{locks: map[string]bool{}, done: make(chan struct{})}
+	locksOf(batch, rb.locks)
+	return rb
+}
+
+// takeIn hands rb's transaction what the batch waiting for rb gathered so
+// far, of the operations that lock only rows that held names ("k" or "b"
+// and the id of a row the transaction holds), at most n (split).
+func (rb *runningBatch) takeIn(held map[string]bool, n int) []*batchOp {
+	if rb == nil || n <= 0 || len(held) == 0 {
+		return nil
+	}
+	rb.mu.Lock()
+	defer rb.mu.Unlock()
+	g := rb.waiter
+	if g == nil {
+		return nil
+	}
+	var taken []*batchOp
+	taken, g.ops = split(g.ops, held, n)
+	if len(taken) > 0 {
+		select {
+		case g.took <- struct{}{}:
+		default:
+		}
+	}
+	return taken
+}
+
+// split parts batch, in order and in place, into what a transaction that
+// holds held takes (at most n) and what stays. An operation is taken if
+// everything it locks is held and no operation before it that stays locks
+// any of it: the operations of a key keep the order they were queued in,
+// those taken, which commit first, ahead of those that stay. An operation
+// that names no lock is not taken: it has no reason to share a hot key's
+// transaction.
+func split(batch []*batchOp, held map[string]bool, n int) (taken, kept []*batchOp) {
+	staying := map[string]bool{}
+	kept = batch[:0]
+	for _, op := range batch {
+		if len(taken) < n && covers(op, held, staying) {
+			taken = append(taken, op)
+			continue
+		}
+		kept = append(kept, op)
+		locksOf([]*batchOp{op}, staying)
+	}
+	clear(batch[len(kept):])
+	return taken, kept
+}
+
+// covers reports whether op locks something, only what held names, and
+// nothing of staying.
+func covers(op *batchOp, held, staying map[string]bool) bool {
+	if len(op.pf.Keys)+len(op.pf.Budgets) == 0 {
+		return false
+	}
+	for _, k := range op.pf.Keys {
+		if !held["k"+k] || staying["k"+k] {
+			return false
+		}
+	}
+	for _, b := range op.pf.Budgets {
+		if !held["b"+b] || staying["b"+b] {
+			return false
+		}
+	}
+	return true
 }
 
 // locksOf is what ops lock, as runningBatch.locks names it.
@@ -194,16 +309,15 @@ func locksOf(ops []*batchOp, into map[string]bool) {
 }
 
 // start says that batch is under way, unless a batch under way locks
-// something batch locks: then it returns that batch's end instead.
-func (r *runningBatches) start(batch []*batchOp) (*runningBatch, <-chan struct{}) {
-	rb := &runningBatch{locks: map[string]bool{}, done: make(chan struct{})}
-	locksOf(batch, rb.locks)
+// something batch locks: then it returns that batch instead (busy).
+func (r *runningBatches) start(batch []*batchOp) (_, busy *runningBatch) {
+	rb := newRunningBatch(batch)
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for _, b := range r.batches {
 		for l := range rb.locks {
 			if b.locks[l] {
-				return nil, b.done
+				return nil, b
 			}
 		}
 	}
@@ -213,8 +327,7 @@ func (r *runningBatches) start(batch []*batchOp) (*runningBatch, <-chan struct{}
 
 // add says that batch is under way, whatever else is.
 func (r *runningBatches) add(batch []*batchOp) *runningBatch {
-	rb := &runningBatch{locks: map[string]bool{}, done: make(chan struct{})}
-	locksOf(batch, rb.locks)
+	rb := newRunningBatch(batch)
 	r.mu.Lock()
 	r.batches = append(r.batches, rb)
 	r.mu.Unlock()
@@ -269,12 +382,14 @@ func (e *opFailed) Error() string { return e.err.Error() }
 func (e *opFailed) Unwrap() error { return e.err }
 
 // runBatch runs batch in one transaction and gives each operation its
-// outcome. patient batches wait up to lock_timeout for their locks.
-func (s *backend) runBatch(batch []*batchOp, patient bool) {
+// outcome. patient batches wait up to lock_timeout for their locks. rb, when
+// set, is the batch as the replica's committers know it: its transaction
+// takes in what the batch waiting for it gathered (runOps).
+func (s *backend) runBatch(batch []*batchOp, patient bool, rb *runningBatch) {
 	ctx, cancel := context.WithTimeout(context.Background(), submitTimeout)
 	defer cancel()
 	start := time.Now()
-	err := s.runOps(ctx, batch, patient)
+	batch, err := s.runOps(ctx, batch, patient, rb)
 	if err == nil {
 		if s.observe != nil {
 			s.observe(len(batch), time.Since(start))
@@ -300,7 +415,7 @@ func (s *backend) runBatch(batch []*batchOp, patient bool) {
 		}
 		s.runPatient(waiting)
 		if len(rest) > 0 {
-			s.runBatch(rest, false)
+			s.runBatch(rest, false, rb)
 		}
 	case errors.As(err, &failed) && len(batch) > 1:
 		// One body failed and rolled the whole batch back: run each alone,
@@ -308,7 +423,7 @@ func (s *backend) runBatch(batch []*batchOp, patient bool) {
 		s.log.Warn("group commit failed; retrying its operations one by one", "ops", len(batch), "error", failed.err)
 		for _, op := range batch {
 			start := time.Now()
-			err := s.runOps(ctx, []*batchOp{op}, true)
+			_, err := s.runOps(ctx, []*batchOp{op}, true, nil)
 			if err == nil && s.observe != nil {
 				s.observe(1, time.Since(start))
 			}
@@ -343,30 +458,103 @@ func (s *backend) runPatient(ops []*batchOp) {
 		go func() {
 			defer s.loops.Done()
 			defer func() { <-s.patient }()
-			s.runBatch(ops, true)
+			s.runBatch(ops, true, nil)
 		}()
 	default:
-		s.runBatch(ops, true)
+		s.runBatch(ops, true, nil)
 	}
 }
 
 // runOps runs the bodies of ops in one transaction, again from the start
-// after a serialization failure, a deadlock or a unique violation.
-func (s *backend) runOps(ctx context.Context, ops []*batchOp, patient bool) error {
-	pl := s.planOf(ops, patient)
-	return s.retry(ctx, func() error {
+// after a serialization failure, a deadlock or a unique violation, and
+// returns the operations it ran: ops, and those the transaction took in.
+//
+// Once ops' bodies have run, their locks held, the transaction takes in the
+// operations the batch waiting for rb gathered meanwhile that lock nothing
+// else (runningBatch.takeIn): one more round trip reads what they name and
+// the clock, their bodies run, and their writes go with the same COMMIT. On
+// one hot key shared by replicas the batch's transaction waited for the
+// other replicas' commits with its content fixed when it began; what came
+// meanwhile would otherwise wait for the next lock of the row, a commit of
+// its own. An operation taken in is the batch's from then on: it runs again
+// with it, and shares its outcome.
+func (s *backend) runOps(ctx context.Context, ops []*batchOp, patient bool, rb *runningBatch) ([]*batchOp, error) {
+	err := s.retry(ctx, func() error {
+		pl := s.planOf(ops, patient)
 		return s.once(ctx, true, pl, func(t *tx, now time.Time) error {
-			for _, op := range ops {
-				if err := safeRun(op, t, now); err != nil {
-					if t.dbErr != nil {
-						return t.dbErr
-					}
-					return &opFailed{err: err}
-				}
+			if err := runBodies(t, ops, now); err != nil {
+				return err
 			}
-			return nil
+			more := rb.takeIn(t.held, maxBatch-len(ops))
+			if len(more) == 0 {
+				return nil
+			}
+			ops = append(ops, more...)
+			now, err := t.readFor(more)
+			if err != nil {
+				return err
+			}
+			return runBodies(t, more, now)
 		})
 	})
+	return ops, err
+}
+
+// runBodies runs the bodies of ops in t, in order.
+func runBodies(t *tx, ops []*batchOp, now time.Time) error {
+	for _, op := range ops {
+		if err := safeRun(op, t, now); err != nil {
+			if t.dbErr != nil {
+				return t.dbErr
+			}
+			return &opFailed{err: err}
+		}
+	}
+	return nil
+}
+
+// readFor reads, in one round trip, what ops name that t does not know yet,
+// and the database's clock, which ops' bodies then run at: ops came after
+// t began, and must not see a clock older than they are.
+func (t *tx) readFor(ops []*batchOp) (time.Time, error) {
+	var reads [engine.NumBuckets][][]byte
+	est := (*Store)(t.s).Now()
+	seen := map[opKey]bool{}
+	for _, op := range ops {
+		if op.pf.Reads == nil {
+			continue
+		}
+		for _, r := range op.pf.Reads(est) {
+			k := opKey{r.Bucket, string(r.Key)}
+			if _, ok := t.cached(r.Bucket, r.Key); ok || seen[k] {
+				continue
+			}
+			seen[k] = true
+			reads[r.Bucket] = append(reads[r.Bucket], r.Key)
+		}
+	}
+	b := &pgx.Batch{}
+	queueReads(b, &reads)
+	b.Queue("SELECT clock_timestamp()")
+	before := t.s.processNow()
+	br := t.conn.SendBatch(t.ctx, b)
+	t.s.roundTrips.Add(1)
+	var now time.Time
+	err := readEntries(br, t, &reads)
+	if err == nil {
+		err = br.QueryRow().Scan(&now)
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return time.Time{}, t.failed(err)
+	}
+	(*Store)(t.s).measure(before, now, t.s.processNow())
+	if t.s.now != nil {
+		now = t.s.now()
+	}
+	return now.UTC(), nil
 }
 
 // safeRun runs one op, turning a panic into an error so that a bug in one op
@@ -463,7 +651,12 @@ func (pl *plan) queue(b *pgx.Batch) {
 	if pl.bounded() {
 		b.Queue(setLockWaitSQL, pl.restore[0], pl.restore[1])
 	}
-	for bucket, keys := range pl.reads {
+	queueReads(b, &pl.reads)
+}
+
+// queueReads queues one query per bucket of the entries reads names.
+func queueReads(b *pgx.Batch, reads *[engine.NumBuckets][][]byte) {
+	for bucket, keys := range reads {
 		if len(keys) > 0 {
 			b.Queue(queries[bucket].getMany, keys)
 		}
@@ -473,6 +666,7 @@ func (pl *plan) queue(b *pgx.Batch) {
 // read reads the answers to the plan's statements into t.
 func (pl *plan) read(br pgx.BatchResults, t *tx) error {
 	t.seen = map[opKey]known{}
+	t.held = map[string]bool{}
 	if pl.bounded() {
 		if _, err := br.Exec(); err != nil {
 			return err
@@ -485,11 +679,16 @@ func (pl *plan) read(br pgx.BatchResults, t *tx) error {
 		}
 		if found {
 			t.markLocked(k)
+			t.held["k"+k] = true
 		}
 	}
 	for _, id := range pl.budgets {
-		if _, err := pl.readLocked(br, t, engine.BucketBudgets, id); err != nil {
+		found, err := pl.readLocked(br, t, engine.BucketBudgets, id)
+		if err != nil {
 			return err
+		}
+		if found {
+			t.held["b"+id] = true
 		}
 	}
 	if pl.bounded() {
@@ -497,7 +696,13 @@ func (pl *plan) read(br pgx.BatchResults, t *tx) error {
 			return err
 		}
 	}
-	for bucket, keys := range pl.reads {
+	return readEntries(br, t, &pl.reads)
+}
+
+// readEntries reads the answers to queueReads' queries into t.seen: what
+// they did not find is known not to exist.
+func readEntries(br pgx.BatchResults, t *tx, reads *[engine.NumBuckets][][]byte) error {
+	for bucket, keys := range reads {
 		if len(keys) == 0 {
 			continue
 		}

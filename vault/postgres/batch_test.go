@@ -236,11 +236,27 @@ func TestParseSetting(t *testing.T) {
 	}
 }
 
+// gathered is how many operations the replica's committers have gathered
+// while they wait for a batch under way.
+func gathered(s *Store) int {
+	s.running.mu.Lock()
+	defer s.running.mu.Unlock()
+	n := 0
+	for _, b := range s.running.batches {
+		b.mu.Lock()
+		if b.waiter != nil {
+			n += len(b.waiter.ops)
+		}
+		b.mu.Unlock()
+	}
+	return n
+}
+
 // TestBatchWaitsForItsReplicasBatchOnTheSameKey: while a batch of the
 // replica holds a key, what comes for that key is not sent to wait for the
 // row lock on the server in a batch of its own, one per committer: the free
-// committer gathers it until the batch under way ends, so everything that
-// came meanwhile shares the next commit.
+// committer gathers it, and the batch holding the key takes it in before it
+// commits, so everything that came meanwhile shares that commit.
 func TestBatchWaitsForItsReplicasBatchOnTheSameKey(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -271,11 +287,129 @@ func TestBatchWaitsForItsReplicasBatchOnTheSameKey(t *testing.T) {
 			assert.NoError(t, b.SubmitPrefetch(ctx, pf, func(engine.Tx, time.Time) error { return nil }))
 		})
 	}
-	require.Eventually(t, func() bool { return len(s.ops) == 0 }, 10*time.Second, time.Millisecond,
+	require.Eventually(t, func() bool { return gathered(s) == 2 }, 10*time.Second, time.Millisecond,
 		"the free committer takes both in, though neither can lock the key yet")
 	close(gate)
 	wg.Wait()
 	mu.Lock()
 	defer mu.Unlock()
-	assert.Equal(t, []int{1, 2}, sizes, "the two that came meanwhile share one commit")
+	assert.Equal(t, []int{3}, sizes, "the two that came meanwhile share the commit of the batch holding the key")
+}
+
+// TestBatchTakesInOnlyWhatItsLocksCover: the batch holding a key takes in,
+// of what its replica's other committer gathered, the operations of that
+// key, and leaves the rest — one that also locks another key, and one of
+// the held key queued behind it, which must not pass it. What it takes in
+// is its own from then on: a body among them that fails rolls the whole
+// transaction back, and each operation runs again alone, so that only the
+// failing one fails.
+func TestBatchTakesInOnlyWhatItsLocksCover(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := mustOpenURL(t, migrated.URL(t), vaulttest.Options{MasterKey: vaulttest.MasterKey, Now: vaulttest.NewClock(vaulttest.T0).Now})
+	vaulttest.MustUpstream(t, s, "sk_test_abcdef1234")
+	hot, _ := vaulttest.MustMint(t, s, "hot", vaulttest.Policy(t, "1000.00", "", ""), nil)
+	other, _ := vaulttest.MustMint(t, s, "other", vaulttest.Policy(t, "1000.00", "", ""), nil)
+	var mu sync.Mutex
+	var sizes []int
+	var ran []string
+	s.observe = func(n int, _ time.Duration) { mu.Lock(); sizes = append(sizes, n); mu.Unlock() }
+	b := (*backend)(s)
+	onHot := &engine.Prefetch{Keys: []string{hot.ID}}
+	// op is an operation queued at once, in the test's order; its body
+	// records that it ran and writes its name into the meta bucket.
+	op := func(name string, pf *engine.Prefetch, fail bool) *batchOp {
+		o := &batchOp{pf: pf, done: make(chan error, 1), run: func(tx engine.Tx, _ time.Time) error {
+			mu.Lock()
+			ran = append(ran, name)
+			mu.Unlock()
+			if err := tx.Put(engine.BucketMeta, []byte("test-"+name), []byte("x")); err != nil {
+				return err
+			}
+			if fail {
+				return errors.New("boom")
+			}
+			return nil
+		}}
+		require.NoError(t, b.enqueue(ctx, o))
+		return o
+	}
+	// holding queues an operation of hot whose body waits for gate, and
+	// returns once it holds hot's row.
+	holding := func(gate chan struct{}) chan error {
+		inBody := make(chan struct{})
+		done := make(chan error, 1)
+		go func() {
+			done <- b.SubmitPrefetch(ctx, onHot, func(engine.Tx, time.Time) error {
+				select {
+				case <-inBody:
+				default:
+					close(inBody)
+				}
+				<-gate
+				return nil
+			})
+		}()
+		<-inBody
+		return done
+	}
+
+	gate := make(chan struct{})
+	first := holding(gate)
+	ops := []*batchOp{
+		op("hot", onHot, false),
+		op("both", &engine.Prefetch{Keys: []string{hot.ID, other.ID}}, false),
+		op("behind", onHot, false),
+	}
+	require.Eventually(t, func() bool { return gathered(s) == len(ops) }, 10*time.Second, time.Millisecond, "all gathered")
+	close(gate)
+	require.NoError(t, <-first)
+	for _, o := range ops {
+		require.NoError(t, <-o.done)
+	}
+	mu.Lock()
+	assert.Equal(t, []string{"hot", "both", "behind"}, ran, "in the order queued")
+	assert.Equal(t, []int{2, 2}, sizes, "hot's operation joined the batch holding hot; the other two waited for its end")
+	sizes, ran = nil, nil
+	mu.Unlock()
+
+	gate = make(chan struct{})
+	first = holding(gate)
+	good, bad := op("good", onHot, false), op("bad", onHot, true)
+	require.Eventually(t, func() bool { return gathered(s) == 2 }, 10*time.Second, time.Millisecond, "both gathered")
+	close(gate)
+	require.NoError(t, <-first)
+	require.NoError(t, <-good.done)
+	assert.ErrorContains(t, <-bad.done, "boom")
+	mu.Lock()
+	assert.Equal(t, []string{"good", "bad", "good", "bad"}, ran, "taken in, then run again alone")
+	assert.Equal(t, []int{1, 1}, sizes, "after the failure each ran alone; the failing one committed nothing")
+	mu.Unlock()
+	var names []string
+	rows, err := s.pool.Query(ctx, "SELECT convert_from(k, 'UTF8') FROM keybrake_meta WHERE k >= 'test-' AND k < 'test.' ORDER BY k")
+	require.NoError(t, err)
+	for rows.Next() {
+		var n string
+		require.NoError(t, rows.Scan(&n))
+		names = append(names, n)
+	}
+	require.NoError(t, rows.Err())
+	assert.Equal(t, []string{"test-behind", "test-both", "test-good", "test-hot"}, names, "the failed body's write was rolled back")
+	require.NoError(t, s.CheckInvariant(ctx))
+}
+
+// TestSplitKeepsEachKeysOrder: what a batch takes in of a waiting batch
+// never passes an operation of the same key that stays.
+func TestSplitKeepsEachKeysOrder(t *testing.T) {
+	t.Parallel()
+	op := func(keys ...string) *batchOp { return &batchOp{pf: &engine.Prefetch{Keys: keys}} }
+	a1, ab, a2, c, a3, none := op("a"), op("a", "b"), op("a"), op("c"), op("a"), op()
+	held := map[string]bool{"ka": true, "kc": true}
+	taken, kept := split([]*batchOp{a1, c, ab, a2, none, a3}, held, 10)
+	assert.Equal(t, []*batchOp{a1, c}, taken, "a2 and a3 stay behind ab, which needs b")
+	assert.Equal(t, []*batchOp{ab, a2, none, a3}, kept)
+
+	taken, kept = split([]*batchOp{a1, a2, c, a3}, held, 2)
+	assert.Equal(t, []*batchOp{a1, a2}, taken, "at most n")
+	assert.Equal(t, []*batchOp{c, a3}, kept)
 }

@@ -42,9 +42,13 @@
 // cannot deadlock), reads every entry named and the clock; the bodies find
 // them there; the writes, buffered, go with the COMMIT in one more round trip,
 // one statement per table and kind of write. One commit of the server serves
-// the batch, and a hot key's row is locked once per batch. A key another
-// session holds for longer than batchLockWait is left to a batch of its own,
-// which waits up to lock_timeout (docs/decisions/0056 and 0057).
+// the batch, and a hot key's row is locked once per batch. A batch that
+// would wait for a row the replica's other batch holds waits in process; the
+// batch holding the row, once its locks are held, takes in what came for
+// that row meanwhile, in one more round trip, and commits it too
+// (docs/decisions/0109 and 0115). A key another session holds for longer
+// than batchLockWait is left to a batch of its own, which waits up to
+// lock_timeout (docs/decisions/0056 and 0057).
 //
 // # Time
 //
