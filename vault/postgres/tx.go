@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"net/url"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -79,6 +80,22 @@ var throughSQL = func() (q [engine.NumBuckets][engine.NumBuckets]string) {
 	}
 	return q
 }()
+
+// throughWithSQL is the statement of tx.GetThroughWith: an entry of b, the
+// entry of via its value names, and one more entry of with, in one
+// statement; built on first use of its three buckets.
+var throughWithSQL sync.Map // [3]engine.Bucket → string
+
+func throughWith(b, via, with engine.Bucket) string {
+	key := [3]engine.Bucket{b, via, with}
+	if q, ok := throughWithSQL.Load(key); ok {
+		return q.(string)
+	}
+	q := "SELECT a.v, b.v, c.v FROM " + table(b) + " a LEFT JOIN " + table(via) + " b ON b.k = a.v LEFT JOIN " +
+		table(with) + " c ON c.k = $2 WHERE a.k = $1"
+	throughWithSQL.Store(key, q)
+	return q
+}
 
 const lockKeySQL = "SELECT 1 FROM keybrake_keys WHERE k = $1 FOR UPDATE"
 
@@ -546,6 +563,28 @@ func (t *tx) GetThrough(b engine.Bucket, k []byte, via engine.Bucket) (ref, v []
 		return nil, nil, t.failed(err)
 	}
 	return ref, v, nil
+}
+
+// GetThroughWith is GetThrough that also reads with's entry in the same
+// statement, as of the same moment (engine.ThroughWithGetter). A write
+// transaction reads them as Get does.
+func (t *tx) GetThroughWith(b engine.Bucket, k []byte, via engine.Bucket, with engine.Read) (ref, v, withV []byte, err error) {
+	if t.write || t.seen != nil || len(t.ops) > 0 {
+		if ref, v, err = t.GetThrough(b, k, via); err != nil || ref == nil {
+			return ref, v, nil, err
+		}
+		withV, err = t.Get(with.Bucket, with.Key)
+		return ref, v, withV, err
+	}
+	err = t.conn.QueryRow(t.ctx, throughWith(b, via, with.Bucket), k, with.Key).Scan(&ref, &v, &withV)
+	t.s.roundTrips.Add(1)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, nil, nil, nil
+	}
+	if err != nil {
+		return nil, nil, nil, t.failed(err)
+	}
+	return ref, v, withV, nil
 }
 
 func (t *tx) GetMany(b engine.Bucket, keys [][]byte) ([][]byte, error) {
