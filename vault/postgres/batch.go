@@ -465,14 +465,18 @@ func (pl *plan) queue(b *pgx.Batch) {
 	}
 	for bucket, keys := range pl.reads {
 		if len(keys) > 0 {
-			b.Queue(queries[bucket].getMany, keys)
+			b.Queue(queries[bucket].getMany, byteaArray(keys))
 		}
 	}
 }
 
 // read reads the answers to the plan's statements into t.
 func (pl *plan) read(br pgx.BatchResults, t *tx) error {
-	t.seen = map[opKey]known{}
+	n := len(pl.keys) + len(pl.budgets)
+	for _, keys := range pl.reads {
+		n += len(keys)
+	}
+	t.seen = make(map[opKey]known, n)
 	if pl.bounded() {
 		if _, err := br.Exec(); err != nil {
 			return err

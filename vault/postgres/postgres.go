@@ -218,6 +218,7 @@ func open(ctx context.Context, url string, opts Options) (*Store, error) {
 	// The reaper keeps one connection for its advisory lock while it reaps
 	// on another.
 	cfg.MaxConns = max(cfg.MaxConns, 2)
+	cfg.AfterConnect = registerByteaArray
 	params := cfg.ConnConfig.RuntimeParams
 	if params["application_name"] == "" {
 		params["application_name"] = "keybrake"

@@ -7,9 +7,11 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"time"
+	"unsafe"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -424,43 +426,69 @@ func (t *tx) flush() error {
 }
 
 // batch queues the buffered writes — one statement per bucket and kind of
-// write — and forgets them.
+// write — and forgets them. The statements' arrays share two slices, laid
+// out by kind and bucket, and their keys are the bytes of the ops' map keys.
 func (t *tx) batch() *pgx.Batch {
-	type rows struct{ k, v [][]byte }
-	var writes [3][engine.NumBuckets]rows
+	var count, next [3][engine.NumBuckets]int
+	for _, k := range t.order {
+		count[t.ops[k].kind][k.b]++
+	}
+	n := 0
+	for kind := range count {
+		for bucket := range count[kind] {
+			next[kind][bucket] = n
+			n += count[kind][bucket]
+		}
+	}
+	first := next
+	keys, values := make(byteaArray, n), make(byteaArray, n)
 	for _, k := range t.order {
 		o := t.ops[k]
-		w := &writes[o.kind][k.b]
-		w.k = append(w.k, []byte(k.k))
-		if o.kind != opDelete {
-			w.v = append(w.v, o.v)
-		}
+		i := next[o.kind][k.b]
+		next[o.kind][k.b]++
+		keys[i], values[i] = stringBytes(k.k), o.v
 	}
 	b := &pgx.Batch{}
 	for bucket := range engine.NumBuckets {
 		q := &queries[bucket]
-		if w := writes[opDelete][bucket]; len(w.k) > 0 {
-			b.Queue(q.delMany, w.k)
+		if i, j := first[opDelete][bucket], next[opDelete][bucket]; j > i {
+			b.Queue(q.delMany, keys[i:j])
 		}
-		if w := writes[opInsert][bucket]; len(w.k) > 0 {
-			b.Queue(q.insertMany, w.k, w.v)
+		if i, j := first[opInsert][bucket], next[opInsert][bucket]; j > i {
+			b.Queue(q.insertMany, keys[i:j], values[i:j])
 		}
-		if w := writes[opPut][bucket]; len(w.k) > 0 {
-			b.Queue(q.putMany, w.k, w.v)
+		if i, j := first[opPut][bucket], next[opPut][bucket]; j > i {
+			b.Queue(q.putMany, keys[i:j], values[i:j])
 		}
 	}
-	var appends [engine.NumBuckets]rows
-	for _, a := range t.appends {
-		appends[a.b].k = append(appends[a.b].k, a.prefix)
-		appends[a.b].v = append(appends[a.b].v, a.v)
-	}
-	for bucket := range engine.NumBuckets {
-		if a := appends[bucket]; len(a.k) > 0 {
-			b.Queue(queries[bucket].appendMany, a.k, a.v)
+	if len(t.appends) > 0 {
+		// Each bucket's in the order appended: they take their sequence
+		// numbers in that order.
+		slices.SortStableFunc(t.appends, func(x, y appended) int { return int(x.b) - int(y.b) })
+		prefixes, values := make(byteaArray, len(t.appends)), make(byteaArray, len(t.appends))
+		for i, a := range t.appends {
+			prefixes[i], values[i] = a.prefix, a.v
+		}
+		for i := 0; i < len(t.appends); {
+			j := i + 1
+			for j < len(t.appends) && t.appends[j].b == t.appends[i].b {
+				j++
+			}
+			b.Queue(queries[t.appends[i].b].appendMany, prefixes[i:j], values[i:j])
+			i = j
 		}
 	}
 	t.ops, t.order, t.appends = nil, nil, nil
 	return b
+}
+
+// stringBytes is s's bytes, without a copy: for a statement's argument,
+// which pgx only reads.
+func stringBytes(s string) []byte {
+	if s == "" {
+		return []byte{} // an empty bytea, not NULL
+	}
+	return unsafe.Slice(unsafe.StringData(s), len(s))
 }
 
 // send sends b and reads every result: the first error is the batch's.
@@ -600,7 +628,7 @@ func (t *tx) GetMany(b engine.Bucket, keys [][]byte) ([][]byte, error) {
 	if len(missing) == 0 {
 		return out, nil
 	}
-	rows, err := t.conn.Query(t.ctx, queries[b].getMany, missing)
+	rows, err := t.conn.Query(t.ctx, queries[b].getMany, byteaArray(missing))
 	t.s.roundTrips.Add(1)
 	if err != nil {
 		return nil, t.failed(err)
