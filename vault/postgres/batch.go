@@ -463,10 +463,17 @@ func (pl *plan) queue(b *pgx.Batch) {
 	if pl.bounded() {
 		b.Queue(setLockWaitSQL, pl.restore[0], pl.restore[1])
 	}
+	// The entries of every bucket in one statement.
+	var set uint64
+	var args []any
 	for bucket, keys := range pl.reads {
 		if len(keys) > 0 {
-			b.Queue(queries[bucket].getMany, byteaArray(keys))
+			set |= 1 << bucket
+			args = append(args, byteaArray(keys))
 		}
+	}
+	if set != 0 {
+		b.Queue(readSQL(set), args...)
 	}
 }
 
@@ -501,30 +508,30 @@ func (pl *plan) read(br pgx.BatchResults, t *tx) error {
 			return err
 		}
 	}
+	reads := false
 	for bucket, keys := range pl.reads {
-		if len(keys) == 0 {
-			continue
-		}
-		rows, err := br.Query()
-		if err != nil {
-			return err
-		}
 		for _, k := range keys {
 			t.seen[opKey{engine.Bucket(bucket), string(k)}] = known{}
-		}
-		for rows.Next() {
-			var k, v []byte
-			if err := rows.Scan(&k, &v); err != nil {
-				rows.Close()
-				return err
-			}
-			t.seen[opKey{engine.Bucket(bucket), string(k)}] = known{v: v, found: true}
-		}
-		if err := rows.Err(); err != nil {
-			return err
+			reads = true
 		}
 	}
-	return nil
+	if !reads {
+		return nil
+	}
+	rows, err := br.Query()
+	if err != nil {
+		return err
+	}
+	for rows.Next() {
+		var bucket int16
+		var k, v []byte
+		if err := rows.Scan(&bucket, &k, &v); err != nil {
+			rows.Close()
+			return err
+		}
+		t.seen[opKey{engine.Bucket(bucket), string(k)}] = known{v: v, found: true}
+	}
+	return rows.Err()
 }
 
 // readLocked reads the answer to one lock statement, of k in b, into t, and

@@ -39,9 +39,10 @@
 // Each Store's committers run every such write queued while the previous
 // transaction committed in one transaction, in order: its first round trip
 // begins it, locks every key named in key order (so that replicas' batches
-// cannot deadlock), reads every entry named and the clock; the bodies find
-// them there; the writes, buffered, go with the COMMIT in one more round trip,
-// one statement per table and kind of write. One commit of the server serves
+// cannot deadlock), reads every entry named (one statement for all buckets)
+// and the clock; the bodies find them there; the writes, buffered, go with
+// the COMMIT in one more round trip, in one statement (a data-modifying WITH
+// per table and kind of write). One commit of the server serves
 // the batch, and a hot key's row is locked once per batch. A key another
 // session holds for longer than batchLockWait is left to a batch of its own,
 // which waits up to lock_timeout (docs/decisions/0056 and 0057).

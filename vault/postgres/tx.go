@@ -46,22 +46,13 @@ func tableNames() []string {
 
 // SQL of each bucket, built once.
 var queries = func() (q [engine.NumBuckets]struct {
-	get, getForUpdate, getMany, putMany, insertMany, appendMany, delMany, nextval, first, last, from, after, before string
+	get, getForUpdate, getMany, nextval, first, last, from, after, before string
 }) {
 	for _, b := range engine.Buckets() {
 		t := table(b)
 		q[b].get = "SELECT v FROM " + t + " WHERE k = $1"
 		q[b].getForUpdate = q[b].get + " FOR UPDATE"
 		q[b].getMany = "SELECT k, v FROM " + t + " WHERE k = ANY($1::bytea[])"
-		// Each kind of write of a transaction is one statement per bucket,
-		// whatever the number of entries: the server parses and plans one.
-		rows := " (k, v) SELECT k, v FROM unnest($1::bytea[], $2::bytea[]) AS u(k, v)"
-		q[b].putMany = "INSERT INTO " + t + rows + " ON CONFLICT (k) DO UPDATE SET v = EXCLUDED.v"
-		q[b].insertMany = "INSERT INTO " + t + rows
-		// Appends take their sequence numbers in the order they were made.
-		q[b].appendMany = "INSERT INTO " + t + " (k, v) SELECT p || int8send(nextval('" + t + "_seq')), v FROM " +
-			"(SELECT p, v FROM unnest($1::bytea[], $2::bytea[]) WITH ORDINALITY AS u(p, v, n) ORDER BY n) AS o"
-		q[b].delMany = "DELETE FROM " + t + " WHERE k = ANY($1::bytea[])"
 		q[b].nextval = "SELECT nextval('" + t + "_seq')"
 		q[b].first = "SELECT k, v FROM " + t + " ORDER BY k LIMIT $1"
 		q[b].last = "SELECT k, v FROM " + t + " ORDER BY k DESC LIMIT $1"
@@ -425,8 +416,9 @@ func (t *tx) flush() error {
 	return t.send(t.batch())
 }
 
-// batch queues the buffered writes — one statement per bucket and kind of
-// write — and forgets them. The statements' arrays share two slices, laid
+// batch queues the buffered writes and forgets them: one statement for all
+// of them, a part of it (a data-modifying WITH) per bucket and kind of write,
+// whatever the number of entries. The parts' arrays share two slices, laid
 // out by kind and bucket, and their keys are the bytes of the ops' map keys.
 func (t *tx) batch() *pgx.Batch {
 	var count, next [3][engine.NumBuckets]int
@@ -448,17 +440,16 @@ func (t *tx) batch() *pgx.Batch {
 		next[o.kind][k.b]++
 		keys[i], values[i] = stringBytes(k.k), o.v
 	}
-	b := &pgx.Batch{}
+	var w writes
 	for bucket := range engine.NumBuckets {
-		q := &queries[bucket]
 		if i, j := first[opDelete][bucket], next[opDelete][bucket]; j > i {
-			b.Queue(q.delMany, keys[i:j])
+			w.add(opDelete, bucket, keys[i:j], nil)
 		}
 		if i, j := first[opInsert][bucket], next[opInsert][bucket]; j > i {
-			b.Queue(q.insertMany, keys[i:j], values[i:j])
+			w.add(opInsert, bucket, keys[i:j], values[i:j])
 		}
 		if i, j := first[opPut][bucket], next[opPut][bucket]; j > i {
-			b.Queue(q.putMany, keys[i:j], values[i:j])
+			w.add(opPut, bucket, keys[i:j], values[i:j])
 		}
 	}
 	if len(t.appends) > 0 {
@@ -474,12 +465,136 @@ func (t *tx) batch() *pgx.Batch {
 			for j < len(t.appends) && t.appends[j].b == t.appends[i].b {
 				j++
 			}
-			b.Queue(queries[t.appends[i].b].appendMany, prefixes[i:j], values[i:j])
+			w.add(opAppend, t.appends[i].b, prefixes[i:j], values[i:j])
 			i = j
 		}
 	}
+	b := &pgx.Batch{}
+	if len(w.parts) > 0 {
+		b.Queue(writeSQL(w.parts), w.args...)
+	}
 	t.ops, t.order, t.appends = nil, nil, nil
 	return b
+}
+
+// maxWriteStatements bounds writeStatements.
+const maxWriteStatements = 1024
+
+// opAppend is the kind of write of Append's entries, in a statement's parts.
+const opAppend = opDelete + 1
+
+// writes are the parts of a transaction's write statement and their
+// arguments.
+type writes struct {
+	parts []writePart
+	args  []any
+}
+
+// writePart is one part of a write statement: one kind of write to one
+// bucket.
+type writePart struct {
+	kind int // opPut, opInsert, opDelete, opAppend
+	b    engine.Bucket
+}
+
+func (w *writes) add(kind int, b engine.Bucket, keys, values byteaArray) {
+	w.parts = append(w.parts, writePart{kind, b})
+	w.args = append(w.args, keys)
+	if kind != opDelete {
+		w.args = append(w.args, values)
+	}
+}
+
+// writeStatements are the write statements built so far, by their parts
+// (writeSQL): a few combinations of buckets and kinds recur. A full map
+// starts over.
+var writeStatements struct {
+	sync.Mutex
+	m map[string]string
+}
+
+// writeSQL is the statement that makes the writes of parts, in that order of
+// its arguments: a data-modifying WITH per part but the last. Every part
+// sees the snapshot the statement began with; none reads what another
+// writes, and no two write one row (a transaction buffers one write per
+// entry, and an appended entry's key is new).
+func writeSQL(parts []writePart) string {
+	sig := make([]byte, 0, 16)
+	for _, p := range parts {
+		sig = append(sig, byte(p.kind), byte(p.b))
+	}
+	writeStatements.Lock()
+	defer writeStatements.Unlock()
+	if q, ok := writeStatements.m[string(sig)]; ok {
+		return q
+	}
+	var sb strings.Builder
+	arg := 1
+	for i, p := range parts {
+		switch {
+		case len(parts) == 1:
+		case i == 0:
+			sb.WriteString("WITH w0 AS (")
+		case i < len(parts)-1:
+			fmt.Fprintf(&sb, "), w%d AS (", i)
+		default:
+			sb.WriteString(") ")
+		}
+		t := table(p.b)
+		rows := fmt.Sprintf("unnest($%d::bytea[], $%d::bytea[])", arg, arg+1)
+		switch p.kind {
+		case opDelete:
+			fmt.Fprintf(&sb, "DELETE FROM %s WHERE k = ANY($%d::bytea[])", t, arg)
+			arg++
+			continue
+		case opInsert:
+			fmt.Fprintf(&sb, "INSERT INTO %s (k, v) SELECT k, v FROM %s AS u(k, v)", t, rows)
+		case opPut:
+			fmt.Fprintf(&sb, "INSERT INTO %s (k, v) SELECT k, v FROM %s AS u(k, v) ON CONFLICT (k) DO UPDATE SET v = EXCLUDED.v", t, rows)
+		case opAppend:
+			// Appends take their sequence numbers in the order they were
+			// made.
+			fmt.Fprintf(&sb, "INSERT INTO %s (k, v) SELECT p || int8send(nextval('%s_seq')), v FROM "+
+				"(SELECT p, v FROM %s WITH ORDINALITY AS u(p, v, n) ORDER BY n) AS o", t, t, rows)
+		}
+		arg += 2
+	}
+	q := sb.String()
+	if writeStatements.m == nil || len(writeStatements.m) >= maxWriteStatements {
+		writeStatements.m = map[string]string{}
+	}
+	writeStatements.m[string(sig)] = q
+	return q
+}
+
+// readStatements are the statements of a plan's reads (readSQL), by the
+// set of buckets they read.
+var readStatements struct {
+	sync.Mutex
+	m map[uint64]string
+}
+
+// readSQL is the statement that reads the entries of the buckets of set (a
+// bit per bucket) named by its arguments, one array of keys per bucket in
+// bucket order: rows of (bucket, k, v).
+func readSQL(set uint64) string {
+	readStatements.Lock()
+	defer readStatements.Unlock()
+	if q, ok := readStatements.m[set]; ok {
+		return q
+	}
+	var parts []string
+	for b := range engine.NumBuckets {
+		if set&(1<<b) != 0 {
+			parts = append(parts, fmt.Sprintf("SELECT %d::int2, k, v FROM %s WHERE k = ANY($%d::bytea[])", b, table(b), len(parts)+1))
+		}
+	}
+	q := strings.Join(parts, " UNION ALL ")
+	if readStatements.m == nil {
+		readStatements.m = map[uint64]string{}
+	}
+	readStatements.m[set] = q
+	return q
 }
 
 // stringBytes is s's bytes, without a copy: for a statement's argument,
