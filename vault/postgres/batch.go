@@ -654,19 +654,29 @@ func (pl *plan) queue(b *pgx.Batch) {
 	queueReads(b, &pl.reads)
 }
 
-// queueReads queues one query per bucket of the entries reads names.
+// queueReads queues one statement for the entries of every bucket reads names.
 func queueReads(b *pgx.Batch, reads *[engine.NumBuckets][][]byte) {
+	var set uint64
+	var args []any
 	for bucket, keys := range reads {
 		if len(keys) > 0 {
-			b.Queue(queries[bucket].getMany, keys)
+			set |= 1 << bucket
+			args = append(args, byteaArray(keys))
 		}
+	}
+	if set != 0 {
+		b.Queue(readSQL(set), args...)
 	}
 }
 
 // read reads the answers to the plan's statements into t.
 func (pl *plan) read(br pgx.BatchResults, t *tx) error {
-	t.seen = map[opKey]known{}
-	t.held = map[string]bool{}
+	n := len(pl.keys) + len(pl.budgets)
+	for _, keys := range pl.reads {
+		n += len(keys)
+	}
+	t.seen = make(map[opKey]known, n)
+	t.held = make(map[string]bool, len(pl.keys)+len(pl.budgets))
 	if pl.bounded() {
 		if _, err := br.Exec(); err != nil {
 			return err
@@ -699,33 +709,33 @@ func (pl *plan) read(br pgx.BatchResults, t *tx) error {
 	return readEntries(br, t, &pl.reads)
 }
 
-// readEntries reads the answers to queueReads' queries into t.seen: what
-// they did not find is known not to exist.
+// readEntries reads the answer to queueReads' statement into t.seen: what it
+// did not find is known not to exist.
 func readEntries(br pgx.BatchResults, t *tx, reads *[engine.NumBuckets][][]byte) error {
+	named := false
 	for bucket, keys := range reads {
-		if len(keys) == 0 {
-			continue
-		}
-		rows, err := br.Query()
-		if err != nil {
-			return err
-		}
 		for _, k := range keys {
 			t.seen[opKey{engine.Bucket(bucket), string(k)}] = known{}
-		}
-		for rows.Next() {
-			var k, v []byte
-			if err := rows.Scan(&k, &v); err != nil {
-				rows.Close()
-				return err
-			}
-			t.seen[opKey{engine.Bucket(bucket), string(k)}] = known{v: v, found: true}
-		}
-		if err := rows.Err(); err != nil {
-			return err
+			named = true
 		}
 	}
-	return nil
+	if !named {
+		return nil
+	}
+	rows, err := br.Query()
+	if err != nil {
+		return err
+	}
+	for rows.Next() {
+		var bucket int16
+		var k, v []byte
+		if err := rows.Scan(&bucket, &k, &v); err != nil {
+			rows.Close()
+			return err
+		}
+		t.seen[opKey{engine.Bucket(bucket), string(k)}] = known{v: v, found: true}
+	}
+	return rows.Err()
 }
 
 // readLocked reads the answer to one lock statement, of k in b, into t, and

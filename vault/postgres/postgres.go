@@ -39,16 +39,16 @@
 // Each Store's committers run every such write queued while the previous
 // transaction committed in one transaction, in order: its first round trip
 // begins it, locks every key named in key order (so that replicas' batches
-// cannot deadlock), reads every entry named and the clock; the bodies find
-// them there; the writes, buffered, go with the COMMIT in one more round trip,
-// one statement per table and kind of write. One commit of the server serves
-// the batch, and a hot key's row is locked once per batch. A batch that
-// would wait for a row the replica's other batch holds waits in process; the
-// batch holding the row, once its locks are held, takes in what came for
-// that row meanwhile, in one more round trip, and commits it too
-// (docs/decisions/0109 and 0115). A key another session holds for longer
-// than batchLockWait is left to a batch of its own, which waits up to
-// lock_timeout (docs/decisions/0056 and 0057).
+// cannot deadlock), reads every entry named (one statement for all buckets)
+// and the clock; the bodies find them there; the writes, buffered, go with
+// the COMMIT in one more round trip, in one statement (a data-modifying WITH
+// per table and kind of write). One commit of the server serves the batch,
+// and a hot key's row is locked once per batch. A batch that would wait for a
+// row the replica's other batch holds waits in process; the batch holding the
+// row, once its locks are held, takes in what came for that row meanwhile, in
+// one more round trip, and commits it too (docs/decisions/0109 and 0115). A
+// key another session holds for longer than batchLockWait is left to a batch
+// of its own, which waits up to lock_timeout (docs/decisions/0056 and 0057).
 //
 // # Time
 //
@@ -222,6 +222,7 @@ func open(ctx context.Context, url string, opts Options) (*Store, error) {
 	// The reaper keeps one connection for its advisory lock while it reaps
 	// on another.
 	cfg.MaxConns = max(cfg.MaxConns, 2)
+	cfg.AfterConnect = registerByteaArray
 	params := cfg.ConnConfig.RuntimeParams
 	if params["application_name"] == "" {
 		params["application_name"] = "keybrake"

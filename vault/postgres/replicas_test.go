@@ -174,3 +174,41 @@ func TestReplicasStartTogether(t *testing.T) {
 	_, err := Open(context.Background(), url, Options{MasterKey: bytes.Repeat([]byte{7}, 32), Logger: vaulttest.QuietLogger()})
 	assert.ErrorIs(t, err, vault.ErrSealed)
 }
+
+// TestAuthenticateReadsTheUpstreamWithTheKey: once a replica has
+// authenticated a token, it reads the token, its key and the key's upstream
+// in one statement, and still sees at once what another replica changed: a
+// replaced secret's version, a revocation.
+func TestAuthenticateReadsTheUpstreamWithTheKey(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	rs := replicas(t, 2, vaulttest.NewClock(vaulttest.T0))
+	admin, serving := rs[0], rs[1]
+	vaulttest.MustUpstream(t, admin, "sk_test_abcdef1234")
+	k, tok := vaulttest.MustMint(t, admin, "k", vaulttest.Policy(t, "10.00", "", ""), nil)
+	authenticate := func() (vault.Key, int64, error) {
+		before := serving.roundTrips.Load()
+		got, err := serving.Authenticate(ctx, tok)
+		return got, serving.roundTrips.Load() - before, err
+	}
+	first, _, err := authenticate()
+	require.NoError(t, err)
+	again, trips, err := authenticate()
+	require.NoError(t, err)
+	assert.Equal(t, int64(1), trips, "the token, its key and the upstream in one statement")
+	assert.Equal(t, k.ID, again.ID)
+	assert.Equal(t, first.UpstreamVersion, again.UpstreamVersion)
+
+	up, _, err := admin.PutUpstream(ctx, "tester", "default", "stripe", "sk_test_replaced99")
+	require.NoError(t, err)
+	replaced, trips, err := authenticate()
+	require.NoError(t, err)
+	assert.Equal(t, int64(1), trips)
+	assert.Equal(t, up.Version, replaced.UpstreamVersion, "the version another replica wrote")
+	assert.NotEqual(t, first.UpstreamVersion, replaced.UpstreamVersion)
+
+	_, err = admin.RevokeKey(ctx, "tester", k.ID)
+	require.NoError(t, err)
+	_, _, err = authenticate()
+	assert.ErrorIs(t, err, vault.ErrKeyRevoked, "revoked through another replica: refused on the next request")
+}

@@ -7,8 +7,11 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/url"
+	"slices"
 	"strings"
+	"sync"
 	"time"
+	"unsafe"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -43,22 +46,13 @@ func tableNames() []string {
 
 // SQL of each bucket, built once.
 var queries = func() (q [engine.NumBuckets]struct {
-	get, getForUpdate, getMany, putMany, insertMany, appendMany, delMany, nextval, first, last, from, after, before string
+	get, getForUpdate, getMany, nextval, first, last, from, after, before string
 }) {
 	for _, b := range engine.Buckets() {
 		t := table(b)
 		q[b].get = "SELECT v FROM " + t + " WHERE k = $1"
 		q[b].getForUpdate = q[b].get + " FOR UPDATE"
 		q[b].getMany = "SELECT k, v FROM " + t + " WHERE k = ANY($1::bytea[])"
-		// Each kind of write of a transaction is one statement per bucket,
-		// whatever the number of entries: the server parses and plans one.
-		rows := " (k, v) SELECT k, v FROM unnest($1::bytea[], $2::bytea[]) AS u(k, v)"
-		q[b].putMany = "INSERT INTO " + t + rows + " ON CONFLICT (k) DO UPDATE SET v = EXCLUDED.v"
-		q[b].insertMany = "INSERT INTO " + t + rows
-		// Appends take their sequence numbers in the order they were made.
-		q[b].appendMany = "INSERT INTO " + t + " (k, v) SELECT p || int8send(nextval('" + t + "_seq')), v FROM " +
-			"(SELECT p, v FROM unnest($1::bytea[], $2::bytea[]) WITH ORDINALITY AS u(p, v, n) ORDER BY n) AS o"
-		q[b].delMany = "DELETE FROM " + t + " WHERE k = ANY($1::bytea[])"
 		q[b].nextval = "SELECT nextval('" + t + "_seq')"
 		q[b].first = "SELECT k, v FROM " + t + " ORDER BY k LIMIT $1"
 		q[b].last = "SELECT k, v FROM " + t + " ORDER BY k DESC LIMIT $1"
@@ -79,6 +73,22 @@ var throughSQL = func() (q [engine.NumBuckets][engine.NumBuckets]string) {
 	}
 	return q
 }()
+
+// throughWithSQL is the statement of tx.GetThroughWith: an entry of b, the
+// entry of via its value names, and one more entry of with, in one
+// statement; built on first use of its three buckets.
+var throughWithSQL sync.Map // [3]engine.Bucket → string
+
+func throughWith(b, via, with engine.Bucket) string {
+	key := [3]engine.Bucket{b, via, with}
+	if q, ok := throughWithSQL.Load(key); ok {
+		return q.(string)
+	}
+	q := "SELECT a.v, b.v, c.v FROM " + table(b) + " a LEFT JOIN " + table(via) + " b ON b.k = a.v LEFT JOIN " +
+		table(with) + " c ON c.k = $2 WHERE a.k = $1"
+	throughWithSQL.Store(key, q)
+	return q
+}
 
 const lockKeySQL = "SELECT 1 FROM keybrake_keys WHERE k = $1 FOR UPDATE"
 
@@ -409,44 +419,194 @@ func (t *tx) flush() error {
 	return t.send(t.batch())
 }
 
-// batch queues the buffered writes — one statement per bucket and kind of
-// write — and forgets them.
+// batch queues the buffered writes and forgets them: one statement for all
+// of them, a part of it (a data-modifying WITH) per bucket and kind of write,
+// whatever the number of entries. The parts' arrays share two slices, laid
+// out by kind and bucket, and their keys are the bytes of the ops' map keys.
 func (t *tx) batch() *pgx.Batch {
-	type rows struct{ k, v [][]byte }
-	var writes [3][engine.NumBuckets]rows
+	var count, next [3][engine.NumBuckets]int
+	for _, k := range t.order {
+		count[t.ops[k].kind][k.b]++
+	}
+	n := 0
+	for kind := range count {
+		for bucket := range count[kind] {
+			next[kind][bucket] = n
+			n += count[kind][bucket]
+		}
+	}
+	first := next
+	keys, values := make(byteaArray, n), make(byteaArray, n)
 	for _, k := range t.order {
 		o := t.ops[k]
-		w := &writes[o.kind][k.b]
-		w.k = append(w.k, []byte(k.k))
-		if o.kind != opDelete {
-			w.v = append(w.v, o.v)
+		i := next[o.kind][k.b]
+		next[o.kind][k.b]++
+		keys[i], values[i] = stringBytes(k.k), o.v
+	}
+	var w writes
+	for bucket := range engine.NumBuckets {
+		if i, j := first[opDelete][bucket], next[opDelete][bucket]; j > i {
+			w.add(opDelete, bucket, keys[i:j], nil)
+		}
+		if i, j := first[opInsert][bucket], next[opInsert][bucket]; j > i {
+			w.add(opInsert, bucket, keys[i:j], values[i:j])
+		}
+		if i, j := first[opPut][bucket], next[opPut][bucket]; j > i {
+			w.add(opPut, bucket, keys[i:j], values[i:j])
+		}
+	}
+	if len(t.appends) > 0 {
+		// Each bucket's in the order appended: they take their sequence
+		// numbers in that order.
+		slices.SortStableFunc(t.appends, func(x, y appended) int { return int(x.b) - int(y.b) })
+		prefixes, values := make(byteaArray, len(t.appends)), make(byteaArray, len(t.appends))
+		for i, a := range t.appends {
+			prefixes[i], values[i] = a.prefix, a.v
+		}
+		for i := 0; i < len(t.appends); {
+			j := i + 1
+			for j < len(t.appends) && t.appends[j].b == t.appends[i].b {
+				j++
+			}
+			w.add(opAppend, t.appends[i].b, prefixes[i:j], values[i:j])
+			i = j
 		}
 	}
 	b := &pgx.Batch{}
-	for bucket := range engine.NumBuckets {
-		q := &queries[bucket]
-		if w := writes[opDelete][bucket]; len(w.k) > 0 {
-			b.Queue(q.delMany, w.k)
-		}
-		if w := writes[opInsert][bucket]; len(w.k) > 0 {
-			b.Queue(q.insertMany, w.k, w.v)
-		}
-		if w := writes[opPut][bucket]; len(w.k) > 0 {
-			b.Queue(q.putMany, w.k, w.v)
-		}
-	}
-	var appends [engine.NumBuckets]rows
-	for _, a := range t.appends {
-		appends[a.b].k = append(appends[a.b].k, a.prefix)
-		appends[a.b].v = append(appends[a.b].v, a.v)
-	}
-	for bucket := range engine.NumBuckets {
-		if a := appends[bucket]; len(a.k) > 0 {
-			b.Queue(queries[bucket].appendMany, a.k, a.v)
-		}
+	if len(w.parts) > 0 {
+		b.Queue(writeSQL(w.parts), w.args...)
 	}
 	t.ops, t.order, t.appends = nil, nil, nil
 	return b
+}
+
+// maxWriteStatements bounds writeStatements.
+const maxWriteStatements = 1024
+
+// opAppend is the kind of write of Append's entries, in a statement's parts.
+const opAppend = opDelete + 1
+
+// writes are the parts of a transaction's write statement and their
+// arguments.
+type writes struct {
+	parts []writePart
+	args  []any
+}
+
+// writePart is one part of a write statement: one kind of write to one
+// bucket.
+type writePart struct {
+	kind int // opPut, opInsert, opDelete, opAppend
+	b    engine.Bucket
+}
+
+func (w *writes) add(kind int, b engine.Bucket, keys, values byteaArray) {
+	w.parts = append(w.parts, writePart{kind, b})
+	w.args = append(w.args, keys)
+	if kind != opDelete {
+		w.args = append(w.args, values)
+	}
+}
+
+// writeStatements are the write statements built so far, by their parts
+// (writeSQL): a few combinations of buckets and kinds recur. A full map
+// starts over.
+var writeStatements struct {
+	sync.Mutex
+	m map[string]string
+}
+
+// writeSQL is the statement that makes the writes of parts, in that order of
+// its arguments: a data-modifying WITH per part but the last. Every part
+// sees the snapshot the statement began with; none reads what another
+// writes, and no two write one row (a transaction buffers one write per
+// entry, and an appended entry's key is new).
+func writeSQL(parts []writePart) string {
+	sig := make([]byte, 0, 16)
+	for _, p := range parts {
+		sig = append(sig, byte(p.kind), byte(p.b))
+	}
+	writeStatements.Lock()
+	defer writeStatements.Unlock()
+	if q, ok := writeStatements.m[string(sig)]; ok {
+		return q
+	}
+	var sb strings.Builder
+	arg := 1
+	for i, p := range parts {
+		switch {
+		case len(parts) == 1:
+		case i == 0:
+			sb.WriteString("WITH w0 AS (")
+		case i < len(parts)-1:
+			fmt.Fprintf(&sb, "), w%d AS (", i)
+		default:
+			sb.WriteString(") ")
+		}
+		t := table(p.b)
+		rows := fmt.Sprintf("unnest($%d::bytea[], $%d::bytea[])", arg, arg+1)
+		switch p.kind {
+		case opDelete:
+			fmt.Fprintf(&sb, "DELETE FROM %s WHERE k = ANY($%d::bytea[])", t, arg)
+			arg++
+			continue
+		case opInsert:
+			fmt.Fprintf(&sb, "INSERT INTO %s (k, v) SELECT k, v FROM %s AS u(k, v)", t, rows)
+		case opPut:
+			fmt.Fprintf(&sb, "INSERT INTO %s (k, v) SELECT k, v FROM %s AS u(k, v) ON CONFLICT (k) DO UPDATE SET v = EXCLUDED.v", t, rows)
+		case opAppend:
+			// Appends take their sequence numbers in the order they were
+			// made.
+			fmt.Fprintf(&sb, "INSERT INTO %s (k, v) SELECT p || int8send(nextval('%s_seq')), v FROM "+
+				"(SELECT p, v FROM %s WITH ORDINALITY AS u(p, v, n) ORDER BY n) AS o", t, t, rows)
+		}
+		arg += 2
+	}
+	q := sb.String()
+	if writeStatements.m == nil || len(writeStatements.m) >= maxWriteStatements {
+		writeStatements.m = map[string]string{}
+	}
+	writeStatements.m[string(sig)] = q
+	return q
+}
+
+// readStatements are the statements of a plan's reads (readSQL), by the
+// set of buckets they read.
+var readStatements struct {
+	sync.Mutex
+	m map[uint64]string
+}
+
+// readSQL is the statement that reads the entries of the buckets of set (a
+// bit per bucket) named by its arguments, one array of keys per bucket in
+// bucket order: rows of (bucket, k, v).
+func readSQL(set uint64) string {
+	readStatements.Lock()
+	defer readStatements.Unlock()
+	if q, ok := readStatements.m[set]; ok {
+		return q
+	}
+	var parts []string
+	for b := range engine.NumBuckets {
+		if set&(1<<b) != 0 {
+			parts = append(parts, fmt.Sprintf("SELECT %d::int2, k, v FROM %s WHERE k = ANY($%d::bytea[])", b, table(b), len(parts)+1))
+		}
+	}
+	q := strings.Join(parts, " UNION ALL ")
+	if readStatements.m == nil {
+		readStatements.m = map[uint64]string{}
+	}
+	readStatements.m[set] = q
+	return q
+}
+
+// stringBytes is s's bytes, without a copy: for a statement's argument,
+// which pgx only reads.
+func stringBytes(s string) []byte {
+	if s == "" {
+		return []byte{} // an empty bytea, not NULL
+	}
+	return unsafe.Slice(unsafe.StringData(s), len(s))
 }
 
 // send sends b and reads every result: the first error is the batch's.
@@ -551,6 +711,28 @@ func (t *tx) GetThrough(b engine.Bucket, k []byte, via engine.Bucket) (ref, v []
 	return ref, v, nil
 }
 
+// GetThroughWith is GetThrough that also reads with's entry in the same
+// statement, as of the same moment (engine.ThroughWithGetter). A write
+// transaction reads them as Get does.
+func (t *tx) GetThroughWith(b engine.Bucket, k []byte, via engine.Bucket, with engine.Read) (ref, v, withV []byte, err error) {
+	if t.write || t.seen != nil || len(t.ops) > 0 {
+		if ref, v, err = t.GetThrough(b, k, via); err != nil || ref == nil {
+			return ref, v, nil, err
+		}
+		withV, err = t.Get(with.Bucket, with.Key)
+		return ref, v, withV, err
+	}
+	err = t.conn.QueryRow(t.ctx, throughWith(b, via, with.Bucket), k, with.Key).Scan(&ref, &v, &withV)
+	t.s.roundTrips.Add(1)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, nil, nil, nil
+	}
+	if err != nil {
+		return nil, nil, nil, t.failed(err)
+	}
+	return ref, v, withV, nil
+}
+
 func (t *tx) GetMany(b engine.Bucket, keys [][]byte) ([][]byte, error) {
 	out := make([][]byte, len(keys))
 	var missing [][]byte
@@ -564,7 +746,7 @@ func (t *tx) GetMany(b engine.Bucket, keys [][]byte) ([][]byte, error) {
 	if len(missing) == 0 {
 		return out, nil
 	}
-	rows, err := t.conn.Query(t.ctx, queries[b].getMany, missing)
+	rows, err := t.conn.Query(t.ctx, queries[b].getMany, byteaArray(missing))
 	t.s.roundTrips.Add(1)
 	if err != nil {
 		return nil, t.failed(err)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/keybrake/keybrake/policy"
@@ -95,9 +96,6 @@ func (s *Engine) mintKeyTx(tx Tx, now time.Time, actor string, req vault.MintReq
 	return rec.public(), token, nil
 }
 
-// authenticateTx reads the key of the token whose hash is hash (revoked or
-// not): ErrKeyInvalid when there is none. The result shares maps and slices
-// with the cache of decoded keys: read it, or take public().
 // authRec is what Authenticate reads for a token: the key, and the version of
 // its upstream's secret as of the same transaction (0 when the upstream is
 // not registered), which the proxy's secret cache is keyed on.
@@ -106,10 +104,34 @@ type authRec struct {
 	upstreamVersion uint64
 }
 
+// authenticateTx reads the key of the token whose hash is hash (revoked or
+// not): ErrKeyInvalid when there is none. The result shares maps and slices
+// with the cache of decoded keys: read it, or take public().
+//
+// Where tx reads a third entry with the token and its key
+// (ThroughWithGetter: one statement on PostgreSQL), the upstream the token's
+// key named when this replica last authenticated it is read with them; it
+// is only a hint of which entry to read. The version returned is always the
+// one of the upstream the key read now names, read as of the key's moment or
+// after it: when the hint names another upstream (or there is none), that
+// one is read next, as without the hint.
 func (s *Engine) authenticateTx(tx Tx, hash string) (authRec, error) {
-	// The token and its key in one read: a token is written with its key
-	// and names it for good.
-	id, raw, err := getThrough(tx, BucketTokens, []byte(hash), BucketKeys)
+	var (
+		id, raw, up []byte
+		err         error
+	)
+	g, withOK := tx.(ThroughWithGetter)
+	hint := ""
+	if withOK {
+		hint = s.authHints.upstream(hash)
+	}
+	if hint != "" {
+		id, raw, up, err = g.GetThroughWith(BucketTokens, []byte(hash), BucketKeys, Read{Bucket: BucketUpstreams, Key: []byte(hint)})
+	} else {
+		// The token and its key in one read: a token is written with its
+		// key and names it for good.
+		id, raw, err = getThrough(tx, BucketTokens, []byte(hash), BucketKeys)
+	}
 	if err != nil {
 		return authRec{}, err
 	}
@@ -120,14 +142,81 @@ func (s *Engine) authenticateTx(tx Tx, hash string) (authRec, error) {
 	if err != nil {
 		return authRec{}, err
 	}
-	up, err := getUpstream(tx, rec.Upstream)
-	switch {
-	case errors.Is(err, vault.ErrNotFound):
+	if hint == "" || rec.Upstream != hint {
+		if up, err = tx.Get(BucketUpstreams, []byte(rec.Upstream)); err != nil {
+			return authRec{}, err
+		}
+		if withOK {
+			s.authHints.note(hash, rec.Upstream)
+		}
+	}
+	if up == nil {
 		return authRec{key: rec}, nil
-	case err != nil:
+	}
+	version, err := s.upstreamVersions.of(rec.Upstream, up)
+	if err != nil {
 		return authRec{}, err
 	}
-	return authRec{key: rec, upstreamVersion: up.version()}, nil
+	return authRec{key: rec, upstreamVersion: version}, nil
+}
+
+// authHints keeps, for each token this replica authenticated, the upstream
+// its key named then: which upstream entry to read with the token and its
+// key. Possibly stale, so only ever a choice of what to read, never a
+// decision (authenticateTx).
+type authHints struct {
+	mu sync.Mutex
+	m  map[string]string // token hash → upstream name
+}
+
+func (h *authHints) upstream(hash string) string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.m[hash]
+}
+
+func (h *authHints) note(hash, upstream string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.m == nil || len(h.m) >= keyCacheMax {
+		h.m = make(map[string]string)
+	}
+	h.m[hash] = upstream
+}
+
+// upstreamVersions keeps the version of each upstream's entry as last
+// decoded, with the bytes it was decoded from: Authenticate decodes an
+// upstream's entry once per change of its bytes, not on every request. A
+// version is used only for the very bytes read, so it is never stale.
+type upstreamVersions struct {
+	mu sync.Mutex
+	m  map[string]decodedVersion
+}
+
+type decodedVersion struct {
+	raw     []byte
+	version uint64
+}
+
+// of is the version of upstream name whose entry reads raw.
+func (c *upstreamVersions) of(name string, raw []byte) (uint64, error) {
+	c.mu.Lock()
+	e, ok := c.m[name]
+	c.mu.Unlock()
+	if ok && bytes.Equal(e.raw, raw) {
+		return e.version, nil
+	}
+	var rec upstreamRec
+	if err := decodeJSON([]byte(name), raw, &rec); err != nil {
+		return 0, err
+	}
+	c.mu.Lock()
+	if c.m == nil || len(c.m) >= keyCacheMax {
+		c.m = make(map[string]decodedVersion)
+	}
+	c.m[name] = decodedVersion{raw: bytes.Clone(raw), version: rec.version()}
+	c.mu.Unlock()
+	return rec.version(), nil
 }
 
 func listKeysTx(tx Tx, now time.Time, f vault.KeyFilter) ([]vault.Key, string, error) {

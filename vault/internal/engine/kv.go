@@ -263,6 +263,14 @@ type ThroughGetter interface {
 	GetThrough(b Bucket, k []byte, via Bucket) (ref, v []byte, err error)
 }
 
+// ThroughWithGetter is a ThroughGetter that reads one more entry, named
+// ahead, in the same step: with's value (nil when there is none), as of the
+// same moment as ref and v. Authenticate reads a token's key and the
+// upstream it expects the key to name in one statement on PostgreSQL.
+type ThroughWithGetter interface {
+	GetThroughWith(b Bucket, k []byte, via Bucket, with Read) (ref, v, withV []byte, err error)
+}
+
 // getThrough is ThroughGetter.GetThrough, as two reads where tx cannot.
 func getThrough(tx Tx, b Bucket, k []byte, via Bucket) (ref, v []byte, err error) {
 	if g, ok := tx.(ThroughGetter); ok {

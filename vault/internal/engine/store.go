@@ -68,6 +68,10 @@ type Engine struct {
 	queued       settleQueue
 	retries      settleRetries
 	commitErr    atomic.Pointer[error] // see CommitError
+	// authHints and upstreamVersions spare Authenticate a round trip and a
+	// decode on PostgreSQL (authenticateTx).
+	authHints        authHints
+	upstreamVersions upstreamVersions
 	// memo holds authenticated keys and upstream secrets on a sole writer;
 	// nil otherwise.
 	memo          *memo
