@@ -119,13 +119,15 @@ type Store struct {
 	// writeMu is held by the committer over each batch, and by every write
 	// straight into the tree (Update, after foldAll): it orders the log's
 	// records and keeps the tree's direct writes after every record before
-	// them. It guards logw, lastLSN, recBuf and logErr, and the active
+	// them. It guards logw, lastLSN, recBuf, ws and logErr, and the active
 	// layer's contents.
 	writeMu sync.Mutex
 	logw    *logWriter
 	lastLSN uint64
 	recBuf  []byte
-	logErr  error
+	// ws collects the writes of the committer's batch, reset for each.
+	ws     writeSet
+	logErr error
 	// ovMu guards which layers there are (active, folding), so that a
 	// snapshot takes them and the tree's read transaction together.
 	ovMu    sync.Mutex
@@ -396,11 +398,11 @@ func (s *backend) View(ctx context.Context, fn engine.TxFunc) error {
 		return err
 	}
 	defer release()
-	t, done, err := st.snapshot(db, false)
+	t, err := st.snapshot(db, nil)
 	if err != nil {
 		return err
 	}
-	defer done()
+	defer t.rollback()
 	return translate(fn(t, s.now()))
 }
 
@@ -535,11 +537,11 @@ func (s *Store) Export(ctx context.Context, fn func(engine.Snapshot) error) erro
 		return fmt.Errorf("export: %w", err)
 	}
 	defer release()
-	t, done, err := s.snapshot(db, false)
+	t, err := s.snapshot(db, nil)
 	if err != nil {
 		return fmt.Errorf("export: %w", err)
 	}
-	defer done()
+	defer t.rollback()
 	return translate(fn(t))
 }
 

@@ -279,7 +279,7 @@ func checkFile(ctx context.Context, path string, openTimeout time.Duration, log 
 		for _, r := range st.records {
 			l.apply(r.lsn, r.w, r.size)
 		}
-		rep, err = engine.CheckTx(&otx{base: newTx(btx), layers: []*layer{l}, lsn: math.MaxUint64}, time.Now(), pageCheck)
+		rep, err = engine.CheckTx(&otx{base: tx{btx: btx}, layers: []*layer{l}, lsn: math.MaxUint64}, time.Now(), pageCheck)
 		return err
 	})
 	return rep, translate(err)

@@ -207,18 +207,19 @@ func (s *Store) commitOps(ops []*batchOp) error {
 		return err
 	}
 	defer release()
-	t, done, err := s.snapshot(db, true)
+	s.ws.reset()
+	t, err := s.snapshot(db, &s.ws)
 	if err != nil {
 		return err
 	}
 	now := s.now()
 	for _, op := range ops {
 		if err := safeRun(op, t, now); err != nil {
-			done()
+			t.rollback()
 			return err
 		}
 	}
-	done()
+	t.rollback()
 	return s.commitWrites(t.w)
 }
 

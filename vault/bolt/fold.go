@@ -36,31 +36,33 @@ func (s *Store) crash(step string, tear func()) {
 	}
 }
 
-// snapshot opens a transaction over the tree and the layers: a read one sees
-// every record made durable before it started, and nothing after; a write one
-// (the committer's, write true) sees everything and collects its writes. The
-// layers and the tree's read transaction are taken together under ovMu, so
-// that a fold ending meanwhile is seen either in the tree or in its layer.
-func (s *Store) snapshot(db *bbolt.DB, write bool) (*otx, func(), error) {
+// snapshot opens a transaction over the tree and the layers: a read one (w
+// nil) sees every record made durable before it started, and nothing after;
+// a write one (the committer's) sees everything and collects its writes in
+// w. The layers and the tree's read transaction are taken together under
+// ovMu, so that a fold ending meanwhile is seen either in the tree or in its
+// layer. The caller ends it with rollback.
+func (s *Store) snapshot(db *bbolt.DB, w *writeSet) (*otx, error) {
+	t := &otx{}
+	t.layers = t.layerBuf[:0]
 	s.ovMu.Lock()
-	layers := make([]*layer, 0, 2)
 	if s.active != nil {
-		layers = append(layers, s.active)
+		t.layers = append(t.layers, s.active)
 	}
 	if s.folding != nil {
-		layers = append(layers, s.folding)
+		t.layers = append(t.layers, s.folding)
 	}
-	lsn := s.visible.Load()
+	t.lsn = s.visible.Load()
 	btx, err := db.Begin(false)
 	s.ovMu.Unlock()
 	if err != nil {
-		return nil, nil, translate(err)
+		return nil, translate(err)
 	}
-	t := &otx{base: newTx(btx), layers: layers, lsn: lsn}
-	if write {
-		t.lsn, t.w = math.MaxUint64, &writeSet{}
+	t.base.btx = btx
+	if w != nil {
+		t.lsn, t.w = math.MaxUint64, w
 	}
-	return t, func() { _ = btx.Rollback() }, nil
+	return t, nil
 }
 
 // appendRecord writes buf — a record of n bytes and the zero header after

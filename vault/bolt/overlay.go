@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 
 	bbolt "go.etcd.io/bbolt"
@@ -82,17 +83,23 @@ func (l *layer) seq(b engine.Bucket, lsn uint64) (uint64, bool) {
 	return 0, false
 }
 
-// apply adds the writes of the record lsn to l. The caller holds l.mu.
+// apply adds the writes of the record lsn to l. Its versions are made in one
+// slice (a batch writes dozens of keys), and they keep the write set's key
+// strings: nothing is copied again. The caller holds l.mu.
 func (l *layer) apply(lsn uint64, w *writeSet, size int64) {
-	for b := range w.keys {
-		if len(w.keys[b]) == 0 {
+	vs := make([]version, w.count())
+	for b := range w.ents {
+		if len(w.ents[b]) == 0 {
 			continue
 		}
 		if l.keys[b] == nil {
-			l.keys[b] = make(map[string]*version, len(w.keys[b]))
+			l.keys[b] = make(map[string]*version, len(w.ents[b]))
 		}
-		for k, v := range w.keys[b] {
-			l.keys[b][k] = &version{lsn: lsn, val: v.val, del: v.del, prev: l.keys[b][k]}
+		for _, e := range w.ents[b] {
+			v := &vs[0]
+			vs = vs[1:]
+			*v = version{lsn: lsn, val: e.val, del: e.del, prev: l.keys[b][e.key]}
+			l.keys[b][e.key] = v
 		}
 	}
 	for b, ok := range w.seqSet {
@@ -110,52 +117,146 @@ type entry struct {
 	del  bool
 }
 
-// wval is a batch's write of one key.
-type wval struct {
+// wentry is a batch's last write of one key.
+type wentry struct {
+	key string
 	val []byte
 	del bool
 }
 
 // writeSet is what one batch of the committer wrote: the last write of each
-// key and each bucket's sequence, which is all its log record holds.
+// key and each bucket's sequence, which is all its log record holds. Each
+// bucket's entries are kept in the order their keys were first written, and
+// idx finds a key's entry: a key written again (a window's counter, by
+// every hold and settle of a batch) keeps its entry and its string.
 type writeSet struct {
-	keys   [engine.NumBuckets]map[string]wval
+	idx    [engine.NumBuckets]map[string]int
+	ents   [engine.NumBuckets][]wentry
 	seqs   [engine.NumBuckets]uint64
 	seqSet [engine.NumBuckets]bool
+	// arena holds the copies of the values the batch put (see keep).
+	arena []byte
+}
+
+// reset empties w for the next batch. Its maps and slices keep their room
+// (the next batch writes as many keys); the keys and values they held belong
+// to the layer they were applied to, and the arena keeps only its unused
+// tail, which no value reaches into.
+func (w *writeSet) reset() {
+	for b := range w.ents {
+		clear(w.idx[b])
+		clear(w.ents[b])
+		w.ents[b] = w.ents[b][:0]
+	}
+	w.seqs, w.seqSet = [engine.NumBuckets]uint64{}, [engine.NumBuckets]bool{}
 }
 
 func (w *writeSet) empty() bool {
-	for b := range w.keys {
-		if len(w.keys[b]) > 0 || w.seqSet[b] {
+	for b := range w.ents {
+		if len(w.ents[b]) > 0 || w.seqSet[b] {
 			return false
 		}
 	}
 	return true
 }
 
-func (w *writeSet) put(b engine.Bucket, k []byte, v wval) {
-	if w.keys[b] == nil {
-		w.keys[b] = make(map[string]wval)
+// count is how many keys w writes.
+func (w *writeSet) count() int {
+	n := 0
+	for b := range w.ents {
+		n += len(w.ents[b])
 	}
-	w.keys[b][string(k)] = v
+	return n
+}
+
+// get returns the batch's write of b/k, if it made one.
+func (w *writeSet) get(b engine.Bucket, k []byte) (wentry, bool) {
+	i, ok := w.idx[b][string(k)]
+	if !ok {
+		return wentry{}, false
+	}
+	return w.ents[b][i], true
+}
+
+// put records the batch's write of b/k: val, or a delete.
+func (w *writeSet) put(b engine.Bucket, k []byte, val []byte, del bool) {
+	if i, ok := w.idx[b][string(k)]; ok {
+		w.ents[b][i].val, w.ents[b][i].del = val, del
+		return
+	}
+	w.putNew(b, string(k), val, del)
+}
+
+// putString is put for a key the caller made as a string.
+func (w *writeSet) putString(b engine.Bucket, key string, val []byte, del bool) {
+	if i, ok := w.idx[b][key]; ok {
+		w.ents[b][i].val, w.ents[b][i].del = val, del
+		return
+	}
+	w.putNew(b, key, val, del)
+}
+
+// putNew records the write of a key the batch has not written.
+func (w *writeSet) putNew(b engine.Bucket, key string, val []byte, del bool) {
+	if w.idx[b] == nil {
+		w.idx[b] = make(map[string]int)
+	}
+	w.idx[b][key] = len(w.ents[b])
+	w.ents[b] = append(w.ents[b], wentry{key: key, val: val, del: del})
+}
+
+// Values put are copied (the caller may reuse its buffer after Put, and the
+// layer keeps them until the fold) into chunks of arenaChunk bytes shared by
+// the batch, instead of one allocation each: a batch puts a dozen values per
+// operation, most of them tens of bytes. Nothing writes to a value once
+// kept, as nothing writes to one bbolt returns, and a value's capacity ends
+// where it does, so an append to it cannot reach its neighbour. A value of
+// more than arenaChunk/8 bytes (a stored answer) is copied alone, so that a
+// chunk's unused tail stays small.
+const arenaChunk = 16 << 10
+
+// keep returns a copy of v that stays unchanged for as long as it is used:
+// bytes.Clone, in the arena.
+func (w *writeSet) keep(v []byte) []byte {
+	switch {
+	case v == nil:
+		return nil
+	case len(v) == 0:
+		return []byte{}
+	case len(v) > arenaChunk/8:
+		return bytes.Clone(v)
+	}
+	if len(v) > cap(w.arena)-len(w.arena) {
+		w.arena = make([]byte, 0, arenaChunk)
+	}
+	n := len(w.arena)
+	w.arena = append(w.arena, v...)
+	return w.arena[n:len(w.arena):len(w.arena)]
 }
 
 // otx is a transaction over the B+tree (base, a bbolt transaction) with the
 // layers over it, newest first, seen as of lsn. A write transaction (the
 // committer's) collects its writes in w; a read one has none.
+//
+// A transaction is made with each request's replay check and each batch:
+// the tree's transaction and the layers' list live in it, not beside it.
 type otx struct {
-	base   *tx
-	layers []*layer
-	lsn    uint64
-	w      *writeSet
+	base     tx
+	layers   []*layer
+	layerBuf [2]*layer
+	lsn      uint64
+	w        *writeSet
 }
+
+// rollback ends the tree's read transaction under t.
+func (t *otx) rollback() { _ = t.base.btx.Rollback() }
 
 var _ engine.Tx = (*otx)(nil)
 
 // lookup finds b/k: in the batch's writes, the layers, the tree.
 func (t *otx) lookup(b engine.Bucket, k []byte) []byte {
 	if t.w != nil {
-		if v, ok := t.w.keys[b][string(k)]; ok {
+		if v, ok := t.w.get(b, k); ok {
 			if v.del {
 				return nil
 			}
@@ -197,22 +298,22 @@ func (t *otx) Put(b engine.Bucket, k, v []byte) error {
 	if err := t.writable(); err != nil {
 		return err
 	}
-	if err := checkKV(k, v); err != nil {
+	if err := checkKV(len(k), len(v)); err != nil {
 		return err
 	}
-	t.w.put(b, k, wval{val: bytes.Clone(v)})
+	t.w.put(b, k, t.w.keep(v), false)
 	return nil
 }
 
 // checkKV refuses what bbolt would refuse when the layer is folded: refused
 // here, the write fails in its own batch rather than in the fold.
-func checkKV(k, v []byte) error {
+func checkKV(klen, vlen int) error {
 	switch {
-	case len(k) == 0:
+	case klen == 0:
 		return bolterrors.ErrKeyRequired
-	case len(k) > bbolt.MaxKeySize:
+	case klen > bbolt.MaxKeySize:
 		return bolterrors.ErrKeyTooLarge
-	case len(v) > bbolt.MaxValueSize:
+	case vlen > bbolt.MaxValueSize:
 		return bolterrors.ErrValueTooLarge
 	}
 	return nil
@@ -232,7 +333,7 @@ func (t *otx) Delete(b engine.Bucket, k []byte) error {
 	if len(k) == 0 {
 		return bolterrors.ErrKeyRequired
 	}
-	t.w.put(b, k, wval{del: true})
+	t.w.put(b, k, nil, true)
 	return nil
 }
 
@@ -241,7 +342,19 @@ func (t *otx) Append(b engine.Bucket, prefix, v []byte) error {
 	if err != nil {
 		return err
 	}
-	return t.Put(b, binary.BigEndian.AppendUint64(bytes.Clone(prefix), seq), v)
+	// The key is made as the string the write set keeps, in one allocation
+	// (a copy of prefix grown by the sequence, then its string, took three).
+	var key strings.Builder
+	key.Grow(len(prefix) + 8)
+	key.Write(prefix)
+	var be [8]byte
+	binary.BigEndian.PutUint64(be[:], seq)
+	key.Write(be[:])
+	if err := checkKV(key.Len(), len(v)); err != nil {
+		return err
+	}
+	t.w.putString(b, key.String(), t.w.keep(v), false)
+	return nil
 }
 
 func (t *otx) NextSequence(b engine.Bucket) (uint64, error) {
@@ -280,8 +393,8 @@ func (t *otx) Cursor(b engine.Bucket) engine.Cursor {
 		}
 	}
 	if t.w != nil {
-		for k, v := range t.w.keys[b] {
-			add(k, v.val, v.del)
+		for _, e := range t.w.ents[b] {
+			add(e.key, e.val, e.del)
 		}
 	}
 	for _, l := range t.layers {

@@ -98,19 +98,19 @@ func listSegments(path string) ([]uint64, error) {
 func encodeRecord(dst []byte, seg, lsn uint64, w *writeSet) []byte {
 	start := len(dst)
 	dst = append(dst, make([]byte, recHeader)...)
-	for b := range w.keys {
-		for k, v := range w.keys[b] {
-			if v.del {
+	for b := range w.ents {
+		for _, e := range w.ents[b] {
+			if e.del {
 				dst = append(dst, opDelete, byte(b))
-				dst = binary.AppendUvarint(dst, uint64(len(k)))
-				dst = append(dst, k...)
+				dst = binary.AppendUvarint(dst, uint64(len(e.key)))
+				dst = append(dst, e.key...)
 				continue
 			}
 			dst = append(dst, opPut, byte(b))
-			dst = binary.AppendUvarint(dst, uint64(len(k)))
-			dst = append(dst, k...)
-			dst = binary.AppendUvarint(dst, uint64(len(v.val)))
-			dst = append(dst, v.val...)
+			dst = binary.AppendUvarint(dst, uint64(len(e.key)))
+			dst = append(dst, e.key...)
+			dst = binary.AppendUvarint(dst, uint64(len(e.val)))
+			dst = append(dst, e.val...)
 		}
 	}
 	for b, ok := range w.seqSet {
@@ -193,14 +193,14 @@ func decodePayload(p []byte) (*writeSet, error) {
 				return nil, bad
 			}
 			if op == opDelete {
-				w.put(b, k, wval{del: true})
+				w.put(b, k, nil, true)
 				continue
 			}
 			v, ok := field()
 			if !ok {
 				return nil, bad
 			}
-			w.put(b, k, wval{val: v})
+			w.put(b, k, v, false)
 		case opSeq:
 			seq, used := binary.Uvarint(p)
 			if used <= 0 {
@@ -371,9 +371,9 @@ func (t *treeWriter) setSequence(b engine.Bucket, seq uint64) error {
 
 // applyWrites writes one record's writes into the tree.
 func (t *treeWriter) applyWrites(w *writeSet) error {
-	for b := range w.keys {
-		for k, v := range w.keys[b] {
-			if err := t.write(engine.Bucket(b), []byte(k), v.val, v.del); err != nil {
+	for b := range w.ents {
+		for _, e := range w.ents[b] {
+			if err := t.write(engine.Bucket(b), []byte(e.key), e.val, e.del); err != nil {
 				return err
 			}
 		}

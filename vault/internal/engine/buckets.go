@@ -152,7 +152,12 @@ func counterKey(keyID string, windowID policy.WindowID) []byte {
 	if strings.HasPrefix(string(windowID), policy.BudgetIDPrefix) {
 		return []byte(windowID)
 	}
-	return []byte(keyID + "/" + string(windowID))
+	// Appended, not concatenated and converted: one allocation, not two
+	// (every hold and settle makes one per window, more than once).
+	k := make([]byte, 0, len(keyID)+1+len(windowID))
+	k = append(k, keyID...)
+	k = append(k, '/')
+	return append(k, windowID...)
 }
 
 // scopedWindowID names a budget's window in a hold, an event or an exposure.

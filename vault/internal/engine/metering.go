@@ -191,7 +191,9 @@ func (s *Engine) planNew(tx Tx, now time.Time, req *vault.ReserveRequest, res va
 		if chain, err = planChain(tx, key, now); err != nil {
 			return nil, err
 		}
-		s.budgetHints.note(chain.budgets)
+		if s.prefetches {
+			s.budgetHints.note(chain.budgets)
+		}
 	}
 	var dec policy.Decision
 	switch {

@@ -67,8 +67,13 @@ func (s *Engine) queuePrefetch(ctx context.Context, p *Prefetch, fn TxFunc, done
 // now — as the last decoded copies of the key and its budgets know them: a
 // policy or a chain changed since costs a round trip for what it adds (and,
 // on PostgreSQL, a budget lock taken out of the batch's order, which a
-// deadlock the server breaks and the batch's retry cures).
+// deadlock the server breaks and the batch's retry cures). It is nil for a
+// backend that takes no Prefetch: the hint, its closure and the cache's lock
+// cost every Reserve and Settle something, for nothing.
 func (s *Engine) keyPrefetch(keyID string, record []byte) *Prefetch {
+	if !s.prefetches {
+		return nil
+	}
 	key := s.keys.peek(keyID)
 	var chain []*budgetRec
 	if key != nil {
@@ -153,7 +158,7 @@ func (h *budgetHints) chain(id string) []*budgetRec {
 // locks and reads: keyPrefetch's, and the money object it names.
 func (s *Engine) settlePrefetch(req *vault.SettleRequest, record []byte) *Prefetch {
 	p := s.keyPrefetch(req.KeyID, record)
-	if req.ObjectID == "" {
+	if p == nil || req.ObjectID == "" {
 		return p
 	}
 	reads := p.Reads

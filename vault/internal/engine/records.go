@@ -650,9 +650,10 @@ type eventRec struct {
 	AllowanceDeltas []int64           `json:"da,omitempty"`
 }
 
-// putEvent appends an event to its key's ledger, assigning its id.
+// putEvent appends an event to its key's ledger, assigning its id: its key is
+// the key id and a NUL (idemKey's, in one allocation), then the sequence.
 func putEvent(tx Tx, e *vault.Event) error {
-	if err := tx.Append(BucketEvents, append([]byte(e.KeyID), 0), encodeEvent(e)); err != nil {
+	if err := tx.Append(BucketEvents, idemKey(e.KeyID, ""), encodeEvent(e)); err != nil {
 		return fmt.Errorf("append event: %w", err)
 	}
 	return nil

@@ -77,6 +77,9 @@ type Engine struct {
 	memo          *memo
 	cheapReads    bool
 	appendRecords bool
+	// prefetches says that the backend takes a Prefetch with a hot-path
+	// write (Prefetcher); for one that does not (bbolt), none is made.
+	prefetches bool
 	// webhooks is what the hot path knows of the webhook endpoints (outbox.go).
 	webhooks webhookCache
 
@@ -111,6 +114,7 @@ func New(b Backend, cfg Config) (*Engine, error) {
 		cheapReads:    cfg.CheapReads,
 		appendRecords: cfg.AppendRecords,
 	}
+	_, e.prefetches = b.(Prefetcher)
 	if cfg.SoleWriter {
 		e.memo = &memo{}
 		e.webhooks.sole = true
