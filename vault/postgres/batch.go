@@ -535,20 +535,10 @@ func (t *tx) readFor(ops []*batchOp) (time.Time, error) {
 	}
 	b := &pgx.Batch{}
 	queueReads(b, &reads)
-	b.Queue("SELECT clock_timestamp()")
 	before := t.s.processNow()
-	br := t.conn.SendBatch(t.ctx, b)
-	t.s.roundTrips.Add(1)
-	var now time.Time
-	err := readEntries(br, t, &reads)
-	if err == nil {
-		err = br.QueryRow().Scan(&now)
-	}
-	if cerr := br.Close(); err == nil {
-		err = cerr
-	}
+	now, err := t.sendWithClock(b, func(br pgx.BatchResults) error { return readEntries(br, t, &reads) })
 	if err != nil {
-		return time.Time{}, t.failed(err)
+		return time.Time{}, err
 	}
 	(*Store)(t.s).measure(before, now, t.s.processNow())
 	if t.s.now != nil {

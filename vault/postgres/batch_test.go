@@ -271,15 +271,7 @@ func TestBatchWaitsForItsReplicasBatchOnTheSameKey(t *testing.T) {
 	gate, inBody := make(chan struct{}), make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Go(func() {
-		assert.NoError(t, b.SubmitPrefetch(ctx, pf, func(engine.Tx, time.Time) error {
-			select {
-			case <-inBody:
-			default:
-				close(inBody)
-			}
-			<-gate
-			return nil
-		}))
+		assert.NoError(t, b.SubmitPrefetch(ctx, pf, holdingBody(inBody, gate)))
 	})
 	<-inBody // the first batch holds the key's row
 	for range 2 {
@@ -340,15 +332,7 @@ func TestBatchTakesInOnlyWhatItsLocksCover(t *testing.T) {
 		inBody := make(chan struct{})
 		done := make(chan error, 1)
 		go func() {
-			done <- b.SubmitPrefetch(ctx, onHot, func(engine.Tx, time.Time) error {
-				select {
-				case <-inBody:
-				default:
-					close(inBody)
-				}
-				<-gate
-				return nil
-			})
+			done <- b.SubmitPrefetch(ctx, onHot, holdingBody(inBody, gate))
 		}()
 		<-inBody
 		return done
@@ -412,4 +396,16 @@ func TestSplitKeepsEachKeysOrder(t *testing.T) {
 	taken, kept = split([]*batchOp{a1, a2, c, a3}, held, 2)
 	assert.Equal(t, []*batchOp{a1, a2}, taken, "at most n")
 	assert.Equal(t, []*batchOp{c, a3}, kept)
+}
+
+// holdingBody is an operation's body that closes inBody the first time it
+// runs (a retry runs it again) and then waits for gate: while it waits, its
+// batch holds the rows it locked.
+func holdingBody(inBody, gate chan struct{}) func(engine.Tx, time.Time) error {
+	var once sync.Once
+	return func(engine.Tx, time.Time) error {
+		once.Do(func() { close(inBody) })
+		<-gate
+		return nil
+	}
 }

@@ -365,23 +365,16 @@ func (t *tx) begin(pl *plan) (time.Time, error) {
 		pl.queue(b)
 	}
 	// The clock last: after the locks, which may have been waited for.
-	b.Queue("SELECT clock_timestamp()")
 	before := t.s.processNow()
-	br := t.conn.SendBatch(t.ctx, b)
-	t.s.roundTrips.Add(1)
-	var now time.Time
-	_, err := br.Exec()
-	if err == nil && pl != nil {
-		err = pl.read(br, t)
-	}
-	if err == nil {
-		err = br.QueryRow().Scan(&now)
-	}
-	if cerr := br.Close(); err == nil {
-		err = cerr
-	}
+	now, err := t.sendWithClock(b, func(br pgx.BatchResults) error {
+		_, err := br.Exec()
+		if err == nil && pl != nil {
+			err = pl.read(br, t)
+		}
+		return err
+	})
 	if err != nil {
-		return time.Time{}, t.failed(err)
+		return time.Time{}, err
 	}
 	after := t.s.processNow()
 	if pl != nil && pl.locks() {
@@ -391,6 +384,27 @@ func (t *tx) begin(pl *plan) (time.Time, error) {
 	}
 	(*Store)(t.s).measure(before, now, after)
 	return now.UTC(), nil
+}
+
+// sendWithClock sends b with the server's clock read last, in one round
+// trip: read reads the answers to b's own statements, then the clock is
+// scanned. A failure is the transaction's (failed).
+func (t *tx) sendWithClock(b *pgx.Batch, read func(pgx.BatchResults) error) (time.Time, error) {
+	b.Queue("SELECT clock_timestamp()")
+	br := t.conn.SendBatch(t.ctx, b)
+	t.s.roundTrips.Add(1)
+	var now time.Time
+	err := read(br)
+	if err == nil {
+		err = br.QueryRow().Scan(&now)
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return time.Time{}, t.failed(err)
+	}
+	return now, nil
 }
 
 // commit sends the buffered writes and COMMIT in one round trip.
