@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"maps"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/keybrake/keybrake/policy"
@@ -123,7 +122,7 @@ func (s *Engine) authenticateTx(tx Tx, hash string) (authRec, error) {
 	g, withOK := tx.(ThroughWithGetter)
 	hint := ""
 	if withOK {
-		hint = s.authHints.upstream(hash)
+		hint, _ = s.authHints.get(hash)
 	}
 	if hint != "" {
 		id, raw, up, err = g.GetThroughWith(BucketTokens, []byte(hash), BucketKeys, Read{Bucket: BucketUpstreams, Key: []byte(hint)})
@@ -147,75 +146,27 @@ func (s *Engine) authenticateTx(tx Tx, hash string) (authRec, error) {
 			return authRec{}, err
 		}
 		if withOK {
-			s.authHints.note(hash, rec.Upstream)
+			s.authHints.put(hash, rec.Upstream)
 		}
 	}
 	if up == nil {
 		return authRec{key: rec}, nil
 	}
-	version, err := s.upstreamVersions.of(rec.Upstream, up)
+	version, err := s.upstreamVersions.of(rec.Upstream, up, decodeUpstreamVersion)
 	if err != nil {
 		return authRec{}, err
 	}
 	return authRec{key: rec, upstreamVersion: version}, nil
 }
 
-// authHints keeps, for each token this replica authenticated, the upstream
-// its key named then: which upstream entry to read with the token and its
-// key. Possibly stale, so only ever a choice of what to read, never a
-// decision (authenticateTx).
-type authHints struct {
-	mu sync.Mutex
-	m  map[string]string // token hash → upstream name
-}
-
-func (h *authHints) upstream(hash string) string {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return h.m[hash]
-}
-
-func (h *authHints) note(hash, upstream string) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if h.m == nil || len(h.m) >= keyCacheMax {
-		h.m = make(map[string]string)
-	}
-	h.m[hash] = upstream
-}
-
-// upstreamVersions keeps the version of each upstream's entry as last
-// decoded, with the bytes it was decoded from: Authenticate decodes an
-// upstream's entry once per change of its bytes, not on every request. A
-// version is used only for the very bytes read, so it is never stale.
-type upstreamVersions struct {
-	mu sync.Mutex
-	m  map[string]decodedVersion
-}
-
-type decodedVersion struct {
-	raw     []byte
-	version uint64
-}
-
-// of is the version of upstream name whose entry reads raw.
-func (c *upstreamVersions) of(name string, raw []byte) (uint64, error) {
-	c.mu.Lock()
-	e, ok := c.m[name]
-	c.mu.Unlock()
-	if ok && bytes.Equal(e.raw, raw) {
-		return e.version, nil
-	}
+// decodeUpstreamVersion is the version of upstream name's entry raw:
+// Authenticate decodes it once per change of its bytes (upstreamVersions),
+// not on every request.
+func decodeUpstreamVersion(name string, raw []byte) (uint64, error) {
 	var rec upstreamRec
 	if err := decodeJSON([]byte(name), raw, &rec); err != nil {
 		return 0, err
 	}
-	c.mu.Lock()
-	if c.m == nil || len(c.m) >= keyCacheMax {
-		c.m = make(map[string]decodedVersion)
-	}
-	c.m[name] = decodedVersion{raw: bytes.Clone(raw), version: rec.version()}
-	c.mu.Unlock()
 	return rec.version(), nil
 }
 

@@ -132,28 +132,79 @@ func getKey(tx Tx, id string) (*keyRec, error) {
 	return &r, nil
 }
 
+// bounded is a map under a mutex of at most keyCacheMax entries, emptied when
+// full: what the engine keeps to spare a read or a decode, never what it
+// decides on.
+type bounded[V any] struct {
+	mu sync.Mutex
+	m  map[string]V
+}
+
+const keyCacheMax = 10000
+
+func (b *bounded[V]) get(k string) (V, bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	v, ok := b.m[k]
+	return v, ok
+}
+
+func (b *bounded[V]) put(k string, v V) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.m == nil || len(b.m) >= keyCacheMax {
+		b.m = make(map[string]V)
+	}
+	b.m[k] = v
+}
+
+// decodedCache keeps, per entry, what its bytes decoded to, with those
+// bytes: an entry is decoded once per change of its bytes, and a result is
+// used only for the very bytes read in the current transaction, so it is
+// never stale.
+type decodedCache[T any] struct {
+	entries bounded[decoded[T]]
+}
+
+type decoded[T any] struct {
+	raw []byte
+	v   T // never modified once kept: every caller gets it
+}
+
+// of is what raw, entry name's bytes as read, decodes to by decode.
+func (c *decodedCache[T]) of(name string, raw []byte, decode func(name string, raw []byte) (T, error)) (T, error) {
+	if e, ok := c.entries.get(name); ok && bytes.Equal(e.raw, raw) {
+		return e.v, nil
+	}
+	v, err := decode(name, raw)
+	if err != nil {
+		return v, err
+	}
+	c.entries.put(name, decoded[T]{raw: bytes.Clone(raw), v: v})
+	return v, nil
+}
+
 // keyCache keeps decoded keys for the hot paths (Reserve, Authenticate): decoding a
 // key's policy costs more than the rest of a Reserve. An entry is used only when the
 // bytes read in the current transaction equal the bytes it was decoded from, so the
 // key is still read in that transaction and a change is seen at once.
 type keyCache struct {
-	mu sync.Mutex
-	m  map[string]cachedKey
+	decodedCache[*keyRec]
 }
 
-type cachedKey struct {
-	raw []byte
-	rec *keyRec // never modified once cached: every get returns it
+func decodeKey(id string, raw []byte) (*keyRec, error) {
+	rec := &keyRec{}
+	if err := decodeJSON([]byte(id), raw, rec); err != nil {
+		return nil, err
+	}
+	return rec, nil
 }
-
-const keyCacheMax = 10000
 
 // peek is the last decoded copy of key id, nil when there is none: possibly
 // stale, so only for hints (Prefetch), never for a decision.
 func (c *keyCache) peek(id string) *keyRec {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.m[id].rec
+	e, _ := c.entries.get(id)
+	return e.v
 }
 
 // get reads key id in tx, decoding it only when the cache has no entry for these
@@ -172,23 +223,7 @@ func (c *keyCache) decode(id string, raw []byte) (*keyRec, error) {
 	if raw == nil {
 		return nil, fmt.Errorf("key %s: %w", id, vault.ErrNotFound)
 	}
-	c.mu.Lock()
-	e, ok := c.m[id]
-	c.mu.Unlock()
-	if ok && bytes.Equal(e.raw, raw) {
-		return e.rec, nil
-	}
-	rec := &keyRec{}
-	if err := decodeJSON([]byte(id), raw, rec); err != nil {
-		return nil, err
-	}
-	c.mu.Lock()
-	if c.m == nil || len(c.m) >= keyCacheMax {
-		c.m = make(map[string]cachedKey)
-	}
-	c.m[id] = cachedKey{raw: bytes.Clone(raw), rec: rec}
-	c.mu.Unlock()
-	return rec, nil
+	return c.of(id, raw, decodeKey)
 }
 
 // putKey writes a changed key, one version up.

@@ -68,10 +68,13 @@ type Engine struct {
 	queued       settleQueue
 	retries      settleRetries
 	commitErr    atomic.Pointer[error] // see CommitError
-	// authHints and upstreamVersions spare Authenticate a round trip and a
-	// decode on PostgreSQL (authenticateTx).
-	authHints        authHints
-	upstreamVersions upstreamVersions
+	// authHints keeps, for each token this replica authenticated, the
+	// upstream its key named then: only a choice of which upstream entry to
+	// read with the token and its key, never a decision (authenticateTx).
+	// With upstreamVersions it spares Authenticate a round trip and a decode
+	// on PostgreSQL.
+	authHints        bounded[string]
+	upstreamVersions decodedCache[uint64]
 	// memo holds authenticated keys and upstream secrets on a sole writer;
 	// nil otherwise.
 	memo          *memo
