@@ -74,19 +74,42 @@ var throughSQL = func() (q [engine.NumBuckets][engine.NumBuckets]string) {
 	return q
 }()
 
-// throughWithSQL is the statement of tx.GetThroughWith: an entry of b, the
-// entry of via its value names, and one more entry of with, in one
-// statement; built on first use of its three buckets.
-var throughWithSQL sync.Map // [3]engine.Bucket → string
+// throughWithSQL are the statements of tx.GetThroughWith, by their three
+// buckets.
+var throughWithSQL statements[[3]engine.Bucket]
 
+// throughWith is the statement of tx.GetThroughWith: an entry of b, the
+// entry of via its value names, and one more entry of with, in one
+// statement.
 func throughWith(b, via, with engine.Bucket) string {
-	key := [3]engine.Bucket{b, via, with}
-	if q, ok := throughWithSQL.Load(key); ok {
-		return q.(string)
+	return throughWithSQL.of([3]engine.Bucket{b, via, with}, func() string {
+		return "SELECT a.v, b.v, c.v FROM " + table(b) + " a LEFT JOIN " + table(via) + " b ON b.k = a.v LEFT JOIN " +
+			table(with) + " c ON c.k = $2 WHERE a.k = $1"
+	})
+}
+
+// statements keeps the text of statements built from their parts, by a key
+// that names the parts: each is built once, then read on every use. A few
+// combinations recur; a full map starts over.
+type statements[K comparable] struct {
+	mu sync.Mutex
+	m  map[K]string
+}
+
+// maxStatements bounds a statements' map.
+const maxStatements = 1024
+
+func (c *statements[K]) of(k K, build func() string) string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if q, ok := c.m[k]; ok {
+		return q
 	}
-	q := "SELECT a.v, b.v, c.v FROM " + table(b) + " a LEFT JOIN " + table(via) + " b ON b.k = a.v LEFT JOIN " +
-		table(with) + " c ON c.k = $2 WHERE a.k = $1"
-	throughWithSQL.Store(key, q)
+	q := build()
+	if c.m == nil || len(c.m) >= maxStatements {
+		c.m = make(map[K]string)
+	}
+	c.m[k] = q
 	return q
 }
 
@@ -494,9 +517,6 @@ func (t *tx) batch() *pgx.Batch {
 	return b
 }
 
-// maxWriteStatements bounds writeStatements.
-const maxWriteStatements = 1024
-
 // opAppend is the kind of write of Append's entries, in a statement's parts.
 const opAppend = opDelete + 1
 
@@ -523,12 +543,8 @@ func (w *writes) add(kind int, b engine.Bucket, keys, values byteaArray) {
 }
 
 // writeStatements are the write statements built so far, by their parts
-// (writeSQL): a few combinations of buckets and kinds recur. A full map
-// starts over.
-var writeStatements struct {
-	sync.Mutex
-	m map[string]string
-}
+// (writeSQL).
+var writeStatements statements[string]
 
 // writeSQL is the statement that makes the writes of parts, in that order of
 // its arguments: a data-modifying WITH per part but the last. Every part
@@ -540,11 +556,10 @@ func writeSQL(parts []writePart) string {
 	for _, p := range parts {
 		sig = append(sig, byte(p.kind), byte(p.b))
 	}
-	writeStatements.Lock()
-	defer writeStatements.Unlock()
-	if q, ok := writeStatements.m[string(sig)]; ok {
-		return q
-	}
+	return writeStatements.of(string(sig), func() string { return buildWriteSQL(parts) })
+}
+
+func buildWriteSQL(parts []writePart) string {
 	var sb strings.Builder
 	arg := 1
 	for i, p := range parts {
@@ -576,42 +591,26 @@ func writeSQL(parts []writePart) string {
 		}
 		arg += 2
 	}
-	q := sb.String()
-	if writeStatements.m == nil || len(writeStatements.m) >= maxWriteStatements {
-		writeStatements.m = map[string]string{}
-	}
-	writeStatements.m[string(sig)] = q
-	return q
+	return sb.String()
 }
 
 // readStatements are the statements of a plan's reads (readSQL), by the
 // set of buckets they read.
-var readStatements struct {
-	sync.Mutex
-	m map[uint64]string
-}
+var readStatements statements[uint64]
 
 // readSQL is the statement that reads the entries of the buckets of set (a
 // bit per bucket) named by its arguments, one array of keys per bucket in
 // bucket order: rows of (bucket, k, v).
 func readSQL(set uint64) string {
-	readStatements.Lock()
-	defer readStatements.Unlock()
-	if q, ok := readStatements.m[set]; ok {
-		return q
-	}
-	var parts []string
-	for b := range engine.NumBuckets {
-		if set&(1<<b) != 0 {
-			parts = append(parts, fmt.Sprintf("SELECT %d::int2, k, v FROM %s WHERE k = ANY($%d::bytea[])", b, table(b), len(parts)+1))
+	return readStatements.of(set, func() string {
+		var parts []string
+		for b := range engine.NumBuckets {
+			if set&(1<<b) != 0 {
+				parts = append(parts, fmt.Sprintf("SELECT %d::int2, k, v FROM %s WHERE k = ANY($%d::bytea[])", b, table(b), len(parts)+1))
+			}
 		}
-	}
-	q := strings.Join(parts, " UNION ALL ")
-	if readStatements.m == nil {
-		readStatements.m = map[uint64]string{}
-	}
-	readStatements.m[set] = q
-	return q
+		return strings.Join(parts, " UNION ALL ")
+	})
 }
 
 // stringBytes is s's bytes, without a copy: for a statement's argument,
