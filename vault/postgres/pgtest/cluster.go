@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 const (
@@ -37,7 +38,8 @@ const (
 )
 
 // Cluster is a throwaway PostgreSQL cluster this package started: a data
-// directory in a fresh directory under os.TempDir() and one postgres process
+// directory in a fresh directory (in memory where it can be, see clusterRoot)
+// and one postgres process
 // listening on 127.0.0.1 only, on a port that stays the same across Stop and
 // Start. Its methods are safe for concurrent use.
 type Cluster struct {
@@ -47,6 +49,10 @@ type Cluster struct {
 	port     int
 	password string // the superuser's, needed over TCP
 	version  string
+	// fileCopy: copies of a template are made with STRATEGY FILE_COPY, a copy
+	// of the files, which in memory is a fraction of the CPU of WAL_LOG
+	// (PostgreSQL 15's default, which writes every page to the WAL).
+	fileCopy bool
 	log      *tailBuffer
 
 	mu   sync.Mutex
@@ -101,9 +107,9 @@ func startCluster() (c *Cluster, err error) {
 	if err != nil {
 		return nil, err
 	}
-	tmp := os.TempDir()
-	sweepOnce.Do(func() { sweepLeftovers(tmp) })
-	dir, err := os.MkdirTemp(tmp, dirPrefix+strconv.Itoa(os.Getpid())+"-")
+	sweepOnce.Do(sweepAllLeftovers)
+	root := clusterRoot()
+	dir, err := os.MkdirTemp(root, dirPrefix+strconv.Itoa(os.Getpid())+"-")
 	if err != nil {
 		return nil, fmt.Errorf("create the cluster directory: %w", err)
 	}
@@ -128,6 +134,7 @@ func startCluster() (c *Cluster, err error) {
 	}
 	c.version = strings.TrimPrefix(strings.TrimSpace(string(out)), "postgres (PostgreSQL) ")
 	c.version = "PostgreSQL " + c.version
+	c.fileCopy = root != os.TempDir() && majorVersion(c.version) >= 15
 	if out, err := c.run("initdb", "-D", c.dataDir(), "-U", superuser, "--auth=trust",
 		"--encoding=UTF8", "--locale=C", "--no-sync"); err != nil {
 		return c, fmt.Errorf("initdb (%s): %w: %s", c.bin, err, clip(string(out)))
@@ -300,6 +307,7 @@ func (c *Cluster) shutdown(sig syscall.Signal) error {
 	defer c.mu.Unlock()
 	p := c.proc
 	c.proc = nil
+	admins.close(c.socketURL())
 	if p == nil || p.exited() {
 		return nil
 	}
@@ -393,7 +401,11 @@ func (c *Cluster) URL(tb testing.TB) string {
 func (c *Cluster) database(tb testing.TB, source string) string {
 	tb.Helper()
 	name := databaseName(tb)
-	if err := c.admin(createFrom(name, source)); err != nil {
+	create := createFrom(name, source)
+	if source != "" && c.fileCopy {
+		create += " STRATEGY FILE_COPY"
+	}
+	if err := c.admin(create); err != nil {
 		tb.Fatalf("pgtest: create database %s: %v", name, err)
 	}
 	tb.Cleanup(func() {
@@ -427,19 +439,76 @@ func (c *Cluster) socketURL() string {
 
 // admin runs one statement as the superuser over the unix socket.
 func (c *Cluster) admin(sql string) error {
-	return execOnce(c.socketURL(), sql)
+	return admins.exec(c.socketURL(), sql)
 }
 
-// execOnce connects to url, runs sql and disconnects.
-func execOnce(url, sql string) error {
+// admins are the pools the statements that create and drop the tests'
+// databases run on, one per server, kept until the server stops or the tests
+// end: every test creates a database and drops it, and a new session for each
+// of those statements cost the server a fork and a backend's start (about
+// 30 ms of CPU on a small virtual machine, 350 sessions in vault/postgres).
+var admins = adminPools{m: map[string]*pgxpool.Pool{}}
+
+type adminPools struct {
+	mu sync.Mutex
+	m  map[string]*pgxpool.Pool // by the URL they connect to
+}
+
+// exec runs sql on url's pool, opening the pool on first use.
+func (a *adminPools) exec(url, sql string) error {
+	a.mu.Lock()
+	pool, ok := a.m[url]
+	if !ok {
+		cfg, err := pgxpool.ParseConfig(url)
+		if err != nil {
+			a.mu.Unlock()
+			return err
+		}
+		// One round trip per statement; none of them is run twice.
+		cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeSimpleProtocol
+		if pool, err = pgxpool.NewWithConfig(context.Background(), cfg); err != nil {
+			a.mu.Unlock()
+			return err
+		}
+		a.m[url] = pool
+	}
+	a.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), adminTime)
 	defer cancel()
-	conn, err := pgx.Connect(ctx, url)
-	if err != nil {
-		return err
+	_, err := pool.Exec(ctx, sql)
+	return err
+}
+
+// close closes url's pool, if one is open: its server is stopping.
+func (a *adminPools) close(url string) {
+	a.mu.Lock()
+	pool := a.m[url]
+	delete(a.m, url)
+	a.mu.Unlock()
+	if pool != nil {
+		pool.Close()
 	}
-	_, err = conn.Exec(ctx, sql)
-	return errors.Join(err, conn.Close(ctx))
+}
+
+// closeAll closes every pool: the tests have ended.
+func (a *adminPools) closeAll() {
+	a.mu.Lock()
+	urls := make([]string, 0, len(a.m))
+	for url := range a.m {
+		urls = append(urls, url)
+	}
+	a.mu.Unlock()
+	for _, url := range urls {
+		a.close(url)
+	}
+}
+
+// majorVersion is the major version in "PostgreSQL 15.18 (…)", 0 when it
+// cannot be read.
+func majorVersion(version string) int {
+	v := strings.TrimPrefix(version, "PostgreSQL ")
+	n, _ := strconv.Atoi(v[:len(v)-len(strings.TrimLeft(v, "0123456789"))])
+	return n
 }
 
 // createDatabase creates name from template0 with a UTF-8 encoding and the C

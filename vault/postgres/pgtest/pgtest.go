@@ -18,11 +18,12 @@
 //   - none: the test is skipped with the reason, or fails when the environment
 //     variable CI is "true".
 //
-// The cluster lives in a new directory under os.TempDir() (data/ and the unix
-// socket) and listens on 127.0.0.1 only, on a free port; its TCP connections
-// need a random superuser password, which the URLs carry. It runs with fsync on
-// (commits wait for the disk, as in production), 200 connections and 32MB of
-// shared buffers, in UTC. As root, initdb and postgres run as the "postgres"
+// The cluster lives in a new directory (data/ and the unix socket) in memory,
+// under /dev/shm, when that is a tmpfs with room and the binary runs no
+// benchmark, else under os.TempDir(); it listens on 127.0.0.1 only, on a free
+// port; its TCP connections need a random superuser password, which the URLs
+// carry. It runs with fsync on (on disk, commits wait for it, as in
+// production), 200 connections and 32MB of shared buffers, in UTC. As root, initdb and postgres run as the "postgres"
 // user (they refuse root), which owns the cluster's directory. No server
 // outlives its test binary: Main and the tests' cleanups stop it, and on Linux
 // a parent-death signal stops it when the binary dies in any other way (panic,
@@ -108,6 +109,7 @@ func Main(m *testing.M) {
 			code = max(code, 1)
 		}
 	}
+	admins.closeAll()
 	if c != nil {
 		if err := c.close(); err != nil {
 			fmt.Fprintf(os.Stderr, "pgtest: %v\n", err)
@@ -211,7 +213,7 @@ func externalURL(tb testing.TB, admin string, tpl *Template) string {
 	if err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
 		tb.Fatalf("pgtest: %s must be a postgres:// URL", EnvDatabaseURL)
 	}
-	exec := func(sql string) error { return execOnce(admin, sql) }
+	exec := func(sql string) error { return admins.exec(admin, sql) }
 	urlOf := func(name string) string {
 		v := *u
 		v.Path, v.RawPath = "/"+name, ""

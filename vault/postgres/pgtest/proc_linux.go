@@ -27,3 +27,15 @@ func processAlive(pid int) bool {
 	err := syscall.Kill(pid, 0)
 	return err == nil || errors.Is(err, syscall.EPERM)
 }
+
+// memoryDir returns /dev/shm when it is a tmpfs this process may write with
+// memoryNeed bytes free, else "" (see clusterRoot).
+func memoryDir() string {
+	const dir, tmpfsMagic = "/dev/shm", 0x01021994
+	var st syscall.Statfs_t
+	if syscall.Statfs(dir, &st) != nil || st.Type != tmpfsMagic ||
+		st.Bavail*uint64(st.Bsize) < memoryNeed || syscall.Access(dir, 2 /* W_OK */) != nil {
+		return ""
+	}
+	return dir
+}

@@ -14,3 +14,6 @@ const canSwitchUser = false
 
 // processAlive cannot tell here, so leftover directories are never swept.
 func processAlive(int) bool { return true }
+
+// memoryDir is not looked for here: clusters live in os.TempDir().
+func memoryDir() string { return "" }

@@ -2,6 +2,7 @@ package pgtest
 
 import (
 	"errors"
+	"flag"
 	"fmt"
 	"os"
 	"os/exec"
@@ -175,11 +176,42 @@ func (t *tailBuffer) String() string {
 	return strings.TrimSpace(string(t.b))
 }
 
-// dirPrefix starts the name of every cluster's directory in os.TempDir(); the
-// test binary's PID follows, so that a later run can tell a leftover.
+// dirPrefix starts the name of every cluster's directory in its root (see
+// clusterRoot); the test binary's PID follows, so that a later run can tell a
+// leftover.
 const dirPrefix = "keybrake-pgtest-"
 
+// clusterRoot is the directory a new cluster's directory is made in: a tmpfs
+// with room (memoryDir) unless the binary runs benchmarks, else os.TempDir().
+// In memory the CREATE DATABASE and DROP DATABASE of every test cost a
+// fraction of their CPU on ext4, whose allocator rescans the inodes a drop
+// freed for each file a copy creates, and the WAL's fsyncs return at once.
+// The server, its settings and its crash recovery are the same: a killed
+// server's WAL is replayed from memory as it would be from disk. Benchmarks
+// keep the disk, so that a commit waits for it as it does in production.
+func clusterRoot() string {
+	if f := flag.Lookup("test.bench"); f == nil || f.Value.String() == "" {
+		if dir := memoryDir(); dir != "" {
+			return dir
+		}
+	}
+	return os.TempDir()
+}
+
+// memoryNeed is the room a tmpfs must have free to hold clusters: the shared
+// cluster's WAL can grow to max_wal_size (1 GB) between checkpoints.
+const memoryNeed = 2 << 30
+
 var sweepOnce sync.Once
+
+// sweepAllLeftovers sweeps both places a cluster's directory can be.
+func sweepAllLeftovers() {
+	for _, root := range []string{memoryDir(), os.TempDir()} {
+		if root != "" {
+			sweepLeftovers(root)
+		}
+	}
+}
 
 // sweepLeftovers removes the directories of clusters whose test binary died
 // before it could (a panic, a timeout, SIGKILL: the server itself is stopped by
