@@ -39,9 +39,8 @@ const (
 
 // Cluster is a throwaway PostgreSQL cluster this package started: a data
 // directory in a fresh directory (in memory where it can be, see clusterRoot)
-// and one postgres process
-// listening on 127.0.0.1 only, on a port that stays the same across Stop and
-// Start. Its methods are safe for concurrent use.
+// and one postgres process listening on 127.0.0.1 only, on a port that stays
+// the same across Stop and Start. Its methods are safe for concurrent use.
 type Cluster struct {
 	bin      string      // directory of initdb and postgres
 	user     *serverUser // nil: the current user
@@ -49,9 +48,7 @@ type Cluster struct {
 	port     int
 	password string // the superuser's, needed over TCP
 	version  string
-	// fileCopy: copies of a template are made with STRATEGY FILE_COPY, a copy
-	// of the files, which in memory is a fraction of the CPU of WAL_LOG
-	// (PostgreSQL 15's default, which writes every page to the WAL).
+	// fileCopy: copies of a template are a copy of its files (see createFrom).
 	fileCopy bool
 	log      *tailBuffer
 
@@ -108,7 +105,7 @@ func startCluster() (c *Cluster, err error) {
 		return nil, err
 	}
 	sweepOnce.Do(sweepAllLeftovers)
-	root := clusterRoot()
+	root, inMemory := clusterRoot()
 	dir, err := os.MkdirTemp(root, dirPrefix+strconv.Itoa(os.Getpid())+"-")
 	if err != nil {
 		return nil, fmt.Errorf("create the cluster directory: %w", err)
@@ -134,7 +131,7 @@ func startCluster() (c *Cluster, err error) {
 	}
 	c.version = strings.TrimPrefix(strings.TrimSpace(string(out)), "postgres (PostgreSQL) ")
 	c.version = "PostgreSQL " + c.version
-	c.fileCopy = root != os.TempDir() && majorVersion(c.version) >= 15
+	c.fileCopy = inMemory && majorVersion(c.version) >= 15
 	if out, err := c.run("initdb", "-D", c.dataDir(), "-U", superuser, "--auth=trust",
 		"--encoding=UTF8", "--locale=C", "--no-sync"); err != nil {
 		return c, fmt.Errorf("initdb (%s): %w: %s", c.bin, err, clip(string(out)))
@@ -401,11 +398,7 @@ func (c *Cluster) URL(tb testing.TB) string {
 func (c *Cluster) database(tb testing.TB, source string) string {
 	tb.Helper()
 	name := databaseName(tb)
-	create := createFrom(name, source)
-	if source != "" && c.fileCopy {
-		create += " STRATEGY FILE_COPY"
-	}
-	if err := c.admin(create); err != nil {
+	if err := c.admin(createFrom(name, source, c.fileCopy)); err != nil {
 		tb.Fatalf("pgtest: create database %s: %v", name, err)
 	}
 	tb.Cleanup(func() {
@@ -454,29 +447,37 @@ type adminPools struct {
 	m  map[string]*pgxpool.Pool // by the URL they connect to
 }
 
-// exec runs sql on url's pool, opening the pool on first use.
+// exec runs sql on url's pool.
 func (a *adminPools) exec(url, sql string) error {
-	a.mu.Lock()
-	pool, ok := a.m[url]
-	if !ok {
-		cfg, err := pgxpool.ParseConfig(url)
-		if err != nil {
-			a.mu.Unlock()
-			return err
-		}
-		// One round trip per statement; none of them is run twice.
-		cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeSimpleProtocol
-		if pool, err = pgxpool.NewWithConfig(context.Background(), cfg); err != nil {
-			a.mu.Unlock()
-			return err
-		}
-		a.m[url] = pool
+	pool, err := a.pool(url)
+	if err != nil {
+		return err
 	}
-	a.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), adminTime)
 	defer cancel()
-	_, err := pool.Exec(ctx, sql)
+	_, err = pool.Exec(ctx, sql)
 	return err
+}
+
+// pool is url's pool, opened on first use (it connects when first used).
+func (a *adminPools) pool(url string) (*pgxpool.Pool, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if pool, ok := a.m[url]; ok {
+		return pool, nil
+	}
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, err
+	}
+	// One round trip per statement; none of them is run twice.
+	cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeSimpleProtocol
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		return nil, err
+	}
+	a.m[url] = pool
+	return pool, nil
 }
 
 // close closes url's pool, if one is open: its server is stopping.
@@ -493,13 +494,11 @@ func (a *adminPools) close(url string) {
 // closeAll closes every pool: the tests have ended.
 func (a *adminPools) closeAll() {
 	a.mu.Lock()
-	urls := make([]string, 0, len(a.m))
-	for url := range a.m {
-		urls = append(urls, url)
-	}
+	pools := a.m
+	a.m = map[string]*pgxpool.Pool{}
 	a.mu.Unlock()
-	for _, url := range urls {
-		a.close(url)
+	for _, pool := range pools {
+		pool.Close()
 	}
 }
 
@@ -514,17 +513,24 @@ func majorVersion(version string) int {
 // createDatabase creates name from template0 with a UTF-8 encoding and the C
 // collation, the same on every server, so that ordering never depends on the
 // machine.
-func createDatabase(name string) string { return createFrom(name, "") }
+func createDatabase(name string) string { return createFrom(name, "", false) }
 
 // createFrom creates name as a copy of the database source, or from template0
 // when source is empty. A Template's database was itself created from
-// template0 here, so a copy has the same encoding and collation.
-func createFrom(name, source string) string {
+// template0 here, so a copy has the same encoding and collation. With fileCopy
+// (PostgreSQL 15 or newer) a copy is a copy of the source's files, which in
+// memory costs a fraction of the CPU of WAL_LOG, the default, which writes
+// every page to the WAL.
+func createFrom(name, source string, fileCopy bool) string {
 	if source == "" {
 		return "CREATE DATABASE " + pgx.Identifier{name}.Sanitize() +
 			" TEMPLATE template0 ENCODING 'UTF8' LC_COLLATE 'C' LC_CTYPE 'C'"
 	}
-	return "CREATE DATABASE " + pgx.Identifier{name}.Sanitize() + " TEMPLATE " + pgx.Identifier{source}.Sanitize()
+	q := "CREATE DATABASE " + pgx.Identifier{name}.Sanitize() + " TEMPLATE " + pgx.Identifier{source}.Sanitize()
+	if fileCopy {
+		q += " STRATEGY FILE_COPY"
+	}
+	return q
 }
 
 // dropDatabase drops name, ending the sessions a test left open (PostgreSQL

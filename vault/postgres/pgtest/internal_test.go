@@ -111,6 +111,43 @@ func TestDatabaseName(t *testing.T) {
 	})
 }
 
+func TestMajorVersion(t *testing.T) {
+	t.Parallel()
+	for version, want := range map[string]int{
+		"PostgreSQL 15.18 (Debian 15.18-0+deb12u1)": 15,
+		"PostgreSQL 9.6.24":                         9,
+		"PostgreSQL 17beta1":                        17,
+		"PostgreSQL ?":                              0,
+		"":                                          0,
+	} {
+		assert.Equal(t, want, majorVersion(version), version)
+	}
+}
+
+func TestCreateFromCopiesFilesOnlyWhenAsked(t *testing.T) {
+	t.Parallel()
+	assert.Equal(t, `CREATE DATABASE "a" TEMPLATE "tpl"`, createFrom("a", "tpl", false))
+	assert.Equal(t, `CREATE DATABASE "a" TEMPLATE "tpl" STRATEGY FILE_COPY`, createFrom("a", "tpl", true))
+	assert.NotContains(t, createFrom("a", "", true), "STRATEGY", "a database from template0 is not a copy")
+}
+
+// Creating and dropping the tests' databases reuses the server's admin
+// sessions: one new session for statements run one after another, not one
+// per statement.
+func TestAdminStatementsShareASession(t *testing.T) {
+	c := sharedCluster(t)
+	pool, err := admins.pool(c.socketURL())
+	require.NoError(t, err)
+	require.NoError(t, c.admin("SELECT 1"))
+	before := pool.Stat().NewConnsCount()
+	for range 5 {
+		name := databaseName(t)
+		require.NoError(t, c.admin(createDatabase(name)))
+		require.NoError(t, c.admin(dropDatabase(name)))
+	}
+	assert.LessOrEqual(t, pool.Stat().NewConnsCount()-before, int64(1), "ten statements, one after another")
+}
+
 // BenchmarkStartCluster measures a cluster's start (initdb, start, password)
 // and stop: what the first test of a binary that needs PostgreSQL waits for.
 func BenchmarkStartCluster(b *testing.B) {

@@ -23,8 +23,9 @@
 // benchmark, else under os.TempDir(); it listens on 127.0.0.1 only, on a free
 // port; its TCP connections need a random superuser password, which the URLs
 // carry. It runs with fsync on (on disk, commits wait for it, as in
-// production), 200 connections and 32MB of shared buffers, in UTC. As root, initdb and postgres run as the "postgres"
-// user (they refuse root), which owns the cluster's directory. No server
+// production), 200 connections and 32MB of shared buffers, in UTC. As root,
+// initdb and postgres run as the "postgres" user (they refuse root), which
+// owns the cluster's directory. No server
 // outlives its test binary: Main and the tests' cleanups stop it, and on Linux
 // a parent-death signal stops it when the binary dies in any other way (panic,
 // timeout, SIGKILL); a later run removes the directory such a death leaves.
@@ -224,7 +225,7 @@ func externalURL(tb testing.TB, admin string, tpl *Template) string {
 		source = tpl.on(tb, admin, exec, urlOf, fmt.Sprintf("%s (%s)", EnvDatabaseURL, u.Redacted()))
 	}
 	name := databaseName(tb)
-	if err := exec(createFrom(name, source)); err != nil {
+	if err := exec(createFrom(name, source, false)); err != nil {
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) && pgErr.Code == "42501" { // insufficient_privilege
 			tb.Fatalf("pgtest: %s (%s): the role may not create databases: grant it CREATEDB (ALTER ROLE … CREATEDB), or unset %s to let the tests start their own PostgreSQL: %v",

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/url"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
@@ -158,6 +159,8 @@ func TestClusterListensOnLoopbackOnly(t *testing.T) {
 	assert.Equal(t, "127.0.0.1", setting(t, pool, "listen_addresses"))
 	socketDir := strings.Trim(setting(t, pool, "unix_socket_directories"), `"`)
 	assert.Equal(t, filepath.Join(socketDir, "data"), setting(t, pool, "data_directory"), "the socket is in the cluster's directory")
+	assert.True(t, strings.HasPrefix(socketDir, os.TempDir()) || strings.HasPrefix(socketDir, "/dev/shm/"),
+		"socket in %s: a temporary directory, on disk or in memory", socketDir)
 	assert.Equal(t, "on", setting(t, pool, "fsync"))
 	assert.Equal(t, "200", setting(t, pool, "max_connections"))
 	assert.Equal(t, "UTC", setting(t, pool, "TimeZone"))

@@ -189,13 +189,13 @@ const dirPrefix = "keybrake-pgtest-"
 // The server, its settings and its crash recovery are the same: a killed
 // server's WAL is replayed from memory as it would be from disk. Benchmarks
 // keep the disk, so that a commit waits for it as it does in production.
-func clusterRoot() string {
+func clusterRoot() (dir string, inMemory bool) {
 	if f := flag.Lookup("test.bench"); f == nil || f.Value.String() == "" {
 		if dir := memoryDir(); dir != "" {
-			return dir
+			return dir, true
 		}
 	}
-	return os.TempDir()
+	return os.TempDir(), false
 }
 
 // memoryNeed is the room a tmpfs must have free to hold clusters: the shared

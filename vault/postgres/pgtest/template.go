@@ -106,7 +106,7 @@ func (t *Template) on(tb testing.TB, admin string, exec func(sql string) error, 
 // build creates and prepares t's database, then closes it to connections.
 func (t *Template) build(exec func(sql string) error, urlOf func(database string) string, external string) (string, error) {
 	name := templateName(t.name)
-	if err := exec(createFrom(name, "")); err != nil {
+	if err := exec(createFrom(name, "", false)); err != nil {
 		return "", fmt.Errorf("create database %s: %w", name, err)
 	}
 	if external != "" {
