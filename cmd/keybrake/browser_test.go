@@ -132,9 +132,9 @@ func startBrowser(path string) (context.Context, error) {
 		chromedp.WindowSize(1280, 800),
 		// A renderer process per tab (each test's tab has a browser context
 		// of its own) cost a process start and a JavaScript engine's warm-up
-		// for every test: two renderers shared by every tab took the browser
-		// tests from 67 to 43 s of CPU. The contexts still share no cookies,
-		// storage or cache.
+		// for every test: with the screenshots off, two renderers shared by
+		// every tab took the browser tests from 51 to 43 s of the machine's
+		// CPU. The contexts still share no cookies, storage or cache.
 		chromedp.Flag("renderer-process-limit", "2"),
 	)
 	allocCtx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
