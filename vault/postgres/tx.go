@@ -9,7 +9,6 @@ import (
 	"net/url"
 	"slices"
 	"strings"
-	"sync"
 	"time"
 	"unsafe"
 
@@ -90,26 +89,17 @@ func throughWith(b, via, with engine.Bucket) string {
 
 // statements keeps the text of statements built from their parts, by a key
 // that names the parts: each is built once, then read on every use. A few
-// combinations recur; a full map starts over.
+// combinations recur.
 type statements[K comparable] struct {
-	mu sync.Mutex
-	m  map[K]string
+	built engine.Bounded[K, string]
 }
 
-// maxStatements bounds a statements' map.
-const maxStatements = 1024
-
 func (c *statements[K]) of(k K, build func() string) string {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if q, ok := c.m[k]; ok {
+	if q, ok := c.built.Get(k); ok {
 		return q
 	}
 	q := build()
-	if c.m == nil || len(c.m) >= maxStatements {
-		c.m = make(map[K]string)
-	}
-	c.m[k] = q
+	c.built.Put(k, q)
 	return q
 }
 

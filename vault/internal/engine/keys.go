@@ -122,7 +122,7 @@ func (s *Engine) authenticateTx(tx Tx, hash string) (authRec, error) {
 	g, withOK := tx.(ThroughWithGetter)
 	hint := ""
 	if withOK {
-		hint, _ = s.authHints.get(hash)
+		hint, _ = s.authHints.Get(hash)
 	}
 	if hint != "" {
 		id, raw, up, err = g.GetThroughWith(BucketTokens, []byte(hash), BucketKeys, Read{Bucket: BucketUpstreams, Key: []byte(hint)})
@@ -146,7 +146,7 @@ func (s *Engine) authenticateTx(tx Tx, hash string) (authRec, error) {
 			return authRec{}, err
 		}
 		if withOK {
-			s.authHints.put(hash, rec.Upstream)
+			s.authHints.Put(hash, rec.Upstream)
 		}
 	}
 	if up == nil {

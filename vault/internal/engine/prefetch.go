@@ -2,7 +2,6 @@ package engine
 
 import (
 	"context"
-	"sync"
 	"time"
 
 	"github.com/keybrake/keybrake/policy"
@@ -115,37 +114,23 @@ func (s *Engine) keyPrefetch(keyID string, record []byte) *Prefetch {
 // possibly stale, never used for a decision (the body reads every budget
 // again under its lock).
 type budgetHints struct {
-	mu sync.Mutex
-	m  map[string]*budgetRec // never modified once kept
+	byID Bounded[string, *budgetRec] // never modified once kept
 }
 
 // note keeps chain's budgets, as a Reserve read them.
 func (h *budgetHints) note(chain []*budgetRec) {
-	if len(chain) == 0 {
-		return
-	}
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if h.m == nil || len(h.m) >= keyCacheMax {
-		h.m = make(map[string]*budgetRec)
-	}
 	for _, b := range chain {
-		h.m[b.ID] = b
+		h.byID.Put(b.ID, b)
 	}
 }
 
 // chain is the chain of budget id, closest first, as far as the hints know
 // it (nothing past a budget they do not know, at most policy.MaxChainDepth).
 func (h *budgetHints) chain(id string) []*budgetRec {
-	if id == "" {
-		return nil
-	}
-	h.mu.Lock()
-	defer h.mu.Unlock()
 	var out []*budgetRec
 	for id != "" && len(out) < policy.MaxChainDepth {
-		b := h.m[id]
-		if b == nil {
+		b, ok := h.byID.Get(id)
+		if !ok {
 			break
 		}
 		out = append(out, b)

@@ -132,28 +132,32 @@ func getKey(tx Tx, id string) (*keyRec, error) {
 	return &r, nil
 }
 
-// bounded is a map under a mutex of at most keyCacheMax entries, emptied when
-// full: what the engine keeps to spare a read or a decode, never what it
-// decides on.
-type bounded[V any] struct {
+// Bounded is a map under a mutex of at most BoundedMax entries, emptied when
+// full: what a store keeps to spare a read, a decode or a build, never what
+// it decides on. The zero value is empty and ready; it is safe for
+// concurrent use.
+type Bounded[K comparable, V any] struct {
 	mu sync.Mutex
-	m  map[string]V
+	m  map[K]V
 }
 
-const keyCacheMax = 10000
+// BoundedMax bounds a Bounded's entries.
+const BoundedMax = 10000
 
-func (b *bounded[V]) get(k string) (V, bool) {
+// Get is k's value, if one is kept.
+func (b *Bounded[K, V]) Get(k K) (V, bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	v, ok := b.m[k]
 	return v, ok
 }
 
-func (b *bounded[V]) put(k string, v V) {
+// Put keeps v as k's value, emptying the map first when it is full.
+func (b *Bounded[K, V]) Put(k K, v V) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.m == nil || len(b.m) >= keyCacheMax {
-		b.m = make(map[string]V)
+	if b.m == nil || len(b.m) >= BoundedMax {
+		b.m = make(map[K]V)
 	}
 	b.m[k] = v
 }
@@ -163,7 +167,7 @@ func (b *bounded[V]) put(k string, v V) {
 // used only for the very bytes read in the current transaction, so it is
 // never stale.
 type decodedCache[T any] struct {
-	entries bounded[decoded[T]]
+	entries Bounded[string, decoded[T]]
 }
 
 type decoded[T any] struct {
@@ -173,14 +177,14 @@ type decoded[T any] struct {
 
 // of is what raw, entry name's bytes as read, decodes to by decode.
 func (c *decodedCache[T]) of(name string, raw []byte, decode func(name string, raw []byte) (T, error)) (T, error) {
-	if e, ok := c.entries.get(name); ok && bytes.Equal(e.raw, raw) {
+	if e, ok := c.entries.Get(name); ok && bytes.Equal(e.raw, raw) {
 		return e.v, nil
 	}
 	v, err := decode(name, raw)
 	if err != nil {
 		return v, err
 	}
-	c.entries.put(name, decoded[T]{raw: bytes.Clone(raw), v: v})
+	c.entries.Put(name, decoded[T]{raw: bytes.Clone(raw), v: v})
 	return v, nil
 }
 
@@ -203,7 +207,7 @@ func decodeKey(id string, raw []byte) (*keyRec, error) {
 // peek is the last decoded copy of key id, nil when there is none: possibly
 // stale, so only for hints (Prefetch), never for a decision.
 func (c *keyCache) peek(id string) *keyRec {
-	e, _ := c.entries.get(id)
+	e, _ := c.entries.Get(id)
 	return e.v
 }
 

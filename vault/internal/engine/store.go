@@ -73,7 +73,7 @@ type Engine struct {
 	// read with the token and its key, never a decision (authenticateTx).
 	// With upstreamVersions it spares Authenticate a round trip and a decode
 	// on PostgreSQL.
-	authHints        bounded[string]
+	authHints        Bounded[string, string]
 	upstreamVersions decodedCache[uint64]
 	// memo holds authenticated keys and upstream secrets on a sole writer;
 	// nil otherwise.
