@@ -7,7 +7,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -18,24 +17,26 @@ import (
 )
 
 // Group commit. Reserve and Settle say what they will lock and read
-// (engine.Prefetch); each replica's committers take them from one queue and
-// run every one queued while the previous transaction was committing in one
-// transaction, in the order queued. The transaction begins with one round
-// trip that takes every key's lock, in key order (so that two replicas' batches
-// cannot deadlock), reads every entry named, and reads the clock; the bodies
-// then find what they read in the transaction, and their writes go with the
-// COMMIT in one more. One commit, one fsync of the server's log, serves the
-// whole batch, and a hot key's row is locked once per batch. A batch whose
-// locks the replica's batch under way holds waits for it in process, and
-// that batch, once its locks are held, takes in what the waiting one
-// gathered of the rows it holds (one more round trip: their reads and the
-// clock) before it commits.
+// (engine.Prefetch); each replica's one committer takes them from one queue
+// and runs every one queued while the previous transaction was committing in
+// one transaction, in the order queued. The transaction begins with one round
+// trip that takes every key's lock, in key order (so that two replicas'
+// batches cannot deadlock), reads every entry named, and reads the clock; the
+// bodies then find what they read in the transaction, and their writes go with
+// the COMMIT in one more. One commit, one fsync of the server's log, serves the
+// whole batch, and a hot key's row is locked once per batch. A batch, once its
+// locks are held and its bodies have run, takes in what was queued meanwhile
+// of the rows it holds (one more round trip: their reads and the clock)
+// before it commits; the rest of what was queued meanwhile begins the next
+// batch (docs/decisions/0118).
 const (
 	// maxBatch bounds how many operations share one transaction.
 	maxBatch = 256
 	// committers is how many batches of one replica are under way at once:
-	// while one commits, the next takes its locks and runs.
-	committers = 2
+	// one. A second one gained nothing over many keys and, on one hot key,
+	// only waited for the row the first held (docs/decisions/0118); what
+	// comes for the rows a batch holds joins it instead (runOps).
+	committers = 1
 	// batchLockWait is how long a batch waits for a key's lock before it
 	// leaves the operations of that key to a transaction of their own,
 	// which waits up to lock_timeout: a key held by a frozen replica costs
@@ -94,47 +95,34 @@ func (s *backend) enqueue(ctx context.Context, op *batchOp) error {
 	return nil
 }
 
-// commitLoop is one committer. It exits when ops is closed and drained.
+// commitLoop is the replica's committer. It exits when ops is closed and
+// drained and nothing is pending: what Close leaves queued or pending goes
+// through runBatch like the rest, and is answered ErrClosed (retry).
 //
-// A batch that locks a key or a budget the replica's other batch under way
-// holds would only wait for that row lock on the server, its transaction
-// open, while what is queued meanwhile forms a third batch waiting behind it:
-// on one hot key a replica's requests were split into ever smaller batches
-// (two operations a commit at 16 connections on three replicas). So such a
-// batch waits here, until the other one ends, and takes in what is queued
-// meanwhile: everything that came during a commit shares the next one. The
-// batch under way, once its locks are held, may take in what the waiting
-// one gathered (runningBatch.takeIn); what it leaves waits on.
+// pending holds what a batch's transaction drained from ops to take in and
+// left (runOps): operations received, in the order queued, that have not
+// run. At most maxBatch, it all begins the next batch, ahead of what is
+// still queued; so each operation runs in one batch, and a key's operations
+// in the order they were queued.
 func (s *backend) commitLoop() {
 	defer s.loops.Done()
 	batch := make([]*batchOp, 0, maxBatch)
-	for op := range s.ops {
-		batch = append(batch[:0], op)
+	pending := make([]*batchOp, 0, maxBatch)
+	for {
+		batch = append(batch, pending...)
+		clear(pending)
+		pending = pending[:0]
 		batch = drainOps(s.ops, batch)
-		ran, busy := s.running.start(batch)
-		if busy != nil {
-			// Bounded: a batch under way that waits for a lock held
-			// elsewhere (decision 57) must not hold this one up for longer
-			// than it holds up its own other keys.
-			timeout := time.NewTimer(batchLockWait)
-			for busy != nil && len(batch) > 0 {
-				var expired bool
-				if batch, expired = s.gatherUntil(batch, busy, timeout.C); expired {
-					ran = s.running.add(batch)
-					break
-				}
-				if len(batch) > 0 {
-					ran, busy = s.running.start(batch)
-				}
-			}
-			timeout.Stop()
-		}
 		if len(batch) == 0 {
-			continue // the batch under way took in all of it
+			op, ok := <-s.ops
+			if !ok {
+				return // closed, and nothing pending: Close may end
+			}
+			batch = drainOps(s.ops, append(batch, op))
 		}
-		s.runBatch(slices.Clone(batch), false, ran)
-		s.running.remove(ran)
+		s.runBatch(slices.Clone(batch), false, &pending)
 		clear(batch)
+		batch = batch[:0]
 	}
 }
 
@@ -154,114 +142,14 @@ func drainOps(ops <-chan *batchOp, batch []*batchOp) []*batchOp {
 	return batch
 }
 
-// gatherUntil appends what is queued until busy ends, up to maxBatch, or
-// until timeout fires (expired). Meanwhile busy's transaction, once it holds
-// its locks, may take some of it in (takeIn): gatherUntil then returns at
-// once, with what is left, which may no longer share busy's locks.
-func (s *backend) gatherUntil(batch []*batchOp, busy *runningBatch, timeout <-chan time.Time) (_ []*batchOp, expired bool) {
-	g := &gathering{ops: batch, took: make(chan struct{}, 1)}
-	busy.mu.Lock()
-	mine := busy.waiter == nil // a third committer's batch waits unseen
-	if mine {
-		busy.waiter = g
-	}
-	busy.mu.Unlock()
-	end := func(expired bool) ([]*batchOp, bool) {
-		busy.mu.Lock()
-		defer busy.mu.Unlock()
-		if mine {
-			busy.waiter = nil
-		}
-		return g.ops, expired
-	}
-	for {
-		var next <-chan *batchOp
-		busy.mu.Lock()
-		if len(g.ops) < maxBatch {
-			next = s.ops
-		}
-		busy.mu.Unlock()
-		select {
-		case op, ok := <-next:
-			if !ok {
-				select {
-				case <-busy.done:
-					return end(false)
-				case <-timeout:
-					return end(true)
-				}
-			}
-			busy.mu.Lock()
-			g.ops = append(g.ops, op)
-			busy.mu.Unlock()
-		case <-g.took:
-			return end(false)
-		case <-busy.done:
-			return end(false)
-		case <-timeout:
-			return end(true)
-		}
-	}
-}
-
-// runningBatches is what the replica's batches under way lock.
-type runningBatches struct {
-	mu      sync.Mutex
-	batches []*runningBatch
-}
-
-type runningBatch struct {
-	locks map[string]bool // "k" or "b" and the key's or budget's id
-	done  chan struct{}
-	// mu guards waiter, the batch of the committer waiting for this one
-	// (gatherUntil), from which this one's transaction takes in (takeIn).
-	mu     sync.Mutex
-	waiter *gathering
-}
-
-// gathering is a batch that waits for a batch under way.
-type gathering struct {
-	ops  []*batchOp
-	took chan struct{} // told when takeIn took some of ops
-}
-
-func newRunningBatch(batch []*batchOp) *runningBatch {
-	rb := &runningBatch{locks: map[string]bool{}, done: make(chan struct{})}
-	locksOf(batch, rb.locks)
-	return rb
-}
-
-// takeIn hands rb's transaction what the batch waiting for rb gathered so
-// far, of the operations that lock only rows that held names ("k" or "b"
-// and the id of a row the transaction holds), at most n (split).
-func (rb *runningBatch) takeIn(held map[string]bool, n int) []*batchOp {
-	if rb == nil || n <= 0 || len(held) == 0 {
-		return nil
-	}
-	rb.mu.Lock()
-	defer rb.mu.Unlock()
-	g := rb.waiter
-	if g == nil {
-		return nil
-	}
-	var taken []*batchOp
-	taken, g.ops = split(g.ops, held, n)
-	if len(taken) > 0 {
-		select {
-		case g.took <- struct{}{}:
-		default:
-		}
-	}
-	return taken
-}
-
 // split parts batch, in order and in place, into what a transaction that
-// holds held takes (at most n) and what stays. An operation is taken if
-// everything it locks is held and no operation before it that stays locks
-// any of it: the operations of a key keep the order they were queued in,
-// those taken, which commit first, ahead of those that stay. An operation
-// that names no lock is not taken: it has no reason to share a hot key's
-// transaction.
+// holds held takes (at most n) and what stays; held names each row the
+// transaction found and locked ("k" or "b" and the key's or budget's id). An
+// operation is taken if everything it locks is held and no operation before
+// it that stays locks any of it: the operations of a key keep the order they
+// were queued in, those taken, which commit first, ahead of those that stay.
+// An operation that names no lock is not taken: it has no reason to share a
+// hot key's transaction.
 func split(batch []*batchOp, held map[string]bool, n int) (taken, kept []*batchOp) {
 	staying := map[string]bool{}
 	kept = batch[:0]
@@ -296,7 +184,7 @@ func covers(op *batchOp, held, staying map[string]bool) bool {
 	return true
 }
 
-// locksOf is what ops lock, as runningBatch.locks names it.
+// locksOf is what ops lock, as tx.held names it.
 func locksOf(ops []*batchOp, into map[string]bool) {
 	for _, op := range ops {
 		for _, k := range op.pf.Keys {
@@ -306,40 +194,6 @@ func locksOf(ops []*batchOp, into map[string]bool) {
 			into["b"+b] = true
 		}
 	}
-}
-
-// start says that batch is under way, unless a batch under way locks
-// something batch locks: then it returns that batch instead (busy).
-func (r *runningBatches) start(batch []*batchOp) (_, busy *runningBatch) {
-	rb := newRunningBatch(batch)
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	for _, b := range r.batches {
-		for l := range rb.locks {
-			if b.locks[l] {
-				return nil, b
-			}
-		}
-	}
-	r.batches = append(r.batches, rb)
-	return rb, nil
-}
-
-// add says that batch is under way, whatever else is.
-func (r *runningBatches) add(batch []*batchOp) *runningBatch {
-	rb := newRunningBatch(batch)
-	r.mu.Lock()
-	r.batches = append(r.batches, rb)
-	r.mu.Unlock()
-	return rb
-}
-
-// remove says that rb has ended, and wakes the batch waiting for it.
-func (r *runningBatches) remove(rb *runningBatch) {
-	r.mu.Lock()
-	r.batches = slices.DeleteFunc(r.batches, func(b *runningBatch) bool { return b == rb })
-	r.mu.Unlock()
-	close(rb.done)
 }
 
 // lockBusy says that a batch's key (or budget) stayed locked beyond
@@ -382,14 +236,15 @@ func (e *opFailed) Error() string { return e.err.Error() }
 func (e *opFailed) Unwrap() error { return e.err }
 
 // runBatch runs batch in one transaction and gives each operation its
-// outcome. patient batches wait up to lock_timeout for their locks. rb, when
-// set, is the batch as the replica's committers know it: its transaction
-// takes in what the batch waiting for it gathered (runOps).
-func (s *backend) runBatch(batch []*batchOp, patient bool, rb *runningBatch) {
+// outcome. patient batches wait up to lock_timeout for their locks. pending,
+// when set, is the committer's: the transaction takes in from it, and from
+// the queue, what comes for the rows it holds (runOps); each operation it
+// takes in is this batch's from then on, and gets its outcome here.
+func (s *backend) runBatch(batch []*batchOp, patient bool, pending *[]*batchOp) {
 	ctx, cancel := context.WithTimeout(context.Background(), submitTimeout)
 	defer cancel()
 	start := time.Now()
-	batch, err := s.runOps(ctx, batch, patient, rb)
+	batch, err := s.runOps(ctx, batch, patient, pending)
 	if err == nil {
 		if s.observe != nil {
 			s.observe(len(batch), time.Since(start))
@@ -404,7 +259,9 @@ func (s *backend) runBatch(batch []*batchOp, patient bool, rb *runningBatch) {
 	switch {
 	case errors.As(err, &busy) && !patient:
 		// Leave the key's operations to wait for it on their own; run the
-		// others again at once.
+		// others again at once. batch includes what the transaction took in
+		// (a retry's plan locks their rows too, and one may be the busy
+		// one); the others' batch may take in again.
 		var waiting, rest []*batchOp
 		for _, op := range batch {
 			if busy.names(op) {
@@ -415,7 +272,7 @@ func (s *backend) runBatch(batch []*batchOp, patient bool, rb *runningBatch) {
 		}
 		s.runPatient(waiting)
 		if len(rest) > 0 {
-			s.runBatch(rest, false, rb)
+			s.runBatch(rest, false, pending)
 		}
 	case errors.As(err, &failed) && len(batch) > 1:
 		// One body failed and rolled the whole batch back: run each alone,
@@ -469,23 +326,24 @@ func (s *backend) runPatient(ops []*batchOp) {
 // after a serialization failure, a deadlock or a unique violation, and
 // returns the operations it ran: ops, and those the transaction took in.
 //
-// Once ops' bodies have run, their locks held, the transaction takes in the
-// operations the batch waiting for rb gathered meanwhile that lock nothing
-// else (runningBatch.takeIn): one more round trip reads what they name and
-// the clock, their bodies run, and their writes go with the same COMMIT. On
-// one hot key shared by replicas the batch's transaction waited for the
-// other replicas' commits with its content fixed when it began; what came
-// meanwhile would otherwise wait for the next lock of the row, a commit of
-// its own. An operation taken in is the batch's from then on: it runs again
-// with it, and shares its outcome.
-func (s *backend) runOps(ctx context.Context, ops []*batchOp, patient bool, rb *runningBatch) ([]*batchOp, error) {
+// With pending (the committer's batch, see commitLoop), once ops' bodies have
+// run, their locks held, the transaction takes what was queued meanwhile
+// into pending and takes in, of pending, the operations that lock nothing
+// but rows it holds (split): one more round trip reads what they name and
+// the clock, their bodies run, and their writes go with the same COMMIT. The
+// rest stays pending, for the next batch. On one hot key shared by replicas
+// the batch's transaction waited for the other replicas' commits with its
+// content fixed when it began; what came meanwhile would otherwise wait for
+// the next lock of the row, a commit of its own. An operation taken in is the
+// batch's from then on: it runs again with it, and shares its outcome.
+func (s *backend) runOps(ctx context.Context, ops []*batchOp, patient bool, pending *[]*batchOp) ([]*batchOp, error) {
 	err := s.retry(ctx, func() error {
 		pl := s.planOf(ops, patient)
 		return s.once(ctx, true, pl, func(t *tx, now time.Time) error {
 			if err := runBodies(t, ops, now); err != nil {
 				return err
 			}
-			more := rb.takeIn(t.held, maxBatch-len(ops))
+			more := takeIn(pending, s.ops, t.held, maxBatch-len(ops))
 			if len(more) == 0 {
 				return nil
 			}
@@ -498,6 +356,19 @@ func (s *backend) runOps(ctx context.Context, ops []*batchOp, patient bool, rb *
 		})
 	})
 	return ops, err
+}
+
+// takeIn moves what is queued on ops into pending, up to maxBatch, and
+// returns what of pending a transaction that holds held takes in, at most n
+// (split); the rest stays in pending, in order.
+func takeIn(pending *[]*batchOp, ops <-chan *batchOp, held map[string]bool, n int) []*batchOp {
+	if pending == nil || n <= 0 || len(held) == 0 {
+		return nil
+	}
+	*pending = drainOps(ops, *pending)
+	var taken []*batchOp
+	taken, *pending = split(*pending, held, n)
+	return taken
 }
 
 // runBodies runs the bodies of ops in t, in order.

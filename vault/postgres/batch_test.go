@@ -3,6 +3,7 @@ package postgres
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -16,10 +17,11 @@ import (
 	"github.com/keybrake/keybrake/vault/vaulttest"
 )
 
-// parkCommitters holds every committer of s inside a transaction of its own,
-// so that what is submitted meanwhile queues; it returns once all of them
-// are parked. release frees them one after the other, so that the first one
-// freed takes everything queued in one batch. The parked bodies lock nothing.
+// parkCommitters holds every committer of s (there is one) inside a
+// transaction of its own, so that what is submitted meanwhile queues; it
+// returns once all of them are parked. release frees them one after the
+// other, so that the first one freed takes everything queued in one batch.
+// The parked bodies lock nothing, so their transactions take nothing in.
 func parkCommitters(t *testing.T, s *Store) (release func()) {
 	t.Helper()
 	var parked sync.WaitGroup
@@ -236,27 +238,15 @@ func TestParseSetting(t *testing.T) {
 	}
 }
 
-// gathered is how many operations the replica's committers have gathered
-// while they wait for a batch under way.
-func gathered(s *Store) int {
-	s.running.mu.Lock()
-	defer s.running.mu.Unlock()
-	n := 0
-	for _, b := range s.running.batches {
-		b.mu.Lock()
-		if b.waiter != nil {
-			n += len(b.waiter.ops)
-		}
-		b.mu.Unlock()
-	}
-	return n
-}
+// gathered is how many operations wait in the replica's queue, for its
+// committer, while a batch is under way.
+func gathered(s *Store) int { return len(s.ops) }
 
 // TestBatchWaitsForItsReplicasBatchOnTheSameKey: while a batch of the
 // replica holds a key, what comes for that key is not sent to wait for the
-// row lock on the server in a batch of its own, one per committer: the free
-// committer gathers it, and the batch holding the key takes it in before it
-// commits, so everything that came meanwhile shares that commit.
+// row lock on the server in a batch of its own: it waits in the replica's
+// queue, and the batch holding the key takes it in before it commits, so
+// everything that came meanwhile shares that commit.
 func TestBatchWaitsForItsReplicasBatchOnTheSameKey(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -280,7 +270,7 @@ func TestBatchWaitsForItsReplicasBatchOnTheSameKey(t *testing.T) {
 		})
 	}
 	require.Eventually(t, func() bool { return gathered(s) == 2 }, 10*time.Second, time.Millisecond,
-		"the free committer takes both in, though neither can lock the key yet")
+		"both queued, though neither can lock the key yet")
 	close(gate)
 	wg.Wait()
 	mu.Lock()
@@ -289,8 +279,8 @@ func TestBatchWaitsForItsReplicasBatchOnTheSameKey(t *testing.T) {
 }
 
 // TestBatchTakesInOnlyWhatItsLocksCover: the batch holding a key takes in,
-// of what its replica's other committer gathered, the operations of that
-// key, and leaves the rest — one that also locks another key, and one of
+// of what was queued on its replica meanwhile, the operations of that key,
+// and leaves the rest — one that also locks another key, and one of
 // the held key queued behind it, which must not pass it. What it takes in
 // is its own from then on: a body among them that fails rolls the whole
 // transaction back, and each operation runs again alone, so that only the
@@ -382,7 +372,139 @@ func TestBatchTakesInOnlyWhatItsLocksCover(t *testing.T) {
 	require.NoError(t, s.CheckInvariant(ctx))
 }
 
-// TestSplitKeepsEachKeysOrder: what a batch takes in of a waiting batch
+// recorder queues operations on a Store at once, in the test's order; each
+// body records that it ran and writes "test-" and its name into the meta
+// bucket. sizes are the sizes of the batches that committed.
+type recorder struct {
+	t     *testing.T
+	b     *backend
+	mu    sync.Mutex
+	ran   []string
+	sizes []int
+}
+
+func newRecorder(t *testing.T, s *Store) *recorder {
+	r := &recorder{t: t, b: (*backend)(s)}
+	s.observe = func(n int, _ time.Duration) { r.mu.Lock(); r.sizes = append(r.sizes, n); r.mu.Unlock() }
+	return r
+}
+
+func (r *recorder) op(name string, pf *engine.Prefetch) *batchOp {
+	o := &batchOp{pf: pf, done: make(chan error, 1), run: func(tx engine.Tx, _ time.Time) error {
+		r.mu.Lock()
+		r.ran = append(r.ran, name)
+		r.mu.Unlock()
+		return tx.Put(engine.BucketMeta, []byte("test-"+name), []byte("x"))
+	}}
+	require.NoError(r.t, r.b.enqueue(context.Background(), o))
+	return o
+}
+
+// holding submits an operation on pf whose body waits for gate, and returns
+// once its batch holds pf's rows.
+func (r *recorder) holding(pf *engine.Prefetch, gate chan struct{}) chan error {
+	inBody := make(chan struct{})
+	done := make(chan error, 1)
+	go func() { done <- r.b.SubmitPrefetch(context.Background(), pf, holdingBody(inBody, gate)) }()
+	<-inBody
+	return done
+}
+
+func (r *recorder) results() (ran []string, sizes []int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.ran), slices.Clone(r.sizes)
+}
+
+// metaNames is the names the recorder's operations wrote, in order.
+func metaNames(t *testing.T, s *Store) []string {
+	var names []string
+	rows, err := s.pool.Query(context.Background(), "SELECT convert_from(k, 'UTF8') FROM keybrake_meta WHERE k >= 'test-' AND k < 'test.' ORDER BY k")
+	require.NoError(t, err)
+	for rows.Next() {
+		var n string
+		require.NoError(t, rows.Scan(&n))
+		names = append(names, n)
+	}
+	require.NoError(t, rows.Err())
+	return names
+}
+
+// TestOneCommitterTakesInOnlyTheRowsItHolds: with one committer, what is
+// queued on other keys while a batch holds a key stays queued (no second
+// batch runs beside it), the batch takes in only the operations of its key
+// (not one that names no row), and the others, in the order queued, form
+// the next batch; all of them commit.
+func TestOneCommitterTakesInOnlyTheRowsItHolds(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := mustOpenURL(t, migrated.URL(t), vaulttest.Options{MasterKey: vaulttest.MasterKey, Now: vaulttest.NewClock(vaulttest.T0).Now})
+	vaulttest.MustUpstream(t, s, "sk_test_abcdef1234")
+	a, _ := vaulttest.MustMint(t, s, "a", vaulttest.Policy(t, "1000.00", "", ""), nil)
+	b, _ := vaulttest.MustMint(t, s, "b", vaulttest.Policy(t, "1000.00", "", ""), nil)
+	c, _ := vaulttest.MustMint(t, s, "c", vaulttest.Policy(t, "1000.00", "", ""), nil)
+	require.Equal(t, 1, committers)
+	r := newRecorder(t, s)
+	onA := &engine.Prefetch{Keys: []string{a.ID}}
+
+	gate := make(chan struct{})
+	first := r.holding(onA, gate)
+	ops := []*batchOp{
+		r.op("b", &engine.Prefetch{Keys: []string{b.ID}}),
+		r.op("a1", onA),
+		r.op("c", &engine.Prefetch{Keys: []string{c.ID}}),
+		r.op("a2", onA),
+		r.op("none", &engine.Prefetch{}),
+	}
+	require.Eventually(t, func() bool { return gathered(s) == len(ops) }, 10*time.Second, time.Millisecond,
+		"all queued: no other batch runs beside the one holding a")
+	close(gate)
+	require.NoError(t, <-first)
+	for _, o := range ops {
+		require.NoError(t, <-o.done)
+	}
+	ran, sizes := r.results()
+	assert.Equal(t, []string{"a1", "a2", "b", "c", "none"}, ran, "a's taken in, the rest after, in the order queued")
+	assert.Equal(t, []int{3, 3}, sizes, "the batch holding a took in a's two; b, c and the one naming nothing waited for the next")
+	assert.Equal(t, []string{"test-a1", "test-a2", "test-b", "test-c", "test-none"}, metaNames(t, s), "all committed")
+	require.NoError(t, s.CheckInvariant(ctx))
+}
+
+// TestCloseAnswersWhatIsPending: what a batch's transaction took from the
+// queue and left (it locks a row the batch does not hold) is answered before
+// Close returns, as what is still queued at Close is: ErrClosed, its body
+// not run. What the batch under way took in commits with it.
+func TestCloseAnswersWhatIsPending(t *testing.T) {
+	t.Parallel()
+	url := migrated.URL(t)
+	s := mustOpenURL(t, url, vaulttest.Options{MasterKey: vaulttest.MasterKey, Now: vaulttest.NewClock(vaulttest.T0).Now})
+	vaulttest.MustUpstream(t, s, "sk_test_abcdef1234")
+	a, _ := vaulttest.MustMint(t, s, "a", vaulttest.Policy(t, "1000.00", "", ""), nil)
+	b, _ := vaulttest.MustMint(t, s, "b", vaulttest.Policy(t, "1000.00", "", ""), nil)
+	r := newRecorder(t, s)
+	onA := &engine.Prefetch{Keys: []string{a.ID}}
+
+	gate := make(chan struct{})
+	first := r.holding(onA, gate)
+	onB, takenIn := r.op("b", &engine.Prefetch{Keys: []string{b.ID}}), r.op("a", onA)
+	require.Eventually(t, func() bool { return gathered(s) == 2 }, 10*time.Second, time.Millisecond, "both queued")
+	closed := make(chan error, 1)
+	go func() { closed <- s.Close() }()
+	require.Eventually(t, s.closed.Load, 10*time.Second, time.Millisecond, "Close has closed the queue")
+	close(gate)
+	require.NoError(t, <-first)
+	require.NoError(t, <-takenIn.done, "taken in by the batch under way")
+	assert.ErrorIs(t, <-onB.done, vault.ErrClosed, "left pending, answered at Close")
+	require.NoError(t, <-closed)
+	ran, sizes := r.results()
+	assert.Equal(t, []string{"a"}, ran)
+	assert.Equal(t, []int{2}, sizes)
+
+	again := mustOpenURL(t, url, vaulttest.Options{MasterKey: vaulttest.MasterKey, Now: vaulttest.NewClock(vaulttest.T0).Now})
+	assert.Equal(t, []string{"test-a"}, metaNames(t, again), "what was taken in committed before Close returned")
+}
+
+// TestSplitKeepsEachKeysOrder: what a batch takes in of what is pending
 // never passes an operation of the same key that stays.
 func TestSplitKeepsEachKeysOrder(t *testing.T) {
 	t.Parallel()

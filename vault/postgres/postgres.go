@@ -36,19 +36,19 @@
 // # Group commit
 //
 // Reserve and Settle say ahead what they will lock and read (engine.Prefetch).
-// Each Store's committers run every such write queued while the previous
+// Each Store's committer runs every such write queued while the previous
 // transaction committed in one transaction, in order: its first round trip
 // begins it, locks every key named in key order (so that replicas' batches
 // cannot deadlock), reads every entry named (one statement for all buckets)
 // and the clock; the bodies find them there; the writes, buffered, go with
 // the COMMIT in one more round trip, in one statement (a data-modifying WITH
 // per table and kind of write). One commit of the server serves the batch,
-// and a hot key's row is locked once per batch. A batch that would wait for a
-// row the replica's other batch holds waits in process; the batch holding the
-// row, once its locks are held, takes in what came for that row meanwhile, in
-// one more round trip, and commits it too (docs/decisions/0109 and 0115). A
-// key another session holds for longer than batchLockWait is left to a batch
-// of its own, which waits up to lock_timeout (docs/decisions/0056 and 0057).
+// and a hot key's row is locked once per batch. A batch, once its locks are
+// held, takes in what was queued meanwhile for the rows it holds, in one more
+// round trip, and commits it too; the rest of it begins the next batch
+// (docs/decisions/0115 and 0118). A key another session holds for longer
+// than batchLockWait is left to a batch of its own, which waits up to
+// lock_timeout (docs/decisions/0056 and 0057).
 //
 // # Time
 //
@@ -162,14 +162,12 @@ type Store struct {
 	// closeMu orders the queueing of operations before Close closes ops.
 	closeMu sync.RWMutex
 
-	// ops is the queue of the group committers (batch.go); loops counts
-	// them and the batches that wait for a lock on their own, whose number
+	// ops is the queue of the group committer (batch.go); loops counts
+	// it and the batches that wait for a lock on their own, whose number
 	// patient bounds.
 	ops     chan *batchOp
 	loops   sync.WaitGroup
 	patient chan struct{}
-	// running is what the batches under way lock (batch.go).
-	running runningBatches
 	// lockTimeout is the sessions' lock_timeout (lockTimeoutParam as set),
 	// the longest wait for a lock; 0 when it does not parse.
 	lockTimeout      time.Duration
@@ -331,8 +329,10 @@ func (s *Store) measure(before, db, after time.Time) {
 // one did (migrations run under an advisory lock).
 func (s *Store) CreatedSchema() bool { return s.createdSchema }
 
-// Close closes the pool; transactions under way, and operations queued for
-// the group committers, finish first. Calls after Close return ErrClosed.
+// Close closes the pool; transactions under way finish first, and operations
+// queued for the group committer (those it took from the queue and has not
+// run yet included) are answered, with ErrClosed if they had not begun.
+// Calls after Close return ErrClosed.
 func (s *Store) Close() error {
 	s.closeOnce.Do(func() {
 		s.closeMu.Lock()

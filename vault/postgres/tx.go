@@ -348,8 +348,9 @@ type tx struct {
 	// written since (nil without a plan): no other transaction can change
 	// them before this one ends.
 	seen map[opKey]known
-	// held names the rows the plan found and locked, as runningBatch.locks
-	// does: what an operation taken into the transaction may lock.
+	// held names the rows the plan found and locked, "k" or "b" and the
+	// key's or budget's id (as locksOf does): what an operation taken into
+	// the transaction may lock.
 	held map[string]bool
 	err  error // the first failure of a cursor
 	// dbErr is the first failure of a statement: the transaction is lost,
