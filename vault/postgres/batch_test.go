@@ -288,52 +288,16 @@ func TestBatchWaitsForItsReplicasBatchOnTheSameKey(t *testing.T) {
 func TestBatchTakesInOnlyWhatItsLocksCover(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	s := mustOpenURL(t, migrated.URL(t), vaulttest.Options{MasterKey: vaulttest.MasterKey, Now: vaulttest.NewClock(vaulttest.T0).Now})
-	vaulttest.MustUpstream(t, s, "sk_test_abcdef1234")
-	hot, _ := vaulttest.MustMint(t, s, "hot", vaulttest.Policy(t, "1000.00", "", ""), nil)
-	other, _ := vaulttest.MustMint(t, s, "other", vaulttest.Policy(t, "1000.00", "", ""), nil)
-	var mu sync.Mutex
-	var sizes []int
-	var ran []string
-	s.observe = func(n int, _ time.Duration) { mu.Lock(); sizes = append(sizes, n); mu.Unlock() }
-	b := (*backend)(s)
-	onHot := &engine.Prefetch{Keys: []string{hot.ID}}
-	// op is an operation queued at once, in the test's order; its body
-	// records that it ran and writes its name into the meta bucket.
-	op := func(name string, pf *engine.Prefetch, fail bool) *batchOp {
-		o := &batchOp{pf: pf, done: make(chan error, 1), run: func(tx engine.Tx, _ time.Time) error {
-			mu.Lock()
-			ran = append(ran, name)
-			mu.Unlock()
-			if err := tx.Put(engine.BucketMeta, []byte("test-"+name), []byte("x")); err != nil {
-				return err
-			}
-			if fail {
-				return errors.New("boom")
-			}
-			return nil
-		}}
-		require.NoError(t, b.enqueue(ctx, o))
-		return o
-	}
-	// holding queues an operation of hot whose body waits for gate, and
-	// returns once it holds hot's row.
-	holding := func(gate chan struct{}) chan error {
-		inBody := make(chan struct{})
-		done := make(chan error, 1)
-		go func() {
-			done <- b.SubmitPrefetch(ctx, onHot, holdingBody(inBody, gate))
-		}()
-		<-inBody
-		return done
-	}
+	s, ids := withKeys(t, migrated.URL(t), "hot", "other")
+	r := newRecorder(t, s)
+	onHot := &engine.Prefetch{Keys: []string{ids[0]}}
 
 	gate := make(chan struct{})
-	first := holding(gate)
+	first := r.holding(onHot, gate)
 	ops := []*batchOp{
-		op("hot", onHot, false),
-		op("both", &engine.Prefetch{Keys: []string{hot.ID, other.ID}}, false),
-		op("behind", onHot, false),
+		r.op("hot", onHot),
+		r.op("both", &engine.Prefetch{Keys: []string{ids[0], ids[1]}}),
+		r.op("behind", onHot),
 	}
 	require.Eventually(t, func() bool { return gathered(s) == len(ops) }, 10*time.Second, time.Millisecond, "all gathered")
 	close(gate)
@@ -341,35 +305,38 @@ func TestBatchTakesInOnlyWhatItsLocksCover(t *testing.T) {
 	for _, o := range ops {
 		require.NoError(t, <-o.done)
 	}
-	mu.Lock()
+	ran, sizes := r.results()
 	assert.Equal(t, []string{"hot", "both", "behind"}, ran, "in the order queued")
 	assert.Equal(t, []int{2, 2}, sizes, "hot's operation joined the batch holding hot; the other two waited for its end")
-	sizes, ran = nil, nil
-	mu.Unlock()
+	r.reset()
 
 	gate = make(chan struct{})
-	first = holding(gate)
-	good, bad := op("good", onHot, false), op("bad", onHot, true)
+	first = r.holding(onHot, gate)
+	good, bad := r.op("good", onHot), r.failing("bad", onHot)
 	require.Eventually(t, func() bool { return gathered(s) == 2 }, 10*time.Second, time.Millisecond, "both gathered")
 	close(gate)
 	require.NoError(t, <-first)
 	require.NoError(t, <-good.done)
 	assert.ErrorContains(t, <-bad.done, "boom")
-	mu.Lock()
+	ran, sizes = r.results()
 	assert.Equal(t, []string{"good", "bad", "good", "bad"}, ran, "taken in, then run again alone")
 	assert.Equal(t, []int{1, 1}, sizes, "after the failure each ran alone; the failing one committed nothing")
-	mu.Unlock()
-	var names []string
-	rows, err := s.pool.Query(ctx, "SELECT convert_from(k, 'UTF8') FROM keybrake_meta WHERE k >= 'test-' AND k < 'test.' ORDER BY k")
-	require.NoError(t, err)
-	for rows.Next() {
-		var n string
-		require.NoError(t, rows.Scan(&n))
-		names = append(names, n)
-	}
-	require.NoError(t, rows.Err())
-	assert.Equal(t, []string{"test-behind", "test-both", "test-good", "test-hot"}, names, "the failed body's write was rolled back")
+	assert.Equal(t, []string{"test-behind", "test-both", "test-good", "test-hot"}, metaNames(t, s), "the failed body's write was rolled back")
 	require.NoError(t, s.CheckInvariant(ctx))
+}
+
+// withKeys opens a store on url with an upstream and a vault key of each
+// name (caps that never refuse), and returns it with the keys' ids in order.
+func withKeys(t *testing.T, url string, names ...string) (*Store, []string) {
+	t.Helper()
+	s := mustOpenURL(t, url, vaulttest.Options{MasterKey: vaulttest.MasterKey, Now: vaulttest.NewClock(vaulttest.T0).Now})
+	vaulttest.MustUpstream(t, s, "sk_test_abcdef1234")
+	ids := make([]string, len(names))
+	for i, name := range names {
+		k, _ := vaulttest.MustMint(t, s, name, vaulttest.Policy(t, "1000.00", "", ""), nil)
+		ids[i] = k.ID
+	}
+	return s, ids
 }
 
 // recorder queues operations on a Store at once, in the test's order; each
@@ -389,15 +356,33 @@ func newRecorder(t *testing.T, s *Store) *recorder {
 	return r
 }
 
-func (r *recorder) op(name string, pf *engine.Prefetch) *batchOp {
+func (r *recorder) op(name string, pf *engine.Prefetch) *batchOp { return r.queue(name, pf, false) }
+
+// failing is op whose body fails ("boom") after its write.
+func (r *recorder) failing(name string, pf *engine.Prefetch) *batchOp { return r.queue(name, pf, true) }
+
+func (r *recorder) queue(name string, pf *engine.Prefetch, fail bool) *batchOp {
 	o := &batchOp{pf: pf, done: make(chan error, 1), run: func(tx engine.Tx, _ time.Time) error {
 		r.mu.Lock()
 		r.ran = append(r.ran, name)
 		r.mu.Unlock()
-		return tx.Put(engine.BucketMeta, []byte("test-"+name), []byte("x"))
+		if err := tx.Put(engine.BucketMeta, []byte("test-"+name), []byte("x")); err != nil {
+			return err
+		}
+		if fail {
+			return errors.New("boom")
+		}
+		return nil
 	}}
 	require.NoError(r.t, r.b.enqueue(context.Background(), o))
 	return o
+}
+
+// reset forgets what ran and the batch sizes so far.
+func (r *recorder) reset() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.ran, r.sizes = nil, nil
 }
 
 // holding submits an operation on pf whose body waits for gate, and returns
@@ -438,21 +423,17 @@ func metaNames(t *testing.T, s *Store) []string {
 func TestOneCommitterTakesInOnlyTheRowsItHolds(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	s := mustOpenURL(t, migrated.URL(t), vaulttest.Options{MasterKey: vaulttest.MasterKey, Now: vaulttest.NewClock(vaulttest.T0).Now})
-	vaulttest.MustUpstream(t, s, "sk_test_abcdef1234")
-	a, _ := vaulttest.MustMint(t, s, "a", vaulttest.Policy(t, "1000.00", "", ""), nil)
-	b, _ := vaulttest.MustMint(t, s, "b", vaulttest.Policy(t, "1000.00", "", ""), nil)
-	c, _ := vaulttest.MustMint(t, s, "c", vaulttest.Policy(t, "1000.00", "", ""), nil)
+	s, ids := withKeys(t, migrated.URL(t), "a", "b", "c")
 	require.Equal(t, 1, committers)
 	r := newRecorder(t, s)
-	onA := &engine.Prefetch{Keys: []string{a.ID}}
+	onA := &engine.Prefetch{Keys: []string{ids[0]}}
 
 	gate := make(chan struct{})
 	first := r.holding(onA, gate)
 	ops := []*batchOp{
-		r.op("b", &engine.Prefetch{Keys: []string{b.ID}}),
+		r.op("b", &engine.Prefetch{Keys: []string{ids[1]}}),
 		r.op("a1", onA),
-		r.op("c", &engine.Prefetch{Keys: []string{c.ID}}),
+		r.op("c", &engine.Prefetch{Keys: []string{ids[2]}}),
 		r.op("a2", onA),
 		r.op("none", &engine.Prefetch{}),
 	}
@@ -477,16 +458,13 @@ func TestOneCommitterTakesInOnlyTheRowsItHolds(t *testing.T) {
 func TestCloseAnswersWhatIsPending(t *testing.T) {
 	t.Parallel()
 	url := migrated.URL(t)
-	s := mustOpenURL(t, url, vaulttest.Options{MasterKey: vaulttest.MasterKey, Now: vaulttest.NewClock(vaulttest.T0).Now})
-	vaulttest.MustUpstream(t, s, "sk_test_abcdef1234")
-	a, _ := vaulttest.MustMint(t, s, "a", vaulttest.Policy(t, "1000.00", "", ""), nil)
-	b, _ := vaulttest.MustMint(t, s, "b", vaulttest.Policy(t, "1000.00", "", ""), nil)
+	s, ids := withKeys(t, url, "a", "b")
 	r := newRecorder(t, s)
-	onA := &engine.Prefetch{Keys: []string{a.ID}}
+	onA := &engine.Prefetch{Keys: []string{ids[0]}}
 
 	gate := make(chan struct{})
 	first := r.holding(onA, gate)
-	onB, takenIn := r.op("b", &engine.Prefetch{Keys: []string{b.ID}}), r.op("a", onA)
+	onB, takenIn := r.op("b", &engine.Prefetch{Keys: []string{ids[1]}}), r.op("a", onA)
 	require.Eventually(t, func() bool { return gathered(s) == 2 }, 10*time.Second, time.Millisecond, "both queued")
 	closed := make(chan error, 1)
 	go func() { closed <- s.Close() }()
