@@ -32,11 +32,6 @@ import (
 const (
 	// maxBatch bounds how many operations share one transaction.
 	maxBatch = 256
-	// committers is how many batches of one replica are under way at once:
-	// one. A second one gained nothing over many keys and, on one hot key,
-	// only waited for the row the first held (docs/decisions/0118); what
-	// comes for the rows a batch holds joins it instead (runOps).
-	committers = 1
 	// batchLockWait is how long a batch waits for a key's lock before it
 	// leaves the operations of that key to a transaction of their own,
 	// which waits up to lock_timeout: a key held by a frozen replica costs
@@ -81,7 +76,7 @@ func (s *backend) QueuePrefetch(ctx context.Context, p *engine.Prefetch, fn engi
 	return nil
 }
 
-// enqueue hands op to the committers, or says why it cannot.
+// enqueue hands op to the committer, or says why it cannot.
 func (s *backend) enqueue(ctx context.Context, op *batchOp) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -95,7 +90,10 @@ func (s *backend) enqueue(ctx context.Context, op *batchOp) error {
 	return nil
 }
 
-// commitLoop is the replica's committer. It exits when ops is closed and
+// commitLoop is the replica's committer: one, so one batch under way. A
+// second gained nothing over many keys and, on one hot key, only waited for
+// the row the first held; what comes for the rows a batch holds joins it
+// instead (runOps, docs/decisions/0118). It exits when ops is closed and
 // drained and nothing is pending: what Close leaves queued or pending goes
 // through runBatch like the rest, and is answered ErrClosed (retry).
 //

@@ -266,10 +266,8 @@ func open(ctx context.Context, url string, opts Options) (*Store, error) {
 	if s.pool, err = pgxpool.NewWithConfig(ctx, cfg); err != nil {
 		return nil, translate(err)
 	}
-	for range committers {
-		s.loops.Add(1)
-		go (*backend)(s).commitLoop()
-	}
+	s.loops.Add(1)
+	go (*backend)(s).commitLoop()
 	if err := s.start(ctx); err != nil {
 		_ = s.Close()
 		return nil, err

@@ -97,7 +97,7 @@ func TestReplicasLockBudgetsInOneOrder(t *testing.T) {
 		var releases []func()
 		var wg sync.WaitGroup
 		for r, s := range rs {
-			releases = append(releases, parkCommitters(t, s))
+			releases = append(releases, parkCommitter(t, s))
 			for j := range 2 {
 				k := keys[2*r+j]
 				wg.Go(func() {
