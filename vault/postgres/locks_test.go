@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/url"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -87,8 +88,8 @@ func TestFrozenLockHolderCostsOthersLockTimeout(t *testing.T) {
 }
 
 // TestSessionDefaults: every session keybrake opens has lock_timeout,
-// statement_timeout and idle_in_transaction_session_timeout set, unless the
-// URL sets them.
+// statement_timeout, idle_in_transaction_session_timeout and enable_seqscan
+// set, unless the URL sets them.
 func TestSessionDefaults(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -102,6 +103,7 @@ func TestSessionDefaults(t *testing.T) {
 	assert.Equal(t, "10s", show(s, "lock_timeout"))
 	assert.Equal(t, "30s", show(s, "statement_timeout"))
 	assert.Equal(t, "30s", show(s, "idle_in_transaction_session_timeout"))
+	assert.Equal(t, "off", show(s, "enable_seqscan"))
 	mine := mustOpenURL(t, withParams(t, dbURL, "lock_timeout", "250ms"), vaulttest.Options{MasterKey: vaulttest.MasterKey})
 	assert.Equal(t, "250ms", show(mine, "lock_timeout"), "the URL's setting wins")
 }
@@ -207,4 +209,32 @@ func frozenLockCostsEachWaiterOneLockTimeout(t *testing.T, wait func(s *Store, k
 		assert.Equal(t, vault.ReserveClaimed, res.Outcome)
 	}
 	require.NoError(t, stores[0].CheckInvariant(ctx))
+}
+
+// TestBatchReadsFindRowsByKey: a batch's read finds the rows it names
+// through each table's primary key. PostgreSQL's planner, left to itself,
+// reads a table of a few thousand rows whole for a read of thirty keys — a
+// young database's records and objects, at every commit — and compares
+// every row with every key, which costs several times the index's lookups.
+func TestBatchReadsFindRowsByKey(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := mustOpenURL(t, migrated.URL(t), vaulttest.Options{MasterKey: vaulttest.MasterKey})
+	for _, b := range []engine.Bucket{engine.BucketIdem, engine.BucketObjects} {
+		_, err := s.pool.Exec(ctx, "INSERT INTO "+table(b)+" (k, v) SELECT convert_to('key_0123456789/ch_' || i, 'UTF8'), '\\x00' FROM generate_series(1, 3000) AS i")
+		require.NoError(t, err)
+		_, err = s.pool.Exec(ctx, "ANALYZE "+table(b))
+		require.NoError(t, err)
+	}
+	var keys [][]byte
+	for i := range 30 {
+		keys = append(keys, fmt.Appendf(nil, "key_0123456789/ch_%d", 97*(i+1)))
+	}
+	rows, err := s.pool.Query(ctx, "EXPLAIN "+readSQL(1<<engine.BucketIdem|1<<engine.BucketObjects), keys, keys)
+	require.NoError(t, err)
+	plan, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	for _, line := range plan {
+		assert.NotContains(t, line, "Seq Scan", "plan:\n%s", strings.Join(plan, "\n"))
+	}
 }

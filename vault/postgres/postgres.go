@@ -127,11 +127,16 @@ type Options struct {
 // session may sit idle inside a transaction before the server ends it and
 // rolls the transaction back. lock_timeout is below the others, so that a
 // frozen replica's waiting statements have all given up before its lock is
-// freed, and none of them takes it next.
+// freed, and none of them takes it next. enable_seqscan is off: every
+// statement of keybrake's finds its rows by primary key, and the planner
+// would otherwise read a table of a few thousand rows whole for a batch's
+// read of a few dozen keys, at several times the cost of the index
+// (docs/decisions/0119-lookups-by-key-never-scan-a-table.md).
 var SessionDefaults = map[string]string{
 	"lock_timeout":                        "10s",
 	"statement_timeout":                   "30s",
 	"idle_in_transaction_session_timeout": "30s",
+	"enable_seqscan":                      "off",
 }
 
 // DefaultMaxConns is the pool size when the URL does not set pool_max_conns
