@@ -215,7 +215,7 @@ func frozenLockCostsEachWaiterOneLockTimeout(t *testing.T, wait func(s *Store, k
 // through each table's primary key. PostgreSQL's planner, left to itself,
 // reads a table of a few thousand rows whole for a read of thirty keys — a
 // young database's records and objects, at every commit — and compares
-// every row with every key, which costs several times the index's lookups.
+// every row with every key, which costs three times the index's lookups.
 func TestBatchReadsFindRowsByKey(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()

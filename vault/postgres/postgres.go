@@ -130,7 +130,7 @@ type Options struct {
 // freed, and none of them takes it next. enable_seqscan is off: every
 // statement of keybrake's finds its rows by primary key, and the planner
 // would otherwise read a table of a few thousand rows whole for a batch's
-// read of a few dozen keys, at several times the cost of the index
+// read of a few dozen keys, at three times the cost of the index
 // (docs/decisions/0119-lookups-by-key-never-scan-a-table.md).
 var SessionDefaults = map[string]string{
 	"lock_timeout":                        "10s",
