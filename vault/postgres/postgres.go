@@ -170,8 +170,11 @@ type Store struct {
 	// ops is the queue of the group committer (batch.go); loops counts
 	// it and the batches that wait for a lock on their own, whose number
 	// patient bounds.
-	ops     chan *batchOp
-	loops   sync.WaitGroup
+	ops   chan *batchOp
+	loops sync.WaitGroup
+	// lookups is the queue of the lookup loops (lookup.go), which loops
+	// counts too.
+	lookups chan *lookup
 	patient chan struct{}
 	// lockTimeout is the sessions' lock_timeout (lockTimeoutParam as set),
 	// the longest wait for a lock; 0 when it does not parse.
@@ -242,7 +245,7 @@ func open(ctx context.Context, url string, opts Options) (*Store, error) {
 		}
 	}
 	s := &Store{now: opts.UnsafeNow, processNow: opts.ProcessNow, observe: opts.CommitObserver,
-		ops: make(chan *batchOp, 4*maxBatch), patient: make(chan struct{}, max(1, cfg.MaxConns/4)),
+		ops: make(chan *batchOp, 4*maxBatch), lookups: make(chan *lookup, maxLookups), patient: make(chan struct{}, max(1, cfg.MaxConns/4)),
 		lockTimeoutParam: params["lock_timeout"], statementTimeoutParam: params["statement_timeout"]}
 	if d, ok := parseSetting(s.lockTimeoutParam); ok {
 		if d == 0 {
@@ -271,8 +274,11 @@ func open(ctx context.Context, url string, opts Options) (*Store, error) {
 	if s.pool, err = pgxpool.NewWithConfig(ctx, cfg); err != nil {
 		return nil, translate(err)
 	}
-	s.loops.Add(1)
+	s.loops.Add(1 + lookupLoops)
 	go (*backend)(s).commitLoop()
+	for range lookupLoops {
+		go (*backend)(s).lookupLoop()
+	}
 	if err := s.start(ctx); err != nil {
 		_ = s.Close()
 		return nil, err
@@ -341,6 +347,7 @@ func (s *Store) Close() error {
 		s.closeMu.Lock()
 		s.closed.Store(true)
 		close(s.ops)
+		close(s.lookups)
 		s.closeMu.Unlock()
 		s.loops.Wait()
 		s.pool.Close()

@@ -73,20 +73,6 @@ var throughSQL = func() (q [engine.NumBuckets][engine.NumBuckets]string) {
 	return q
 }()
 
-// throughWithSQL are the statements of tx.GetThroughWith, by their three
-// buckets.
-var throughWithSQL statements[[3]engine.Bucket]
-
-// throughWith is the statement of tx.GetThroughWith: an entry of b, the
-// entry of via its value names, and one more entry of with, in one
-// statement.
-func throughWith(b, via, with engine.Bucket) string {
-	return throughWithSQL.of([3]engine.Bucket{b, via, with}, func() string {
-		return "SELECT a.v, b.v, c.v FROM " + table(b) + " a LEFT JOIN " + table(via) + " b ON b.k = a.v LEFT JOIN " +
-			table(with) + " c ON c.k = $2 WHERE a.k = $1"
-	})
-}
-
 // statements keeps the text of statements built from their parts, by a key
 // that names the parts: each is built once, then read on every use. A few
 // combinations recur.
@@ -153,12 +139,8 @@ func (s *backend) Queue(ctx context.Context, fn engine.TxFunc, done func(error))
 // database's clock as last measured. Nothing fn writes is kept.
 func (s *backend) Read(ctx context.Context, fn engine.TxFunc) error {
 	return translate(s.retry(ctx, func() error {
-		conn, err := s.pool.Acquire(ctx)
-		if err != nil {
-			return err
-		}
-		defer conn.Release()
-		t := &tx{ctx: ctx, s: s, conn: conn.Conn()}
+		t := &tx{ctx: ctx, s: s, outside: true}
+		defer t.release()
 		return fn(t, (*Store)(s).Now().UTC())
 	}))
 }
@@ -335,12 +317,18 @@ type known struct {
 // go with the COMMIT in one round trip — or before a cursor's query, which
 // must see them.
 type tx struct {
-	ctx   context.Context
-	s     *backend
-	conn  *pgx.Conn
-	write bool
-	ops   map[opKey]*op
-	order []opKey
+	ctx  context.Context
+	s    *backend
+	conn *pgx.Conn
+	// outside says that the tx runs no transaction (Read): its reads take
+	// a connection of the pool when they first need one (connect), and
+	// GetThroughWith shares a statement with the replica's other requests
+	// (lookup.go).
+	outside bool
+	pooled  *pgxpool.Conn
+	write   bool
+	ops     map[opKey]*op
+	order   []opKey
 	// appends are the entries of Append, whose keys the database completes.
 	appends []appended
 	locked  map[string]bool
@@ -356,6 +344,27 @@ type tx struct {
 	// dbErr is the first failure of a statement: the transaction is lost,
 	// whatever the engine's bodies made of it.
 	dbErr error
+}
+
+// connect takes a connection of the pool for a tx outside a transaction,
+// once, before its first statement; release gives it back.
+func (t *tx) connect() error {
+	if t.conn != nil {
+		return nil
+	}
+	c, err := t.s.pool.Acquire(t.ctx)
+	if err != nil {
+		return t.failed(err)
+	}
+	t.pooled, t.conn = c, c.Conn()
+	return nil
+}
+
+func (t *tx) release() {
+	if t.pooled != nil {
+		t.pooled.Release()
+		t.pooled, t.conn = nil, nil
+	}
 }
 
 // failed records err, a statement's failure, and returns it.
@@ -678,6 +687,9 @@ func (t *tx) Get(b engine.Bucket, k []byte) ([]byte, error) {
 	if forUpdate {
 		err = t.lockingRead(sql, k, &v)
 	} else {
+		if err := t.connect(); err != nil {
+			return nil, err
+		}
 		err = t.conn.QueryRow(t.ctx, sql, k).Scan(&v)
 		t.s.roundTrips.Add(1)
 	}
@@ -704,6 +716,9 @@ func (t *tx) GetThrough(b engine.Bucket, k []byte, via engine.Bucket) (ref, v []
 		v, err = t.Get(via, ref)
 		return ref, v, err
 	}
+	if err := t.connect(); err != nil {
+		return nil, nil, err
+	}
 	err = t.conn.QueryRow(t.ctx, throughSQL[b][via], k).Scan(&ref, &v)
 	t.s.roundTrips.Add(1)
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -715,26 +730,20 @@ func (t *tx) GetThrough(b engine.Bucket, k []byte, via engine.Bucket) (ref, v []
 	return ref, v, nil
 }
 
-// GetThroughWith is GetThrough that also reads with's entry in the same
-// statement, as of the same moment (engine.ThroughWithGetter). A write
-// transaction reads them as Get does.
+// GetThroughWith is GetThrough that also reads with's entry, as of the same
+// moment (engine.ThroughWithGetter). Outside a transaction the three are
+// read in one statement, which concurrent lookups share (lookup.go); a
+// transaction reads them as Get does, in its snapshot or under its locks.
 func (t *tx) GetThroughWith(b engine.Bucket, k []byte, via engine.Bucket, with engine.Read) (ref, v, withV []byte, err error) {
-	if t.write || t.seen != nil || len(t.ops) > 0 {
-		if ref, v, err = t.GetThrough(b, k, via); err != nil || ref == nil {
-			return ref, v, nil, err
-		}
-		withV, err = t.Get(with.Bucket, with.Key)
-		return ref, v, withV, err
+	if t.outside {
+		ref, v, withV, err = t.s.lookupThroughWith(t.ctx, b, k, via, with)
+		return ref, v, withV, t.failed(err)
 	}
-	err = t.conn.QueryRow(t.ctx, throughWith(b, via, with.Bucket), k, with.Key).Scan(&ref, &v, &withV)
-	t.s.roundTrips.Add(1)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return nil, nil, nil, nil
+	if ref, v, err = t.GetThrough(b, k, via); err != nil || ref == nil {
+		return ref, v, nil, err
 	}
-	if err != nil {
-		return nil, nil, nil, t.failed(err)
-	}
-	return ref, v, withV, nil
+	withV, err = t.Get(with.Bucket, with.Key)
+	return ref, v, withV, err
 }
 
 func (t *tx) GetMany(b engine.Bucket, keys [][]byte) ([][]byte, error) {
@@ -749,6 +758,9 @@ func (t *tx) GetMany(b engine.Bucket, keys [][]byte) ([][]byte, error) {
 	}
 	if len(missing) == 0 {
 		return out, nil
+	}
+	if err := t.connect(); err != nil {
+		return nil, err
 	}
 	rows, err := t.conn.Query(t.ctx, queries[b].getMany, byteaArray(missing))
 	t.s.roundTrips.Add(1)
@@ -941,6 +953,10 @@ func (c *cursor) load(forward bool, sql string, args ...any) ([]byte, []byte) {
 	}
 	if err := t.flush(); err != nil {
 		t.err = t.failed(err)
+		return nil, nil
+	}
+	if err := t.connect(); err != nil {
+		t.err = err
 		return nil, nil
 	}
 	rows, err := t.conn.Query(t.ctx, sql, args...)
