@@ -78,6 +78,16 @@ func (s *backend) QueuePrefetch(ctx context.Context, p *engine.Prefetch, fn engi
 
 // enqueue hands op to the committer, or says why it cannot.
 func (s *backend) enqueue(ctx context.Context, op *batchOp) error {
+	return s.whileOpen(ctx, func() error {
+		s.ops <- op
+		return nil
+	})
+}
+
+// whileOpen runs send, which puts something on one of the store's queues,
+// unless ctx has ended or the store is closed; Close closes the queues
+// under closeMu, so send never meets a closed one.
+func (s *backend) whileOpen(ctx context.Context, send func() error) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -86,8 +96,7 @@ func (s *backend) enqueue(ctx context.Context, op *batchOp) error {
 	if s.closed.Load() {
 		return vault.ErrClosed
 	}
-	s.ops <- op
-	return nil
+	return send()
 }
 
 // commitLoop is the replica's committer: one, so one batch under way. A

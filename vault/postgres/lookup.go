@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"sync/atomic"
 
-	"github.com/keybrake/keybrake/vault"
 	"github.com/keybrake/keybrake/vault/internal/engine"
 )
 
@@ -52,20 +51,14 @@ func (s *backend) lookupThroughWith(ctx context.Context, b engine.Bucket, k []by
 }
 
 func (s *backend) queueLookup(ctx context.Context, l *lookup) error {
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	s.closeMu.RLock()
-	defer s.closeMu.RUnlock()
-	if s.closed.Load() {
-		return vault.ErrClosed
-	}
-	select {
-	case s.lookups <- l:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
+	return s.whileOpen(ctx, func() error {
+		select {
+		case s.lookups <- l:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	})
 }
 
 // lookupLoop reads what is queued on lookups, as many as are waiting (up to
