@@ -36,7 +36,8 @@ const (
 )
 
 // lookupThroughWith queues a GetThroughWith of k in b, through via, with
-// with's entry, and waits for it; ctx ending stops the wait, not the read.
+// with's entry, and waits for it; ctx ending stops the wait, and the
+// statement once nobody else waits for it either (whileAnyWaits).
 func (s *backend) lookupThroughWith(ctx context.Context, b engine.Bucket, k []byte, via engine.Bucket, with engine.Read) (ref, v, withV []byte, err error) {
 	l := &lookup{ctx: ctx, buckets: [3]engine.Bucket{b, via, with.Bucket}, k: k, with: with.Key, done: make(chan struct{})}
 	if err := s.queueLookup(ctx, l); err != nil {

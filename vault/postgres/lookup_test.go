@@ -21,12 +21,8 @@ import (
 func TestLookupsShareAStatement(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	s := mustOpenURL(t, migrated.URL(t), vaulttest.Options{MasterKey: vaulttest.MasterKey, Now: vaulttest.NewClock(vaulttest.T0).Now})
-	vaulttest.MustUpstream(t, s, "sk_test_abcdef1234")
+	s, _ := withKeys(t, migrated.URL(t), "k0", "k1", "k2")
 	hashes := map[string][]byte{} // key id → its token's hash, as stored
-	for i := range 3 {
-		vaulttest.MustMint(t, s, fmt.Sprintf("k%d", i), vaulttest.Policy(t, "10.00", "", ""), nil)
-	}
 	rows, err := s.pool.Query(ctx, "SELECT k, v FROM "+table(engine.BucketTokens))
 	require.NoError(t, err)
 	for rows.Next() {
