@@ -197,10 +197,11 @@ type Store interface {
 	// (in_progress, with a lease) and adds the amount to held on every window
 	// (ReserveClaimed) — or writes nothing but a refusal event
 	// (ReserveRefused). It returns once the transaction is durable. Errors:
-	// ErrNotFound (no such key), ErrKeyRevoked, ErrInvalid (an empty or
-	// over-255-byte idempotency key, a negative amount, an amount on an
-	// unmetered request), ErrSealed (a stored response does not open).
-	// Once its transaction has begun, Reserve waits for it even if ctx ends,
+	// ErrNotFound (no such key), ErrKeyRevoked, ErrKeyChanged (a remembered
+	// key's versions, ReserveRequest.KeyVersion, are no longer the key's),
+	// ErrInvalid (an empty or over-255-byte idempotency key, a negative
+	// amount, an amount on an unmetered request), ErrSealed (a stored
+	// response does not open). Once its transaction has begun, Reserve waits for it even if ctx ends,
 	// so its result is never lost.
 	Reserve(ctx context.Context, req ReserveRequest) (ReserveResult, error)
 	// Settle applies the outcome of a forwarded request to its in_progress
@@ -484,6 +485,18 @@ type CompactResult struct {
 	Before, After int64
 }
 
+// KeyRememberer is implemented by a store that can authenticate a token from
+// what this process remembers of it, without reading the store, where another
+// process may change the key meanwhile (PostgreSQL replicas).
+// AuthenticateRemembered answers as Authenticate does; remembered says the key
+// came from memory and may be stale. Whoever acts on a remembered key checks
+// it first: a Reserve with its versions (ReserveRequest.KeyVersion) checks it
+// in the same transaction as the hold, and before anything else reaches
+// Stripe or is refused, Authenticate reads it again.
+type KeyRememberer interface {
+	AuthenticateRemembered(ctx context.Context, token string) (key Key, remembered bool, err error)
+}
+
 // SecretKeeper is implemented by a store that may keep unsealed upstream
 // secrets in memory. KeepsSecrets reports whether it does: then it forgets a
 // secret the moment it changes it (it is the store's only writer), and a
@@ -573,6 +586,11 @@ type ReserveRequest struct {
 	// metered request wait for approval (policy.Policy.NeedsApproval); nil is
 	// an empty description.
 	Ask *ApprovalAsk
+	// KeyVersion and UpstreamVersion, when KeyVersion is not 0, are the
+	// versions of the key and of its upstream as a remembered key had them
+	// (KeyRememberer): Reserve then answers ErrKeyChanged, writing nothing,
+	// unless they are still the ones its transaction reads.
+	KeyVersion, UpstreamVersion uint64
 }
 
 // ReserveOutcome says what Reserve did.

@@ -56,6 +56,10 @@ var (
 	ErrKeyInvalid = errors.New("vault key invalid") // unknown token
 	ErrKeyRevoked = errors.New("vault key revoked")
 	ErrKeyExpired = errors.New("vault key expired")
+	// ErrKeyChanged: a Reserve made with a remembered key (see
+	// KeyRememberer) found the key or its upstream changed since; it wrote
+	// nothing.
+	ErrKeyChanged = errors.New("vault key changed since it was authenticated")
 	ErrSealed     = errors.New("cannot unseal") // wrong master key or tampered data
 	ErrClosed     = errors.New("store closed")
 

@@ -265,7 +265,7 @@ func open(ctx context.Context, url string, opts Options) (*Store, error) {
 	s.Engine, err = engine.New((*backend)(s), engine.Config{
 		MasterKey: opts.MasterKey, IdempotencyTTL: opts.IdempotencyTTL,
 		UnknownRetryLimit: opts.UnknownRetryLimit, Lease: opts.Lease, Logger: opts.Logger,
-		LedgerRetention: opts.LedgerRetention,
+		LedgerRetention: opts.LedgerRetention, RememberKeys: true,
 	})
 	if err != nil {
 		return nil, err

@@ -212,3 +212,125 @@ func TestAuthenticateReadsTheUpstreamWithTheKey(t *testing.T) {
 	_, _, err = authenticate()
 	assert.ErrorIs(t, err, vault.ErrKeyRevoked, "revoked through another replica: refused on the next request")
 }
+
+// TestRememberedKeysAreCheckedWithTheHold: a replica answers
+// AuthenticateRemembered from the key it last authenticated, without a round
+// trip, even after another replica changed it; a Reserve made with the
+// remembered versions then writes nothing and answers ErrKeyChanged, for each
+// change another replica can make — a new policy, a replaced secret, a
+// rotated token — and ErrKeyRevoked for a revocation. The replica's own
+// writes forget what it remembered.
+func TestRememberedKeysAreCheckedWithTheHold(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	rs := replicas(t, 2, vaulttest.NewClock(vaulttest.T0))
+	admin, serving := rs[0], rs[1]
+	vaulttest.MustUpstream(t, admin, "sk_test_abcdef1234")
+	k, tok := vaulttest.MustMint(t, admin, "k", vaulttest.Policy(t, "10.00", "", ""), nil)
+
+	remembered := func(token string) (vault.Key, bool) {
+		t.Helper()
+		before := serving.roundTrips.Load()
+		got, rem, err := serving.AuthenticateRemembered(ctx, token)
+		require.NoError(t, err)
+		if rem {
+			assert.Equal(t, before, serving.roundTrips.Load(), "a remembered key costs no round trip")
+		}
+		return got, rem
+	}
+	_, rem := remembered(tok)
+	require.False(t, rem, "nothing remembered before the first authentication")
+	n := 0
+	reserveWith := func(key vault.Key) (vault.ReserveResult, error) {
+		n++
+		req := vaulttest.Charge(k.ID, fmt.Sprintf("charge-%d", n), 100)
+		req.KeyVersion, req.UpstreamVersion = key.Version, key.UpstreamVersion
+		return serving.Reserve(ctx, req)
+	}
+	held := func() int64 {
+		t.Helper()
+		_, _, usage, err := serving.KeyUsage(ctx, k.ID)
+		require.NoError(t, err)
+		var sum int64
+		for _, c := range usage {
+			sum += c.Held
+		}
+		return sum
+	}
+	key, rem := remembered(tok)
+	require.True(t, rem)
+	res, err := reserveWith(key)
+	require.NoError(t, err)
+	require.Equal(t, vault.ReserveClaimed, res.Outcome, "the remembered key is the key")
+	heldBefore := held()
+	require.Positive(t, heldBefore)
+
+	for _, change := range []struct {
+		name string
+		make func() string // the token to use after the change
+	}{
+		{"a new policy", func() string {
+			_, err := admin.UpdateKey(ctx, "tester", k.ID, vaulttest.Policy(t, "0.50", "", ""), nil)
+			require.NoError(t, err)
+			return tok
+		}},
+		{"a replaced secret", func() string {
+			_, _, err := admin.PutUpstream(ctx, "tester", "default", "stripe", "sk_test_replaced99")
+			require.NoError(t, err)
+			return tok
+		}},
+		{"a rotated token", func() string {
+			_, newTok, err := admin.RotateKey(ctx, "tester", k.ID)
+			require.NoError(t, err)
+			return newTok
+		}},
+	} {
+		stale, rem := remembered(tok)
+		require.True(t, rem, "%s: remembered before the change", change.name)
+		newTok := change.make()
+		again, rem := remembered(tok)
+		require.True(t, rem, "%s: another replica's change is not seen here", change.name)
+		require.Equal(t, stale.Version, again.Version)
+		_, err := reserveWith(again)
+		assert.ErrorIs(t, err, vault.ErrKeyChanged, "%s: the hold's transaction finds the key changed", change.name)
+		assert.Equal(t, heldBefore, held(), "%s: nothing held", change.name)
+
+		fresh, err := serving.Authenticate(ctx, newTok)
+		require.NoError(t, err, change.name)
+		assert.True(t, fresh.Version != stale.Version || fresh.UpstreamVersion != stale.UpstreamVersion, change.name)
+		if newTok != tok {
+			_, err := serving.Authenticate(ctx, tok)
+			assert.ErrorIs(t, err, vault.ErrKeyInvalid, "the rotated-out token")
+			_, _, err = serving.AuthenticateRemembered(ctx, tok)
+			assert.ErrorIs(t, err, vault.ErrKeyInvalid, "the rotated-out token, read again, is not remembered as valid")
+			tok = newTok
+		}
+		now, rem := remembered(tok)
+		require.True(t, rem, "%s: the key read again is remembered", change.name)
+		assert.Equal(t, fresh.Version, now.Version)
+		res, err := reserveWith(now)
+		require.NoError(t, err, change.name)
+		assert.Contains(t, []vault.ReserveOutcome{vault.ReserveClaimed, vault.ReserveRefused}, res.Outcome, change.name)
+		heldBefore = held()
+	}
+
+	stale, rem := remembered(tok)
+	require.True(t, rem)
+	_, err = admin.RevokeKey(ctx, "tester", k.ID)
+	require.NoError(t, err)
+	_, err = reserveWith(stale)
+	assert.ErrorIs(t, err, vault.ErrKeyRevoked, "revoked through another replica: the hold is refused")
+	assert.Equal(t, heldBefore, held())
+
+	// The replica's own write forgets what it remembered.
+	k2, tok2 := vaulttest.MustMint(t, admin, "k2", vaulttest.Policy(t, "10.00", "", ""), nil)
+	_, err = serving.Authenticate(ctx, tok2)
+	require.NoError(t, err)
+	_, rem = remembered(tok2)
+	require.True(t, rem)
+	_, err = serving.RevokeKey(ctx, "tester", k2.ID)
+	require.NoError(t, err)
+	_, rem, err = serving.AuthenticateRemembered(ctx, tok2)
+	assert.ErrorIs(t, err, vault.ErrKeyRevoked)
+	assert.False(t, rem, "read again after this replica's own revocation")
+}

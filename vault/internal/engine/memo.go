@@ -84,6 +84,16 @@ func (m *memo) keepKey(gen uint64, hash string, rec authRec) {
 	m.keys[hash] = rec
 }
 
+// dropKey forgets the key of the token hash.
+func (m *memo) dropKey(hash string) {
+	if m == nil {
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	delete(m.keys, hash)
+}
+
 func (m *memo) secret(name string) (string, bool) {
 	if m == nil {
 		return "", false

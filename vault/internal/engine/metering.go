@@ -97,6 +97,11 @@ func (s *Engine) planReserve(tx Tx, now time.Time, req *vault.ReserveRequest, pk
 		return &reservePlan{res: txResult[vault.ReserveResult]{val: res,
 			err: fmt.Errorf("reserve under key %s: %w", key.ID, vault.ErrKeyRevoked)}}, nil
 	}
+	if changed, err := s.keyChanged(tx, req, key); err != nil {
+		return nil, err
+	} else if changed {
+		return &reservePlan{res: reject[vault.ReserveResult](fmt.Errorf("reserve under key %s: %w", key.ID, vault.ErrKeyChanged))}, nil
+	}
 	rec, err := getRecordAt(tx, pk.record, req.KeyID, req.IdempotencyKey)
 	if err != nil {
 		return nil, err
@@ -105,6 +110,24 @@ func (s *Engine) planReserve(tx Tx, now time.Time, req *vault.ReserveRequest, pk
 		return s.planExisting(tx, now, req, res, rec, key)
 	}
 	return s.planNew(tx, now, req, res, key, pk)
+}
+
+// keyChanged reports whether a Reserve made with a remembered key
+// (req.KeyVersion set) finds, in its transaction, the key or its upstream at
+// another version: a rotated token, a changed policy, a replaced secret.
+func (s *Engine) keyChanged(tx Tx, req *vault.ReserveRequest, key *keyRec) (bool, error) {
+	if req.KeyVersion == 0 {
+		return false, nil
+	}
+	if key.version() != req.KeyVersion {
+		return true, nil
+	}
+	raw, err := tx.Get(BucketUpstreams, []byte(key.Upstream))
+	if err != nil || raw == nil {
+		return req.UpstreamVersion != 0, err
+	}
+	version, err := s.upstreamVersions.of(key.Upstream, raw, decodeUpstreamVersion)
+	return version != req.UpstreamVersion, err
 }
 
 // withUsage fills res's windows at now and their counters, as read in tx (a
@@ -147,7 +170,7 @@ func withUsage(tx Tx, now time.Time, res *vault.ReserveResult, key *keyRec) erro
 // Reserve needs its write transaction (no record, one in flight or unknown, a
 // revoked key, or anything to refuse), which decides again from scratch.
 func (s *Engine) reserveFromRead(ctx context.Context, req *vault.ReserveRequest, pk *pairKeys) (res vault.ReserveResult, ok bool, err error) {
-	if validateReserve(req) != nil {
+	if validateReserve(req) != nil || req.KeyVersion != 0 {
 		return res, false, nil
 	}
 	err = s.view(ctx, func(tx Tx, now time.Time) error {

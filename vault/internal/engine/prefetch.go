@@ -139,6 +139,25 @@ func (h *budgetHints) chain(id string) []*budgetRec {
 	return out
 }
 
+// reservePrefetch is what a Reserve of req, whose record is under record,
+// locks and reads: keyPrefetch's, and the upstream of a remembered key
+// (keyChanged).
+func (s *Engine) reservePrefetch(req *vault.ReserveRequest, record []byte) *Prefetch {
+	p := s.keyPrefetch(req.KeyID, record)
+	key := s.keys.peek(req.KeyID)
+	if p == nil || req.KeyVersion == 0 || key == nil {
+		return p
+	}
+	return p.andRead(Read{Bucket: BucketUpstreams, Key: []byte(key.Upstream)})
+}
+
+// andRead is p reading r too.
+func (p *Prefetch) andRead(r Read) *Prefetch {
+	reads := p.Reads
+	p.Reads = func(now time.Time) []Read { return append(reads(now), r) }
+	return p
+}
+
 // settlePrefetch is what a Settle of req, whose record is under record,
 // locks and reads: keyPrefetch's, and the money object it names.
 func (s *Engine) settlePrefetch(req *vault.SettleRequest, record []byte) *Prefetch {
@@ -146,10 +165,5 @@ func (s *Engine) settlePrefetch(req *vault.SettleRequest, record []byte) *Prefet
 	if p == nil || req.ObjectID == "" {
 		return p
 	}
-	reads := p.Reads
-	object := idemKey(req.KeyID, req.ObjectID)
-	p.Reads = func(now time.Time) []Read {
-		return append(reads(now), Read{Bucket: BucketObjects, Key: object})
-	}
-	return p
+	return p.andRead(Read{Bucket: BucketObjects, Key: idemKey(req.KeyID, req.ObjectID)})
 }

@@ -49,6 +49,10 @@ type Config struct {
 	// waits for a group commit (bbolt): Reserve first looks for a completed
 	// record in a read, so that a replay costs no write transaction.
 	CheapReads bool
+	// RememberKeys says that AuthenticateRemembered may answer from the
+	// keys this process authenticated before, which another process may have
+	// changed since (see vault.KeyRememberer): a store shared by replicas.
+	RememberKeys bool
 }
 
 // Engine is the vault's logic — every rule about keys, money, idempotency,
@@ -77,7 +81,11 @@ type Engine struct {
 	upstreamVersions decodedCache[uint64]
 	// memo holds authenticated keys and upstream secrets on a sole writer;
 	// nil otherwise.
-	memo          *memo
+	memo *memo
+	// remembered holds, on a store that remembers keys (Config.RememberKeys),
+	// the keys authenticated here, possibly stale: only
+	// AuthenticateRemembered answers from it. nil otherwise.
+	remembered    *memo
 	cheapReads    bool
 	appendRecords bool
 	// prefetches says that the backend takes a Prefetch with a hot-path
@@ -121,6 +129,8 @@ func New(b Backend, cfg Config) (*Engine, error) {
 	if cfg.SoleWriter {
 		e.memo = &memo{}
 		e.webhooks.sole = true
+	} else if cfg.RememberKeys {
+		e.remembered = &memo{}
 	}
 	if e.log == nil {
 		e.log = slog.Default()
@@ -138,6 +148,7 @@ func (s *Engine) KeepsSecrets() bool { return s.memo != nil }
 // the closed backend.
 func (s *Engine) Closing() {
 	s.memo.close()
+	s.remembered.close()
 	s.closeRetries()
 }
 
@@ -156,7 +167,9 @@ func (s *Engine) update(ctx context.Context, fn TxFunc) error {
 	}
 	// Every key and upstream change is such a transaction: what the memo
 	// holds may be stale once it commits.
+	// Those of another process are caught where a remembered key is used.
 	defer s.memo.forget()
+	defer s.remembered.forget()
 	return s.b.Update(ctx, fn)
 }
 
@@ -369,7 +382,7 @@ func (s *Engine) Authenticate(ctx context.Context, token string) (vault.Key, err
 	hash := tokenHash(token)
 	ar, ok := s.memo.key(hash)
 	if !ok {
-		gen := s.memo.generation()
+		gen, rgen := s.memo.generation(), s.remembered.generation()
 		read := s.view
 		if r, ok := s.b.(Reader); ok {
 			// The token and its key are read in one statement, the
@@ -383,10 +396,38 @@ func (s *Engine) Authenticate(ctx context.Context, token string) (vault.Key, err
 			return err
 		})
 		if err != nil {
+			if errors.Is(err, vault.ErrKeyInvalid) {
+				s.remembered.dropKey(hash) // a token rotated out, through another replica
+			}
 			return vault.Key{}, fmt.Errorf("authenticate: %w", err)
 		}
 		s.memo.keepKey(gen, hash, ar)
+		if ar.key.Status == vault.KeyRevoked {
+			s.remembered.dropKey(hash)
+		} else {
+			s.remembered.keepKey(rgen, hash, ar)
+		}
 	}
+	return authenticated(ar)
+}
+
+// AuthenticateRemembered is Authenticate answered, where the store remembers
+// keys (Config.RememberKeys), from the key this process last authenticated
+// for token, if any: remembered is then true, and the key may have changed
+// since (see vault.KeyRememberer). Elsewhere it is Authenticate.
+func (s *Engine) AuthenticateRemembered(ctx context.Context, token string) (vault.Key, bool, error) {
+	if wellFormedToken(token) {
+		if ar, ok := s.remembered.key(tokenHash(token)); ok {
+			key, err := authenticated(ar)
+			return key, true, err
+		}
+	}
+	key, err := s.Authenticate(ctx, token)
+	return key, false, err
+}
+
+// authenticated is Authenticate's answer for the key ar.
+func authenticated(ar authRec) (vault.Key, error) {
 	key := ar.key.public()
 	key.UpstreamVersion = ar.upstreamVersion
 	if key.Status == vault.KeyRevoked {
@@ -560,7 +601,8 @@ func (s *Engine) KeyUsage(ctx context.Context, id string) (vault.Key, []policy.W
 // committed. Business outcomes are results, not errors.
 //
 // Errors: ErrNotFound (no such key), ErrKeyRevoked (ReserveResult.Key is still
-// set), ErrInvalid (empty or over-255-byte idempotency key, negative amount, an
+// set), ErrKeyChanged (req.KeyVersion set, and the key or its upstream at
+// another version), ErrInvalid (empty or over-255-byte idempotency key, negative amount, an
 // amount on an unmetered request), ErrSealed (a stored response does not open),
 // ErrClosed, ctx's error when ctx ends before the request is queued. Once queued,
 // Reserve waits for its transaction even if ctx ends, so its result is never lost.
@@ -574,7 +616,7 @@ func (s *Engine) Reserve(ctx context.Context, req vault.ReserveRequest) (vault.R
 			return res, nil
 		}
 	}
-	res, err := submitPrefetched(ctx, s, s.keyPrefetch(req.KeyID, pk.record), func(tx Tx, now time.Time) (txResult[vault.ReserveResult], error) {
+	res, err := submitPrefetched(ctx, s, s.reservePrefetch(&req, pk.record), func(tx Tx, now time.Time) (txResult[vault.ReserveResult], error) {
 		return s.reserveTx(tx, now, &req, &pk)
 	})
 	if err != nil {
