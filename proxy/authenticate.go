@@ -17,13 +17,55 @@ import (
 // Step 1 of the pipeline (see prepare): the vault key, from Authorization:
 // Bearer or the user name of HTTP Basic.
 
+// errKeyChanged says that a key this replica remembered changed since (see
+// prepare): the request is decided again with the key as it is now.
+var errKeyChanged = errors.New("the vault key changed since this replica authenticated it")
+
 // authenticate is step 1: the request's vault key, active and valid at the
 // store's clock (never the process's: a replica whose clock is off decides no
 // key differently), or a 401 (403 for a key not valid yet).
+//
+// On a store shared by replicas the key may come from what this replica
+// remembers of the token (vault.KeyRememberer), without a round trip:
+// c.remembered is then set until the Reserve that checks it in its
+// transaction, or confirmKey, has read the key as it is now. A remembered key
+// is never refused: a refusal rests on the key read again.
 func (p *Proxy) authenticate(ctx context.Context, r *http.Request, c *call) error {
+	return p.authenticateKey(ctx, r, c, true)
+}
+
+// confirmKey reads c's key again where it came from this replica's memory and
+// no Reserve has checked it: before the request reaches Stripe (send), is
+// refused, or goes on without a Reserve (decide). Its answer, kept in
+// c.keyCheck, is the refusal of the key as it is now, or errKeyChanged when
+// the key or its upstream is at another version than the remembered one.
+func (p *Proxy) confirmKey(ctx context.Context, c *call) error {
+	r := c.remembered
+	if r == nil {
+		return c.keyCheck
+	}
+	was := c.key
+	err := p.authenticateKey(ctx, r, c, false)
+	if err == nil && (c.key.Version != was.Version || c.key.UpstreamVersion != was.UpstreamVersion) {
+		err = errKeyChanged
+	}
+	c.keyCheck = err
+	return err
+}
+
+// authenticateKey is authenticate, from the replica's memory when remember is
+// set and the store remembers keys.
+func (p *Proxy) authenticateKey(ctx context.Context, r *http.Request, c *call, remember bool) error {
 	now := p.store.Now()
-	key, kr, err := AuthenticateVaultKey(ctx, p.store, r.Header, now)
+	key, remembered, kr, err := authenticateVaultKey(ctx, p.store, r.Header, now, remember)
+	if remembered && (err != nil || kr != nil || now.Before(key.Policy.PeriodStart)) {
+		key, remembered, kr, err = authenticateVaultKey(ctx, p.store, r.Header, now, false)
+	}
 	c.key = key // the log line names even a revoked or expired key
+	c.remembered = nil
+	if remembered {
+		c.remembered = r
+	}
 	if kr != nil {
 		p.noteKeyRefusal(ctx, r, c, kr)
 	}
@@ -70,26 +112,37 @@ type KeyRefusal struct {
 // A revoked or expired key is returned with its refusal, so that the refusal
 // can name it.
 func AuthenticateVaultKey(ctx context.Context, store vault.Store, h http.Header, now time.Time) (vault.Key, *KeyRefusal, error) {
+	key, _, kr, err := authenticateVaultKey(ctx, store, h, now, false)
+	return key, kr, err
+}
+
+// authenticateVaultKey is AuthenticateVaultKey, answered from what the store
+// remembers when remember is set and it does (remembered says so).
+func authenticateVaultKey(ctx context.Context, store vault.Store, h http.Header, now time.Time, remember bool) (key vault.Key, remembered bool, kr *KeyRefusal, err error) {
 	token, kr := readVaultToken(h)
 	if kr != nil {
-		return vault.Key{}, kr, nil
+		return vault.Key{}, false, kr, nil
 	}
 	if err := vault.CheckTokenShape(token); err != nil {
-		return vault.Key{}, &KeyRefusal{Code: CodeVaultKeyInvalid, Cause: err}, nil
+		return vault.Key{}, false, &KeyRefusal{Code: CodeVaultKeyInvalid, Cause: err}, nil
 	}
-	key, err := store.Authenticate(ctx, token)
+	if kr, ok := store.(vault.KeyRememberer); ok && remember {
+		key, remembered, err = kr.AuthenticateRemembered(ctx, token)
+	} else {
+		key, err = store.Authenticate(ctx, token)
+	}
 	switch {
 	case errors.Is(err, vault.ErrKeyRevoked):
-		return key, &KeyRefusal{Code: CodeVaultKeyRevoked}, nil
+		return key, remembered, &KeyRefusal{Code: CodeVaultKeyRevoked}, nil
 	case errors.Is(err, vault.ErrKeyInvalid), errors.Is(err, vault.ErrNotFound):
-		return vault.Key{}, &KeyRefusal{Code: CodeVaultKeyInvalid}, nil
+		return vault.Key{}, remembered, &KeyRefusal{Code: CodeVaultKeyInvalid}, nil
 	case err != nil:
-		return vault.Key{}, nil, fmt.Errorf("authenticate vault key: %w", err)
+		return vault.Key{}, remembered, nil, fmt.Errorf("authenticate vault key: %w", err)
 	}
 	if key.StatusAt(now) == vault.KeyExpired {
-		return key, &KeyRefusal{Code: CodeVaultKeyExpired, ExpiredAt: key.Policy.ExpiresAt}, nil
+		return key, remembered, &KeyRefusal{Code: CodeVaultKeyExpired, ExpiredAt: key.Policy.ExpiresAt}, nil
 	}
-	return key, nil, nil
+	return key, remembered, nil, nil
 }
 
 // readVaultToken reads the vault key as VaultToken does, or the refusal of a

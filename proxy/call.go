@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"context"
+	"net/http"
 	"sync/atomic"
 	"time"
 
@@ -33,6 +34,12 @@ type call struct {
 	// asked is set when an operator's ask (askstripe.go) sends a kept
 	// request again: the key is the hold's, checked there, not a token's.
 	asked bool
+	// remembered is the request whose key came from what this replica
+	// remembered (vault.KeyRememberer), until a Reserve or confirmKey has
+	// read the key as the store has it now; keyCheck is confirmKey's answer:
+	// errKeyChanged, or the refusal of the key as it is now.
+	remembered *http.Request
+	keyCheck   error
 
 	// Step 2, readRequest (request.go): the request exactly as Stripe reads it.
 	path          string // exact escaped path the client sent
@@ -98,6 +105,16 @@ type call struct {
 	reason   ErrorCode
 	status   int
 	err      error
+}
+
+// undecide forgets what steps 3 to 7 wrote, for prepare to decide the request
+// again with the key as it is now (errKeyChanged).
+func (c *call) undecide() {
+	c.secret, c.idemKey, c.ask, c.approvalWait = "", "", nil, 0
+	c.amount, c.currency, c.objectTotal, c.exposure, c.looked = 0, "", 0, vault.Exposure{}, nil
+	c.idemOutcome, c.upstreamKey, c.replay = "", "", nil
+	c.windows, c.usage, c.holdWindows = nil, nil, nil
+	c.decision, c.reason, c.keyCheck = "", "", nil
 }
 
 // metered reports whether the request can move money: its amount is held and

@@ -47,6 +47,9 @@ func (p *Proxy) send(ctx context.Context, c *call, method, path string, query, f
 	if !strings.HasPrefix(path, "/v1/") || strings.ContainsAny(path, "?#%") || strings.Contains(path, "..") {
 		return nil, fmt.Errorf("lookup path %q refused", path)
 	}
+	if err := p.confirmKey(ctx, c); err != nil {
+		return nil, err // what the key is now overrides the outcome (decide)
+	}
 	u := *p.upstream
 	u.Path = strings.TrimSuffix(p.upstream.Path, "/") + path
 	u.RawPath, u.RawQuery, u.Fragment = "", "", ""

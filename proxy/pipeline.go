@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -30,6 +31,11 @@ import (
 // Stripe's answer means for the hold is decideSettle's, settle_decision.go),
 // or answers itself; the answers keybrake writes and the canonical log line
 // (11) are in answer.go. call (call.go) holds what each step wrote.
+//
+// A key this replica remembered (step 1) may have been changed by another
+// since: steps 3 to 7 are decided again, once, with the key as it is now when
+// the Reserve that checks it, or confirmKey before anything else rests on it,
+// finds it changed.
 func (p *Proxy) prepare(ctx context.Context, w http.ResponseWriter, r *http.Request, c *call) error {
 	if !c.asked {
 		if err := p.authenticate(ctx, r, c); err != nil {
@@ -39,6 +45,31 @@ func (p *Proxy) prepare(ctx context.Context, w http.ResponseWriter, r *http.Requ
 	if err := p.readRequest(w, r, c); err != nil {
 		return err
 	}
+	err := p.decide(ctx, r, c)
+	if errors.Is(err, errKeyChanged) {
+		c.undecide()
+		err = p.decide(ctx, r, c)
+	}
+	if err != nil {
+		return err
+	}
+	p.recordUnmeteredWouldRefuse(ctx, c)
+	return nil
+}
+
+// decide runs steps 3 to 7. A remembered key that no Reserve checked is read
+// again (confirmKey) before the request is refused or goes on, and what it
+// is now overrides the outcome.
+func (p *Proxy) decide(ctx context.Context, r *http.Request, c *call) error {
+	err := p.decideSteps(ctx, r, c)
+	p.confirmKey(ctx, c)
+	if c.keyCheck != nil {
+		return c.keyCheck
+	}
+	return err
+}
+
+func (p *Proxy) decideSteps(ctx context.Context, r *http.Request, c *call) error {
 	if err := p.authorise(c); err != nil {
 		return err
 	}
@@ -56,11 +87,7 @@ func (p *Proxy) prepare(ctx context.Context, w http.ResponseWriter, r *http.Requ
 	if err := p.resolveAmount(ctx, c); err != nil {
 		return err
 	}
-	if err := p.reserve(ctx, c); err != nil {
-		return err
-	}
-	p.recordUnmeteredWouldRefuse(ctx, c)
-	return nil
+	return p.reserve(ctx, c)
 }
 
 // recordUnmeteredWouldRefuse puts a request that moves no money, and that report

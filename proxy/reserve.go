@@ -80,7 +80,15 @@ func (p *Proxy) reserve(ctx context.Context, c *call) error {
 	if !c.metered() {
 		req.Request.Amount, req.Request.Currency, req.Request.ObjectTotal = 0, "", 0
 	}
+	if c.remembered != nil {
+		// The transaction checks the remembered key, with the hold.
+		req.KeyVersion, req.UpstreamVersion = c.key.Version, c.key.UpstreamVersion
+	}
 	res, err := p.store.Reserve(ctx, req)
+	if errors.Is(err, vault.ErrKeyChanged) {
+		return errKeyChanged // decide reads the key again
+	}
+	c.remembered, req.KeyVersion = nil, 0 // what Reserve answered rests on the key as it is now
 	switch {
 	case errors.Is(err, vault.ErrKeyRevoked):
 		return refuse(CodeVaultKeyRevoked, "This vault key has been revoked.")
