@@ -62,9 +62,8 @@ func (p *Proxy) prepare(ctx context.Context, w http.ResponseWriter, r *http.Requ
 // is now overrides the outcome.
 func (p *Proxy) decide(ctx context.Context, r *http.Request, c *call) error {
 	err := p.decideSteps(ctx, r, c)
-	p.confirmKey(ctx, c)
-	if c.keyCheck != nil {
-		return c.keyCheck
+	if cerr := p.confirmKey(ctx, c); cerr != nil {
+		return cerr
 	}
 	return err
 }

@@ -15,6 +15,11 @@ import "sync"
 // by each emptying, tells. A nil *memo keeps nothing, nor does a closed one:
 // once its store is closed, a request must meet the closed store, not what
 // the memo kept of it.
+//
+// A store other processes write keeps only keys in one (Engine.remembered,
+// Config.RememberKeys): its own writes empty it the same way, another
+// process's do not, and whoever uses what it answers checks it
+// (vault.KeyRememberer).
 type memo struct {
 	mu      sync.Mutex
 	gen     uint64
