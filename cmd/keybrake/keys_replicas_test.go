@@ -9,9 +9,6 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-
-	"github.com/keybrake/keybrake/proxy/proxytest"
-	"github.com/keybrake/keybrake/vault/postgres/pgtest"
 )
 
 // TestRememberedKeysAcrossReplicas: a replica serves a key it authenticated
@@ -20,16 +17,8 @@ import (
 // replaced secret is the one its reads and its amount lookups send, a rotated
 // token is refused on a charge and on a read, and a revoked key too.
 func TestRememberedKeysAcrossReplicas(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds and runs real replicas")
-	}
-	t.Parallel()
 	ctx := context.Background()
-	dbURL := pgtest.URL(t)
-	fake := proxytest.NewFakeStripe(t, "sk_test_before_1111")
-	store, masterText := MustPostgresVault(t, dbURL, fake.Secret)
-	k, tok := MustMintKey(t, store, "remembered", 50)
-	rs := MustReplicas(t, 2, dbURL, fake.URL, masterText)
+	fake, store, k, tok, rs := twoReplicasWithKey(t, "remembered")
 	serving := rs.proxyURL(1)
 	charge := func(token, idem string, amount int64) (int, string) {
 		t.Helper()

@@ -11,8 +11,25 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/keybrake/keybrake/proxy/proxytest"
+	"github.com/keybrake/keybrake/vault"
 	"github.com/keybrake/keybrake/vault/postgres/pgtest"
 )
+
+// twoReplicasWithKey skips in -short mode, else starts two real replicas of
+// one new PostgreSQL database before a new fake Stripe, with one key named
+// name of a $50 cap minted through store, the test's own view of the database.
+func twoReplicasWithKey(t *testing.T, name string) (*proxytest.FakeStripe, vault.Store, vault.Key, string, *replicaSet) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("builds and runs real replicas")
+	}
+	t.Parallel()
+	dbURL := pgtest.URL(t)
+	fake := proxytest.NewFakeStripe(t, "sk_test_before_1111")
+	store, masterText := MustPostgresVault(t, dbURL, fake.Secret)
+	k, tok := MustMintKey(t, store, name, 50)
+	return fake, store, k, tok, MustReplicas(t, 2, dbURL, fake.URL, masterText)
+}
 
 // TestUpstreamWritesAcrossReplicas: on real replicas of one PostgreSQL
 // database, a secret replaced through replica 0 is the one replica 1 sends
@@ -20,16 +37,8 @@ import (
 // and of two replicas registering one new upstream name at once, exactly one
 // answers 201.
 func TestUpstreamWritesAcrossReplicas(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds and runs real replicas")
-	}
-	t.Parallel()
 	ctx := context.Background()
-	dbURL := pgtest.URL(t)
-	fake := proxytest.NewFakeStripe(t, "sk_test_before_1111")
-	store, masterText := MustPostgresVault(t, dbURL, fake.Secret)
-	_, tok := MustMintKey(t, store, "rotated", 50)
-	rs := MustReplicas(t, 2, dbURL, fake.URL, masterText)
+	fake, _, _, tok, rs := twoReplicasWithKey(t, "rotated")
 	admin := replicaAdminToken(t)
 	putUpstream := func(i int, name, secret string) (int, string) {
 		status, body, _ := adminSend(t, http.MethodPost, rs.adminURL(i)+"/api/v1/upstreams", admin,

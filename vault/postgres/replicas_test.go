@@ -175,6 +175,17 @@ func TestReplicasStartTogether(t *testing.T) {
 	assert.ErrorIs(t, err, vault.ErrSealed)
 }
 
+// adminAndServing opens two replicas of one new database, one to change
+// what the other serves, with an upstream and a key of a $10 daily cap.
+func adminAndServing(t *testing.T) (admin, serving *Store, k vault.Key, tok string) {
+	t.Helper()
+	rs := replicas(t, 2, vaulttest.NewClock(vaulttest.T0))
+	admin, serving = rs[0], rs[1]
+	vaulttest.MustUpstream(t, admin, "sk_test_abcdef1234")
+	k, tok = vaulttest.MustMint(t, admin, "k", vaulttest.Policy(t, "10.00", "", ""), nil)
+	return admin, serving, k, tok
+}
+
 // TestAuthenticateReadsTheUpstreamWithTheKey: once a replica has
 // authenticated a token, it reads the token, its key and the key's upstream
 // in one statement, and still sees at once what another replica changed: a
@@ -182,10 +193,7 @@ func TestReplicasStartTogether(t *testing.T) {
 func TestAuthenticateReadsTheUpstreamWithTheKey(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	rs := replicas(t, 2, vaulttest.NewClock(vaulttest.T0))
-	admin, serving := rs[0], rs[1]
-	vaulttest.MustUpstream(t, admin, "sk_test_abcdef1234")
-	k, tok := vaulttest.MustMint(t, admin, "k", vaulttest.Policy(t, "10.00", "", ""), nil)
+	admin, serving, k, tok := adminAndServing(t)
 	authenticate := func() (vault.Key, int64, error) {
 		before := serving.roundTrips.Load()
 		got, err := serving.Authenticate(ctx, tok)
@@ -223,10 +231,7 @@ func TestAuthenticateReadsTheUpstreamWithTheKey(t *testing.T) {
 func TestRememberedKeysAreCheckedWithTheHold(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	rs := replicas(t, 2, vaulttest.NewClock(vaulttest.T0))
-	admin, serving := rs[0], rs[1]
-	vaulttest.MustUpstream(t, admin, "sk_test_abcdef1234")
-	k, tok := vaulttest.MustMint(t, admin, "k", vaulttest.Policy(t, "10.00", "", ""), nil)
+	admin, serving, k, tok := adminAndServing(t)
 
 	remembered := func(token string) (vault.Key, bool) {
 		t.Helper()
