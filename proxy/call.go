@@ -52,6 +52,33 @@ type call struct {
 	params        *stripeapi.Params
 	cls           stripeapi.Classification
 
+	// Steps 4 to 7 (decide), in a group that undecide forgets whole.
+	decided
+
+	// Step 9, forward (forward.go). connected is set when the transport got a
+	// connection for the forward: from then on bytes of the request may have
+	// reached Stripe. upstreamWait is the time spent waiting for Stripe's
+	// answers, the amount lookups of step 6 included (timedTransport).
+	connected    atomic.Bool
+	upstreamWait time.Duration
+
+	// Step 10, settle (settle.go): Stripe's answer, and whether the one Settle
+	// of the record has been made.
+	upstreamStatus  int
+	stripeRequestID string
+	settled         bool
+	settleOutcome   vault.SettleOutcome
+
+	// The outcome, for the log line and the metrics: written by authorise
+	// (report mode), reserve, settle and the answers (answer.go).
+	decision decision
+	reason   ErrorCode
+	status   int
+	err      error
+}
+
+// decided is what steps 4 to 7 of a call write (see prepare).
+type decided struct {
 	// Step 4, the upstream secret (secrets.go): what rewrite and fetch send
 	// to Stripe.
 	secret string
@@ -84,36 +111,12 @@ type call struct {
 	usage   policy.Usage
 	// holdWindows are the windows the request's hold is on.
 	holdWindows []policy.WindowID
-
-	// Step 9, forward (forward.go). connected is set when the transport got a
-	// connection for the forward: from then on bytes of the request may have
-	// reached Stripe. upstreamWait is the time spent waiting for Stripe's
-	// answers, the amount lookups of step 6 included (timedTransport).
-	connected    atomic.Bool
-	upstreamWait time.Duration
-
-	// Step 10, settle (settle.go): Stripe's answer, and whether the one Settle
-	// of the record has been made.
-	upstreamStatus  int
-	stripeRequestID string
-	settled         bool
-	settleOutcome   vault.SettleOutcome
-
-	// The outcome, for the log line and the metrics: written by authorise
-	// (report mode), reserve, settle and the answers (answer.go).
-	decision decision
-	reason   ErrorCode
-	status   int
-	err      error
 }
 
 // undecide forgets what steps 3 to 7 wrote, for prepare to decide the request
 // again with the key as it is now (errKeyChanged).
 func (c *call) undecide() {
-	c.secret, c.idemKey, c.ask, c.approvalWait = "", "", nil, 0
-	c.amount, c.currency, c.objectTotal, c.exposure, c.looked = 0, "", 0, vault.Exposure{}, nil
-	c.idemOutcome, c.upstreamKey, c.replay = "", "", nil
-	c.windows, c.usage, c.holdWindows = nil, nil, nil
+	c.decided = decided{}
 	c.decision, c.reason, c.keyCheck = "", "", nil
 }
 

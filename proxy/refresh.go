@@ -140,7 +140,7 @@ func (p *Proxy) objectCall(ctx context.Context, key vault.Key, exp vault.Exposur
 	if err != nil {
 		return nil, fmt.Errorf("refresh exposure: %w", err)
 	}
-	return &call{requestID: newRequestID(), key: key, secret: secret, account: exp.StripeAccount, stripeContext: exp.StripeContext,
+	return &call{requestID: newRequestID(), key: key, decided: decided{secret: secret}, account: exp.StripeAccount, stripeContext: exp.StripeContext,
 		cls: stripeapi.Classification{Operation: refreshOperation}}, nil
 }
 
