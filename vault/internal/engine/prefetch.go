@@ -61,15 +61,16 @@ func (s *Engine) queuePrefetch(ctx context.Context, p *Prefetch, fn TxFunc, done
 }
 
 // keyPrefetch is what a Reserve or a Settle of the record under record, of
-// key keyID, locks and reads: the key, the budgets of its chain, the record
-// and the counters of the windows the key's policy and its budgets' have at
-// now — as the last decoded copies of the key and its budgets know them: a
-// policy or a chain changed since costs a round trip for what it adds (and,
+// key keyID, locks and reads: the key, the budgets of its chain, the record,
+// the counters of the windows the key's policy and its budgets' have at now,
+// and with upstream the key's upstream (a Reserve with a remembered key,
+// keyChanged) — as the last decoded copies of the key and its budgets know
+// them: a policy or a chain changed since costs a round trip for what it adds (and,
 // on PostgreSQL, a budget lock taken out of the batch's order, which a
 // deadlock the server breaks and the batch's retry cures). It is nil for a
 // backend that takes no Prefetch: the hint, its closure and the cache's lock
 // cost every Reserve and Settle something, for nothing.
-func (s *Engine) keyPrefetch(keyID string, record []byte) *Prefetch {
+func (s *Engine) keyPrefetch(keyID string, record []byte, upstream bool) *Prefetch {
 	if !s.prefetches {
 		return nil
 	}
@@ -84,6 +85,9 @@ func (s *Engine) keyPrefetch(keyID string, record []byte) *Prefetch {
 			reads := []Read{{Bucket: BucketIdem, Key: record}}
 			if key == nil {
 				return reads
+			}
+			if upstream {
+				reads = append(reads, Read{Bucket: BucketUpstreams, Key: []byte(key.Upstream)})
 			}
 			if windows, err := key.Policy.Windows(now); err == nil {
 				for _, w := range windows {
@@ -139,31 +143,17 @@ func (h *budgetHints) chain(id string) []*budgetRec {
 	return out
 }
 
-// reservePrefetch is what a Reserve of req, whose record is under record,
-// locks and reads: keyPrefetch's, and the upstream of a remembered key
-// (keyChanged).
-func (s *Engine) reservePrefetch(req *vault.ReserveRequest, record []byte) *Prefetch {
-	p := s.keyPrefetch(req.KeyID, record)
-	key := s.keys.peek(req.KeyID)
-	if p == nil || req.KeyVersion == 0 || key == nil {
-		return p
-	}
-	return p.andRead(Read{Bucket: BucketUpstreams, Key: []byte(key.Upstream)})
-}
-
-// andRead is p reading r too.
-func (p *Prefetch) andRead(r Read) *Prefetch {
-	reads := p.Reads
-	p.Reads = func(now time.Time) []Read { return append(reads(now), r) }
-	return p
-}
-
 // settlePrefetch is what a Settle of req, whose record is under record,
 // locks and reads: keyPrefetch's, and the money object it names.
 func (s *Engine) settlePrefetch(req *vault.SettleRequest, record []byte) *Prefetch {
-	p := s.keyPrefetch(req.KeyID, record)
+	p := s.keyPrefetch(req.KeyID, record, false)
 	if p == nil || req.ObjectID == "" {
 		return p
 	}
-	return p.andRead(Read{Bucket: BucketObjects, Key: idemKey(req.KeyID, req.ObjectID)})
+	reads := p.Reads
+	object := idemKey(req.KeyID, req.ObjectID)
+	p.Reads = func(now time.Time) []Read {
+		return append(reads(now), Read{Bucket: BucketObjects, Key: object})
+	}
+	return p
 }

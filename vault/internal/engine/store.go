@@ -616,7 +616,7 @@ func (s *Engine) Reserve(ctx context.Context, req vault.ReserveRequest) (vault.R
 			return res, nil
 		}
 	}
-	res, err := submitPrefetched(ctx, s, s.reservePrefetch(&req, pk.record), func(tx Tx, now time.Time) (txResult[vault.ReserveResult], error) {
+	res, err := submitPrefetched(ctx, s, s.keyPrefetch(req.KeyID, pk.record, req.KeyVersion != 0), func(tx Tx, now time.Time) (txResult[vault.ReserveResult], error) {
 		return s.reserveTx(tx, now, &req, &pk)
 	})
 	if err != nil {
