@@ -267,6 +267,11 @@ func TestRememberedKeysAreCheckedWithTheHold(t *testing.T) {
 	res, err := reserveWith(key)
 	require.NoError(t, err)
 	require.Equal(t, vault.ReserveClaimed, res.Outcome, "the remembered key is the key")
+	before := serving.roundTrips.Load()
+	res, err = reserveWith(key) // statements prepared, windows known
+	require.NoError(t, err)
+	require.Equal(t, vault.ReserveClaimed, res.Outcome)
+	assert.Equal(t, int64(2), serving.roundTrips.Load()-before, "the upstream's version is read with the locks: no round trip more")
 	heldBefore := held()
 	require.Positive(t, heldBefore)
 
@@ -315,7 +320,7 @@ func TestRememberedKeysAreCheckedWithTheHold(t *testing.T) {
 		assert.Equal(t, fresh.Version, now.Version)
 		res, err := reserveWith(now)
 		require.NoError(t, err, change.name)
-		assert.Contains(t, []vault.ReserveOutcome{vault.ReserveClaimed, vault.ReserveRefused}, res.Outcome, change.name)
+		assert.Equal(t, vault.ReserveRefused, res.Outcome, "%s: $1 over the new $0.50 cap", change.name)
 		heldBefore = held()
 	}
 
@@ -326,6 +331,11 @@ func TestRememberedKeysAreCheckedWithTheHold(t *testing.T) {
 	_, err = reserveWith(stale)
 	assert.ErrorIs(t, err, vault.ErrKeyRevoked, "revoked through another replica: the hold is refused")
 	assert.Equal(t, heldBefore, held())
+	_, err = serving.Authenticate(ctx, tok)
+	require.ErrorIs(t, err, vault.ErrKeyRevoked)
+	_, rem, err = serving.AuthenticateRemembered(ctx, tok)
+	assert.ErrorIs(t, err, vault.ErrKeyRevoked)
+	assert.False(t, rem, "a key read as revoked is no longer remembered")
 
 	// The replica's own write forgets what it remembered.
 	k2, tok2 := vaulttest.MustMint(t, admin, "k2", vaulttest.Policy(t, "10.00", "", ""), nil)
