@@ -6,9 +6,13 @@ import (
 	"net/http"
 	"net/url"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/keybrake/keybrake/policy"
+	"github.com/keybrake/keybrake/vault"
 )
 
 // TestRememberedKeysAcrossReplicas: a replica serves a key it authenticated
@@ -107,4 +111,55 @@ func TestRememberedKeysAcrossReplicas(t *testing.T) {
 	rs.stopAll()
 	fake.WaitIdle(t)
 	assertMetered(t, store, k.ID, 1300)
+}
+
+// TestRememberedKeysAreNotRefusedStale: a replica never refuses a key on what
+// it remembers of it. A key not valid yet, then made valid through another
+// replica, is served on the next request; a key that expires, extended
+// through another replica before it does, is served once its old expiry
+// has passed.
+func TestRememberedKeysAreNotRefusedStale(t *testing.T) {
+	ctx := context.Background()
+	fake, store, _, _, rs := twoReplicasWithKey(t, "unused")
+	serving := rs.proxyURL(1)
+	mint := func(name string, change func(p *policy.Policy)) (vault.Key, string) {
+		p := MustPolicy(t, 50)
+		change(&p)
+		k, tok, err := store.MintKey(ctx, "test", vault.MintRequest{Name: name, Upstream: upstreamDefault, Policy: p})
+		require.NoError(t, err)
+		return k, tok
+	}
+	update := func(k vault.Key, change func(p *policy.Policy)) {
+		p := k.Policy
+		change(&p)
+		_, err := store.UpdateKey(ctx, "test", k.ID, p, nil)
+		require.NoError(t, err)
+	}
+	charge := func(token, idem string) (int, string) {
+		status, body, err := postForm(ctx, http.DefaultClient, serving+"/v1/charges", token, idem, chargeForm(100, idem))
+		require.NoError(t, err)
+		return status, string(body)
+	}
+
+	later, laterTok := mint("later", func(p *policy.Policy) { p.PeriodStart = time.Now().Add(time.Hour).UTC().Truncate(time.Second) })
+	status, body := charge(laterTok, "too-early")
+	require.Equal(t, http.StatusForbidden, status, body)
+	assert.Contains(t, body, "vault_key_not_yet_valid")
+	update(later, func(p *policy.Policy) { p.PeriodStart = time.Now().Add(-time.Minute).UTC().Truncate(time.Second) })
+	status, body = charge(laterTok, "valid-now")
+	assert.Equal(t, http.StatusOK, status, "made valid through another replica: %s", body)
+
+	expiry := time.Now().Add(4 * time.Second).UTC().Truncate(time.Second) // time for the first charge on a loaded machine
+	soon, soonTok := mint("soon", func(p *policy.Policy) { p.ExpiresAt = expiry })
+	status, body = charge(soonTok, "before-expiry")
+	require.Equal(t, http.StatusOK, status, body)
+	update(soon, func(p *policy.Policy) { p.ExpiresAt = expiry.Add(time.Hour) })
+	time.Sleep(time.Until(expiry.Add(200 * time.Millisecond)))
+	status, body = charge(soonTok, "after-old-expiry")
+	assert.Equal(t, http.StatusOK, status, "extended through another replica: %s", body)
+
+	rs.stopAll()
+	fake.WaitIdle(t)
+	assertMetered(t, store, later.ID, 100)
+	assertMetered(t, store, soon.ID, 200)
 }
