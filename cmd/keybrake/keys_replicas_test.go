@@ -26,9 +26,7 @@ func TestRememberedKeysAcrossReplicas(t *testing.T) {
 	serving := rs.proxyURL(1)
 	charge := func(token, idem string, amount int64) (int, string) {
 		t.Helper()
-		status, body, err := postForm(ctx, http.DefaultClient, serving+"/v1/charges", token, idem, chargeForm(amount, idem))
-		require.NoError(t, err)
-		return status, string(body)
+		return mustCharge(t, serving, token, idem, amount)
 	}
 	read := func(token, path string) (int, string) {
 		t.Helper()
@@ -113,6 +111,15 @@ func TestRememberedKeysAcrossReplicas(t *testing.T) {
 	assertMetered(t, store, k.ID, 1300)
 }
 
+// mustCharge posts a charge of amount cents with idempotency key idem to the
+// proxy at proxyURL and returns the status and body.
+func mustCharge(t *testing.T, proxyURL, token, idem string, amount int64) (int, string) {
+	t.Helper()
+	status, body, err := postForm(context.Background(), http.DefaultClient, proxyURL+"/v1/charges", token, idem, chargeForm(amount, idem))
+	require.NoError(t, err)
+	return status, string(body)
+}
+
 // TestRememberedKeysAreNotRefusedStale: a replica never refuses a key on what
 // it remembers of it. A key not valid yet, then made valid through another
 // replica, is served on the next request; a key that expires, extended
@@ -136,9 +143,8 @@ func TestRememberedKeysAreNotRefusedStale(t *testing.T) {
 		require.NoError(t, err)
 	}
 	charge := func(token, idem string) (int, string) {
-		status, body, err := postForm(ctx, http.DefaultClient, serving+"/v1/charges", token, idem, chargeForm(100, idem))
-		require.NoError(t, err)
-		return status, string(body)
+		t.Helper()
+		return mustCharge(t, serving, token, idem, 100)
 	}
 
 	later, laterTok := mint("later", func(p *policy.Policy) { p.PeriodStart = time.Now().Add(time.Hour).UTC().Truncate(time.Second) })
